@@ -1,0 +1,1 @@
+//! adamw (in progress: see the kernels issue).

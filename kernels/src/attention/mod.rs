@@ -1,0 +1,1 @@
+//! attention (in progress: see the kernels issue).

@@ -1,0 +1,1 @@
+//! embedding (in progress: see the kernels issue).

@@ -1,0 +1,1 @@
+//! gelu (in progress: see the kernels issue).

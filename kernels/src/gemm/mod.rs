@@ -1,0 +1,1 @@
+//! gemm (in progress: see the kernels issue).

@@ -1,0 +1,1 @@
+//! grad_clip (in progress: see the kernels issue).

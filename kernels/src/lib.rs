@@ -1,0 +1,30 @@
+//! cannon-kernels: every op of the trainer as a forward + backward pair, on the CPU and on
+//! Ascend NPUs.
+//!
+//! One directory per op (as dfdx does): `mod.rs` holds the public API, shapes and the device
+//! dispatch; `cpu.rs` the CPU kernel (fast: threaded with rayon, vectorised, cache-blocked);
+//! `npu.rs` the aclnn call (behind `--features npu`); `tests.rs` the checks against a naive
+//! float64 implementation written for clarity, plus finite differences on tiny shapes.
+//!
+//! Conventions (llm.c): backward *accumulates* into gradient buffers (`dW += ...`), so callers
+//! zero them once per step; shapes are given in comments with B = batch, T = tokens,
+//! D = hidden, H = heads, Hd = head_dim, V = vocab.
+
+pub mod error;
+pub mod testutil;
+
+pub mod adamw;
+pub mod attention;
+pub mod cast;
+pub mod cross_entropy;
+pub mod embedding;
+pub mod gelu;
+pub mod gemm;
+pub mod grad_clip;
+pub mod linear;
+pub mod patch_embed;
+pub mod rmsnorm;
+pub mod rope;
+pub mod swiglu;
+
+pub use error::{KernelError, Result};

@@ -1,0 +1,1 @@
+//! patch_embed (in progress: see the kernels issue).

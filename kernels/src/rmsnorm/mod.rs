@@ -1,0 +1,1 @@
+//! rmsnorm (in progress: see the kernels issue).

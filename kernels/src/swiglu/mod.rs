@@ -1,0 +1,1 @@
+//! swiglu (in progress: see the kernels issue).

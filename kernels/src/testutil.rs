@@ -1,0 +1,67 @@
+//! Deterministic data and comparison helpers shared by the kernel tests and benches.
+//!
+//! Tests compare a kernel against a naive float64 implementation with the relative L2 error
+//! `||a - r|| / max(||r||, 1e-10)`, the measure DESIGN.md fixes for every tensor.
+
+/// A small deterministic generator (splitmix64): tests must not depend on a crate's RNG
+/// stream changing between versions.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Uniform integer in [0, n).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.uniform().max(1e-300);
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+
+    /// `n` normal samples scaled by `scale`, as f32.
+    pub fn normal_vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() as f32 * scale).collect()
+    }
+}
+
+/// Relative L2 error `||a - r|| / max(||r||, 1e-10)` of `a` against the reference `r`.
+pub fn rel_l2<A: Copy + Into<f64>, R: Copy + Into<f64>>(a: &[A], r: &[R]) -> f64 {
+    assert_eq!(a.len(), r.len(), "rel_l2: length mismatch");
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(r) {
+        let (x, y) = (x.into(), y.into());
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    num.sqrt() / den.sqrt().max(1e-10)
+}
+
+/// Largest absolute difference between `a` and `r`.
+pub fn max_abs<A: Copy + Into<f64>, R: Copy + Into<f64>>(a: &[A], r: &[R]) -> f64 {
+    a.iter().zip(r).map(|(&x, &y)| (x.into() - y.into()).abs()).fold(0.0, f64::max)
+}
+
+/// Widens f32 data to f64 for the naive references.
+pub fn to_f64(a: &[f32]) -> Vec<f64> {
+    a.iter().map(|&x| x as f64).collect()
+}

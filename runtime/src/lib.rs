@@ -1,0 +1,5 @@
+//! cannon-runtime: devices, streams, events, buffers, allocator statistics, communicators.
+
+pub mod error;
+
+pub use error::{Error, Result};

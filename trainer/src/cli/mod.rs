@@ -1,0 +1,26 @@
+//! The `cannon` command line. Each subcommand lives in its own module with its own args struct.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "cannon", version, about = "Mistral3 training on Ascend NPUs and CPUs")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Report devices, CANN libraries and CPU features this build can use.
+    Doctor,
+}
+
+/// Parse the command line and run it; the exit code follows the subcommand's convention
+/// (0 success, 1 a failed check, 2 unusable input).
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Doctor => ExitCode::SUCCESS,
+    }
+}

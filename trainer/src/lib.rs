@@ -1,0 +1,2 @@
+//! cannon-trainer: the Mistral3 trainer and the `cannon` binary.
+pub mod cli;
