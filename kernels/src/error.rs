@@ -15,7 +15,11 @@ pub enum KernelError {
     NotCompiled { op: &'static str, device: String },
     /// The device path exists in this build but does not implement this op (or this dtype).
     #[error("{op}: unsupported on {device}: {reason}")]
-    Unsupported { op: &'static str, device: String, reason: String },
+    Unsupported {
+        op: &'static str,
+        device: String,
+        reason: String,
+    },
     #[error(transparent)]
     Runtime(#[from] cannon_runtime::Error),
 }
@@ -27,6 +31,9 @@ pub fn check_len(op: &'static str, what: &str, len: usize, expected: usize) -> R
     if len == expected {
         Ok(())
     } else {
-        Err(KernelError::Shape { op, detail: format!("{what} has {len} elements, expected {expected}") })
+        Err(KernelError::Shape {
+            op,
+            detail: format!("{what} has {len} elements, expected {expected}"),
+        })
     }
 }

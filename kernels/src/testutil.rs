@@ -58,7 +58,10 @@ pub fn rel_l2<A: Copy + Into<f64>, R: Copy + Into<f64>>(a: &[A], r: &[R]) -> f64
 
 /// Largest absolute difference between `a` and `r`.
 pub fn max_abs<A: Copy + Into<f64>, R: Copy + Into<f64>>(a: &[A], r: &[R]) -> f64 {
-    a.iter().zip(r).map(|(&x, &y)| (x.into() - y.into()).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(r)
+        .map(|(&x, &y)| (x.into() - y.into()).abs())
+        .fold(0.0, f64::max)
 }
 
 /// Widens f32 data to f64 for the naive references.

@@ -5,5 +5,8 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum Error {
     #[error("library {library} not found; searched: {}", searched.join(", "))]
-    LibraryNotFound { library: String, searched: Vec<String> },
+    LibraryNotFound {
+        library: String,
+        searched: Vec<String>,
+    },
 }

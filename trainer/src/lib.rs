@@ -1,2 +1,3 @@
 //! cannon-trainer: the Mistral3 trainer and the `cannon` binary.
 pub mod cli;
+pub mod data;

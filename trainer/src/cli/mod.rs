@@ -1,10 +1,16 @@
 //! The `cannon` command line. Each subcommand lives in its own module with its own args struct.
 
+pub mod data;
+
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "cannon", version, about = "Mistral3 training on Ascend NPUs and CPUs")]
+#[command(
+    name = "cannon",
+    version,
+    about = "Mistral3 training on Ascend NPUs and CPUs"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -14,6 +20,8 @@ pub struct Cli {
 pub enum Command {
     /// Report devices, CANN libraries and CPU features this build can use.
     Doctor,
+    /// Make, inspect and check datasets (tokenize, synthesize, validate).
+    Data(data::DataArgs),
 }
 
 /// Parse the command line and run it; the exit code follows the subcommand's convention
@@ -22,5 +30,6 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Doctor => ExitCode::SUCCESS,
+        Command::Data(args) => data::run(args),
     }
 }
