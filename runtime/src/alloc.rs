@@ -1,0 +1,307 @@
+//! A caching allocator per device with torch-like statistics.
+//!
+//! Like torch's CUDA caching allocator, freed blocks are kept in a cache and handed out again
+//! to requests of the same rounded size, so a training loop that allocates the same shapes
+//! every step stops calling the device allocator after step one. The statistics follow torch:
+//!
+//! - `allocated`: bytes of live blocks (each rounded up to [`BLOCK_ROUND`] bytes);
+//! - `reserved`: bytes obtained from the device/host and not yet returned (live + cached);
+//! - `peak_allocated` / `peak_reserved`: maxima since creation or [`CachingAllocator::reset_peak`].
+//!
+//! Cache policy, chosen to be predictable: a request is served by a cached block of exactly
+//! its rounded size; otherwise a new block is obtained. If that fails, the whole cache is
+//! released and the request retried once (torch does the same before reporting OOM).
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+
+/// Every block is a multiple of this many bytes (torch's `kMinBlockSize`).
+pub const BLOCK_ROUND: usize = 512;
+/// Every block starts at a multiple of this many bytes: AVX-512 loads on the host, and the
+/// 64-byte alignment `aclrtMemcpyAsync` requires on the NPU.
+pub const BLOCK_ALIGN: usize = 64;
+
+/// Memory figures of one allocator, in bytes (counts where named).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub allocated: usize,
+    pub reserved: usize,
+    pub peak_allocated: usize,
+    pub peak_reserved: usize,
+    /// Allocation requests served (including cache hits).
+    pub num_allocs: u64,
+    /// Requests that had to go to the device/host allocator.
+    pub num_device_allocs: u64,
+    /// Blocks returned to the device/host (cache releases).
+    pub num_device_frees: u64,
+}
+
+/// Rounds a byte count up to the block granularity.
+pub fn round_size(bytes: usize) -> usize {
+    bytes.div_ceil(BLOCK_ROUND) * BLOCK_ROUND
+}
+
+/// Where raw blocks come from.
+pub(crate) trait RawMemory: Send + Sync {
+    /// A new zero-initialised block of `bytes` (a multiple of BLOCK_ROUND) aligned to
+    /// BLOCK_ALIGN, or `None` when the device is out of memory.
+    fn raw_alloc(&self, bytes: usize) -> Result<Option<*mut u8>>;
+    /// # Safety
+    /// `ptr` came from `raw_alloc(bytes)` on this object and is not used afterwards.
+    unsafe fn raw_free(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
+}
+
+/// Host memory from the global allocator, with an optional capacity (for tests and for
+/// modelling a device budget on the CPU).
+struct HostMemory {
+    limit: Option<usize>,
+    in_use: Mutex<usize>,
+}
+
+impl RawMemory for HostMemory {
+    fn raw_alloc(&self, bytes: usize) -> Result<Option<*mut u8>> {
+        let mut in_use = self.in_use.lock();
+        if self.limit.is_some_and(|l| *in_use + bytes > l) {
+            return Ok(None);
+        }
+        let layout = std::alloc::Layout::from_size_align(bytes, BLOCK_ALIGN).map_err(|_| {
+            Error::SizeOverflow {
+                what: "host allocation",
+                len: bytes,
+                elem: 1,
+            }
+        })?;
+        // SAFETY: `bytes` is non-zero (the allocator never asks for empty blocks) and the
+        // layout is valid; zeroed memory makes every later read of a Pod value defined.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Ok(None);
+        }
+        *in_use += bytes;
+        Ok(Some(ptr))
+    }
+
+    unsafe fn raw_free(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
+        let layout = std::alloc::Layout::from_size_align(bytes, BLOCK_ALIGN).map_err(|_| {
+            Error::SizeOverflow {
+                what: "host free",
+                len: bytes,
+                elem: 1,
+            }
+        })?;
+        // SAFETY: the caller guarantees ptr came from raw_alloc(bytes), i.e. from
+        // alloc_zeroed with this same layout, and is freed once.
+        unsafe { std::alloc::dealloc(ptr, layout) };
+        *self.in_use.lock() -= bytes;
+        Ok(())
+    }
+}
+
+/// One block handed out by the allocator. Owned by exactly one buffer.
+#[derive(Debug)]
+pub(crate) struct Block {
+    pub(crate) ptr: *mut u8,
+    pub(crate) size: usize,
+}
+
+// SAFETY: a Block is a unique handle to its memory (the allocator hands each block to one
+// owner at a time), so moving it between threads is as safe as moving a Box<[u8]>.
+unsafe impl Send for Block {}
+// SAFETY: shared references to a Block only read its address and size.
+unsafe impl Sync for Block {}
+
+#[derive(Default)]
+struct State {
+    /// Cached free blocks by size.
+    free: BTreeMap<usize, Vec<usize>>,
+    stats: MemoryStats,
+    /// Errors met while freeing from `Drop`, which cannot return them (cudarc's pattern).
+    drop_errors: Vec<String>,
+}
+
+/// The caching allocator of one device.
+pub struct CachingAllocator {
+    device: Device,
+    raw: Box<dyn RawMemory>,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for CachingAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingAllocator")
+            .field("device", &self.device)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl CachingAllocator {
+    /// A private host allocator (tests, or a trainer that wants its own figures).
+    pub fn new_cpu() -> Arc<Self> {
+        Self::new_cpu_with_limit(None)
+    }
+
+    /// A host allocator that refuses to reserve more than `limit` bytes.
+    pub fn new_cpu_with_limit(limit: Option<usize>) -> Arc<Self> {
+        Arc::new(CachingAllocator {
+            device: Device::Cpu,
+            raw: Box::new(HostMemory {
+                limit,
+                in_use: Mutex::new(0),
+            }),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    #[cfg_attr(not(feature = "npu"), allow(dead_code))]
+    pub(crate) fn with_raw(device: Device, raw: Box<dyn RawMemory>) -> Arc<Self> {
+        Arc::new(CachingAllocator {
+            device,
+            raw,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// The process-wide allocator of `device` (created on first use).
+    pub fn for_device(device: Device) -> Result<Arc<Self>> {
+        static CPU: OnceLock<Arc<CachingAllocator>> = OnceLock::new();
+        match device {
+            Device::Cpu => Ok(CPU.get_or_init(CachingAllocator::new_cpu).clone()),
+            Device::Npu(ordinal) => npu_allocator(ordinal),
+        }
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// A block of at least `bytes` (rounded up to BLOCK_ROUND). Zero bytes gives an empty
+    /// block that owns nothing and is not counted.
+    pub(crate) fn allocate(&self, bytes: usize) -> Result<Block> {
+        if bytes == 0 {
+            return Ok(Block {
+                ptr: std::ptr::null_mut(),
+                size: 0,
+            });
+        }
+        let size = round_size(bytes);
+        let mut st = self.state.lock();
+        st.stats.num_allocs += 1;
+        let cached = st.free.get_mut(&size).and_then(|v| v.pop());
+        if st.free.get(&size).is_some_and(|v| v.is_empty()) {
+            st.free.remove(&size);
+        }
+        let ptr = match cached {
+            Some(addr) => addr as *mut u8,
+            None => {
+                let ptr = match self.raw.raw_alloc(size)? {
+                    Some(p) => p,
+                    None => {
+                        // Give the whole cache back and retry once before calling it OOM.
+                        self.release_cache(&mut st);
+                        match self.raw.raw_alloc(size)? {
+                            Some(p) => p,
+                            None => {
+                                return Err(Error::OutOfMemory {
+                                    device: self.device,
+                                    requested: size,
+                                    allocated: st.stats.allocated,
+                                    reserved: st.stats.reserved,
+                                })
+                            }
+                        }
+                    }
+                };
+                st.stats.num_device_allocs += 1;
+                st.stats.reserved += size;
+                st.stats.peak_reserved = st.stats.peak_reserved.max(st.stats.reserved);
+                ptr
+            }
+        };
+        st.stats.allocated += size;
+        st.stats.peak_allocated = st.stats.peak_allocated.max(st.stats.allocated);
+        Ok(Block { ptr, size })
+    }
+
+    /// Returns a block to the cache (it stays reserved).
+    pub(crate) fn free(&self, block: Block) {
+        if block.size == 0 {
+            return;
+        }
+        let mut st = self.state.lock();
+        st.stats.allocated -= block.size;
+        st.free
+            .entry(block.size)
+            .or_default()
+            .push(block.ptr as usize);
+    }
+
+    fn release_cache(&self, st: &mut State) {
+        for (size, ptrs) in std::mem::take(&mut st.free) {
+            for addr in ptrs {
+                // SAFETY: cached blocks came from raw_alloc(size) and have no owner.
+                match unsafe { self.raw.raw_free(addr as *mut u8, size) } {
+                    Ok(()) => {
+                        st.stats.reserved -= size;
+                        st.stats.num_device_frees += 1;
+                    }
+                    Err(e) => st.drop_errors.push(format!("releasing {size} bytes: {e}")),
+                }
+            }
+        }
+    }
+
+    /// Releases every cached block to the device (torch's `empty_cache`).
+    pub fn empty_cache(&self) {
+        let mut st = self.state.lock();
+        self.release_cache(&mut st);
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        self.state.lock().stats
+    }
+
+    /// Sets the peaks to the current figures (torch's `reset_peak_memory_stats`).
+    pub fn reset_peak(&self) {
+        let mut st = self.state.lock();
+        st.stats.peak_allocated = st.stats.allocated;
+        st.stats.peak_reserved = st.stats.reserved;
+    }
+
+    /// Errors recorded while freeing in `Drop` since the last call.
+    pub fn take_drop_errors(&self) -> Vec<String> {
+        std::mem::take(&mut self.state.lock().drop_errors)
+    }
+}
+
+impl Drop for CachingAllocator {
+    fn drop(&mut self) {
+        let st = self.state.get_mut();
+        for (size, ptrs) in std::mem::take(&mut st.free) {
+            for addr in ptrs {
+                // SAFETY: cached blocks came from raw_alloc(size) and have no owner; live
+                // blocks keep the allocator alive through their buffer's Arc, so none remain.
+                let _ = unsafe { self.raw.raw_free(addr as *mut u8, size) };
+            }
+        }
+    }
+}
+
+#[cfg(feature = "npu")]
+fn npu_allocator(ordinal: u32) -> Result<Arc<CachingAllocator>> {
+    crate::npu::allocator(ordinal)
+}
+
+#[cfg(not(feature = "npu"))]
+fn npu_allocator(ordinal: u32) -> Result<Arc<CachingAllocator>> {
+    Err(Error::NotCompiled {
+        what: "allocator",
+        device: Device::Npu(ordinal),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,126 @@
+//! Allocator statistics: allocate/free sequences give exactly the expected figures.
+
+use super::*;
+use crate::buffer::DeviceBuffer;
+
+const R: usize = BLOCK_ROUND;
+
+#[test]
+fn rounding_is_to_block_size() {
+    assert_eq!(round_size(1), R);
+    assert_eq!(round_size(R), R);
+    assert_eq!(round_size(R + 1), 2 * R);
+}
+
+#[test]
+fn allocate_free_sequence_gives_exact_figures() {
+    let a = CachingAllocator::new_cpu();
+    assert_eq!(a.stats(), MemoryStats::default());
+
+    // 1000 f32 = 4000 bytes -> 4096 (8 blocks of 512).
+    let x = DeviceBuffer::<f32>::alloc_in(&a, 1000).unwrap();
+    let s = a.stats();
+    assert_eq!((s.allocated, s.reserved), (4096, 4096));
+    assert_eq!((s.peak_allocated, s.peak_reserved), (4096, 4096));
+
+    // 10 bytes -> 512.
+    let y = DeviceBuffer::<u8>::alloc_in(&a, 10).unwrap();
+    assert_eq!((a.stats().allocated, a.stats().reserved), (4608, 4608));
+
+    // Freeing keeps the block reserved (cached) and lowers `allocated` only.
+    drop(x);
+    let s = a.stats();
+    assert_eq!(
+        (s.allocated, s.reserved, s.peak_allocated, s.peak_reserved),
+        (512, 4608, 4608, 4608)
+    );
+
+    // Same rounded size is served from the cache: no new device allocation.
+    let before = a.stats().num_device_allocs;
+    let z = DeviceBuffer::<f32>::alloc_in(&a, 1024).unwrap(); // 4096 bytes exactly
+    let s = a.stats();
+    assert_eq!(s.num_device_allocs, before);
+    assert_eq!((s.allocated, s.reserved), (4608, 4608));
+
+    // A different size is a new block.
+    let w = DeviceBuffer::<f64>::alloc_in(&a, 100).unwrap(); // 800 -> 1024
+    let s = a.stats();
+    assert_eq!(
+        (s.allocated, s.reserved, s.peak_allocated, s.peak_reserved),
+        (5632, 5632, 5632, 5632)
+    );
+
+    drop((y, z, w));
+    let s = a.stats();
+    assert_eq!((s.allocated, s.reserved), (0, 5632));
+
+    a.reset_peak();
+    let s = a.stats();
+    assert_eq!((s.peak_allocated, s.peak_reserved), (0, 5632));
+
+    a.empty_cache();
+    let s = a.stats();
+    assert_eq!(
+        (s.allocated, s.reserved, s.peak_allocated, s.peak_reserved),
+        (0, 0, 0, 5632)
+    );
+    assert_eq!(s.num_device_allocs, s.num_device_frees);
+    assert_eq!(s.num_allocs, 4);
+}
+
+#[test]
+fn empty_buffers_are_not_counted() {
+    let a = CachingAllocator::new_cpu();
+    let e = DeviceBuffer::<f32>::alloc_in(&a, 0).unwrap();
+    assert!(e.is_empty());
+    assert_eq!(e.as_host_slice().unwrap(), &[] as &[f32]);
+    assert_eq!(a.stats().reserved, 0);
+}
+
+#[test]
+fn out_of_memory_releases_cache_then_reports() {
+    // Budget of 4 blocks.
+    let a = CachingAllocator::new_cpu_with_limit(Some(4 * R));
+    let x = DeviceBuffer::<u8>::alloc_in(&a, 3 * R).unwrap();
+    drop(x); // cached: reserved 3R
+             // 2R does not fit next to the cached 3R block: the cache is released and the retry fits.
+    let y = DeviceBuffer::<u8>::alloc_in(&a, 2 * R).unwrap();
+    let s = a.stats();
+    assert_eq!(
+        (s.allocated, s.reserved, s.num_device_frees),
+        (2 * R, 2 * R, 1)
+    );
+    // 3R more cannot fit even after releasing the (empty) cache.
+    let err = DeviceBuffer::<u8>::alloc_in(&a, 3 * R).unwrap_err();
+    match err {
+        Error::OutOfMemory {
+            device,
+            requested,
+            allocated,
+            reserved,
+        } => {
+            assert_eq!(
+                (device, requested, allocated, reserved),
+                (Device::Cpu, 3 * R, 2 * R, 2 * R)
+            );
+        }
+        e => panic!("expected OutOfMemory, got {e}"),
+    }
+    drop(y);
+}
+
+#[test]
+fn size_overflow_is_an_error() {
+    let a = CachingAllocator::new_cpu();
+    let err = DeviceBuffer::<f64>::alloc_in(&a, usize::MAX / 4).unwrap_err();
+    assert!(matches!(err, Error::SizeOverflow { .. }), "{err}");
+}
+
+#[test]
+fn npu_allocator_without_feature_is_typed_error() {
+    if cfg!(feature = "npu") {
+        return; // with the feature the outcome depends on CANN being installed
+    }
+    let err = CachingAllocator::for_device(Device::Npu(0)).unwrap_err();
+    assert!(matches!(err, Error::NotCompiled { .. }), "{err}");
+}

@@ -1,0 +1,509 @@
+//! `DeviceBuffer<T>`: an owned, typed, length-checked allocation on one device, and borrowed
+//! views of sub-ranges.
+//!
+//! Rust analogies (cudarc's table): `DeviceBuffer<T>` ~ `Vec<T>`, `BufferView<'_, T>` ~ `&[T]`,
+//! `BufferViewMut<'_, T>` ~ `&mut [T]`, [`Stream`] ~ a thread that runs work in order.
+//! Copies are named by direction: `clone_htod` (allocate + copy in), `memcpy_htod` (into an
+//! existing buffer), `clone_dtoh` / `memcpy_dtoh`, `memcpy_dtod`. On the CPU the buffer's
+//! memory is host memory and `as_host_slice` borrows it directly.
+
+use crate::alloc::{Block, CachingAllocator};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use bytemuck::Pod;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// An owned allocation of `len` values of `T` on one device, returned to its allocator's
+/// cache on drop.
+pub struct DeviceBuffer<T: Pod> {
+    block: Block,
+    len: usize,
+    alloc: Arc<CachingAllocator>,
+    _t: PhantomData<T>,
+}
+
+impl<T: Pod> std::fmt::Debug for DeviceBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceBuffer<{}>[{}] on {}",
+            std::any::type_name::<T>(),
+            self.len,
+            self.device()
+        )
+    }
+}
+
+fn byte_len<T>(what: &'static str, len: usize) -> Result<usize> {
+    len.checked_mul(std::mem::size_of::<T>())
+        .ok_or(Error::SizeOverflow {
+            what,
+            len,
+            elem: std::mem::size_of::<T>(),
+        })
+}
+
+impl<T: Pod> DeviceBuffer<T> {
+    /// `len` values on the stream's device from its default allocator. Contents are
+    /// unspecified (initialised memory, possibly a previous user's values).
+    pub fn alloc(stream: &Stream, len: usize) -> Result<Self> {
+        let alloc = CachingAllocator::for_device(stream.device())?;
+        Self::alloc_in(&alloc, len)
+    }
+
+    /// `len` values from a given allocator (its device decides where they live).
+    pub fn alloc_in(alloc: &Arc<CachingAllocator>, len: usize) -> Result<Self> {
+        if std::mem::align_of::<T>() > crate::alloc::BLOCK_ALIGN {
+            return Err(Error::Alignment {
+                what: "DeviceBuffer::alloc",
+                offset: 0,
+                bytes: 0,
+                align: std::mem::align_of::<T>(),
+            });
+        }
+        let block = alloc.allocate(byte_len::<T>("DeviceBuffer::alloc", len)?)?;
+        Ok(DeviceBuffer {
+            block,
+            len,
+            alloc: alloc.clone(),
+            _t: PhantomData,
+        })
+    }
+
+    /// `len` zeros on the stream's device.
+    pub fn alloc_zeros(stream: &Stream, len: usize) -> Result<Self> {
+        let mut b = Self::alloc(stream, len)?;
+        b.memset_zeros(stream)?;
+        Ok(b)
+    }
+
+    /// `len` zeros from a given allocator.
+    pub fn alloc_zeros_in(alloc: &Arc<CachingAllocator>, len: usize) -> Result<Self> {
+        let mut b = Self::alloc_in(alloc, len)?;
+        let stream = Stream::new(b.device())?;
+        b.memset_zeros(&stream)?;
+        Ok(b)
+    }
+
+    /// A new buffer on the stream's device holding a copy of `src`.
+    pub fn clone_htod(stream: &Stream, src: &[T]) -> Result<Self> {
+        let mut b = Self::alloc(stream, src.len())?;
+        b.memcpy_htod(stream, src)?;
+        Ok(b)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn device(&self) -> Device {
+        self.alloc.device()
+    }
+
+    /// Bytes the buffer's values occupy (the block may be larger: see [`crate::alloc`]).
+    pub fn num_bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// The allocator this buffer returns to.
+    pub fn allocator(&self) -> &Arc<CachingAllocator> {
+        &self.alloc
+    }
+
+    pub fn view(&self) -> BufferView<'_, T> {
+        BufferView {
+            buf: self,
+            start: 0,
+            len: self.len,
+        }
+    }
+
+    pub fn view_mut(&mut self) -> BufferViewMut<'_, T> {
+        let len = self.len;
+        BufferViewMut {
+            buf: self,
+            start: 0,
+            len,
+        }
+    }
+
+    /// A view of `range`, checked against the length.
+    pub fn slice(&self, range: Range<usize>) -> Result<BufferView<'_, T>> {
+        check_range("DeviceBuffer::slice", &range, self.len)?;
+        Ok(BufferView {
+            buf: self,
+            start: range.start,
+            len: range.len(),
+        })
+    }
+
+    /// A mutable view of `range`, checked against the length.
+    pub fn slice_mut(&mut self, range: Range<usize>) -> Result<BufferViewMut<'_, T>> {
+        check_range("DeviceBuffer::slice_mut", &range, self.len)?;
+        Ok(BufferViewMut {
+            buf: self,
+            start: range.start,
+            len: range.len(),
+        })
+    }
+
+    /// Borrows the values directly; only host (CPU) buffers allow this.
+    pub fn as_host_slice(&self) -> Result<&[T]> {
+        self.host_range("as_host_slice", 0, self.len)
+    }
+
+    /// Borrows the values mutably; only host (CPU) buffers allow this.
+    pub fn as_host_slice_mut(&mut self) -> Result<&mut [T]> {
+        self.host_range_mut("as_host_slice_mut", 0, self.len)
+    }
+
+    /// The device address of the first value (for FFI calls on NPU buffers).
+    pub fn as_raw_ptr(&self) -> *const T {
+        self.block.ptr as *const T
+    }
+
+    /// The device address of the first value, for FFI calls that write.
+    pub fn as_raw_mut_ptr(&mut self) -> *mut T {
+        self.block.ptr as *mut T
+    }
+
+    /// Copies `src` into the buffer (lengths must match).
+    pub fn memcpy_htod(&mut self, stream: &Stream, src: &[T]) -> Result<()> {
+        self.view_mut().memcpy_htod(stream, src)
+    }
+
+    /// A host copy of the values.
+    pub fn clone_dtoh(&self, stream: &Stream) -> Result<Vec<T>> {
+        self.view().clone_dtoh(stream)
+    }
+
+    /// Copies the values into `dst` (lengths must match).
+    pub fn memcpy_dtoh(&self, stream: &Stream, dst: &mut [T]) -> Result<()> {
+        self.view().memcpy_dtoh(stream, dst)
+    }
+
+    /// Copies another buffer (or view) of the same device into this one.
+    pub fn memcpy_dtod(&mut self, stream: &Stream, src: &BufferView<'_, T>) -> Result<()> {
+        self.view_mut().memcpy_dtod(stream, src)
+    }
+
+    /// Sets every byte to zero.
+    pub fn memset_zeros(&mut self, stream: &Stream) -> Result<()> {
+        self.view_mut().memset_zeros(stream)
+    }
+
+    fn host_range(&self, what: &'static str, start: usize, len: usize) -> Result<&[T]> {
+        if !self.device().is_cpu() {
+            return Err(Error::NotHostAccessible {
+                what,
+                device: self.device(),
+            });
+        }
+        if len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: host blocks are at least len * size_of::<T>() bytes, aligned to 64 (>=
+        // align_of::<T>(), checked at allocation), zero-initialised when obtained and only
+        // ever written with values of Pod types, so every bit pattern read is a valid T. The
+        // shared borrow of self prevents concurrent mutation through this buffer.
+        Ok(unsafe { std::slice::from_raw_parts((self.block.ptr as *const T).add(start), len) })
+    }
+
+    fn host_range_mut(&mut self, what: &'static str, start: usize, len: usize) -> Result<&mut [T]> {
+        if !self.device().is_cpu() {
+            return Err(Error::NotHostAccessible {
+                what,
+                device: self.device(),
+            });
+        }
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: as in host_range; the exclusive borrow of self makes this the only access.
+        Ok(unsafe { std::slice::from_raw_parts_mut((self.block.ptr as *mut T).add(start), len) })
+    }
+}
+
+impl<T: Pod> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        let block = std::mem::replace(
+            &mut self.block,
+            Block {
+                ptr: std::ptr::null_mut(),
+                size: 0,
+            },
+        );
+        self.alloc.free(block);
+    }
+}
+
+fn check_range(what: &'static str, range: &Range<usize>, len: usize) -> Result<()> {
+    if range.start > range.end || range.end > len {
+        return Err(Error::OutOfRange {
+            what,
+            start: range.start,
+            end: range.end,
+            len,
+        });
+    }
+    Ok(())
+}
+
+/// A borrowed sub-range of a [`DeviceBuffer`].
+#[derive(Clone, Copy, Debug)]
+pub struct BufferView<'a, T: Pod> {
+    buf: &'a DeviceBuffer<T>,
+    start: usize,
+    len: usize,
+}
+
+/// A mutably borrowed sub-range of a [`DeviceBuffer`].
+#[derive(Debug)]
+pub struct BufferViewMut<'a, T: Pod> {
+    buf: &'a mut DeviceBuffer<T>,
+    start: usize,
+    len: usize,
+}
+
+impl<'a, T: Pod> BufferView<'a, T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn device(&self) -> Device {
+        self.buf.device()
+    }
+
+    /// Offset of the view's first value in its buffer, in elements.
+    pub fn offset(&self) -> usize {
+        self.start
+    }
+
+    /// A narrower view, `range` relative to this view.
+    pub fn slice(&self, range: Range<usize>) -> Result<BufferView<'a, T>> {
+        check_range("BufferView::slice", &range, self.len)?;
+        Ok(BufferView {
+            buf: self.buf,
+            start: self.start + range.start,
+            len: range.len(),
+        })
+    }
+
+    pub fn as_host_slice(&self) -> Result<&'a [T]> {
+        self.buf
+            .host_range("BufferView::as_host_slice", self.start, self.len)
+    }
+
+    /// The device address of the view's first value.
+    pub fn as_raw_ptr(&self) -> *const T {
+        self.buf.as_raw_ptr().wrapping_add(self.start)
+    }
+
+    /// The same host bytes seen as values of `U`; the view's byte offset and byte length
+    /// must be multiples of `U`'s size and alignment.
+    pub fn as_host_slice_cast<U: Pod>(&self) -> Result<&'a [U]> {
+        reinterpret_range::<T, U>(self.start, self.len)?;
+        let bytes: &'a [u8] = bytemuck::cast_slice(self.as_host_slice()?);
+        bytemuck::try_cast_slice(bytes).map_err(|_| Error::Alignment {
+            what: "as_host_slice_cast",
+            offset: self.start * std::mem::size_of::<T>(),
+            bytes: bytes.len(),
+            align: std::mem::align_of::<U>(),
+        })
+    }
+
+    pub fn clone_dtoh(&self, stream: &Stream) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); self.len];
+        self.memcpy_dtoh(stream, &mut out)?;
+        Ok(out)
+    }
+
+    pub fn memcpy_dtoh(&self, stream: &Stream, dst: &mut [T]) -> Result<()> {
+        check_len("memcpy_dtoh", dst.len(), self.len)?;
+        check_device("memcpy_dtoh", stream.device(), self.device())?;
+        match self.device() {
+            Device::Cpu => {
+                dst.copy_from_slice(self.as_host_slice()?);
+                Ok(())
+            }
+            Device::Npu(_) => npu_copy::dtoh(stream, self.as_raw_ptr(), dst),
+        }
+    }
+}
+
+impl<'a, T: Pod> BufferViewMut<'a, T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn device(&self) -> Device {
+        self.buf.device()
+    }
+
+    pub fn offset(&self) -> usize {
+        self.start
+    }
+
+    /// A read-only view of the same range.
+    pub fn as_view(&self) -> BufferView<'_, T> {
+        BufferView {
+            buf: self.buf,
+            start: self.start,
+            len: self.len,
+        }
+    }
+
+    /// A narrower mutable view, `range` relative to this view.
+    pub fn slice_mut(&mut self, range: Range<usize>) -> Result<BufferViewMut<'_, T>> {
+        check_range("BufferViewMut::slice_mut", &range, self.len)?;
+        Ok(BufferViewMut {
+            buf: self.buf,
+            start: self.start + range.start,
+            len: range.len(),
+        })
+    }
+
+    pub fn as_host_slice_mut(&mut self) -> Result<&mut [T]> {
+        self.buf
+            .host_range_mut("BufferViewMut::as_host_slice_mut", self.start, self.len)
+    }
+
+    pub fn as_raw_mut_ptr(&mut self) -> *mut T {
+        self.buf.as_raw_mut_ptr().wrapping_add(self.start)
+    }
+
+    pub fn memcpy_htod(&mut self, stream: &Stream, src: &[T]) -> Result<()> {
+        check_len("memcpy_htod", src.len(), self.len)?;
+        check_device("memcpy_htod", stream.device(), self.device())?;
+        match self.device() {
+            Device::Cpu => {
+                self.as_host_slice_mut()?.copy_from_slice(src);
+                Ok(())
+            }
+            Device::Npu(_) => npu_copy::htod(stream, src, self.as_raw_mut_ptr()),
+        }
+    }
+
+    pub fn memcpy_dtod(&mut self, stream: &Stream, src: &BufferView<'_, T>) -> Result<()> {
+        check_len("memcpy_dtod", src.len(), self.len)?;
+        check_device("memcpy_dtod", self.device(), src.device())?;
+        check_device("memcpy_dtod", stream.device(), self.device())?;
+        match self.device() {
+            Device::Cpu => {
+                // Source and destination are distinct borrows (shared vs exclusive), so they
+                // cannot overlap.
+                let s = src.as_host_slice()?;
+                self.as_host_slice_mut()?.copy_from_slice(s);
+                Ok(())
+            }
+            Device::Npu(_) => {
+                let (dst, n) = (self.as_raw_mut_ptr(), self.len);
+                npu_copy::dtod(stream, src.as_raw_ptr(), dst, n)
+            }
+        }
+    }
+
+    pub fn memset_zeros(&mut self, stream: &Stream) -> Result<()> {
+        check_device("memset_zeros", stream.device(), self.device())?;
+        match self.device() {
+            Device::Cpu => {
+                self.as_host_slice_mut()?.fill(T::zeroed());
+                Ok(())
+            }
+            Device::Npu(_) => {
+                let (dst, n) = (self.as_raw_mut_ptr(), self.len);
+                npu_copy::memset_zeros(stream, dst, n)
+            }
+        }
+    }
+}
+
+fn check_len(what: &'static str, len: usize, expected: usize) -> Result<()> {
+    if len != expected {
+        return Err(Error::Length {
+            what,
+            len,
+            expected,
+        });
+    }
+    Ok(())
+}
+
+fn check_device(what: &'static str, expected: Device, found: Device) -> Result<()> {
+    if expected != found {
+        return Err(Error::DeviceMismatch {
+            what,
+            expected,
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// The element range `(start, len)` in units of `U` that covers the same bytes as elements
+/// `start..start+len` of `T`, or an alignment error.
+pub fn reinterpret_range<T: Pod, U: Pod>(start: usize, len: usize) -> Result<(usize, usize)> {
+    let (ts, us) = (std::mem::size_of::<T>(), std::mem::size_of::<U>());
+    let (off, bytes) = (start * ts, len * ts);
+    let align = us.max(std::mem::align_of::<U>());
+    if us == 0 || off % align != 0 || bytes % us != 0 {
+        return Err(Error::Alignment {
+            what: "reinterpret",
+            offset: off,
+            bytes,
+            align,
+        });
+    }
+    Ok((off / us, bytes / us))
+}
+
+/// NPU copies go through AscendCL; without the `npu` feature an NPU buffer cannot exist
+/// (its allocator cannot be created), so these are unreachable in practice but still typed.
+#[cfg(not(feature = "npu"))]
+mod npu_copy {
+    use super::*;
+
+    fn not_compiled(what: &'static str, stream: &Stream) -> Error {
+        Error::NotCompiled {
+            what,
+            device: stream.device(),
+        }
+    }
+
+    pub(super) fn htod<T: Pod>(stream: &Stream, _src: &[T], _dst: *mut T) -> Result<()> {
+        Err(not_compiled("memcpy_htod", stream))
+    }
+
+    pub(super) fn dtoh<T: Pod>(stream: &Stream, _src: *const T, _dst: &mut [T]) -> Result<()> {
+        Err(not_compiled("memcpy_dtoh", stream))
+    }
+
+    pub(super) fn dtod<T: Pod>(stream: &Stream, _s: *const T, _d: *mut T, _n: usize) -> Result<()> {
+        Err(not_compiled("memcpy_dtod", stream))
+    }
+
+    pub(super) fn memset_zeros<T: Pod>(stream: &Stream, _d: *mut T, _n: usize) -> Result<()> {
+        Err(not_compiled("memset_zeros", stream))
+    }
+}
+
+#[cfg(feature = "npu")]
+use crate::npu::copy as npu_copy;
+
+#[cfg(test)]
+mod tests;
