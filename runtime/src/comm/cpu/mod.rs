@@ -1,0 +1,385 @@
+//! The in-process communicator: ranks are threads of one process, collectives read peers'
+//! buffers directly (group.rs: the round protocol; exec.rs: the copies and reductions).
+//!
+//! ```
+//! use std::time::Duration;
+//! use cannon_runtime::comm::{CpuWorld, ReduceOp};
+//!
+//! let comms = CpuWorld::new(4, Duration::from_secs(10)).unwrap();
+//! let handles: Vec<_> = comms
+//!     .into_iter()
+//!     .map(|c| {
+//!         std::thread::spawn(move || {
+//!             let mut x = vec![c.rank() as f32; 3];
+//!             c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+//!             x
+//!         })
+//!     })
+//!     .collect();
+//! for h in handles {
+//!     assert_eq!(h.join().unwrap(), vec![6.0; 3]);
+//! }
+//! ```
+
+mod desc;
+mod exec;
+mod group;
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::error::{CommError, CommResult};
+use super::types::{CommElem, ReduceOp};
+use desc::{OpDesc, OpKind};
+pub use exec::even_counts;
+use exec::RawBufs;
+use group::{Group, Message, Post};
+
+/// Creates the communicators of an in-process world.
+pub struct CpuWorld;
+
+impl CpuWorld {
+    /// One communicator per rank (index = rank), each to be moved into its own thread.
+    /// `timeout` bounds every wait for peers; change it per communicator with
+    /// [`Communicator::set_timeout`] or per call with [`Communicator::with_timeout`].
+    // `CpuWorld` is only a namespace: what a world is, to the caller, is its communicators.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(world_size: usize, timeout: Duration) -> CommResult<Vec<Communicator>> {
+        if world_size == 0 {
+            return Err(CommError::InvalidArgument {
+                op: "CpuWorld::new",
+                detail: "a world needs at least one rank".into(),
+            });
+        }
+        let group = Group::new(world_size);
+        Ok((0..world_size)
+            .map(|rank| Communicator::new(group.clone(), rank, timeout))
+            .collect())
+    }
+}
+
+/// One rank's handle on a group of in-process ranks.
+///
+/// `Send` (move it into the rank's thread) but not `Sync` or `Clone`: a rank issues its calls in
+/// order from one place, as with HCCL. Dropping it tells the peers that this rank is gone, so
+/// their pending and future collectives fail at once instead of waiting for the timeout.
+pub struct Communicator {
+    group: Arc<Group>,
+    rank: usize,
+    timeout: Cell<Duration>,
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.group.mark_dropped(self.rank);
+    }
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("world_size", &self.group.size())
+            .field("timeout", &self.timeout.get())
+            .finish()
+    }
+}
+
+impl Communicator {
+    fn new(group: Arc<Group>, rank: usize, timeout: Duration) -> Self {
+        Communicator {
+            group,
+            rank,
+            timeout: Cell::new(timeout),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.group.size()
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout.get()
+    }
+
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.timeout.set(timeout);
+    }
+
+    /// Runs `f` with a different timeout for the calls it makes on this communicator.
+    pub fn with_timeout<R>(&self, timeout: Duration, f: impl FnOnce(&Self) -> R) -> R {
+        let old = self.timeout.replace(timeout);
+        let out = f(self);
+        self.timeout.set(old);
+        out
+    }
+
+    /// `recv[i] = op over ranks of send[i]`. send: (n,), recv: (n,) on every rank.
+    pub fn all_reduce<T: CommElem>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> CommResult<()> {
+        let d = self.reduce_desc::<T>(OpKind::AllReduce, op, send.len())?;
+        self.check_len(d.kind, "recv", recv.len(), send.len())?;
+        self.run::<T>(d, RawBufs::new(send, recv))
+    }
+
+    /// `buf[i] = op over ranks of buf[i]`. buf: (n,).
+    pub fn all_reduce_in_place<T: CommElem>(&self, buf: &mut [T], op: ReduceOp) -> CommResult<()> {
+        let d = self.reduce_desc::<T>(OpKind::AllReduce, op, buf.len())?;
+        self.run::<T>(d, RawBufs::in_place(buf))
+    }
+
+    /// Rank-major concatenation. send: (n,), recv: (world * n,), recv[r*n..(r+1)*n] = rank r's.
+    pub fn all_gather<T: CommElem>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
+        let d = self.data_desc::<T>(OpKind::AllGather, send.len());
+        self.check_len(d.kind, "recv", recv.len(), send.len() * self.world_size())?;
+        self.run::<T>(d, RawBufs::new(send, recv))
+    }
+
+    /// Uneven all_gather (FSDP flat shards). counts: (world,) identical on all ranks;
+    /// send: (counts[rank],), recv: (sum counts,), packed in rank order.
+    pub fn all_gather_v<T: CommElem>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+    ) -> CommResult<()> {
+        let mut d = self.data_desc::<T>(OpKind::AllGatherV, 0);
+        self.check_counts(d.kind, counts)?;
+        self.check_len(d.kind, "send", send.len(), counts[self.rank])?;
+        self.check_len(d.kind, "recv", recv.len(), counts.iter().sum())?;
+        d.counts = counts.to_vec();
+        self.run::<T>(d, RawBufs::new(send, recv))
+    }
+
+    /// send: (world * m,), recv: (m,) = op over ranks of their send[rank*m..(rank+1)*m].
+    /// A send length that does not split evenly is `CommError::NotDivisible` (use the _v form).
+    pub fn reduce_scatter<T: CommElem>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> CommResult<()> {
+        let world = self.world_size();
+        if send.len() % world != 0 {
+            let e = CommError::NotDivisible {
+                op: "reduce_scatter",
+                len: send.len(),
+                world_size: world,
+            };
+            return Err(self.group.fail_local(e));
+        }
+        let d = self.reduce_desc::<T>(OpKind::ReduceScatter, op, send.len() / world)?;
+        self.check_len(d.kind, "recv", recv.len(), send.len() / world)?;
+        self.run::<T>(d, RawBufs::new(send, recv))
+    }
+
+    /// Uneven reduce_scatter (FSDP gradient shards). counts: (world,) identical on all ranks;
+    /// send: (sum counts,) packed in rank order, recv: (counts[rank],).
+    pub fn reduce_scatter_v<T: CommElem>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> CommResult<()> {
+        let mut d = self.reduce_desc::<T>(OpKind::ReduceScatterV, op, 0)?;
+        self.check_counts(d.kind, counts)?;
+        self.check_len(d.kind, "send", send.len(), counts.iter().sum())?;
+        self.check_len(d.kind, "recv", recv.len(), counts[self.rank])?;
+        d.counts = counts.to_vec();
+        self.run::<T>(d, RawBufs::new(send, recv))
+    }
+
+    /// Copies `root`'s buf into every other rank's buf. buf: (n,) on every rank.
+    pub fn broadcast<T: CommElem>(&self, buf: &mut [T], root: usize) -> CommResult<()> {
+        let mut d = self.data_desc::<T>(OpKind::Broadcast, buf.len());
+        self.check_rank(d.kind.name(), root)?;
+        d.root = Some(root);
+        self.run::<T>(d, RawBufs::in_place(buf))
+    }
+
+    /// Equal-chunk all-to-all. send, recv: (world * c,); rank r's recv chunk j is rank j's send
+    /// chunk r.
+    pub fn all_to_all<T: CommElem>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
+        let world = self.world_size();
+        if send.len() % world != 0 {
+            let e = CommError::NotDivisible {
+                op: "all_to_all",
+                len: send.len(),
+                world_size: world,
+            };
+            return Err(self.group.fail_local(e));
+        }
+        let d = self.data_desc::<T>(OpKind::AllToAll, send.len() / world);
+        self.check_len(d.kind, "recv", recv.len(), send.len())?;
+        self.run::<T>(d, RawBufs::new(send, recv))
+    }
+
+    /// All-to-all with per-peer counts, chunks packed in rank order (displacements are the
+    /// prefix sums of the counts). send_counts[j]: elements for rank j, recv_counts[j]: from
+    /// rank j; rank i's send_counts[j] must equal rank j's recv_counts[i].
+    pub fn all_to_all_v<T: CommElem>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> CommResult<()> {
+        let mut d = self.data_desc::<T>(OpKind::AllToAllV, 0);
+        self.check_counts(d.kind, send_counts)?;
+        self.check_counts(d.kind, recv_counts)?;
+        self.check_len(d.kind, "send", send.len(), send_counts.iter().sum())?;
+        self.check_len(d.kind, "recv", recv.len(), recv_counts.iter().sum())?;
+        d.counts = send_counts.to_vec();
+        d.recv_counts = recv_counts.to_vec();
+        self.run::<T>(d, RawBufs::new(send, recv))
+    }
+
+    /// Returns once every rank of the group called `barrier`.
+    pub fn barrier(&self) -> CommResult<()> {
+        self.enter(OpDesc::new(OpKind::Barrier), RawBufs::none())?;
+        self.group.stage(true);
+        Ok(())
+    }
+
+    /// Sends `buf` to `dst`. Eager: the data is copied and the call returns at once, so a ring
+    /// (send to the next rank, then receive from the previous one) cannot deadlock. Messages
+    /// from one rank to another are received in the order they were sent.
+    pub fn send<T: CommElem>(&self, buf: &[T], dst: usize) -> CommResult<()> {
+        self.check_rank("send", dst)?;
+        let msg = Message {
+            dtype: T::DTYPE,
+            len: buf.len(),
+            bytes: bytemuck::cast_slice(buf).to_vec(),
+        };
+        self.group.push_message(self.rank, dst, msg)
+    }
+
+    /// Receives the oldest unreceived message from `src`, which must have `buf.len()` elements
+    /// of type `T` (anything else is `CommError::Mismatch`).
+    pub fn recv<T: CommElem>(&self, buf: &mut [T], src: usize) -> CommResult<()> {
+        self.check_rank("recv", src)?;
+        let msg = self
+            .group
+            .pop_message(src, self.rank, T::DTYPE, buf.len(), self.timeout())?;
+        bytemuck::cast_slice_mut::<T, u8>(buf).copy_from_slice(&msg.bytes);
+        Ok(())
+    }
+
+    /// `send(send, dst)` then `recv(recv, src)`: the ring step of ring attention.
+    pub fn send_recv<T: CommElem>(
+        &self,
+        send: &[T],
+        dst: usize,
+        recv: &mut [T],
+        src: usize,
+    ) -> CommResult<()> {
+        self.send(send, dst)?;
+        self.recv(recv, src)
+    }
+
+    /// Splits the group like `MPI_Comm_split`: ranks with the same `color` form a new group,
+    /// ordered by `(key, old rank)`. Collective over this group; the new communicator inherits
+    /// this one's timeout.
+    pub fn split(&self, color: u32, key: u32) -> CommResult<Communicator> {
+        let mut d = OpDesc::new(OpKind::Split);
+        d.split = Some((color, key));
+        let round = self.enter(d, RawBufs::none())?;
+        let out = round.split_out.get(self.rank).map(|(g, r)| (g.clone(), *r));
+        self.group.stage(true);
+        let (group, rank) = out.ok_or_else(|| CommError::InvalidArgument {
+            op: "split",
+            detail: format!("rank {} got no group from the split", self.rank),
+        })?;
+        Ok(Communicator::new(group, rank, self.timeout()))
+    }
+
+    fn run<T: CommElem>(&self, desc: OpDesc, bufs: RawBufs) -> CommResult<()> {
+        let round = self.enter(desc, bufs)?;
+        exec::execute::<T>(&self.group, &round, self.rank);
+        Ok(())
+    }
+
+    fn enter(&self, desc: OpDesc, bufs: RawBufs) -> CommResult<Arc<group::Round>> {
+        self.group
+            .enter(self.rank, Post { desc, bufs }, self.timeout(), build_split)
+    }
+
+    fn data_desc<T: CommElem>(&self, kind: OpKind, count: usize) -> OpDesc {
+        let mut d = OpDesc::new(kind);
+        d.dtype = Some(T::DTYPE);
+        d.count = count;
+        d
+    }
+
+    fn reduce_desc<T: CommElem>(
+        &self,
+        kind: OpKind,
+        op: ReduceOp,
+        count: usize,
+    ) -> CommResult<OpDesc> {
+        op.check(kind.name(), T::DTYPE)
+            .map_err(|e| self.group.fail_local(e))?;
+        let mut d = self.data_desc::<T>(kind, count);
+        d.reduce = Some(op);
+        Ok(d)
+    }
+
+    fn check_len(&self, kind: OpKind, what: &str, got: usize, want: usize) -> CommResult<()> {
+        if got == want {
+            return Ok(());
+        }
+        let e = CommError::InvalidArgument {
+            op: kind.name(),
+            detail: format!(
+                "rank {}: {what} has {got} elements, expected {want}",
+                self.rank
+            ),
+        };
+        Err(self.group.fail_local(e))
+    }
+
+    fn check_counts(&self, kind: OpKind, counts: &[usize]) -> CommResult<()> {
+        self.check_len(kind, "the counts array", counts.len(), self.world_size())
+    }
+
+    fn check_rank(&self, op: &'static str, rank: usize) -> CommResult<()> {
+        if rank < self.world_size() {
+            return Ok(());
+        }
+        let e = CommError::InvalidRank {
+            op,
+            rank,
+            world_size: self.world_size(),
+        };
+        Err(self.group.fail_local(e))
+    }
+}
+
+/// Builds the groups of a split (run once, by the rank that completes the posting).
+fn build_split(posts: &[Post]) -> Vec<(Arc<Group>, usize)> {
+    let mut by_color: BTreeMap<u32, Vec<(u32, usize)>> = BTreeMap::new();
+    for (old, p) in posts.iter().enumerate() {
+        let (color, key) = p.desc.split.unwrap_or((0, 0));
+        by_color.entry(color).or_default().push((key, old));
+    }
+    let mut out: Vec<Option<(Arc<Group>, usize)>> = (0..posts.len()).map(|_| None).collect();
+    for mut members in by_color.into_values() {
+        members.sort_unstable();
+        let group = Group::new(members.len());
+        for (new, &(_, old)) in members.iter().enumerate() {
+            out[old] = Some((group.clone(), new));
+        }
+    }
+    out.into_iter().flatten().collect()
+}

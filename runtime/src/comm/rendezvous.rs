@@ -1,0 +1,216 @@
+//! Process-group bootstrap for multi-process backends (HCCL): the torchrun-style environment
+//! and a file-based rendezvous that ships rank 0's opaque root info to every other rank.
+//!
+//! Environment:
+//! - `RANK`, `WORLD_SIZE`, `LOCAL_RANK`: as torchrun sets them (all required).
+//! - `CANNON_RDZV_DIR`: a directory every rank can see (a shared filesystem across hosts).
+//! - `CANNON_RDZV_ID` (else `TORCHELASTIC_RUN_ID`, else `default`): names this job's file, so
+//!   concurrent jobs sharing a directory do not read each other's root info.
+//!
+//! Rank 0 writes `<dir>/cannon-rdzv-<id>.bin` atomically (temporary file, then rename), others
+//! poll until it appears. The file records the world size, so a stale file from a run with
+//! another world size is an error rather than a hang inside HCCL; rank 0 deletes the file once
+//! the communicator is up (HCCL init is collective, so by then every rank has read it).
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::error::{CommError, CommResult};
+
+/// Where this process sits in the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DistEnv {
+    pub rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+}
+
+impl DistEnv {
+    /// Reads `RANK`, `WORLD_SIZE` and `LOCAL_RANK` from the process environment.
+    pub fn from_env() -> CommResult<Self> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`DistEnv::from_env`], with the variables looked up through `get` (testable).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> CommResult<Self> {
+        let num = |var: &'static str| -> CommResult<usize> {
+            let v = get(var).ok_or_else(|| CommError::Env {
+                var,
+                detail: "not set (launch one process per NPU with torchrun-style RANK, \
+                         WORLD_SIZE, LOCAL_RANK)"
+                    .into(),
+            })?;
+            v.trim().parse().map_err(|_| CommError::Env {
+                var,
+                detail: format!("{v:?} is not a non-negative integer"),
+            })
+        };
+        let env = DistEnv {
+            rank: num("RANK")?,
+            world_size: num("WORLD_SIZE")?,
+            local_rank: num("LOCAL_RANK")?,
+        };
+        if env.world_size == 0 {
+            return Err(CommError::Env {
+                var: "WORLD_SIZE",
+                detail: "must be at least 1".into(),
+            });
+        }
+        if env.rank >= env.world_size {
+            return Err(CommError::Env {
+                var: "RANK",
+                detail: format!("{} is not below WORLD_SIZE {}", env.rank, env.world_size),
+            });
+        }
+        Ok(env)
+    }
+}
+
+const MAGIC: &[u8; 8] = b"CNRDZV01";
+const HEADER: usize = 24;
+
+/// A one-shot file rendezvous: one publisher, any number of readers.
+#[derive(Debug, Clone)]
+pub struct FileRendezvous {
+    dir: PathBuf,
+    run_id: String,
+}
+
+impl FileRendezvous {
+    /// `run_id` may hold letters, digits, `_`, `-` and `.` (it becomes part of a file name).
+    pub fn new(dir: impl Into<PathBuf>, run_id: &str) -> CommResult<Self> {
+        let dir = dir.into();
+        let ok = !run_id.is_empty()
+            && run_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+        if !ok {
+            return Err(CommError::Rendezvous {
+                path: dir.display().to_string(),
+                detail: format!("run id {run_id:?} must be non-empty [A-Za-z0-9_.-]"),
+            });
+        }
+        Ok(FileRendezvous {
+            dir,
+            run_id: run_id.to_string(),
+        })
+    }
+
+    /// From `CANNON_RDZV_DIR` and `CANNON_RDZV_ID` / `TORCHELASTIC_RUN_ID` (see the module doc).
+    pub fn from_env() -> CommResult<Self> {
+        let dir = std::env::var("CANNON_RDZV_DIR").map_err(|_| CommError::Env {
+            var: "CANNON_RDZV_DIR",
+            detail: "not set: a directory all ranks share, for the HCCL root info".into(),
+        })?;
+        let id = std::env::var("CANNON_RDZV_ID")
+            .or_else(|_| std::env::var("TORCHELASTIC_RUN_ID"))
+            .unwrap_or_else(|_| "default".into());
+        Self::new(dir, &id)
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(format!("cannon-rdzv-{}.bin", self.run_id))
+    }
+
+    /// Writes `payload` for a world of `world_size` (rank 0). Atomic: readers never see a
+    /// partial file.
+    pub fn publish(&self, world_size: usize, payload: &[u8]) -> CommResult<()> {
+        let path = self.path();
+        let tmp = self.dir.join(format!(
+            ".cannon-rdzv-{}.{}.tmp",
+            self.run_id,
+            std::process::id()
+        ));
+        let mut bytes = Vec::with_capacity(HEADER + payload.len());
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&(world_size as u64).to_le_bytes());
+        bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(payload);
+        let write = || -> std::io::Result<()> {
+            fs::create_dir_all(&self.dir)?;
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| io_err(&path, "publish", e))
+    }
+
+    /// Polls every `poll` until the file appears (up to `timeout`) and returns its payload,
+    /// which must be `payload_len` bytes for a world of `world_size`.
+    pub fn wait(
+        &self,
+        world_size: usize,
+        payload_len: usize,
+        timeout: Duration,
+        poll: Duration,
+    ) -> CommResult<Vec<u8>> {
+        let path = self.path();
+        let start = Instant::now();
+        loop {
+            match fs::read(&path) {
+                Ok(bytes) => return parse(&path, &bytes, world_size, payload_len),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&path, "read", e)),
+            }
+            if start.elapsed() >= timeout {
+                return Err(CommError::Rendezvous {
+                    path: path.display().to_string(),
+                    detail: format!(
+                        "rank 0 did not publish the root info within {timeout:?} (is it running, \
+                         with the same CANNON_RDZV_DIR and run id?)"
+                    ),
+                });
+            }
+            std::thread::sleep(poll.min(timeout.saturating_sub(start.elapsed())));
+        }
+    }
+
+    /// Deletes the file (rank 0, once every rank has read it). A missing file is fine.
+    pub fn remove(&self) -> CommResult<()> {
+        let path = self.path();
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err(&path, "remove", e)),
+        }
+    }
+}
+
+fn parse(path: &Path, bytes: &[u8], world_size: usize, payload_len: usize) -> CommResult<Vec<u8>> {
+    let bad = |detail: String| CommError::Rendezvous {
+        path: path.display().to_string(),
+        detail,
+    };
+    if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+        return Err(bad("not a cannon rendezvous file".into()));
+    }
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[i..i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let (world, len) = (word(8), word(16));
+    if world != world_size as u64 {
+        return Err(bad(format!(
+            "written for a world of {world}, this job has {world_size} (a stale file from \
+             another run? delete it or set CANNON_RDZV_ID)"
+        )));
+    }
+    if len != payload_len as u64 || bytes.len() != HEADER + payload_len {
+        return Err(bad(format!(
+            "payload of {} bytes (header says {len}), expected {payload_len}",
+            bytes.len() - HEADER
+        )));
+    }
+    Ok(bytes[HEADER..].to_vec())
+}
+
+fn io_err(path: &Path, what: &str, e: std::io::Error) -> CommError {
+    CommError::Rendezvous {
+        path: path.display().to_string(),
+        detail: format!("{what}: {e}"),
+    }
+}

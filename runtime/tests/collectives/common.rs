@@ -1,0 +1,148 @@
+//! Test support: run a closure on every rank of a CPU world, deterministic inputs, and an
+//! independent sequential reference for the reductions.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use cannon_runtime::comm::{CommElem, Communicator, CpuWorld, ReduceOp};
+use half::bf16;
+
+/// Runs `f` on every rank (one thread each) and returns the results in rank order.
+pub fn run_world<R: Send>(
+    world: usize,
+    timeout: Duration,
+    f: impl Fn(Communicator) -> R + Sync,
+) -> Vec<R> {
+    let comms = CpuWorld::new(world, timeout).unwrap();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms.into_iter().map(|c| s.spawn(|| f(c))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Long enough never to fire in a passing test, short enough not to hang a failing one.
+pub const GENEROUS: Duration = Duration::from_secs(20);
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Element types under test: a deterministic generator and the sequential reference reduction.
+pub trait TestElem: CommElem + PartialEq + Debug {
+    const HAS_AVG: bool;
+    /// The value of element `i` of rank `rank`'s input `seed`.
+    fn gen(seed: u64, rank: usize, i: usize) -> Self;
+    /// `op` over `vals` (rank order), computed the obvious way on one thread.
+    fn reference(op: ReduceOp, vals: &[Self]) -> Self;
+}
+
+fn unit(seed: u64, rank: usize, i: usize) -> f64 {
+    let h = splitmix(seed ^ splitmix(rank as u64 ^ splitmix(i as u64)));
+    // Values in [-4, 4) with a non-trivial mantissa, so rounding and order matter.
+    (h >> 11) as f64 / (1u64 << 53) as f64 * 8.0 - 4.0
+}
+
+macro_rules! float_ref {
+    ($t:ty) => {
+        fn reference(op: ReduceOp, vals: &[$t]) -> $t {
+            let mut acc = vals[0];
+            for &v in &vals[1..] {
+                acc = match op {
+                    ReduceOp::Sum | ReduceOp::Avg => acc + v,
+                    ReduceOp::Max => {
+                        if v > acc {
+                            v
+                        } else {
+                            acc
+                        }
+                    }
+                    ReduceOp::Min => {
+                        if v < acc {
+                            v
+                        } else {
+                            acc
+                        }
+                    }
+                };
+            }
+            if op == ReduceOp::Avg {
+                acc / vals.len() as $t
+            } else {
+                acc
+            }
+        }
+    };
+}
+
+impl TestElem for f32 {
+    const HAS_AVG: bool = true;
+    fn gen(seed: u64, rank: usize, i: usize) -> Self {
+        unit(seed, rank, i) as f32
+    }
+    float_ref!(f32);
+}
+
+impl TestElem for f64 {
+    const HAS_AVG: bool = true;
+    fn gen(seed: u64, rank: usize, i: usize) -> Self {
+        unit(seed, rank, i)
+    }
+    float_ref!(f64);
+}
+
+impl TestElem for bf16 {
+    const HAS_AVG: bool = true;
+    fn gen(seed: u64, rank: usize, i: usize) -> Self {
+        bf16::from_f64(unit(seed, rank, i))
+    }
+    /// The contract: accumulate in f32 in rank order, round to bf16 once.
+    fn reference(op: ReduceOp, vals: &[bf16]) -> bf16 {
+        let wide: Vec<f32> = vals.iter().map(|v| v.to_f32()).collect();
+        bf16::from_f32(f32::reference(op, &wide))
+    }
+}
+
+macro_rules! int_elem {
+    ($t:ty) => {
+        impl TestElem for $t {
+            const HAS_AVG: bool = false;
+            fn gen(seed: u64, rank: usize, i: usize) -> Self {
+                (unit(seed, rank, i) * 250.0) as $t
+            }
+            fn reference(op: ReduceOp, vals: &[$t]) -> $t {
+                match op {
+                    ReduceOp::Sum => vals.iter().sum(),
+                    ReduceOp::Max => *vals.iter().max().unwrap(),
+                    ReduceOp::Min => *vals.iter().min().unwrap(),
+                    ReduceOp::Avg => unreachable!("integer Avg is rejected"),
+                }
+            }
+        }
+    };
+}
+int_elem!(i32);
+int_elem!(i64);
+
+/// Rank `rank`'s input of `n` elements for `seed`.
+pub fn input<T: TestElem>(seed: u64, rank: usize, n: usize) -> Vec<T> {
+    (0..n).map(|i| T::gen(seed, rank, i)).collect()
+}
+
+/// The reduction over all ranks' inputs of element `i` (of a buffer of any length).
+pub fn reduced<T: TestElem>(seed: u64, world: usize, op: ReduceOp, i: usize) -> T {
+    let vals: Vec<T> = (0..world).map(|r| T::gen(seed, r, i)).collect();
+    T::reference(op, &vals)
+}
+
+pub fn ops<T: TestElem>() -> Vec<ReduceOp> {
+    let mut v = vec![ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min];
+    if T::HAS_AVG {
+        v.push(ReduceOp::Avg);
+    }
+    v
+}
+
+pub const WORLDS: [usize; 5] = [1, 2, 3, 4, 8];
