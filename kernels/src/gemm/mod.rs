@@ -1,1 +1,255 @@
-//! gemm (in progress: see the kernels issue).
+//! gemm: the CPU matrix multiply every other op is built on.
+//!
+//! ```text
+//! C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C[m,n]
+//! ```
+//!
+//! All matrices are row-major with an explicit row stride (`ld*`, in elements), so a caller can
+//! multiply windows of bigger buffers. `op(X)` is `X` ([`Trans::N`]) or `X^T` ([`Trans::T`]):
+//!
+//! | flag | stored as | element `op(A)[i][p]` | `lda` at least |
+//! |------|-----------|-----------------------|----------------|
+//! | `N`  | `[m, k]`  | `a[i * lda + p]`      | `k`            |
+//! | `T`  | `[k, m]`  | `a[p * lda + i]`      | `m`            |
+//!
+//! (and likewise for B with `[k, n]` / `[n, k]`). The three products of a linear layer need no
+//! explicit transposes:
+//!
+//! ```text
+//! forward   Y[T,out]  = X[T,in] W[out,in]^T      gemm(N, T, ...)
+//! backward  dX[T,in] += dY[T,out] W[out,in]      gemm(N, N, ..., beta = 1)
+//!           dW[out,in] += dY[T,out]^T X[T,in]    gemm(T, N, ..., beta = 1)
+//! ```
+//!
+//! `beta == 0` means C is write-only (its old contents, even NaN, are ignored), as in BLAS.
+//! Slices must hold at least `(rows - 1) * ld + cols` elements (empty matrices need none);
+//! anything shorter, or a row stride smaller than the row, is a [`KernelError::Shape`].
+//!
+//! Two element types:
+//! - [`gemm_f32`]: f32 in, f32 out, on faer's `gemm` crate (AVX-512 microkernels, packing).
+//! - [`gemm_bf16`]: inputs rounded to bf16 (stored as `half::bf16`, or f32 rounded to nearest
+//!   even while packing), products accumulated in f32, f32 out. On CPUs with AVX512-BF16 it runs
+//!   our own packed `vdpbf16ps` kernel; elsewhere (or through [`gemm_bf16_portable`]) it widens
+//!   the rounded inputs to f32 and calls [`gemm_f32`], which gives the same result up to f32
+//!   summation order.
+//!
+//! All entry points use rayon's global pool (the threads every CPU kernel shares).
+
+mod cpu;
+// AVX-512 intrinsics are stable since 1.89, above the workspace rust-version.
+#[cfg(target_arch = "x86_64")]
+#[clippy::msrv = "1.89"]
+mod x86_bf16;
+
+#[cfg(test)]
+mod tests;
+
+use crate::error::{KernelError, Result};
+use half::bf16;
+
+pub use cpu::{bf16_kernel_available, to_bf16_bits};
+
+/// Whether a matrix operand is used as stored (`N`) or transposed (`T`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trans {
+    N,
+    T,
+}
+
+/// An element that the bf16 GEMM can read: `half::bf16` as is, or `f32` rounded to the nearest
+/// bf16 (ties to even, as torch's `.to(torch.bfloat16)`), so f32 gradients can feed a bf16
+/// product without a separate cast pass.
+pub trait Bf16Elem: Copy + Send + Sync + 'static + sealed::Sealed {
+    /// The bf16 bit pattern this element contributes to the product.
+    fn bf16_bits(self) -> u16;
+}
+
+impl Bf16Elem for bf16 {
+    #[inline(always)]
+    fn bf16_bits(self) -> u16 {
+        self.to_bits()
+    }
+}
+
+impl Bf16Elem for f32 {
+    #[inline(always)]
+    fn bf16_bits(self) -> u16 {
+        to_bf16_bits(self)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for f32 {}
+}
+
+/// The dimensions of one product: `op(A)` is `[m, k]`, `op(B)` is `[k, n]`, `C` is `[m, n]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+/// `C = alpha * op(A) op(B) + beta * C` in f32 (see the module docs for the layout rules).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32(
+    ta: Trans,
+    tb: Trans,
+    d: Dims,
+    alpha: f32,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) -> Result<()> {
+    check_operands(
+        "gemm_f32",
+        ta,
+        tb,
+        d,
+        a.len(),
+        lda,
+        b.len(),
+        ldb,
+        c.len(),
+        ldc,
+    )?;
+    cpu::gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc);
+    Ok(())
+}
+
+/// `C = alpha * op(A) op(B) + beta * C` with bf16 inputs and f32 accumulation and output.
+///
+/// Uses the AVX512-BF16 kernel when the CPU has it, else [`gemm_bf16_portable`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_bf16<TA: Bf16Elem, TB: Bf16Elem>(
+    ta: Trans,
+    tb: Trans,
+    d: Dims,
+    alpha: f32,
+    a: &[TA],
+    lda: usize,
+    b: &[TB],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) -> Result<()> {
+    check_operands(
+        "gemm_bf16",
+        ta,
+        tb,
+        d,
+        a.len(),
+        lda,
+        b.len(),
+        ldb,
+        c.len(),
+        ldc,
+    )?;
+    cpu::gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc, false);
+    Ok(())
+}
+
+/// [`gemm_bf16`] without the AVX512-BF16 kernel: the bf16-rounded inputs are widened to f32
+/// and multiplied by [`gemm_f32`]. This is the fallback on other CPUs; it is public so tests
+/// and benchmarks can compare the two paths.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_bf16_portable<TA: Bf16Elem, TB: Bf16Elem>(
+    ta: Trans,
+    tb: Trans,
+    d: Dims,
+    alpha: f32,
+    a: &[TA],
+    lda: usize,
+    b: &[TB],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) -> Result<()> {
+    check_operands(
+        "gemm_bf16",
+        ta,
+        tb,
+        d,
+        a.len(),
+        lda,
+        b.len(),
+        ldb,
+        c.len(),
+        ldc,
+    )?;
+    cpu::gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc, true);
+    Ok(())
+}
+
+/// Elements a row-major `[rows, cols]` matrix with row stride `ld` spans.
+pub fn strided_len(rows: usize, cols: usize, ld: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * ld + cols
+    }
+}
+
+fn check_matrix(
+    op: &'static str,
+    what: &str,
+    len: usize,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+) -> Result<()> {
+    if ld < cols && rows > 1 {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!("{what}: row stride {ld} is smaller than the row length {cols}"),
+        });
+    }
+    let need = strided_len(rows, cols, ld);
+    if len < need {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!(
+                "{what} has {len} elements, a [{rows}, {cols}] matrix with row stride {ld} \
+                 needs {need}"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks every operand of `C = op(A) op(B)` against the dims (stored shapes follow the flags).
+#[allow(clippy::too_many_arguments)]
+fn check_operands(
+    op: &'static str,
+    ta: Trans,
+    tb: Trans,
+    d: Dims,
+    a_len: usize,
+    lda: usize,
+    b_len: usize,
+    ldb: usize,
+    c_len: usize,
+    ldc: usize,
+) -> Result<()> {
+    let (ar, ac) = stored_shape(ta, d.m, d.k);
+    let (br, bc) = stored_shape(tb, d.k, d.n);
+    check_matrix(op, "A", a_len, ar, ac, lda)?;
+    check_matrix(op, "B", b_len, br, bc, ldb)?;
+    check_matrix(op, "C", c_len, d.m, d.n, ldc)
+}
+
+/// The stored `[rows, cols]` of an operand whose `op(X)` is `[r, c]`.
+fn stored_shape(t: Trans, r: usize, c: usize) -> (usize, usize) {
+    match t {
+        Trans::N => (r, c),
+        Trans::T => (c, r),
+    }
+}

@@ -1,0 +1,178 @@
+//! CPU GEMM: f32 on faer's `gemm` crate, bf16 on our AVX512-BF16 kernel or the portable path.
+//!
+//! Callers (mod.rs) have already checked every slice against the dims, so the raw-pointer
+//! calls below stay inside the slices.
+
+use super::{Bf16Elem, Dims, Trans};
+
+/// Below this many multiply-adds a product runs on the calling thread: waking the pool costs
+/// more than it saves (measured: a 64^3 product takes ~10 us single-threaded).
+const PARALLEL_MIN_MACS: usize = 64 * 64 * 64;
+
+/// Rounds an f32 to the nearest bf16 (ties to even), keeping NaN a NaN; the bits of the result.
+/// Bit-identical to `half::bf16::from_f32` but branch-free, so packing loops vectorise.
+#[inline(always)]
+pub fn to_bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
+    // A NaN must stay NaN even if rounding would carry its payload into the exponent/infinity.
+    let quiet_nan = ((b >> 16) as u16) | 0x0040;
+    if x.is_nan() {
+        quiet_nan
+    } else {
+        rounded
+    }
+}
+
+/// Whether this CPU runs the packed `vdpbf16ps` kernel (else bf16 GEMM takes the portable path).
+pub fn bf16_kernel_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::x86_bf16::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+fn parallelism(d: Dims) -> gemm::Parallelism {
+    if d.m.saturating_mul(d.n).saturating_mul(d.k) < PARALLEL_MIN_MACS {
+        gemm::Parallelism::None
+    } else {
+        gemm::Parallelism::Rayon(rayon::current_num_threads())
+    }
+}
+
+/// `C = beta * C` (the whole product when k == 0), with beta == 0 writing zeros.
+fn scale_c(d: Dims, beta: f32, c: &mut [f32], ldc: usize) {
+    for i in 0..d.m {
+        let row = &mut c[i * ldc..i * ldc + d.n];
+        if beta == 0.0 {
+            row.fill(0.0);
+        } else if beta != 1.0 {
+            row.iter_mut().for_each(|x| *x *= beta);
+        }
+    }
+}
+
+/// (row stride, column stride) of `op(X)` for a row-major X with row stride `ld`.
+fn op_strides(t: Trans, ld: usize) -> (isize, isize) {
+    match t {
+        Trans::N => (ld as isize, 1),
+        Trans::T => (1, ld as isize),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_f32(
+    ta: Trans,
+    tb: Trans,
+    d: Dims,
+    alpha: f32,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    if d.m == 0 || d.n == 0 {
+        return;
+    }
+    if d.k == 0 || alpha == 0.0 {
+        scale_c(d, beta, c, ldc);
+        return;
+    }
+    let (a_rs, a_cs) = op_strides(ta, lda);
+    let (b_rs, b_cs) = op_strides(tb, ldb);
+    // SAFETY: mod.rs checked that a, b and c hold the strided [m,k], [k,n], [m,n] operands, so
+    // every index gemm forms from (dims, strides) is in bounds; c is a unique borrow, so dst
+    // aliases neither input. Note the crate's naming: dst = alpha*dst + beta*lhs*rhs, so our
+    // beta is its alpha and our alpha its beta; read_dst=false makes it ignore old C (beta==0).
+    unsafe {
+        gemm::gemm(
+            d.m,
+            d.n,
+            d.k,
+            c.as_mut_ptr(),
+            1,
+            ldc as isize,
+            beta != 0.0,
+            a.as_ptr(),
+            a_cs,
+            a_rs,
+            b.as_ptr(),
+            b_cs,
+            b_rs,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            parallelism(d),
+        );
+    }
+}
+
+/// Copies `op(X)` (`[rows, cols]`) rounded to bf16 and widened back to f32 into a dense matrix.
+fn widen_op<T: Bf16Elem>(t: Trans, rows: usize, cols: usize, x: &[T], ld: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * cols);
+    for i in 0..rows {
+        for j in 0..cols {
+            let v = match t {
+                Trans::N => x[i * ld + j],
+                Trans::T => x[j * ld + i],
+            };
+            out.push(f32::from_bits((v.bf16_bits() as u32) << 16));
+        }
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_bf16<TA: Bf16Elem, TB: Bf16Elem>(
+    ta: Trans,
+    tb: Trans,
+    d: Dims,
+    alpha: f32,
+    a: &[TA],
+    lda: usize,
+    b: &[TB],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+    force_portable: bool,
+) {
+    if d.m == 0 || d.n == 0 {
+        return;
+    }
+    if d.k == 0 || alpha == 0.0 {
+        scale_c(d, beta, c, ldc);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if !force_portable && super::x86_bf16::available() {
+        let parallel = d.m.saturating_mul(d.n).saturating_mul(d.k) >= PARALLEL_MIN_MACS;
+        super::x86_bf16::gemm(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc, parallel);
+        return;
+    }
+    let _ = force_portable;
+    let aw = widen_op(ta, d.m, d.k, a, lda);
+    let bw = widen_op(tb, d.k, d.n, b, ldb);
+    gemm_f32(
+        Trans::N,
+        Trans::N,
+        d,
+        alpha,
+        &aw,
+        d.k,
+        &bw,
+        d.n,
+        beta,
+        c,
+        ldc,
+    );
+}

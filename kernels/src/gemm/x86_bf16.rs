@@ -1,0 +1,381 @@
+//! bf16 GEMM on AVX512-BF16: packing, cache blocking and a `vdpbf16ps` register-blocked kernel.
+//!
+//! `vdpbf16ps acc, a, b` adds, in each of the 16 f32 lanes, `a[2l]*b[2l] + a[2l+1]*b[2l+1]`:
+//! it consumes *pairs along k*. So both operands are packed as u32 words holding
+//! `(x[.., 2q], x[.., 2q+1])` (low half = even k, an odd k padded with a zero bf16):
+//!
+//! ```text
+//! B panel  [kc, nc] -> strips of NR columns:  bp[s][q][j] = pair(op(B)[2q, s*NR+j], op(B)[2q+1, ..])
+//! A block  [mc, kc] -> strips of MR rows:     ap[s][q][i] = pair(op(A)[s*MR+i, 2q], op(A)[.., 2q+1])
+//! ```
+//!
+//! The kernel keeps an MR x NR tile of C in MR*NV zmm accumulators; per k-pair it loads NV
+//! vectors of B (16 columns each) and broadcasts one A pair per row. Blocking is GotoBLAS/BLIS:
+//! the B micro-panel (kc x NR) stays in L1 while the kernel walks the A block (mc x kc, in L2),
+//! and the B panel (kc x nc) is shared by all threads, which split C's rows (or, for short
+//! products, column strips).
+//!
+//! All `unsafe` lives here: the intrinsics need the CPU features checked by [`available`], and
+//! the kernel writes C through a raw pointer because threads own disjoint tiles of it.
+//!
+//! The AVX-512 intrinsics (incl. `_mm512_dpbf16_ps`) are stable since Rust 1.89, above the
+//! workspace's declared rust-version: this module needs 1.89 (the toolchain here is 1.95), as
+//! its `#[clippy::msrv]` in mod.rs says.
+
+use super::{Bf16Elem, Dims, Trans};
+use rayon::prelude::*;
+use std::arch::x86_64::*;
+use std::cell::Cell;
+
+/// Rows of C per kernel call.
+const MR: usize = 14;
+/// zmm vectors across C's columns per kernel call.
+const NV: usize = 2;
+/// Columns of C per kernel call.
+const NR: usize = NV * 16;
+/// k per block (even): B micro-panel = KC*NR*2 bytes = 32 KiB.
+const KC: usize = 512;
+/// Rows of A per block at most: A block = MC_MAX*KC*2 bytes (~256 KiB, in L2).
+const MC_MAX: usize = 252;
+/// Columns of B per panel: the packed panel (KC*NC*2 bytes = 2 MiB) is shared through L3.
+const NC: usize = 2048;
+
+/// One cache line of packed words; packed buffers are made of these so they are 64-aligned.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u32; 16]);
+
+thread_local! {
+    // Reused packing buffers. Taken out while in use (never borrowed across a rayon call), so a
+    // nested GEMM on the same thread just allocates its own.
+    static A_BUF: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
+    static B_BUF: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
+}
+
+/// Whether the CPU has what the kernel executes (the detection result is cached by std).
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+}
+
+fn take_buf(key: &'static std::thread::LocalKey<Cell<Vec<Line>>>, words: usize) -> Vec<Line> {
+    let mut v = key.with(|c| c.take());
+    let lines = words.div_ceil(16);
+    if v.len() < lines {
+        v.resize(lines, Line([0; 16]));
+    }
+    v
+}
+
+fn put_buf(key: &'static std::thread::LocalKey<Cell<Vec<Line>>>, v: Vec<Line>) {
+    key.with(|c| c.set(v));
+}
+
+fn words(v: &mut [Line]) -> &mut [u32] {
+    let len = v.len() * 16;
+    // SAFETY: Line is repr(C) [u32; 16] with no padding, so the lines are len contiguous u32s.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u32>(), len) }
+}
+
+#[inline(always)]
+fn pair<S: Bf16Elem>(lo: S, hi: S) -> u32 {
+    lo.bf16_bits() as u32 | (hi.bf16_bits() as u32) << 16
+}
+
+/// Packs `w` lanes whose k runs along a stored row: lane l reads row `r0 + l` of `src`
+/// (`nv` valid lanes, the rest zero), columns `k0..k0+kc`. out: `[kp][w]` words.
+#[allow(clippy::too_many_arguments)]
+fn pack_k_in_rows<S: Bf16Elem>(
+    src: &[S],
+    ld: usize,
+    r0: usize,
+    nv: usize,
+    k0: usize,
+    kc: usize,
+    w: usize,
+    out: &mut [u32],
+) {
+    let kp = kc.div_ceil(2);
+    for l in 0..w {
+        if l >= nv {
+            for q in 0..kp {
+                out[q * w + l] = 0;
+            }
+            continue;
+        }
+        let row = &src[(r0 + l) * ld + k0..][..kc];
+        let mut chunks = row.chunks_exact(2);
+        for (q, p) in (&mut chunks).enumerate() {
+            out[q * w + l] = pair(p[0], p[1]);
+        }
+        if let [last] = chunks.remainder() {
+            out[(kp - 1) * w + l] = last.bf16_bits() as u32;
+        }
+    }
+}
+
+/// Packs `w` lanes whose k runs down the stored columns: lane l is column `c0 + l` (`nv` valid),
+/// k-pair q interleaves rows `k0+2q` and `k0+2q+1`. out: `[kp][w]` words.
+#[allow(clippy::too_many_arguments)]
+fn pack_k_across_rows<S: Bf16Elem>(
+    src: &[S],
+    ld: usize,
+    c0: usize,
+    nv: usize,
+    k0: usize,
+    kc: usize,
+    w: usize,
+    out: &mut [u32],
+) {
+    let kp = kc.div_ceil(2);
+    for q in 0..kp {
+        let o = &mut out[q * w..(q + 1) * w];
+        let r0 = &src[(k0 + 2 * q) * ld + c0..][..nv];
+        if 2 * q + 1 < kc {
+            let r1 = &src[(k0 + 2 * q + 1) * ld + c0..][..nv];
+            for ((o, &x0), &x1) in o.iter_mut().zip(r0).zip(r1) {
+                *o = pair(x0, x1);
+            }
+        } else {
+            for (o, &x0) in o.iter_mut().zip(r0) {
+                *o = x0.bf16_bits() as u32;
+            }
+        }
+        o[nv..].fill(0);
+    }
+}
+
+/// Packs `op(X)[r0.., k0..k0+kc]` lanes (rows of A, or columns of B seen as rows of op(B)^T).
+/// `lanes_are_rows`: the packed lane index is the stored row (A with N, B with T).
+#[allow(clippy::too_many_arguments)]
+fn pack<S: Bf16Elem>(
+    lanes_are_rows: bool,
+    src: &[S],
+    ld: usize,
+    lane0: usize,
+    nv: usize,
+    k0: usize,
+    kc: usize,
+    w: usize,
+    out: &mut [u32],
+) {
+    if lanes_are_rows {
+        pack_k_in_rows(src, ld, lane0, nv, k0, kc, w, out);
+    } else {
+        pack_k_across_rows(src, ld, lane0, nv, k0, kc, w, out);
+    }
+}
+
+/// Epilogue parameters of one kernel call: `C = alpha*acc + beta*C` (C not read if !read_c).
+#[derive(Clone, Copy)]
+struct Epi {
+    alpha: f32,
+    beta: f32,
+    read_c: bool,
+}
+
+/// The MR x NR kernel: `kp` k-pairs from packed `a` (`[kp][MR]`) and `b` (`[kp][NR]`), result
+/// written to the `mr x nr` corner of the tile at `c` (row stride `ldc`).
+///
+/// # Safety
+/// The CPU must have avx512f + avx512bf16; `a`/`b` must hold `kp*MR`/`kp*NR` words with `b`
+/// 64-byte aligned; `c` must be valid for `mr` rows of `nr` floats at stride `ldc`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel(
+    kp: usize,
+    a: *const u32,
+    b: *const u32,
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    e: Epi,
+) {
+    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+    let (mut a, mut b) = (a, b);
+    for _ in 0..kp {
+        let mut bv = [_mm512_setzero_ps(); NV];
+        for (v, bv) in bv.iter_mut().enumerate() {
+            *bv = _mm512_load_ps(b.add(v * 16).cast::<f32>());
+        }
+        for (i, acc_row) in acc.iter_mut().enumerate() {
+            // The broadcast pair goes in the instruction's memory-capable operand slot.
+            let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a.add(i) as i32));
+            for (acc, &bv) in acc_row.iter_mut().zip(&bv) {
+                *acc = _mm512_dpbf16_ps(*acc, std::mem::transmute::<__m512, __m512bh>(bv), ai);
+            }
+        }
+        a = a.add(MR);
+        b = b.add(NR);
+    }
+    let va = _mm512_set1_ps(e.alpha);
+    let vb = _mm512_set1_ps(e.beta);
+    for (i, acc_row) in acc.iter().enumerate().take(mr) {
+        let row = c.add(i * ldc);
+        for (v, &acc) in acc_row.iter().enumerate() {
+            let col = v * 16;
+            if col >= nr {
+                break;
+            }
+            let left = nr - col;
+            let mask: __mmask16 = if left >= 16 {
+                0xFFFF
+            } else {
+                (1u16 << left) - 1
+            };
+            let mut r = _mm512_mul_ps(acc, va);
+            if e.read_c {
+                let old = _mm512_maskz_loadu_ps(mask, row.add(col));
+                r = _mm512_fmadd_ps(old, vb, r);
+            }
+            _mm512_mask_storeu_ps(row.add(col), mask, r);
+        }
+    }
+}
+
+/// The C pointer shared by the threads, each of which writes only its own tiles.
+#[derive(Clone, Copy)]
+struct CPtr(*mut f32);
+// SAFETY: tasks write disjoint tiles of C (see `gemm`), and C outlives the parallel region.
+unsafe impl Send for CPtr {}
+unsafe impl Sync for CPtr {}
+
+/// How C's rows (and, when there are too few, column strips) are split into tasks.
+struct Split {
+    mc: usize,
+    m_blocks: usize,
+    n_groups: usize,
+}
+
+fn split(m: usize, strips: usize, threads: usize) -> Split {
+    let mut m_blocks = m.div_ceil(MC_MAX);
+    let max_blocks = m.div_ceil(MR);
+    if threads > 1 {
+        m_blocks = m_blocks.div_ceil(threads) * threads;
+    }
+    m_blocks = m_blocks.min(max_blocks).max(1);
+    let mc = m.div_ceil(m_blocks).div_ceil(MR) * MR;
+    let m_blocks = m.div_ceil(mc);
+    let n_groups = if m_blocks >= threads {
+        1
+    } else {
+        threads.div_ceil(m_blocks).min(strips).max(1)
+    };
+    Split {
+        mc,
+        m_blocks,
+        n_groups,
+    }
+}
+
+/// `C = alpha * op(A) op(B) + beta * C` (dims and slices already checked, k > 0, alpha != 0).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm<TA: Bf16Elem, TB: Bf16Elem>(
+    ta: Trans,
+    tb: Trans,
+    d: Dims,
+    alpha: f32,
+    a: &[TA],
+    lda: usize,
+    b: &[TB],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+    parallel: bool,
+) {
+    let threads = if parallel {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    let kc_max = KC.min(d.k.div_ceil(2) * 2);
+    let nc_max = NC.min(d.n.div_ceil(NR) * NR);
+    let strip_words = kc_max / 2 * NR;
+    let mut bbuf = take_buf(&B_BUF, nc_max / NR * strip_words);
+    let cptr = CPtr(c.as_mut_ptr());
+
+    for jc in (0..d.n).step_by(nc_max) {
+        let nc = nc_max.min(d.n - jc);
+        let strips = nc.div_ceil(NR);
+        let sp = split(d.m, strips, threads);
+        for pc in (0..d.k).step_by(kc_max) {
+            let kc = kc_max.min(d.k - pc);
+            let kp = kc.div_ceil(2);
+            let e = Epi {
+                alpha,
+                beta: if pc == 0 { beta } else { 1.0 },
+                read_c: pc > 0 || beta != 0.0,
+            };
+            let bwords = &mut words(&mut bbuf)[..strips * kp * NR];
+            let pack_b = |(s, out): (usize, &mut [u32])| {
+                let j0 = jc + s * NR;
+                let nv = NR.min(d.n - j0);
+                pack(tb == Trans::T, b, ldb, j0, nv, pc, kc, NR, out);
+            };
+            if threads > 1 {
+                bwords.par_chunks_mut(kp * NR).enumerate().for_each(pack_b);
+            } else {
+                bwords.chunks_mut(kp * NR).enumerate().for_each(pack_b);
+            }
+            let bp: &[u32] = bwords;
+            let task = |t: usize| {
+                let (ib, g) = (t / sp.n_groups, t % sp.n_groups);
+                let i0 = ib * sp.mc;
+                let mc = sp.mc.min(d.m - i0);
+                let (s0, s1) = (strips * g / sp.n_groups, strips * (g + 1) / sp.n_groups);
+                let a_strips = mc.div_ceil(MR);
+                let mut abuf = take_buf(&A_BUF, a_strips * kp * MR);
+                let aw = &mut words(&mut abuf)[..a_strips * kp * MR];
+                for (s, out) in aw.chunks_mut(kp * MR).enumerate() {
+                    let r0 = i0 + s * MR;
+                    pack(
+                        ta == Trans::N,
+                        a,
+                        lda,
+                        r0,
+                        MR.min(d.m - r0),
+                        pc,
+                        kc,
+                        MR,
+                        out,
+                    );
+                }
+                for s in s0..s1 {
+                    let j0 = s * NR;
+                    let nr = NR.min(nc - j0);
+                    let bs = &bp[s * kp * NR..(s + 1) * kp * NR];
+                    for (ia, asl) in aw.chunks(kp * MR).enumerate() {
+                        let r0 = i0 + ia * MR;
+                        let mr = MR.min(d.m - r0);
+                        let cp = cptr;
+                        // SAFETY: `available()` was checked by the caller; asl/bs hold kp*MR /
+                        // kp*NR words (bs starts a strip of the 64-aligned buffer: kp*NR is a
+                        // multiple of 16); the tile rows r0..r0+mr, columns jc+j0..+nr lie in
+                        // the checked C, and no other task writes them.
+                        unsafe {
+                            kernel(
+                                kp,
+                                asl.as_ptr(),
+                                bs.as_ptr(),
+                                cp.0.add(r0 * ldc + jc + j0),
+                                ldc,
+                                mr,
+                                nr,
+                                e,
+                            )
+                        };
+                    }
+                }
+                put_buf(&A_BUF, abuf);
+            };
+            let ntasks = sp.m_blocks * sp.n_groups;
+            if threads > 1 && ntasks > 1 {
+                (0..ntasks).into_par_iter().for_each(task);
+            } else {
+                (0..ntasks).for_each(task);
+            }
+        }
+    }
+    put_buf(&B_BUF, bbuf);
+}
