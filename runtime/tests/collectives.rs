@@ -2,5 +2,13 @@
 
 #[path = "collectives/common.rs"]
 mod common;
+#[path = "collectives/failures.rs"]
+mod failures;
+#[path = "collectives/gather.rs"]
+mod gather;
+#[path = "collectives/groups.rs"]
+mod groups;
 #[path = "collectives/reduce.rs"]
 mod reduce;
+#[path = "collectives/rendezvous.rs"]
+mod rendezvous;

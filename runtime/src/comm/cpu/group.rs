@@ -46,9 +46,8 @@ pub(super) struct Message {
 }
 
 struct Failure {
-    /// The round (collectives) in which the failure happened; ranks waiting in that round get
-    /// the error itself, everyone later gets `Poisoned`.
-    round: u64,
+    /// The collective (by count) in which the failure happened, `None` for point-to-point.
+    round: Option<u64>,
     error: CommError,
 }
 
@@ -99,6 +98,7 @@ impl Group {
     pub(super) fn enter(
         &self,
         rank: usize,
+        seq: u64,
         post: Post,
         timeout: Duration,
         build_split: impl FnOnce(&[Post]) -> Vec<(Arc<Group>, usize)>,
@@ -108,12 +108,23 @@ impl Group {
         let deadline = start + timeout;
         let mut st = self.state.lock();
         if let Some(f) = &st.failure {
-            return Err(poisoned(op, f));
+            return Err(failed(op, f, Some(seq)));
         }
         let dropped = dropped_ranks(&st, |_| true);
         if !dropped.is_empty() {
             let error = CommError::PeerDropped { op, rank, dropped };
-            return Err(fail(&mut st, &self.cv, error));
+            return Err(fail(&mut st, &self.cv, Some(seq), error));
+        }
+        if st.round != seq {
+            // Unreachable: without a failure every rank's count of collectives is the group's.
+            let error = CommError::InvalidArgument {
+                op,
+                detail: format!(
+                    "rank {rank} is at collective #{seq}, its group at #{}",
+                    st.round
+                ),
+            };
+            return Err(fail(&mut st, &self.cv, Some(seq), error));
         }
         if st.posts[rank].is_some() {
             // Unreachable through the public API (`Communicator` is neither Sync nor Clone).
@@ -121,9 +132,9 @@ impl Group {
                 op,
                 detail: format!("rank {rank} entered a collective twice concurrently"),
             };
-            return Err(fail(&mut st, &self.cv, error));
+            return Err(fail(&mut st, &self.cv, Some(seq), error));
         }
-        let my_round = st.round;
+        let my_round = seq;
         st.posts[rank] = Some(post);
         st.n_posted += 1;
 
@@ -132,7 +143,7 @@ impl Group {
             st.n_posted = 0;
             let descs: Vec<&OpDesc> = posts.iter().map(|p| &p.desc).collect();
             if let Err(error) = check_match(&descs) {
-                return Err(fail(&mut st, &self.cv, error));
+                return Err(fail(&mut st, &self.cv, Some(seq), error));
             }
             let split_out = if posts[0].desc.kind == OpKind::Split {
                 build_split(&posts)
@@ -152,11 +163,7 @@ impl Group {
                 }
             }
             if let Some(f) = &st.failure {
-                let error = if f.round == my_round {
-                    f.error.clone()
-                } else {
-                    poisoned(op, f)
-                };
+                let error = failed(op, f, Some(my_round));
                 withdraw(&mut st, rank);
                 return Err(error);
             }
@@ -164,7 +171,7 @@ impl Group {
             if !dropped.is_empty() {
                 withdraw(&mut st, rank);
                 let error = CommError::PeerDropped { op, rank, dropped };
-                return Err(fail(&mut st, &self.cv, error));
+                return Err(fail(&mut st, &self.cv, Some(seq), error));
             }
             if Instant::now() >= deadline {
                 withdraw(&mut st, rank);
@@ -177,7 +184,7 @@ impl Group {
                     waited: start.elapsed(),
                     timeout,
                 };
-                return Err(fail(&mut st, &self.cv, error));
+                return Err(fail(&mut st, &self.cv, Some(seq), error));
             }
             self.cv.wait_until(&mut st, deadline);
         }
@@ -207,10 +214,11 @@ impl Group {
 
     /// Records a failure found by one rank alone (bad arguments): peers fail fast instead of
     /// waiting for a collective this rank will never join.
-    pub(super) fn fail_local(&self, error: CommError) -> CommError {
+    /// `seq` is the rank's collective count (`None` for point-to-point calls).
+    pub(super) fn fail_local(&self, seq: Option<u64>, error: CommError) -> CommError {
         let mut st = self.state.lock();
         // `fail` keeps the first cause; this rank still learns what it did wrong.
-        fail(&mut st, &self.cv, error)
+        fail(&mut st, &self.cv, seq, error)
     }
 
     pub(super) fn mark_dropped(&self, rank: usize) {
@@ -231,7 +239,7 @@ impl Group {
         let op = "send";
         let mut st = self.state.lock();
         if let Some(f) = &st.failure {
-            return Err(poisoned(op, f));
+            return Err(failed(op, f, None));
         }
         if st.dropped[dst] {
             let error = CommError::PeerDropped {
@@ -239,7 +247,7 @@ impl Group {
                 rank: src,
                 dropped: vec![dst],
             };
-            return Err(fail(&mut st, &self.cv, error));
+            return Err(fail(&mut st, &self.cv, None, error));
         }
         st.mailboxes[src * self.size + dst].push_back(msg);
         self.cv.notify_all();
@@ -261,7 +269,7 @@ impl Group {
         let mut st = self.state.lock();
         loop {
             if let Some(f) = &st.failure {
-                return Err(poisoned(op, f));
+                return Err(failed(op, f, None));
             }
             if let Some(msg) = st.mailboxes[src * self.size + dst].pop_front() {
                 if msg.dtype != dtype || msg.len != len {
@@ -272,7 +280,7 @@ impl Group {
                             msg.len, msg.dtype
                         ),
                     };
-                    return Err(fail(&mut st, &self.cv, error));
+                    return Err(fail(&mut st, &self.cv, None, error));
                 }
                 return Ok(msg);
             }
@@ -282,7 +290,7 @@ impl Group {
                     rank: dst,
                     dropped: vec![src],
                 };
-                return Err(fail(&mut st, &self.cv, error));
+                return Err(fail(&mut st, &self.cv, None, error));
             }
             if Instant::now() >= deadline {
                 let error = CommError::Timeout {
@@ -293,17 +301,23 @@ impl Group {
                     waited: start.elapsed(),
                     timeout,
                 };
-                return Err(fail(&mut st, &self.cv, error));
+                return Err(fail(&mut st, &self.cv, None, error));
             }
             self.cv.wait_until(&mut st, deadline);
         }
     }
 }
 
-fn poisoned(op: &'static str, f: &Failure) -> CommError {
-    CommError::Poisoned {
-        op,
-        cause: f.error.to_string(),
+/// The collective in which the failure happened fails with the failure itself; every later
+/// call (and every point-to-point call) with `Poisoned`.
+fn failed(op: &'static str, f: &Failure, seq: Option<u64>) -> CommError {
+    if seq.is_some() && f.round == seq {
+        f.error.clone()
+    } else {
+        CommError::Poisoned {
+            op,
+            cause: f.error.to_string(),
+        }
     }
 }
 
@@ -320,10 +334,10 @@ fn withdraw(st: &mut State, rank: usize) {
 }
 
 /// Poisons the group with `error` (the first failure wins) and wakes every waiter.
-fn fail(st: &mut State, cv: &Condvar, error: CommError) -> CommError {
+fn fail(st: &mut State, cv: &Condvar, round: Option<u64>, error: CommError) -> CommError {
     if st.failure.is_none() {
         st.failure = Some(Failure {
-            round: st.round,
+            round,
             error: error.clone(),
         });
     }

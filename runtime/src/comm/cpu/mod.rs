@@ -69,6 +69,9 @@ pub struct Communicator {
     group: Arc<Group>,
     rank: usize,
     timeout: Cell<Duration>,
+    /// Collectives this rank has called on this group (failed ones included): the round it
+    /// takes part in next.
+    seq: Cell<u64>,
 }
 
 impl Drop for Communicator {
@@ -93,6 +96,7 @@ impl Communicator {
             group,
             rank,
             timeout: Cell::new(timeout),
+            seq: Cell::new(0),
         }
     }
 
@@ -176,7 +180,7 @@ impl Communicator {
                 len: send.len(),
                 world_size: world,
             };
-            return Err(self.group.fail_local(e));
+            return Err(self.reject(true, e));
         }
         let d = self.reduce_desc::<T>(OpKind::ReduceScatter, op, send.len() / world)?;
         self.check_len(d.kind, "recv", recv.len(), send.len() / world)?;
@@ -203,7 +207,7 @@ impl Communicator {
     /// Copies `root`'s buf into every other rank's buf. buf: (n,) on every rank.
     pub fn broadcast<T: CommElem>(&self, buf: &mut [T], root: usize) -> CommResult<()> {
         let mut d = self.data_desc::<T>(OpKind::Broadcast, buf.len());
-        self.check_rank(d.kind.name(), root)?;
+        self.check_rank(d.kind.name(), true, root)?;
         d.root = Some(root);
         self.run::<T>(d, RawBufs::in_place(buf))
     }
@@ -218,7 +222,7 @@ impl Communicator {
                 len: send.len(),
                 world_size: world,
             };
-            return Err(self.group.fail_local(e));
+            return Err(self.reject(true, e));
         }
         let d = self.data_desc::<T>(OpKind::AllToAll, send.len() / world);
         self.check_len(d.kind, "recv", recv.len(), send.len())?;
@@ -256,7 +260,7 @@ impl Communicator {
     /// (send to the next rank, then receive from the previous one) cannot deadlock. Messages
     /// from one rank to another are received in the order they were sent.
     pub fn send<T: CommElem>(&self, buf: &[T], dst: usize) -> CommResult<()> {
-        self.check_rank("send", dst)?;
+        self.check_rank("send", false, dst)?;
         let msg = Message {
             dtype: T::DTYPE,
             len: buf.len(),
@@ -268,7 +272,7 @@ impl Communicator {
     /// Receives the oldest unreceived message from `src`, which must have `buf.len()` elements
     /// of type `T` (anything else is `CommError::Mismatch`).
     pub fn recv<T: CommElem>(&self, buf: &mut [T], src: usize) -> CommResult<()> {
-        self.check_rank("recv", src)?;
+        self.check_rank("recv", false, src)?;
         let msg = self
             .group
             .pop_message(src, self.rank, T::DTYPE, buf.len(), self.timeout())?;
@@ -311,8 +315,10 @@ impl Communicator {
     }
 
     fn enter(&self, desc: OpDesc, bufs: RawBufs) -> CommResult<Arc<group::Round>> {
+        let seq = self.next_seq();
+        let post = Post { desc, bufs };
         self.group
-            .enter(self.rank, Post { desc, bufs }, self.timeout(), build_split)
+            .enter(self.rank, seq, post, self.timeout(), build_split)
     }
 
     fn data_desc<T: CommElem>(&self, kind: OpKind, count: usize) -> OpDesc {
@@ -329,7 +335,7 @@ impl Communicator {
         count: usize,
     ) -> CommResult<OpDesc> {
         op.check(kind.name(), T::DTYPE)
-            .map_err(|e| self.group.fail_local(e))?;
+            .map_err(|e| self.reject(true, e))?;
         let mut d = self.data_desc::<T>(kind, count);
         d.reduce = Some(op);
         Ok(d)
@@ -346,14 +352,14 @@ impl Communicator {
                 self.rank
             ),
         };
-        Err(self.group.fail_local(e))
+        Err(self.reject(true, e))
     }
 
     fn check_counts(&self, kind: OpKind, counts: &[usize]) -> CommResult<()> {
         self.check_len(kind, "the counts array", counts.len(), self.world_size())
     }
 
-    fn check_rank(&self, op: &'static str, rank: usize) -> CommResult<()> {
+    fn check_rank(&self, op: &'static str, collective: bool, rank: usize) -> CommResult<()> {
         if rank < self.world_size() {
             return Ok(());
         }
@@ -362,7 +368,20 @@ impl Communicator {
             rank,
             world_size: self.world_size(),
         };
-        Err(self.group.fail_local(e))
+        Err(self.reject(collective, e))
+    }
+
+    /// Fails the group for an error found on this rank alone. A collective's failure still
+    /// counts as this rank's call, so its next collective is judged as the next round.
+    fn reject(&self, collective: bool, e: CommError) -> CommError {
+        let seq = collective.then(|| self.next_seq());
+        self.group.fail_local(seq, e)
+    }
+
+    fn next_seq(&self) -> u64 {
+        let s = self.seq.get();
+        self.seq.set(s + 1);
+        s
     }
 }
 
