@@ -1,2 +1,9 @@
 //! Data pipeline: Tekken tokenizer, Mistral template, Pixtral images, truncation filter,
-//! packing (in progress: see the data issue).
+//! padding and packing, resumable shuffling, and a synthetic shapes dataset.
+
+pub mod error;
+pub mod pretok;
+pub mod tekken;
+
+pub use error::{DataError, Result};
+pub use tekken::Tekken;

@@ -1,0 +1,66 @@
+//! The one error type of the data pipeline. Every variant names what a user needs to find the
+//! problem: the file, the line of a dataset, or the sample.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("tokenizer {path}: {reason}")]
+    Tokenizer { path: PathBuf, reason: String },
+    #[error("tokenizer split pattern: {0}")]
+    Pattern(String),
+    #[error("token id {id} is outside the vocabulary of {vocab_size}")]
+    UnknownId { id: u32, vocab_size: u32 },
+    #[error("image {path}: cannot decode: {source}")]
+    Image {
+        path: PathBuf,
+        #[source]
+        source: image::ImageError,
+    },
+    #[error("image {path}: {width}x{height} is too small for one {min}x{min} image token")]
+    ImageTooSmall {
+        path: PathBuf,
+        width: u32,
+        height: u32,
+        min: u32,
+    },
+    #[error("sample {sample}: {placeholders} <image> placeholder(s) but {images} image(s)")]
+    PlaceholderMismatch {
+        sample: String,
+        placeholders: usize,
+        images: usize,
+    },
+    #[error("sample {sample}: {reason}")]
+    Sample { sample: String, reason: String },
+    #[error("{path}:{line}: {reason}")]
+    BadLine {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    #[error("invalid data config: {0}")]
+    Config(String),
+}
+
+pub type Result<T> = std::result::Result<T, DataError>;
+
+impl DataError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        DataError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
