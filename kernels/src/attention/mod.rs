@@ -1,1 +1,255 @@
-//! attention (in progress: see the kernels issue).
+//! Varlen fused attention in TND layout (FlashAttention-2 style), forward and backward, CPU.
+//!
+//! Shapes (T = total tokens of all sequences concatenated, Hq / Hkv = query / key-value heads,
+//! D = head_dim; every tensor row-major, contiguous):
+//!
+//! ```text
+//! q, out, dout, dq   [T, Hq,  D]
+//! k, v, dk, dv       [T, Hkv, D]
+//! lse                [T, Hq]      f32, natural-log log-sum-exp of the scaled scores per row
+//! cu_seqlens         [B]          cumulative END offsets, no leading 0 (the CANN convention)
+//! ```
+//!
+//! `cu_seqlens` follows aclnnFlashAttentionVarLenScore's `actual_seq_qlen`: two images of 64 and
+//! 96 patches are `[64, 160]`; an empty sequence repeats the previous value (`[2, 2, 5]` holds
+//! lengths 2, 0, 3). It must be non-decreasing and end at T; an empty `cu_seqlens` means T = 0.
+//! The leading-0 form (`[0, 64, 160]`) is accepted too because it only adds an empty first
+//! sequence. CANN's "trailing zeros for unused batches" form is rejected (it is decreasing).
+//!
+//! Semantics per sequence s (rows `[start_s, end_s)`) and query head h, with kv head
+//! `h / (Hq / Hkv)` (repeat_interleave: kv head j serves q heads `j*g .. j*g+g-1`):
+//! `out = softmax(scale * q k^T + mask) v`, the mask being -inf above the diagonal when
+//! `causal` (query i sees keys 0..=i of its own sequence) and nothing otherwise. Tokens of
+//! different sequences never interact, so changing one sequence leaves the outputs of the
+//! others bit-identical. Scores are computed in key blocks of 64 with an online softmax: no
+//! S x S matrix is ever built.
+//!
+//! `lse[t, h] = ln(sum_j exp(scale * q_t . k_j))` over the keys row t may see; backward uses it
+//! to recompute the probabilities. (CANN's softmaxMax/Sum are a different, opaque pair; this
+//! layout is ours.)
+//!
+//! Backward OVERWRITES `dq`, `dk`, `dv` (unlike the crate-wide accumulate convention: attention
+//! has no parameters, so its input gradients are always fresh buffers; in bf16 an accumulate
+//! would also round twice). It is the FlashAttention-2 backward: `D_i = rowsum(dO_i * O_i)`,
+//! P recomputed from the LSE, `dV += P^T dO`, `dP = dO V^T`, `dS = P * (dP - D)`,
+//! `dQ += scale dS K`, `dK += scale dS^T Q`, with dK/dV summed over the q heads of a group.
+//!
+//! Element types: `f32`, and `half::bf16` storage (q/k/v/out/dout/dq/dk/dv in bf16, every
+//! accumulation and the LSE in f32). Any head_dim >= 1 works (tested up to 256).
+//!
+//! Results do not depend on the number of threads: every row's arithmetic is fixed by the
+//! shapes, and both backward schedules (fused per (sequence, kv head), or split into a dK/dV
+//! pass and a dQ pass, chosen by the expected load balance) give the same bits.
+
+mod cpu;
+mod simd;
+mod tile;
+
+#[cfg(test)]
+mod tests;
+
+use crate::error::{check_len, KernelError, Result};
+
+const OP_FWD: &str = "attention_forward";
+const OP_BWD: &str = "attention_backward";
+
+/// Storage types of the attention tensors: values are widened to f32 for all arithmetic.
+pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
+    fn to_f32(self) -> f32;
+    fn from_f32(x: f32) -> Self;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+}
+
+impl Element for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl Element for half::bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    /// Round to nearest even, as torch's `.to(bfloat16)`.
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+}
+
+/// The static description of one varlen attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct VarlenAttention<'a> {
+    /// Cumulative end offsets of the sequences, no leading 0 (see the module docs).
+    pub cu_seqlens: &'a [usize],
+    /// T: total tokens (= last entry of `cu_seqlens`).
+    pub tokens: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    /// Multiplies `q . k` before the softmax.
+    pub scale: f32,
+}
+
+impl<'a> VarlenAttention<'a> {
+    /// With the usual scale `1 / sqrt(head_dim)`.
+    pub fn new(
+        cu_seqlens: &'a [usize],
+        tokens: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        causal: bool,
+    ) -> Self {
+        VarlenAttention {
+            cu_seqlens,
+            tokens,
+            q_heads,
+            kv_heads,
+            head_dim,
+            causal,
+            scale: 1.0 / (head_dim.max(1) as f32).sqrt(),
+        }
+    }
+
+    pub fn with_scale(self, scale: f32) -> Self {
+        VarlenAttention { scale, ..self }
+    }
+
+    fn q_len(&self) -> usize {
+        self.tokens * self.q_heads * self.head_dim
+    }
+
+    fn kv_len(&self) -> usize {
+        self.tokens * self.kv_heads * self.head_dim
+    }
+
+    fn lse_len(&self) -> usize {
+        self.tokens * self.q_heads
+    }
+
+    /// Checks heads, head_dim, scale and cu_seqlens; every failure names `op`.
+    fn validate(&self, op: &'static str) -> Result<()> {
+        let bad = |detail: String| Err(KernelError::InvalidArgument { op, detail });
+        if self.q_heads == 0 || self.kv_heads == 0 || self.q_heads % self.kv_heads != 0 {
+            return bad(format!(
+                "q_heads ({}) must be a positive multiple of kv_heads ({})",
+                self.q_heads, self.kv_heads
+            ));
+        }
+        if self.head_dim == 0 {
+            return bad("head_dim must be >= 1".into());
+        }
+        if !self.scale.is_finite() {
+            return bad(format!("scale must be finite, got {}", self.scale));
+        }
+        let mut prev = 0usize;
+        for (i, &end) in self.cu_seqlens.iter().enumerate() {
+            if end < prev {
+                return bad(format!(
+                    "cu_seqlens must be non-decreasing cumulative ends: entry {i} is {end} \
+                     after {prev}"
+                ));
+            }
+            prev = end;
+        }
+        if prev != self.tokens {
+            return bad(format!(
+                "cu_seqlens must end at the token count {} but ends at {prev}",
+                self.tokens
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sequences as `(start, len)`, empty ones dropped.
+    fn sequences(&self) -> Vec<(usize, usize)> {
+        let mut prev = 0;
+        let mut out = Vec::with_capacity(self.cu_seqlens.len());
+        for &end in self.cu_seqlens {
+            if end > prev {
+                out.push((prev, end - prev));
+            }
+            prev = end;
+        }
+        out
+    }
+}
+
+/// Read-only q, k, v: `[T, Hq, D]`, `[T, Hkv, D]`, `[T, Hkv, D]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Qkv<'a, E> {
+    pub q: &'a [E],
+    pub k: &'a [E],
+    pub v: &'a [E],
+}
+
+/// Gradients of q, k, v (overwritten by [`backward`]), shaped like [`Qkv`].
+#[derive(Debug)]
+pub struct QkvGrad<'a, E> {
+    pub dq: &'a mut [E],
+    pub dk: &'a mut [E],
+    pub dv: &'a mut [E],
+}
+
+fn check_qkv<E>(op: &'static str, a: &VarlenAttention, x: &Qkv<E>) -> Result<()> {
+    check_len(op, "q", x.q.len(), a.q_len())?;
+    check_len(op, "k", x.k.len(), a.kv_len())?;
+    check_len(op, "v", x.v.len(), a.kv_len())
+}
+
+/// Forward: writes `out [T, Hq, D]` and `lse [T, Hq]` (both overwritten).
+pub fn forward<E: Element>(
+    a: &VarlenAttention,
+    x: Qkv<E>,
+    out: &mut [E],
+    lse: &mut [f32],
+) -> Result<()> {
+    a.validate(OP_FWD)?;
+    check_qkv(OP_FWD, a, &x)?;
+    check_len(OP_FWD, "out", out.len(), a.q_len())?;
+    check_len(OP_FWD, "lse", lse.len(), a.lse_len())?;
+    cpu::forward(cpu::Isa::detect(), a, x, out, lse);
+    Ok(())
+}
+
+/// Backward: from the forward's inputs, its `out` and `lse`, and `dout [T, Hq, D]`, OVERWRITES
+/// `dq [T, Hq, D]`, `dk [T, Hkv, D]`, `dv [T, Hkv, D]`.
+pub fn backward<E: Element>(
+    a: &VarlenAttention,
+    x: Qkv<E>,
+    out: &[E],
+    lse: &[f32],
+    dout: &[E],
+    g: QkvGrad<E>,
+) -> Result<()> {
+    a.validate(OP_BWD)?;
+    check_qkv(OP_BWD, a, &x)?;
+    check_len(OP_BWD, "out", out.len(), a.q_len())?;
+    check_len(OP_BWD, "lse", lse.len(), a.lse_len())?;
+    check_len(OP_BWD, "dout", dout.len(), a.q_len())?;
+    check_len(OP_BWD, "dq", g.dq.len(), a.q_len())?;
+    check_len(OP_BWD, "dk", g.dk.len(), a.kv_len())?;
+    check_len(OP_BWD, "dv", g.dv.len(), a.kv_len())?;
+    cpu::backward(
+        cpu::Isa::detect(),
+        cpu::BwdSchedule::Auto,
+        a,
+        x,
+        cpu::BwdSaved { out, lse, dout },
+        g,
+    );
+    Ok(())
+}

@@ -1,0 +1,342 @@
+//! CPU scheduling of the fused attention: task lists, rayon, and the per-ISA entry points.
+//!
+//! Forward: one task per (sequence, query tile), looping over the kv heads; each task owns the
+//! contiguous rows `[t0, t0 + qn)` of `out` and `lse`, so no two tasks write the same memory.
+//!
+//! Backward has two schedules with identical results (see tile.rs):
+//! - fused: one task per (sequence, kv head) runs the whole FlashAttention-2 loop (key blocks
+//!   outer, query tiles inner) with a task-local dQ accumulator: 5 GEMM-shaped products per
+//!   tile pair, but parallel only over sequences x kv heads;
+//! - split: a dK/dV pass with one task per (sequence, key block) and a dQ pass with one task
+//!   per (sequence, query tile), run concurrently: 7 products per tile pair (S and dP are
+//!   recomputed), but finely parallel.
+//!
+//! `Auto` picks fused when a longest-processing-time assignment of its tasks to the pool's
+//! threads is expected to finish before the split schedule's 7/5 extra work would.
+
+use rayon::prelude::*;
+
+use super::simd::{KB, MR};
+use super::tile::{self, BwdCtx, BwdScratch, FwdScratch, FwdTile, Geom, Span};
+use super::{Element, Qkv, QkvGrad, VarlenAttention};
+
+/// A SIMD level whose presence was checked at run time. Only [`Isa::detect`] and
+/// [`Isa::available`] construct one, which is what makes the `unsafe` calls below sound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Isa(Level);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Level {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2Fma,
+    Portable,
+}
+
+impl Isa {
+    /// The best level this CPU supports.
+    pub fn detect() -> Isa {
+        Isa::available()[0]
+    }
+
+    /// Every level this CPU supports, best first (tests run each).
+    pub fn available() -> Vec<Isa> {
+        let mut v = Vec::with_capacity(3);
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            if avx2 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl") {
+                v.push(Isa(Level::Avx512));
+            }
+            if avx2 {
+                v.push(Isa(Level::Avx2Fma));
+            }
+        }
+        v.push(Isa(Level::Portable));
+        v
+    }
+}
+
+/// Defines the target-feature entry points of a tile kernel and a safe dispatcher over [`Isa`].
+/// The kernels are `#[inline(always)]`, so each entry point is a full copy compiled for its ISA.
+macro_rules! isa_dispatch {
+    ($name:ident, $kernel:ident, ($($arg:ident: $ty:ty),*)) => {
+        #[allow(clippy::too_many_arguments)] // the kernel's own arguments, plus `isa`
+        fn $name<E: Element>(isa: Isa, $($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+            unsafe fn avx512<E: Element>($($arg: $ty),*) {
+                tile::$kernel::<E, true, 64>($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2<E: Element>($($arg: $ty),*) {
+                tile::$kernel::<E, true, 16>($($arg),*)
+            }
+            match isa.0 {
+                // SAFETY: an `Isa` holding Avx512 is only built after `is_x86_feature_detected!`
+                // confirmed avx512f, avx512vl, avx2 and fma on this CPU.
+                #[cfg(target_arch = "x86_64")]
+                Level::Avx512 => unsafe { avx512::<E>($($arg),*) },
+                // SAFETY: as above, for avx2 and fma.
+                #[cfg(target_arch = "x86_64")]
+                Level::Avx2Fma => unsafe { avx2::<E>($($arg),*) },
+                Level::Portable => tile::$kernel::<E, false, 16>($($arg),*),
+            }
+        }
+    };
+}
+
+isa_dispatch!(fwd_group, fwd_group, (
+    t: &FwdTile<'_, E>, out: &mut [E], lse: &mut [f32], ws: &mut FwdScratch
+));
+isa_dispatch!(bwd_kv_block, bwd_kv_block, (
+    c: &BwdCtx<'_, E>, seq: Span, kvh: usize, kb0: usize, dq: Option<&mut [f32]>,
+    ws: &mut BwdScratch
+));
+isa_dispatch!(bwd_q_tile, bwd_q_tile, (
+    c: &BwdCtx<'_, E>, seq: Span, kvh: usize, q0: usize, qn: usize, dq_out: &mut [E],
+    ws: &mut BwdScratch
+));
+
+/// `di = rowsum(dout * out)` for one token's Hq heads. Cheap (T * Hq * D in total), so one
+/// portable instantiation serves every ISA.
+fn rowsum_dout_out<E: Element>(d: usize, dout: &[E], out: &[E], di: &mut [f32]) {
+    let mut buf = vec![0.0f32; 2 * d];
+    tile::rowsum_dout_out::<E, false>(d, dout, out, di, &mut buf);
+}
+
+fn geom(a: &VarlenAttention) -> Geom {
+    Geom::new(a.q_heads, a.kv_heads, a.head_dim, a.causal, a.scale)
+}
+
+fn spans(a: &VarlenAttention) -> Vec<Span> {
+    a.sequences()
+        .into_iter()
+        .map(|(start, len)| Span { start, len })
+        .collect()
+}
+
+/// `(sequence, offset in it, length)` of consecutive blocks of `block` tokens; in token order,
+/// covering every token exactly once.
+fn blocks(seqs: &[Span], block: usize) -> Vec<(Span, usize, usize)> {
+    seqs.iter()
+        .flat_map(|&s| {
+            (0..s.len)
+                .step_by(block)
+                .map(move |o| (s, o, block.min(s.len - o)))
+        })
+        .collect()
+}
+
+/// Splits `s` into consecutive chunks of `rows * per_row` elements, one per block.
+fn chunks<'a, T>(
+    mut s: &'a mut [T],
+    blocks: &[(Span, usize, usize)],
+    per_row: usize,
+) -> Vec<&'a mut [T]> {
+    let mut v = Vec::with_capacity(blocks.len());
+    for &(_, _, n) in blocks {
+        let (head, tail) = std::mem::take(&mut s).split_at_mut(n * per_row);
+        v.push(head);
+        s = tail;
+    }
+    v
+}
+
+pub(super) fn forward<E: Element>(
+    isa: Isa,
+    a: &VarlenAttention,
+    x: Qkv<E>,
+    out: &mut [E],
+    lse: &mut [f32],
+) {
+    let geo = geom(a);
+    let tiles = blocks(&spans(a), geo.bq);
+    let outs = chunks(out, &tiles, geo.hq * geo.d);
+    let lses = chunks(lse, &tiles, geo.hq);
+    tiles.into_par_iter().zip(outs).zip(lses).for_each_init(
+        || FwdScratch::new(&geo),
+        |ws, (((seq, q0, qn), out), lse)| {
+            for kvh in 0..geo.hkv {
+                let t = FwdTile {
+                    geo: &geo,
+                    x: &x,
+                    seq,
+                    q0,
+                    qn,
+                    kvh,
+                };
+                fwd_group(isa, &t, out, lse, ws);
+            }
+        },
+    );
+}
+
+/// What the forward produced, plus the incoming gradient.
+pub(super) struct BwdSaved<'a, E> {
+    pub out: &'a [E],
+    pub lse: &'a [f32],
+    pub dout: &'a [E],
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum BwdSchedule {
+    Auto,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Fused,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Split,
+}
+
+/// Fused when its (sequence, kv head) tasks, cost ~ len^2 each, balance well enough over the
+/// pool's threads: longest-first greedy makespan vs the split schedule's ideal 7/5 * total / P.
+fn prefer_fused(seqs: &[Span], hkv: usize, threads: usize) -> bool {
+    let mut costs: Vec<f64> = seqs
+        .iter()
+        .flat_map(|s| std::iter::repeat_n((s.len as f64).powi(2), hkv))
+        .collect();
+    costs.sort_by(|x, y| y.total_cmp(x));
+    let mut load = vec![0.0f64; threads.max(1)];
+    for c in &costs {
+        let min = load.iter_mut().min_by(|x, y| x.total_cmp(y));
+        if let Some(m) = min {
+            *m += c;
+        }
+    }
+    let makespan = load.iter().cloned().fold(0.0, f64::max);
+    let total: f64 = costs.iter().sum();
+    makespan <= 1.4 * total / load.len() as f64
+}
+
+pub(super) fn backward<E: Element>(
+    isa: Isa,
+    schedule: BwdSchedule,
+    a: &VarlenAttention,
+    x: Qkv<E>,
+    saved: BwdSaved<E>,
+    grads: QkvGrad<E>,
+) {
+    let geo = geom(a);
+    let seqs = spans(a);
+    let (hq, d) = (geo.hq, geo.d);
+    // di[t, h] = rowsum(dout * out): [T, Hq]
+    let mut di = vec![0.0f32; a.tokens * hq];
+    di.par_chunks_mut(hq)
+        .zip(saved.dout.par_chunks(hq * d))
+        .zip(saved.out.par_chunks(hq * d))
+        .with_min_len(64)
+        .for_each(|((di, dout), out)| rowsum_dout_out(d, dout, out, di));
+    let ctx = BwdCtx {
+        geo: &geo,
+        x,
+        dout: saved.dout,
+        lse: saved.lse,
+        di: &di,
+    };
+    let fused = match schedule {
+        BwdSchedule::Auto => prefer_fused(&seqs, geo.hkv, rayon::current_num_threads()),
+        BwdSchedule::Fused => true,
+        BwdSchedule::Split => false,
+    };
+    if fused {
+        backward_fused(isa, &ctx, &seqs, grads);
+    } else {
+        backward_split(isa, &ctx, &seqs, grads);
+    }
+}
+
+/// Gradients of one (sequence, kv head) in compact `[len, g, D]`, `[len, D]`, `[len, D]`.
+struct UnitGrads<E> {
+    dq: Vec<E>,
+    dk: Vec<E>,
+    dv: Vec<E>,
+}
+
+fn backward_fused<E: Element>(isa: Isa, c: &BwdCtx<'_, E>, seqs: &[Span], grads: QkvGrad<E>) {
+    let geo = c.geo;
+    let (g, d, dp, scale) = (geo.g, geo.d, geo.dp, geo.scale);
+    let units: Vec<(Span, usize)> = seqs
+        .iter()
+        .flat_map(|&s| (0..geo.hkv).map(move |kvh| (s, kvh)))
+        .collect();
+    let scaled = |row: &[f32]| {
+        row[..d]
+            .iter()
+            .map(|&x| E::from_f32(x * scale))
+            .collect::<Vec<_>>()
+    };
+    let results: Vec<UnitGrads<E>> = units
+        .par_iter()
+        .map_init(
+            || BwdScratch::new(geo),
+            |ws, &(seq, kvh)| {
+                let mut dq_acc = vec![0.0f32; (seq.len * g + MR) * dp];
+                let mut dk = Vec::with_capacity(seq.len * d);
+                let mut dv = Vec::with_capacity(seq.len * d);
+                for kb0 in (0..seq.len).step_by(KB) {
+                    bwd_kv_block(isa, c, seq, kvh, kb0, Some(&mut dq_acc), ws);
+                    for j in 0..KB.min(seq.len - kb0) {
+                        dk.extend(scaled(&ws.dk[j * dp..]));
+                        dv.extend(ws.dv[j * dp..][..d].iter().map(|&x| E::from_f32(x)));
+                    }
+                }
+                let dq = (0..seq.len * g)
+                    .flat_map(|r| scaled(&dq_acc[r * dp..]))
+                    .collect();
+                UnitGrads { dq, dk, dv }
+            },
+        )
+        .collect();
+    let (hq, hkv) = (geo.hq, geo.hkv);
+    for (&(seq, kvh), u) in units.iter().zip(&results) {
+        for i in 0..seq.len {
+            let t = seq.start + i;
+            let dq = &mut grads.dq[(t * hq + kvh * g) * d..][..g * d];
+            dq.copy_from_slice(&u.dq[i * g * d..][..g * d]);
+            grads.dk[(t * hkv + kvh) * d..][..d].copy_from_slice(&u.dk[i * d..][..d]);
+            grads.dv[(t * hkv + kvh) * d..][..d].copy_from_slice(&u.dv[i * d..][..d]);
+        }
+    }
+}
+
+fn backward_split<E: Element>(isa: Isa, c: &BwdCtx<'_, E>, seqs: &[Span], grads: QkvGrad<E>) {
+    let geo = c.geo;
+    let (hq, hkv, d, dp, scale) = (geo.hq, geo.hkv, geo.d, geo.dp, geo.scale);
+    let kblocks = blocks(seqs, KB);
+    let qtiles = blocks(seqs, geo.bq);
+    let dks = chunks(grads.dk, &kblocks, hkv * d);
+    let dvs = chunks(grads.dv, &kblocks, hkv * d);
+    let dqs = chunks(grads.dq, &qtiles, hq * d);
+    let kv_pass = || {
+        kblocks.par_iter().zip(dks).zip(dvs).for_each_init(
+            || BwdScratch::new(geo),
+            |ws, ((&(seq, kb0, kn), dk), dv)| {
+                for kvh in 0..hkv {
+                    bwd_kv_block(isa, c, seq, kvh, kb0, None, ws);
+                    for j in 0..kn {
+                        let o = (j * hkv + kvh) * d;
+                        for (y, &x) in dk[o..o + d].iter_mut().zip(&ws.dk[j * dp..][..d]) {
+                            *y = E::from_f32(x * scale);
+                        }
+                        for (y, &x) in dv[o..o + d].iter_mut().zip(&ws.dv[j * dp..][..d]) {
+                            *y = E::from_f32(x);
+                        }
+                    }
+                }
+            },
+        )
+    };
+    let q_pass = || {
+        qtiles.par_iter().zip(dqs).for_each_init(
+            || BwdScratch::new(geo),
+            |ws, (&(seq, q0, qn), dq)| {
+                for kvh in 0..hkv {
+                    bwd_q_tile(isa, c, seq, kvh, q0, qn, dq, ws);
+                }
+            },
+        )
+    };
+    rayon::join(kv_pass, q_pass);
+}

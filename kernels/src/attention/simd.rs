@@ -1,0 +1,170 @@
+//! Auto-vectorised building blocks of the fused attention: a register-blocked micro-GEMM and a
+//! branch-free `exp2`.
+//!
+//! Everything here is plain safe Rust written so that LLVM vectorises it (fixed-size inner
+//! loops over lanes, lane-wise accumulators, selects instead of branches). The functions are
+//! `#[inline(always)]` so that they are compiled inside the `#[target_feature]` entry points of
+//! `cpu.rs` with AVX-512 / AVX2+FMA enabled; the same code is the portable fallback.
+//!
+//! `FMA` selects `mul_add` (one fused instruction when the caller enabled `fma`) or `a * b + c`
+//! (never a libm call on machines without FMA).
+
+/// Rows of the micro-kernel's register block.
+pub(super) const MR: usize = 4;
+/// Narrow column chunk: one AVX-512 vector, two AVX2 vectors. Every padded width (key block,
+/// padded head_dim) is a multiple of it.
+pub(super) const NR: usize = 16;
+/// Keys per block of the online softmax (and rows of the dK/dV blocks in backward).
+pub(super) const KB: usize = 64;
+
+#[inline(always)]
+pub(super) fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// `C[MR, NC] (+)= A[MR, kc] B[kc, NC]`, accumulators in registers.
+///
+/// `A(r, p) = a[r * rs + p * cs]` (strided, so it reads both a row-major tile and a transposed
+/// one), `B(p, j) = b[p * ldb + j]`, `C(r, j) = c[r * ldc + j]`. With `ACC = false`, C is
+/// overwritten. The summation over p runs in ascending order, one fused step per p, so a row of
+/// C depends only on its own row of A (never on which rows share the register block).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // a BLAS-style micro-kernel: the strides are the interface
+fn micro<const FMA: bool, const NC: usize, const ACC: bool>(
+    kc: usize,
+    a: &[f32],
+    rs: usize,
+    cs: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    let mut acc = [[0.0f32; NC]; MR];
+    if ACC {
+        for (r, row) in acc.iter_mut().enumerate() {
+            row.copy_from_slice(&c[r * ldc..][..NC]);
+        }
+    }
+    for p in 0..kc {
+        let brow = &b[p * ldb..][..NC];
+        for (r, row) in acc.iter_mut().enumerate() {
+            let av = a[r * rs + p * cs];
+            for j in 0..NC {
+                row[j] = fmadd::<FMA>(av, brow[j], row[j]);
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        c[r * ldc..][..NC].copy_from_slice(row);
+    }
+}
+
+/// `C[MR, n] (+)= A[MR, kc] B[kc, n]` for `n` a multiple of [`NR`]: chunks of `W` columns (the
+/// widest register block of the ISA), then chunks of [`NR`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // see `micro`
+pub(super) fn panel<const FMA: bool, const W: usize, const ACC: bool>(
+    kc: usize,
+    n: usize,
+    a: &[f32],
+    rs: usize,
+    cs: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    debug_assert_eq!(n % NR, 0);
+    let mut j = 0;
+    if W > NR {
+        while j + W <= n {
+            micro::<FMA, W, ACC>(kc, a, rs, cs, &b[j..], ldb, &mut c[j..], ldc);
+            j += W;
+        }
+    }
+    while j < n {
+        micro::<FMA, NR, ACC>(kc, a, rs, cs, &b[j..], ldb, &mut c[j..], ldc);
+        j += NR;
+    }
+}
+
+/// 1.5 * 2^23: adding it rounds an f32 of magnitude < 2^22 to an integer held in the low
+/// mantissa bits.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// `2^x`, branch-free, relative error ~2e-7 (Cephes `exp2f` polynomial on [-0.5, 0.5]).
+/// Returns exactly 0 for `x < -126` (so masked scores, stored as -inf, give p = 0) and
+/// propagates NaN.
+#[inline(always)]
+pub(super) fn exp2<const FMA: bool>(x: f32) -> f32 {
+    let xc = x.clamp(-126.0, 127.0);
+    let t = xc + ROUND_MAGIC;
+    let n = t - ROUND_MAGIC;
+    let f = xc - n;
+    let ni = (t.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
+    let mut p = 1.535_336_2e-4f32;
+    p = fmadd::<FMA>(p, f, 1.339_887_4e-3);
+    p = fmadd::<FMA>(p, f, 9.618_437e-3);
+    p = fmadd::<FMA>(p, f, 5.550_332_5e-2);
+    p = fmadd::<FMA>(p, f, 2.402_264_8e-1);
+    p = fmadd::<FMA>(p, f, 6.931_472e-1);
+    p = fmadd::<FMA>(p, f, 1.0);
+    let r = p * f32::from_bits((ni.wrapping_add(127) << 23) as u32);
+    if x < -126.0 {
+        0.0
+    } else if x.is_nan() {
+        x
+    } else {
+        r
+    }
+}
+
+/// Largest element of `row` (length a multiple of [`NR`]); -inf for an all -inf row.
+/// Comparisons never pick a NaN, so a NaN score surfaces later through `exp2`.
+#[inline(always)]
+pub(super) fn row_max(row: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; NR];
+    for ch in row.chunks_exact(NR) {
+        for l in 0..NR {
+            lanes[l] = if ch[l] > lanes[l] { ch[l] } else { lanes[l] };
+        }
+    }
+    lanes
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+/// Sum of `row` (length a multiple of [`NR`]) with [`NR`] lane accumulators in a fixed order.
+#[inline(always)]
+pub(super) fn row_sum(row: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; NR];
+    for ch in row.chunks_exact(NR) {
+        for l in 0..NR {
+            lanes[l] += ch[l];
+        }
+    }
+    lanes.iter().sum()
+}
+
+/// `sum(a * b)` over equal-length slices, lane accumulators then a tail.
+#[inline(always)]
+pub(super) fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; NR];
+    let (ac, bc) = (a.chunks_exact(NR), b.chunks_exact(NR));
+    let (at, bt) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..NR {
+            lanes[l] = fmadd::<FMA>(x[l], y[l], lanes[l]);
+        }
+    }
+    let mut s: f32 = lanes.iter().sum();
+    for (&x, &y) in at.iter().zip(bt) {
+        s = fmadd::<FMA>(x, y, s);
+    }
+    s
+}
