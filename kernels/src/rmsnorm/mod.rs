@@ -1,1 +1,82 @@
-//! rmsnorm (in progress: see the kernels issue).
+//! RMSNorm, as transformers' `MistralRMSNorm` / `PixtralRMSNorm`:
+//!
+//! ```text
+//! forward   rstd[t]  = 1 / sqrt(mean_j x[t,j]^2 + eps)                     (f32)
+//!           n[t,j]   = round_E(x[t,j] * rstd[t])                           (f32, then to E)
+//!           out[t,j] = round_E(w[j] * n[t,j])
+//! backward  dw[j]   += sum_t dout[t,j] * n[t,j]
+//!           dx[t,j] += rstd[t] * (g[t,j] - xh[t,j] * mean_k(g[t,k] * xh[t,k]))
+//!                      where g = dout * w, xh = x * rstd (unrounded)
+//!
+//! x, out, dout, dx: [T, D]   w: [D]   rstd: [T] f32 (saved by forward)   dw: [D] f32
+//! ```
+//!
+//! The normalisation is done in f32 and, for bf16 (`E = bf16`), rounded to bf16 *before* the
+//! multiplication by the weight, which is then a bf16 x bf16 product rounded to bf16 — the
+//! order transformers uses (`weight * hidden.to(input_dtype)`), which matters for bf16 parity.
+//! For f32 both roundings are the identity.
+//!
+//! Both gradients **accumulate** (`dx +=`, `dw +=`, as llm.c): dx can be the residual stream's
+//! gradient, dw the flat gradient buffer; zero them first where that is not wanted. dw sums
+//! rows in fixed blocks whose size depends only on (T, D), so it is bit-reproducible across
+//! thread counts.
+
+mod cpu;
+#[cfg(test)]
+mod tests;
+
+use crate::cast::Elem;
+use crate::error::{check_len, KernelError, Result};
+
+const OP_FWD: &str = "rmsnorm_forward";
+const OP_BWD: &str = "rmsnorm_backward";
+
+/// Rows of `x` given its length and the hidden size, or a shape error.
+fn rows(op: &'static str, len: usize, dim: usize) -> Result<usize> {
+    if dim == 0 || len % dim != 0 {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!("x has {len} elements, not a multiple of the hidden size {dim}"),
+        });
+    }
+    Ok(len / dim)
+}
+
+/// Normalises each row of `x` [T, D] and scales it by `weight` [D] into `out` [T, D]; saves
+/// `rstd` [T] for the backward.
+pub fn rmsnorm_forward<E: Elem>(
+    out: &mut [E],
+    rstd: &mut [f32],
+    x: &[E],
+    weight: &[E],
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    let t = rows(OP_FWD, x.len(), dim)?;
+    check_len(OP_FWD, "out", out.len(), x.len())?;
+    check_len(OP_FWD, "rstd", rstd.len(), t)?;
+    check_len(OP_FWD, "weight", weight.len(), dim)?;
+    cpu::forward(out, rstd, x, weight, dim, eps);
+    Ok(())
+}
+
+/// Accumulates the gradients of [`rmsnorm_forward`]: `dx` [T, D] += d out/d x . `dout`, and
+/// `dweight` [D] += sum over rows of `dout * n`. `rstd` [T] is the forward's.
+pub fn rmsnorm_backward<E: Elem>(
+    dx: &mut [E],
+    dweight: &mut [f32],
+    dout: &[E],
+    x: &[E],
+    weight: &[E],
+    rstd: &[f32],
+    dim: usize,
+) -> Result<()> {
+    let t = rows(OP_BWD, x.len(), dim)?;
+    check_len(OP_BWD, "dx", dx.len(), x.len())?;
+    check_len(OP_BWD, "dout", dout.len(), x.len())?;
+    check_len(OP_BWD, "rstd", rstd.len(), t)?;
+    check_len(OP_BWD, "weight", weight.len(), dim)?;
+    check_len(OP_BWD, "dweight", dweight.len(), dim)?;
+    cpu::backward(dx, dweight, dout, x, weight, rstd, dim);
+    Ok(())
+}
