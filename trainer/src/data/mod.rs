@@ -2,6 +2,7 @@
 //! padding and packing, resumable shuffling, and a synthetic shapes dataset.
 
 pub mod error;
+pub mod image;
 pub mod pretok;
 pub mod tekken;
 

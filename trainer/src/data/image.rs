@@ -1,0 +1,251 @@
+//! The Pixtral image processor (HF `PixtralImageProcessor`, as MindSpeed-MM / LLaMA-Factory call
+//! it) and the image token block of an image.
+//!
+//! decode -> RGB (alpha dropped, gray replicated) -> resize so the longest edge <= longest_edge
+//! (aspect kept, floor), each side rounded UP to a multiple of the patch size -> bicubic ->
+//! x/255 -> (x - mean)/std -> channels first.
+//!
+//! The resize is PIL's `Image.resize(BICUBIC)` reproduced in integer arithmetic: separable
+//! convolution (horizontal pass then vertical), cubic kernel a = -0.5 widened by the scale when
+//! shrinking (antialias), 22-bit fixed-point weights, rounding to u8 after each pass.
+//! torchvision's antialiased bicubic on uint8 (transformers' default backend) is a port of the
+//! same algorithm, so both references agree with this to within a grey level.
+
+use super::error::{DataError, Result};
+use serde::Deserialize;
+use std::path::Path;
+
+/// CLIP normalisation, as in the Mistral3 preprocessor config.
+pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
+
+/// Settings of the image processor and of the image token block.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImageConfig {
+    /// Longest edge after resizing (HF `size.longest_edge`; 1540 for Mistral3).
+    pub longest_edge: u32,
+    /// Vision patch size (14 for Mistral3).
+    pub patch_size: u32,
+    /// Patch merger factor (2): one [IMG] token per merge x merge patches.
+    pub merge_size: u32,
+    /// Round sides up to patch_size x merge_size (`PixtralProcessor.__call__`, mistral-common)
+    /// instead of patch_size (the image processor called directly, as LLaMA-Factory does).
+    pub round_to_merged_patch: bool,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+impl Default for ImageConfig {
+    fn default() -> Self {
+        ImageConfig {
+            longest_edge: 1540,
+            patch_size: 14,
+            merge_size: 2,
+            round_to_merged_patch: false,
+            mean: CLIP_MEAN,
+            std: CLIP_STD,
+        }
+    }
+}
+
+impl ImageConfig {
+    /// Side length the resized sides are multiples of.
+    pub fn rounding(&self) -> u32 {
+        if self.round_to_merged_patch {
+            self.patch_size * self.merge_size
+        } else {
+            self.patch_size
+        }
+    }
+
+    /// (height, width) after resizing an image of `h` x `w` (HF `get_resize_output_image_size`).
+    pub fn output_size(&self, h: u32, w: u32) -> (u32, u32) {
+        let (mut h, mut w) = (h.max(1), w.max(1));
+        let le = self.longest_edge as f64;
+        let ratio = (h as f64 / le).max(w as f64 / le);
+        if ratio > 1.0 {
+            // Python's int() of a positive float: floor.
+            h = ((h as f64 / ratio) as u32).max(1);
+            w = ((w as f64 / ratio) as u32).max(1);
+        }
+        let p = self.rounding().max(1);
+        (h.div_ceil(p) * p, w.div_ceil(p) * p)
+    }
+
+    /// (rows, cols) of [IMG] tokens of a resized image: one per merged patch, floor.
+    pub fn token_grid(&self, h: u32, w: u32) -> (u32, u32) {
+        let m = (self.patch_size * self.merge_size).max(1);
+        (h / m, w / m)
+    }
+}
+
+/// A processed image: `pixels` is [3, height, width] f32, channels first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixtralImage {
+    pub height: u32,
+    pub width: u32,
+    pub pixels: Vec<f32>,
+}
+
+/// Decodes a PNG/JPEG file to 8-bit RGB. A truncated or corrupt file is an error naming it.
+pub fn load_rgb(path: &Path) -> Result<image::RgbImage> {
+    let err = |source| DataError::Image {
+        path: path.to_path_buf(),
+        source,
+    };
+    let reader = image::ImageReader::open(path)
+        .map_err(|e| DataError::io(path, e))?
+        .with_guessed_format()
+        .map_err(|e| DataError::io(path, e))?;
+    Ok(reader.decode().map_err(err)?.to_rgb8())
+}
+
+/// Runs the processor on a decoded image.
+pub fn process(img: &image::RgbImage, cfg: &ImageConfig) -> PixtralImage {
+    let (h, w) = cfg.output_size(img.height(), img.width());
+    let resized = resize_bicubic(img.as_raw(), img.width(), img.height(), w, h);
+    let plane = (h * w) as usize;
+    let mut pixels = vec![0f32; 3 * plane];
+    for c in 0..3 {
+        // Same order of operations as the reference: rescale, then normalise.
+        let (mean, std) = (cfg.mean[c], cfg.std[c]);
+        for (i, px) in pixels[c * plane..(c + 1) * plane].iter_mut().enumerate() {
+            let v = resized[3 * i + c] as f32 * (1.0 / 255.0);
+            *px = (v - mean) / std;
+        }
+    }
+    PixtralImage {
+        height: h,
+        width: w,
+        pixels,
+    }
+}
+
+/// Loads and processes an image file.
+pub fn load_and_process(path: &Path, cfg: &ImageConfig) -> Result<PixtralImage> {
+    Ok(process(&load_rgb(path)?, cfg))
+}
+
+const PRECISION_BITS: u32 = 32 - 8 - 2;
+
+fn bicubic(x: f64) -> f64 {
+    const A: f64 = -0.5;
+    let x = x.abs();
+    if x < 1.0 {
+        ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+    } else if x < 2.0 {
+        (((x - 5.0) * x + 8.0) * x - 4.0) * A
+    } else {
+        0.0
+    }
+}
+
+/// PIL `precompute_coeffs`: for each output index, the first input index and fixed-point weights.
+fn coeffs(in_size: u32, out_size: u32) -> (Vec<usize>, Vec<Vec<i32>>) {
+    let scale = in_size as f64 / out_size as f64;
+    let filterscale = scale.max(1.0);
+    let support = 2.0 * filterscale;
+    let mut starts = Vec::with_capacity(out_size as usize);
+    let mut weights = Vec::with_capacity(out_size as usize);
+    for xx in 0..out_size {
+        let center = (xx as f64 + 0.5) * scale;
+        let xmin = ((center - support + 0.5) as i64).max(0) as usize;
+        let xmax = ((center + support + 0.5) as i64).min(in_size as i64) as usize;
+        let mut k: Vec<f64> = (xmin..xmax.max(xmin))
+            .map(|x| bicubic((x as f64 - center + 0.5) / filterscale))
+            .collect();
+        let ww: f64 = k.iter().sum();
+        if ww != 0.0 {
+            k.iter_mut().for_each(|v| *v /= ww);
+        }
+        let one = (1u32 << PRECISION_BITS) as f64;
+        // PIL rounds half away from zero when converting weights to fixed point.
+        let ki = k
+            .iter()
+            .map(|&v| {
+                if v < 0.0 {
+                    (-0.5 + v * one) as i32
+                } else {
+                    (0.5 + v * one) as i32
+                }
+            })
+            .collect();
+        starts.push(xmin);
+        weights.push(ki);
+    }
+    (starts, weights)
+}
+
+#[inline]
+fn clip8(acc: i64) -> u8 {
+    (acc >> PRECISION_BITS).clamp(0, 255) as u8
+}
+
+/// Resizes packed RGB8 `src` [h, w, 3] to [oh, ow, 3] (PIL bicubic, see the module doc).
+pub fn resize_bicubic(src: &[u8], w: u32, h: u32, ow: u32, oh: u32) -> Vec<u8> {
+    let half = 1i64 << (PRECISION_BITS - 1);
+    // Horizontal pass: [h, w, 3] -> [h, ow, 3] (PIL skips a pass whose size is unchanged).
+    let horiz = if ow != w {
+        let (starts, weights) = coeffs(w, ow);
+        let mut out = vec![0u8; (h * ow * 3) as usize];
+        for y in 0..h as usize {
+            let row = &src[y * w as usize * 3..(y + 1) * w as usize * 3];
+            for x in 0..ow as usize {
+                for c in 0..3 {
+                    let mut acc = half;
+                    for (j, &k) in weights[x].iter().enumerate() {
+                        acc += row[(starts[x] + j) * 3 + c] as i64 * k as i64;
+                    }
+                    out[(y * ow as usize + x) * 3 + c] = clip8(acc);
+                }
+            }
+        }
+        out
+    } else {
+        src.to_vec()
+    };
+    if oh == h {
+        return horiz;
+    }
+    // Vertical pass: [h, ow, 3] -> [oh, ow, 3].
+    let (starts, weights) = coeffs(h, oh);
+    let stride = ow as usize * 3;
+    let mut out = vec![0u8; oh as usize * stride];
+    for y in 0..oh as usize {
+        for i in 0..stride {
+            let mut acc = half;
+            for (j, &k) in weights[y].iter().enumerate() {
+                acc += horiz[(starts[y] + j) * stride + i] as i64 * k as i64;
+            }
+            out[y * stride + i] = clip8(acc);
+        }
+    }
+    out
+}
+
+/// Special token ids of the image block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageTokens {
+    pub img: u32,
+    pub img_break: u32,
+    pub img_end: u32,
+}
+
+/// The token block of a resized `h` x `w` image: per row `cols` x [IMG] then [IMG_BREAK], the
+/// last [IMG_BREAK] replaced by [IMG_END]. Empty when the image is smaller than one token.
+pub fn image_block(h: u32, w: u32, cfg: &ImageConfig, t: ImageTokens) -> Vec<u32> {
+    let (rows, cols) = cfg.token_grid(h, w);
+    if rows == 0 || cols == 0 {
+        return Vec::new();
+    }
+    let mut v = Vec::with_capacity((rows * (cols + 1)) as usize);
+    for _ in 0..rows {
+        v.extend(std::iter::repeat_n(t.img, cols as usize));
+        v.push(t.img_break);
+    }
+    if let Some(last) = v.last_mut() {
+        *last = t.img_end;
+    }
+    v
+}

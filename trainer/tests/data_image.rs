@@ -1,0 +1,161 @@
+//! Pixtral image processor against transformers' PixtralImageProcessor outputs
+//! (shared/images/pixtral_processor.reference.safetensors, longest_edge 224, patch 14), the
+//! image token block, and the errors for unreadable files.
+
+use cannon_trainer::data::image::{
+    image_block, load_and_process, load_rgb, process, ImageConfig, ImageTokens,
+};
+use cannon_trainer::data::DataError;
+use safetensors::SafeTensors;
+use std::path::PathBuf;
+
+const IMAGES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/images");
+
+fn reference_config() -> ImageConfig {
+    ImageConfig {
+        longest_edge: 224,
+        patch_size: 14,
+        ..ImageConfig::default()
+    }
+}
+
+fn f32s(t: &safetensors::tensor::TensorView<'_>) -> Vec<f32> {
+    t.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// Sizes must be exact; pixel values within a mean absolute error of 0.02 (the figure:
+/// about 1.4 grey levels after CLIP std). The resize is PIL's integer bicubic, so the residual
+/// is the reference backend's own rounding; the figure reached is printed.
+#[test]
+fn image_processor_matches_transformers_reference() {
+    let raw = std::fs::read(format!("{IMAGES}/pixtral_processor.reference.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&raw).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&raw).unwrap();
+    let meta = meta.metadata().as_ref().unwrap();
+    let files: Vec<String> = serde_json::from_str(&meta["files"]).unwrap();
+    assert_eq!(meta["longest_edge"], "224");
+    assert_eq!(meta["patch_size"], "14");
+    let cfg = reference_config();
+    assert_eq!(files.len(), 3);
+    for (i, f) in files.iter().enumerate() {
+        let got = load_and_process(&PathBuf::from(format!("{IMAGES}/{f}")), &cfg).unwrap();
+        let size = st.tensor(&format!("img{i}.image_size")).unwrap();
+        let size: Vec<i64> = size
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            [got.height as i64, got.width as i64],
+            [size[0], size[1]],
+            "{f}"
+        );
+        let want = f32s(&st.tensor(&format!("img{i}.pixel_values")).unwrap());
+        assert_eq!(got.pixels.len(), want.len(), "{f}");
+        let n = want.len() as f64;
+        let mae = got
+            .pixels
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs() as f64)
+            .sum::<f64>()
+            / n;
+        let max = got
+            .pixels
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        println!(
+            "{f}: {}x{} mean abs error {mae:.3e}, max {max:.3e}",
+            got.height, got.width
+        );
+        assert!(mae < 0.02, "{f}: mean abs error {mae}");
+        // Integer bicubic like the reference's: no pixel is off by more than one grey level.
+        let one_level = 1.0 / (255.0 * cfg.std.iter().cloned().fold(f32::MAX, f32::min));
+        assert!(max <= one_level * 1.001, "{f}: max error {max}");
+    }
+}
+
+#[test]
+fn image_output_sizes_follow_the_hf_rule() {
+    let cfg = ImageConfig::default();
+    // mistral3-facts.md §2.3 worked example: 626x418 -> 630x420 with P = 14.
+    assert_eq!(cfg.output_size(418, 626), (420, 630));
+    let merged = ImageConfig {
+        round_to_merged_patch: true,
+        ..ImageConfig::default()
+    };
+    assert_eq!(merged.output_size(418, 626), (420, 644));
+    // Over the longest edge: scaled by floor, then rounded up.
+    assert_eq!(cfg.output_size(3080, 1000), (1540, 504));
+}
+
+#[test]
+fn image_block_layout_and_counts() {
+    let t = ImageTokens {
+        img: 10,
+        img_break: 12,
+        img_end: 13,
+    };
+    let cfg = ImageConfig::default();
+    // §2.3: 630x420 -> rows 15, cols 22 -> 330 [IMG], 345 tokens.
+    let b = image_block(420, 630, &cfg, t);
+    assert_eq!(b.len(), 345);
+    assert_eq!(b.iter().filter(|&&x| x == 10).count(), 330);
+    assert_eq!(b.iter().filter(|&&x| x == 12).count(), 14);
+    assert_eq!(b.last(), Some(&13));
+    assert_eq!(&b[..23], &[[10u32; 22].as_slice(), &[12]].concat()[..]);
+    assert_eq!(
+        image_block(56, 84, &cfg, t),
+        vec![10, 10, 10, 12, 10, 10, 10, 13]
+    );
+    assert!(image_block(14, 140, &cfg, t).is_empty());
+}
+
+#[test]
+fn gray_and_alpha_images_become_rgb() {
+    let dir = std::env::temp_dir().join(format!("cannon-data-image-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let gray = image::GrayImage::from_fn(30, 20, |x, y| image::Luma([(x * 7 + y * 3) as u8]));
+    let rgba = image::RgbaImage::from_fn(30, 20, |x, y| {
+        let g = (x * 7 + y * 3) as u8;
+        image::Rgba([g, g, g, (x * 8) as u8])
+    });
+    gray.save(dir.join("g.png")).unwrap();
+    rgba.save(dir.join("a.png")).unwrap();
+    let cfg = reference_config();
+    let g = load_and_process(&dir.join("g.png"), &cfg).unwrap();
+    let a = load_and_process(&dir.join("a.png"), &cfg).unwrap();
+    // Alpha is dropped (as PIL's convert("RGB") does), so both give the same pixels.
+    assert_eq!(g, a);
+    assert_eq!((g.height, g.width), (28, 42));
+    let rgb = load_rgb(&dir.join("g.png")).unwrap();
+    assert_eq!(rgb.get_pixel(3, 2).0, [27, 27, 27]);
+    assert_eq!(process(&rgb, &cfg), g);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn corrupt_and_missing_images_are_errors_naming_the_file() {
+    let dir = std::env::temp_dir().join(format!("cannon-data-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let png = std::fs::read(format!("{IMAGES}/shapes_320x200.png")).unwrap();
+    let cut = dir.join("truncated.png");
+    std::fs::write(&cut, &png[..png.len() / 2]).unwrap();
+    let junk = dir.join("junk.jpg");
+    std::fs::write(&junk, b"not an image at all").unwrap();
+    let cfg = ImageConfig::default();
+    for p in [&cut, &junk] {
+        let e = load_and_process(p, &cfg).unwrap_err();
+        assert!(matches!(e, DataError::Image { .. }), "{e:?}");
+        assert!(e.to_string().contains(p.to_str().unwrap()), "{e}");
+    }
+    let missing = dir.join("missing.png");
+    let e = load_and_process(&missing, &cfg).unwrap_err();
+    assert!(e.to_string().contains("missing.png"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
