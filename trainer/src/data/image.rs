@@ -15,8 +15,10 @@ use super::error::{DataError, Result};
 use serde::Deserialize;
 use std::path::Path;
 
-/// CLIP normalisation, as in the Mistral3 preprocessor config.
+/// CLIP normalisation, as in the Mistral3 preprocessor config (digits kept as published).
+#[allow(clippy::excessive_precision)]
 pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+#[allow(clippy::excessive_precision)]
 pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
 
 /// Settings of the image processor and of the image token block.
