@@ -63,6 +63,9 @@ pub enum Error {
     /// Timing or waiting on an event that was never recorded.
     #[error("{what}: the event was never recorded")]
     NotRecorded { what: &'static str },
+    /// A collective failed (timeout, a peer gone, mismatched calls, HCCL status).
+    #[error(transparent)]
+    Comm(#[from] crate::comm::CommError),
     /// An element count whose byte size overflows `usize`.
     #[error("{what}: {len} elements of {elem} bytes overflow the address space")]
     SizeOverflow {

@@ -1,0 +1,81 @@
+//! The NPU side of the runtime (feature `npu`): AscendCL devices, streams, events and memory.
+//!
+//! cudarc's layering: [`result`] turns every `aclError` into a typed [`Error`] (still
+//! `unsafe`, one function per C call we use); the safe types ([`NpuStream`], [`NpuEvent`], the
+//! allocator's [`AclMemory`](memory::AclMemory)) own their handles and release them on drop,
+//! recording failures instead of panicking. Nothing here can run without CANN; it compiles
+//! everywhere and is exercised against a host emulation of CANN in the NPU issue.
+
+pub(crate) mod copy;
+mod memory;
+pub mod result;
+mod stream;
+
+pub use stream::{NpuEvent, NpuStream};
+
+use crate::alloc::CachingAllocator;
+use crate::device::Device;
+use crate::error::Result;
+use parking_lot::Mutex;
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+/// Initialises AscendCL once per process (`aclInit(NULL)`); later calls return the first
+/// outcome.
+pub fn init() -> Result<()> {
+    static INIT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        // SAFETY: aclInit with a null config path is the documented default initialisation;
+        // OnceLock runs it at most once per process.
+        unsafe { result::init() }.map_err(|e| e.to_string())
+    })
+    .clone()
+    .map_err(|message| crate::Error::Acl {
+        call: "aclInit",
+        code: -1,
+        name: "init failed",
+        message,
+    })
+}
+
+/// Number of NPUs visible to this process.
+pub fn device_count() -> Result<usize> {
+    init()?;
+    // SAFETY: plain query after aclInit.
+    Ok(unsafe { result::device_count() }? as usize)
+}
+
+thread_local! {
+    /// The device this thread last bound with `aclrtSetDevice` (contexts are per thread).
+    static BOUND: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+/// Makes `ordinal` the current device of the calling thread (AscendCL's current context is
+/// thread-local, so every entry point binds before touching device state).
+pub(crate) fn bind(ordinal: u32) -> Result<()> {
+    if BOUND.with(|b| b.get()) == Some(ordinal) {
+        return Ok(());
+    }
+    init()?;
+    // SAFETY: aclrtSetDevice on an ordinal; an invalid ordinal is reported as an error code.
+    unsafe { result::set_device(ordinal) }?;
+    BOUND.with(|b| b.set(Some(ordinal)));
+    Ok(())
+}
+
+/// The process-wide caching allocator of NPU `ordinal`.
+pub(crate) fn allocator(ordinal: u32) -> Result<Arc<CachingAllocator>> {
+    static ALLOCATORS: OnceLock<Mutex<HashMap<u32, Arc<CachingAllocator>>>> = OnceLock::new();
+    let mut map = ALLOCATORS.get_or_init(Default::default).lock();
+    if let Some(a) = map.get(&ordinal) {
+        return Ok(a.clone());
+    }
+    bind(ordinal)?;
+    let a = CachingAllocator::with_raw(
+        Device::Npu(ordinal),
+        Box::new(memory::AclMemory { ordinal }),
+    );
+    map.insert(ordinal, a.clone());
+    Ok(a)
+}
