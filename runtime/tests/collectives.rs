@@ -8,6 +8,9 @@ mod failures;
 mod gather;
 #[path = "collectives/groups.rs"]
 mod groups;
+#[cfg(feature = "npu")]
+#[path = "collectives/hccl.rs"]
+mod hccl;
 #[path = "collectives/reduce.rs"]
 mod reduce;
 #[path = "collectives/rendezvous.rs"]

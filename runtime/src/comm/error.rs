@@ -91,6 +91,10 @@ pub enum CommError {
         message: String,
     },
 
+    /// A runtime call under a collective failed (device binding, stream, temporary buffers).
+    #[error("{call}: {message}")]
+    Runtime { call: &'static str, message: String },
+
     /// The CANN libraries could not be loaded (kept as text so that `CommError` stays `Clone`).
     #[error("CANN library: {0}")]
     Sys(String),

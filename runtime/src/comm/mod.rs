@@ -11,9 +11,13 @@
 
 mod cpu;
 mod error;
+#[cfg(feature = "npu")]
+mod hccl;
 pub mod rendezvous;
 mod types;
 
 pub use cpu::{even_counts, Communicator, CpuWorld};
 pub use error::{CommError, CommResult};
+#[cfg(feature = "npu")]
+pub use hccl::HcclCommunicator;
 pub use types::{CommElem, DType, ReduceOp};

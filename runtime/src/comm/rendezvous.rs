@@ -110,6 +110,12 @@ impl FileRendezvous {
         Self::new(dir, &id)
     }
 
+    /// A rendezvous in the same directory whose run id extends this one's (sub-group
+    /// bootstraps: `<id>.<suffix>`).
+    pub fn child(&self, suffix: &str) -> CommResult<Self> {
+        Self::new(&self.dir, &format!("{}.{suffix}", self.run_id))
+    }
+
     pub fn path(&self) -> PathBuf {
         self.dir.join(format!("cannon-rdzv-{}.bin", self.run_id))
     }

@@ -33,7 +33,7 @@ impl DType {
     }
 
     /// The `HcclDataType` enum value: INT32=2, FP32=4, INT64=5, FP64=10, BFP16=11.
-    pub fn hccl_code(self) -> u32 {
+    pub const fn hccl_code(self) -> u32 {
         match self {
             DType::I32 => 2,
             DType::F32 => 4,
