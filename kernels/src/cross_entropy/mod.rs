@@ -1,1 +1,241 @@
-//! cross_entropy (in progress: see the kernels issue).
+//! Softmax cross-entropy over rows of logits, with `ignore_index = -100`, as transformers'
+//! `ForCausalLMLoss` (logits upcast to f32, labels already shifted by the caller).
+//!
+//! ```text
+//! lse[n]   = log sum_v exp(logits[n, v])
+//! loss     = sum_{n : labels[n] != -100} (lse[n] - logits[n, labels[n]]) / divisor
+//! d_logits[n, v] = (softmax(logits[n])[v] - [v == labels[n]]) / divisor   (0 on ignored rows)
+//!
+//! logits, d_logits: [N, V] f32   labels: [N] i32 (-100 or in 0..V)
+//! ```
+//!
+//! The divisor is the number of non-ignored labels of the call ([`LossNorm::Mean`], torch's
+//! `reduction="mean"`), or a count the caller gives ([`LossNorm::Divisor`], HF's
+//! `num_items_in_batch`: the non-ignored labels of every micro-batch and rank of one optimizer
+//! step, so that summing the per-micro-batch gradients gives the gradient of the step's mean).
+//! `d_logits` is the gradient of the returned `loss`, i.e. already scaled by `1 / divisor`;
+//! it is **written**, not accumulated (it is a fresh activation gradient).
+//!
+//! Convention for a call with no non-ignored label under `Mean`: loss 0 and a zero gradient
+//! (torch returns NaN there; a padding-only micro-batch must not poison the step).
+//!
+//! Two ways to run it:
+//! - [`cross_entropy`] / [`cross_entropy_in_place`] on a full `[N, V]` logits buffer;
+//! - [`cross_entropy_chunked`], which never holds more than `chunk_rows x V` logits: a
+//!   [`ChunkedLogits`] implementation produces the logits of a block of rows (e.g. the lm_head
+//!   GEMM `h[rows] W^T`) and consumes their gradient (`dh[rows] += dl W`, `dW += dl^T h`).
+//!   Both paths sum the per-row losses in row order in f64, so they agree bit for bit.
+
+mod cpu;
+#[cfg(test)]
+mod tests;
+
+use crate::error::{check_len, KernelError, Result};
+use std::ops::Range;
+
+/// The label value whose rows carry no loss (torch's default `ignore_index`).
+pub const IGNORE_INDEX: i32 = -100;
+
+/// How the summed loss (and so the gradient) is normalised.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LossNorm {
+    /// Divide by the number of non-ignored labels of this call; none gives loss 0, grad 0.
+    Mean,
+    /// Divide by this count (> 0, finite), e.g. the non-ignored labels of the whole step.
+    Divisor(f64),
+}
+
+/// What one call computed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CeStats {
+    /// `sum / divisor` (0 when nothing was counted under `Mean`).
+    pub loss: f64,
+    /// Sum of the per-row losses over non-ignored rows (for reductions across ranks).
+    pub sum: f64,
+    /// Number of non-ignored labels.
+    pub count: usize,
+}
+
+/// Produces and consumes the logits of a block of rows for [`cross_entropy_chunked`].
+pub trait ChunkedLogits {
+    type Error: From<KernelError>;
+    /// Writes the f32 logits of `rows` into `out`: `[rows.len(), V]`, row-major.
+    fn logits(
+        &mut self,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> std::result::Result<(), Self::Error>;
+    /// Receives d loss / d logits of the same rows, `[rows.len(), V]` (already divided by
+    /// the divisor). Only called when the gradient was asked for.
+    fn backward(
+        &mut self,
+        rows: Range<usize>,
+        d_logits: &[f32],
+    ) -> std::result::Result<(), Self::Error>;
+}
+
+/// Checks the labels and counts the non-ignored ones.
+fn count_labels(op: &'static str, labels: &[i32], vocab: usize) -> Result<usize> {
+    if vocab == 0 {
+        return Err(KernelError::Shape {
+            op,
+            detail: "vocab is 0".into(),
+        });
+    }
+    let mut count = 0;
+    for (n, &l) in labels.iter().enumerate() {
+        if l == IGNORE_INDEX {
+            continue;
+        }
+        if l < 0 || l as usize >= vocab {
+            return Err(KernelError::InvalidArgument {
+                op,
+                detail: format!("label {l} at row {n} is neither {IGNORE_INDEX} nor in 0..{vocab}"),
+            });
+        }
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// The divisor for `norm`, or `None` when nothing is to be computed (Mean over no label).
+fn divisor(op: &'static str, norm: LossNorm, count: usize) -> Result<Option<f64>> {
+    match norm {
+        LossNorm::Mean if count == 0 => Ok(None),
+        LossNorm::Mean => Ok(Some(count as f64)),
+        LossNorm::Divisor(d) if d > 0.0 && d.is_finite() => Ok(Some(d)),
+        LossNorm::Divisor(d) => Err(KernelError::InvalidArgument {
+            op,
+            detail: format!("divisor must be positive and finite, got {d}"),
+        }),
+    }
+}
+
+/// Loss over full logits `[N, V]`; when `d_logits` is given, writes the gradient there.
+pub fn cross_entropy(
+    logits: &[f32],
+    labels: &[i32],
+    vocab: usize,
+    d_logits: Option<&mut [f32]>,
+    norm: LossNorm,
+) -> Result<CeStats> {
+    let op = "cross_entropy";
+    let count = count_labels(op, labels, vocab)?;
+    check_len(op, "logits", logits.len(), labels.len() * vocab)?;
+    if let Some(d) = &d_logits {
+        check_len(op, "d_logits", d.len(), logits.len())?;
+    }
+    let Some(div) = divisor(op, norm, count)? else {
+        if let Some(d) = d_logits {
+            d.fill(0.0);
+        }
+        return Ok(CeStats {
+            loss: 0.0,
+            sum: 0.0,
+            count,
+        });
+    };
+    let mut losses = vec![0.0f64; labels.len()];
+    cpu::rows(
+        logits,
+        d_logits,
+        labels,
+        &mut losses,
+        vocab,
+        (1.0 / div) as f32,
+    );
+    let sum = cpu::ordered_sum(&losses);
+    Ok(CeStats {
+        loss: sum / div,
+        sum,
+        count,
+    })
+}
+
+/// As [`cross_entropy`] with the gradient, overwriting `logits` `[N, V]` with d_logits
+/// (saves the second `[N, V]` buffer).
+pub fn cross_entropy_in_place(
+    logits: &mut [f32],
+    labels: &[i32],
+    vocab: usize,
+    norm: LossNorm,
+) -> Result<CeStats> {
+    let op = "cross_entropy_in_place";
+    let count = count_labels(op, labels, vocab)?;
+    check_len(op, "logits", logits.len(), labels.len() * vocab)?;
+    let Some(div) = divisor(op, norm, count)? else {
+        logits.fill(0.0);
+        return Ok(CeStats {
+            loss: 0.0,
+            sum: 0.0,
+            count,
+        });
+    };
+    let mut losses = vec![0.0f64; labels.len()];
+    cpu::rows_in_place(logits, labels, &mut losses, vocab, (1.0 / div) as f32);
+    let sum = cpu::ordered_sum(&losses);
+    Ok(CeStats {
+        loss: sum / div,
+        sum,
+        count,
+    })
+}
+
+/// Loss (and, with `with_grad`, its gradient handed to `producer.backward`) over `labels.len()`
+/// rows whose logits `producer` makes `chunk_rows` rows at a time; at most `chunk_rows x V`
+/// f32 are held. Blocks whose labels are all ignored are skipped entirely (they add nothing
+/// to the loss and their gradient is zero), so the producer sees no call for them.
+pub fn cross_entropy_chunked<P: ChunkedLogits>(
+    producer: &mut P,
+    labels: &[i32],
+    vocab: usize,
+    chunk_rows: usize,
+    norm: LossNorm,
+    with_grad: bool,
+) -> std::result::Result<CeStats, P::Error> {
+    let op = "cross_entropy_chunked";
+    let count = count_labels(op, labels, vocab)?;
+    if chunk_rows == 0 {
+        return Err(KernelError::InvalidArgument {
+            op,
+            detail: "chunk_rows is 0".into(),
+        }
+        .into());
+    }
+    let Some(div) = divisor(op, norm, count)? else {
+        return Ok(CeStats {
+            loss: 0.0,
+            sum: 0.0,
+            count,
+        });
+    };
+    let scale = (1.0 / div) as f32;
+    let chunk_rows = chunk_rows.min(labels.len());
+    let mut buf = vec![0.0f32; chunk_rows * vocab];
+    let mut losses = vec![0.0f64; chunk_rows];
+    let mut sum = 0.0f64;
+    for r0 in (0..labels.len()).step_by(chunk_rows.max(1)) {
+        let rows = r0..(r0 + chunk_rows).min(labels.len());
+        let lab = &labels[rows.clone()];
+        if lab.iter().all(|&l| l == IGNORE_INDEX) {
+            continue;
+        }
+        let (buf, losses) = (&mut buf[..lab.len() * vocab], &mut losses[..lab.len()]);
+        producer.logits(rows.clone(), buf)?;
+        if with_grad {
+            cpu::rows_in_place(buf, lab, losses, vocab, scale);
+        } else {
+            cpu::rows(buf, None, lab, losses, vocab, scale);
+        }
+        // Continue the same left-to-right f64 sum as the full path: identical results.
+        sum = losses.iter().fold(sum, |s, &l| s + l);
+        if with_grad {
+            producer.backward(rows, buf)?;
+        }
+    }
+    Ok(CeStats {
+        loss: sum / div,
+        sum,
+        count,
+    })
+}

@@ -33,7 +33,7 @@ const OP_BWD: &str = "rmsnorm_backward";
 
 /// Rows of `x` given its length and the hidden size, or a shape error.
 fn rows(op: &'static str, len: usize, dim: usize) -> Result<usize> {
-    if dim == 0 || len % dim != 0 {
+    if dim == 0 || !len.is_multiple_of(dim) {
         return Err(KernelError::Shape {
             op,
             detail: format!("x has {len} elements, not a multiple of the hidden size {dim}"),
