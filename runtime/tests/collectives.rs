@@ -15,3 +15,5 @@ mod hccl;
 mod reduce;
 #[path = "collectives/rendezvous.rs"]
 mod rendezvous;
+#[path = "collectives/throughput.rs"]
+mod throughput;

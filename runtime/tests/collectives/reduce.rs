@@ -210,3 +210,15 @@ fn many_rounds_back_to_back() {
         }
     });
 }
+
+#[test]
+fn unbounded_timeout_is_accepted() {
+    // Duration::MAX cannot be added to an Instant; it must mean "wait for ever", not panic.
+    let out = run_world(3, std::time::Duration::MAX, |c| {
+        let mut x = vec![c.rank() as i32];
+        c.all_reduce_in_place(&mut x, ReduceOp::Max).unwrap();
+        c.barrier().unwrap();
+        x[0]
+    });
+    assert_eq!(out, vec![2, 2, 2]);
+}

@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::super::error::CommError;
 use super::super::types::DType;
@@ -105,7 +105,8 @@ impl Group {
     ) -> Result<Arc<Round>, CommError> {
         let op = post.desc.kind.name();
         let start = Instant::now();
-        let deadline = start + timeout;
+        // `None`: a timeout too large to represent waits for ever.
+        let deadline = start.checked_add(timeout);
         let mut st = self.state.lock();
         if let Some(f) = &st.failure {
             return Err(failed(op, f, Some(seq)));
@@ -173,7 +174,7 @@ impl Group {
                 let error = CommError::PeerDropped { op, rank, dropped };
                 return Err(fail(&mut st, &self.cv, Some(seq), error));
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 withdraw(&mut st, rank);
                 let missing = (0..self.size).filter(|&r| r != rank && st.posts[r].is_none());
                 let error = CommError::Timeout {
@@ -186,7 +187,7 @@ impl Group {
                 };
                 return Err(fail(&mut st, &self.cv, Some(seq), error));
             }
-            self.cv.wait_until(&mut st, deadline);
+            wait(&self.cv, &mut st, deadline);
         }
     }
 
@@ -265,7 +266,8 @@ impl Group {
     ) -> Result<Message, CommError> {
         let op = "recv";
         let start = Instant::now();
-        let deadline = start + timeout;
+        // `None`: a timeout too large to represent waits for ever.
+        let deadline = start.checked_add(timeout);
         let mut st = self.state.lock();
         loop {
             if let Some(f) = &st.failure {
@@ -292,7 +294,7 @@ impl Group {
                 };
                 return Err(fail(&mut st, &self.cv, None, error));
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 let error = CommError::Timeout {
                     op,
                     rank: dst,
@@ -303,7 +305,7 @@ impl Group {
                 };
                 return Err(fail(&mut st, &self.cv, None, error));
             }
-            self.cv.wait_until(&mut st, deadline);
+            wait(&self.cv, &mut st, deadline);
         }
     }
 }
@@ -330,6 +332,15 @@ fn dropped_ranks(st: &State, filter: impl Fn(usize) -> bool) -> Vec<usize> {
 fn withdraw(st: &mut State, rank: usize) {
     if st.posts[rank].take().is_some() {
         st.n_posted -= 1;
+    }
+}
+
+fn wait(cv: &Condvar, st: &mut MutexGuard<'_, State>, deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => {
+            cv.wait_until(st, d);
+        }
+        None => cv.wait(st),
     }
 }
 

@@ -174,7 +174,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> CommResult<()> {
         let world = self.world_size();
-        if send.len() % world != 0 {
+        if !send.len().is_multiple_of(world) {
             let e = CommError::NotDivisible {
                 op: "reduce_scatter",
                 len: send.len(),
@@ -216,7 +216,7 @@ impl Communicator {
     /// chunk r.
     pub fn all_to_all<T: CommElem>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
         let world = self.world_size();
-        if send.len() % world != 0 {
+        if !send.len().is_multiple_of(world) {
             let e = CommError::NotDivisible {
                 op: "all_to_all",
                 len: send.len(),

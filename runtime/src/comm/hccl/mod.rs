@@ -226,7 +226,7 @@ impl HcclCommunicator {
         stream: &Stream,
     ) -> CommResult<()> {
         let what = "reduce_scatter";
-        if send.len() % self.world_size != 0 {
+        if !send.len().is_multiple_of(self.world_size) {
             return Err(CommError::NotDivisible {
                 op: what,
                 len: send.len(),
@@ -284,7 +284,7 @@ impl HcclCommunicator {
         stream: &Stream,
     ) -> CommResult<()> {
         let what = "all_to_all";
-        if send.len() % self.world_size != 0 {
+        if !send.len().is_multiple_of(self.world_size) {
             return Err(CommError::NotDivisible {
                 op: what,
                 len: send.len(),
@@ -415,7 +415,7 @@ impl HcclCommunicator {
                 .memcpy_dtod(stream, send)
                 .map_err(runtime("send_recv (memcpy_dtod)"));
         }
-        if self.rank % 2 == 0 {
+        if self.rank.is_multiple_of(2) {
             self.send(send, dst, stream)?;
             self.recv(recv, src, stream)
         } else {
