@@ -1,12 +1,38 @@
 //! cannon-sys: raw FFI to AscendCL, aclnn and HCCL, dlopened at run time.
+//!
+//! - [`loader`]: finds `libascendcl.so`, `libnnopbase.so`, the aclnn op libraries and
+//!   `libhccl.so` (`$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the default
+//!   dlopen path) and resolves symbols once each. Always compiled.
+//! - [`acl`], [`aclnn`], [`hccl`] (feature `npu`): bindgen output over the CANN headers, with
+//!   every C function turned into an `unsafe fn` that resolves itself through the loader and
+//!   returns `Result<c_return_type, Error>`. See sys/README.md.
+//! - [`codes`]: names of aclError / aclnnStatus / HcclResult codes.
+//!
+//! Nothing here links against CANN: a missing library or symbol is an [`Error`], never a panic
+//! or a link failure.
 
-use thiserror::Error;
+pub mod codes;
+mod error;
+pub mod loader;
+mod probe;
 
-#[derive(Debug, Error)]
-pub enum Error {
-    #[error("library {library} not found; searched: {}", searched.join(", "))]
-    LibraryNotFound {
-        library: String,
-        searched: Vec<String>,
-    },
+#[cfg(feature = "npu")]
+#[path = "generated/acl.rs"]
+pub mod acl;
+#[cfg(feature = "npu")]
+#[path = "generated/aclnn.rs"]
+pub mod aclnn;
+#[cfg(feature = "npu")]
+#[path = "generated/hccl.rs"]
+pub mod hccl;
+
+pub use codes::{acl_error_is_oom, acl_error_name, aclnn_status_name, hccl_result_name};
+pub use error::Error;
+pub use loader::Lib;
+pub use probe::{probe, LibraryProbe, Probe};
+
+/// True when the AscendCL runtime library can be loaded in this process (searched once, with the
+/// environment at first use).
+pub fn is_available() -> bool {
+    loader::library(Lib::AscendCl).is_ok()
 }
