@@ -66,7 +66,7 @@ pub(crate) fn dtod<T: Pod>(stream: &Stream, src: *const T, dst: *mut T, n: usize
     if n == 0 {
         return Ok(());
     }
-    let aligned = (src as usize) % 64 == 0 && (dst as usize) % 64 == 0;
+    let aligned = (src as usize).is_multiple_of(64) && (dst as usize).is_multiple_of(64);
     // SAFETY: both are device ranges of n values (checked by the caller); the buffers
     // outlive the stream's work because DeviceBuffer drop returns blocks to the caching
     // allocator, which only hands them out again in stream order on this process.
