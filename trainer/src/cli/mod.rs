@@ -1,6 +1,7 @@
 //! The `cannon` command line. Each subcommand lives in its own module with its own args struct.
 
 pub mod data;
+pub mod doctor;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -29,7 +30,7 @@ pub enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Doctor => ExitCode::SUCCESS,
+        Command::Doctor => doctor::run(),
         Command::Data(args) => data::run(args),
     }
 }
