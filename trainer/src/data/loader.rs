@@ -1,0 +1,193 @@
+//! The stream of batches the trainer consumes: a read dataset, a resumable shuffled order, and
+//! padding or packing.
+
+use super::batch::{pad_batch, PackedBatch, PaddedBatch, Sample};
+use super::dataset::{DataSet, DatasetStats, SampleSettings};
+use super::image::{self, ImageConfig};
+use super::shuffle::{Position, Shuffler};
+use super::{DataError, Result, Tekken};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// Data settings, embeddable in the trainer's TOML as a `[data]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataConfig {
+    /// JSONL dataset; None lets the trainer pick its default (the synthetic shapes set).
+    pub dataset: Option<PathBuf>,
+    /// tekken.json.
+    pub tokenizer: Option<PathBuf>,
+    /// Truncated vocabulary size (mistral-common `Tekkenizer(vocab_size=)`); None: the file's.
+    pub vocab_size: Option<u32>,
+    /// Longest sample / packed row in tokens (cutoff_len).
+    pub max_len: usize,
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Pack several samples per row instead of padding one per row.
+    pub pack: bool,
+    /// Padded rows are rounded up to a multiple of this.
+    pub pad_to_multiple_of: usize,
+    /// Shuffling seed.
+    pub seed: u64,
+    /// System prompt for samples that bring none (none for the synthetic set).
+    pub system_prompt: Option<String>,
+    pub image: ImageConfig,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            dataset: None,
+            tokenizer: None,
+            vocab_size: None,
+            max_len: 2048,
+            batch_size: 1,
+            pack: false,
+            pad_to_multiple_of: 8,
+            seed: 42,
+            system_prompt: None,
+            image: ImageConfig::default(),
+        }
+    }
+}
+
+impl DataConfig {
+    pub fn sample_settings(&self) -> SampleSettings<'_> {
+        SampleSettings {
+            max_len: self.max_len,
+            system_prompt: self.system_prompt.as_deref(),
+            image: &self.image,
+        }
+    }
+}
+
+/// A batch in one of the two layouts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Batch {
+    Padded(PaddedBatch),
+    Packed(PackedBatch),
+}
+
+/// Endless, deterministic batches over a dataset; restartable from [`Loader::position`].
+#[derive(Debug)]
+pub struct Loader {
+    data: DataSet,
+    cfg: DataConfig,
+    pad_id: u32,
+    order: Shuffler,
+}
+
+impl Loader {
+    /// Reads `cfg.dataset` with `tok` and starts at `pos`.
+    pub fn open(cfg: &DataConfig, tok: &Tekken, pos: Position) -> Result<Self> {
+        let path = cfg
+            .dataset
+            .as_ref()
+            .ok_or_else(|| DataError::Config("no dataset given".into()))?;
+        let data = DataSet::read(path, tok, &cfg.sample_settings())?;
+        Self::new(data, cfg, tok.pad_id(), pos)
+    }
+
+    /// Batches over an already read dataset.
+    pub fn new(data: DataSet, cfg: &DataConfig, pad_id: u32, pos: Position) -> Result<Self> {
+        if data.samples.is_empty() {
+            return Err(DataError::Config(format!(
+                "{}: no usable sample ({} bad lines, {} dropped by truncation)",
+                data.path.display(),
+                data.stats.bad_lines,
+                data.stats.dropped_truncated
+            )));
+        }
+        if cfg.batch_size == 0 || cfg.max_len == 0 {
+            return Err(DataError::Config(
+                "batch_size and max_len must be > 0".into(),
+            ));
+        }
+        let order = Shuffler::new(data.samples.len(), cfg.seed, pos);
+        Ok(Loader {
+            data,
+            cfg: cfg.clone(),
+            pad_id,
+            order,
+        })
+    }
+
+    pub fn stats(&self) -> &DatasetStats {
+        &self.data.stats
+    }
+    pub fn dataset(&self) -> &DataSet {
+        &self.data
+    }
+    /// Where the next batch starts: store it in a checkpoint, pass it to `open` to resume.
+    pub fn position(&self) -> Position {
+        self.order.position()
+    }
+
+    /// Sample `i` of the dataset with its images processed.
+    pub fn sample(&self, i: usize) -> Result<Sample> {
+        let p = &self.data.samples[i];
+        let images = p
+            .images
+            .iter()
+            .map(|path| image::load_and_process(path, &self.cfg.image))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Sample {
+            input_ids: p.input_ids.clone(),
+            labels: p.labels.clone(),
+            images,
+        })
+    }
+
+    /// The next batch. On error the position is left where it was.
+    pub fn next_batch(&mut self) -> Result<Batch> {
+        let saved = self.order.clone();
+        let r = if self.cfg.pack {
+            self.next_packed().map(Batch::Packed)
+        } else {
+            self.next_padded().map(Batch::Padded)
+        };
+        if r.is_err() {
+            self.order = saved;
+        }
+        r
+    }
+
+    fn next_padded(&mut self) -> Result<PaddedBatch> {
+        let mut samples = Vec::with_capacity(self.cfg.batch_size);
+        for _ in 0..self.cfg.batch_size {
+            let i = self.order.next().ok_or_else(empty)?;
+            samples.push(self.sample(i)?);
+        }
+        Ok(pad_batch(
+            &samples,
+            self.pad_id,
+            self.cfg.pad_to_multiple_of,
+        ))
+    }
+
+    /// Fills each row in stream order: a sample that does not fit closes the row and starts
+    /// the next one, so the stream position alone says where packing resumes.
+    fn next_packed(&mut self) -> Result<PackedBatch> {
+        let mut b = PackedBatch::new(self.cfg.max_len);
+        for _ in 0..self.cfg.batch_size {
+            let mut row: Vec<Sample> = Vec::new();
+            let mut used = 0;
+            loop {
+                let i = self.order.peek().ok_or_else(empty)?;
+                let len = self.data.samples[i].input_ids.len();
+                if !row.is_empty() && used + len > self.cfg.max_len {
+                    break;
+                }
+                self.order.next();
+                row.push(self.sample(i)?);
+                used += len;
+            }
+            b.push_row(&row, self.pad_id);
+        }
+        Ok(b)
+    }
+}
+
+fn empty() -> DataError {
+    DataError::Config("empty dataset".into())
+}

@@ -1,0 +1,241 @@
+//! A small vision-language dataset made here: PNG images of coloured shapes and questions about
+//! them with exact one-word answers, deterministic from a seed. The trainer learns from
+//! `train.jsonl` and measures answer accuracy on `heldout.jsonl`.
+
+use super::shuffle::SplitMix64;
+use super::template::{Message, Role};
+use super::{DataError, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub const COLOURS: [(&str, [u8; 3]); 6] = [
+    ("red", [220, 30, 30]),
+    ("green", [30, 170, 40]),
+    ("blue", [30, 60, 220]),
+    ("yellow", [235, 210, 20]),
+    ("purple", [140, 40, 170]),
+    ("orange", [245, 130, 20]),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Circle,
+    Square,
+    Triangle,
+}
+
+impl Shape {
+    pub const ALL: [Shape; 3] = [Shape::Circle, Shape::Square, Shape::Triangle];
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Circle => "circle",
+            Shape::Square => "square",
+            Shape::Triangle => "triangle",
+        }
+    }
+}
+
+/// One drawn shape: kind, colour index, centre and half-size in pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    pub shape: Shape,
+    pub colour: usize,
+    pub cx: i32,
+    pub cy: i32,
+    pub r: i32,
+}
+
+/// Image sides (width, height): square and wide/tall ones, all within 56..=112 px.
+const SIZES: [(u32, u32); 6] = [
+    (56, 56),
+    (84, 84),
+    (112, 112),
+    (112, 56),
+    (56, 112),
+    (112, 84),
+];
+
+/// Draws 1..=3 non-overlapping shapes, each in its own cell of the image.
+fn scene(rng: &mut SplitMix64) -> (u32, u32, Vec<Placed>) {
+    let (w, h) = SIZES[rng.below(SIZES.len() as u64) as usize];
+    let n = rng.range(1, 3) as usize;
+    // Split the longer side into n cells so shapes never overlap.
+    let (cells_x, cells_y) = if w >= h { (n as u32, 1) } else { (1, n as u32) };
+    let (cw, ch) = (w / cells_x, h / cells_y);
+    let mut v = Vec::with_capacity(n);
+    for k in 0..n as u32 {
+        let (x0, y0) = if cells_x > 1 {
+            (k * cw, 0)
+        } else {
+            (0, k * ch)
+        };
+        let max_r = (cw.min(ch) / 2).saturating_sub(2).max(6) as i32;
+        let r = rng.range(6.min(max_r as u64), max_r as u64) as i32;
+        let slack_x = cw as i32 - 2 * r;
+        let slack_y = ch as i32 - 2 * r;
+        let cx = x0 as i32 + r + rng.below(slack_x.max(1) as u64) as i32;
+        let cy = y0 as i32 + r + rng.below(slack_y.max(1) as u64) as i32;
+        v.push(Placed {
+            shape: Shape::ALL[rng.below(3) as usize],
+            colour: rng.below(COLOURS.len() as u64) as usize,
+            cx,
+            cy,
+            r,
+        });
+    }
+    (w, h, v)
+}
+
+fn inside(p: &Placed, x: i32, y: i32) -> bool {
+    let (dx, dy) = (x - p.cx, y - p.cy);
+    match p.shape {
+        Shape::Circle => dx * dx + dy * dy <= p.r * p.r,
+        Shape::Square => dx.abs() <= p.r && dy.abs() <= p.r,
+        // Apex up, base at cy + r: |dx| grows linearly from the apex to the base.
+        Shape::Triangle => dy >= -p.r && dy <= p.r && 2 * dx.abs() <= dy + p.r,
+    }
+}
+
+/// Renders a scene on a light grey background.
+pub fn render(w: u32, h: u32, shapes: &[Placed]) -> image::RgbImage {
+    image::RgbImage::from_fn(w, h, |x, y| {
+        let hit = shapes.iter().find(|p| inside(p, x as i32, y as i32));
+        image::Rgb(hit.map_or([235, 235, 235], |p| COLOURS[p.colour].1))
+    })
+}
+
+/// One generated sample before it is written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthSample {
+    pub question: String,
+    pub answer: String,
+    pub images: Vec<(u32, u32, Vec<Placed>)>,
+}
+
+fn count_of(shapes: &[Placed], s: Shape) -> usize {
+    shapes.iter().filter(|p| p.shape == s).count()
+}
+
+/// Draws one sample: a question whose answer the images determine exactly.
+pub fn sample(rng: &mut SplitMix64) -> SynthSample {
+    // The kind is drawn once and scenes are redrawn until they fit it, so that every kind of
+    // question is equally frequent.
+    let kind = rng.below(4);
+    loop {
+        if kind == 3 {
+            // Two images, exactly one of which holds the asked shape.
+            let a = scene(rng);
+            let b = scene(rng);
+            let s = Shape::ALL[rng.below(3) as usize];
+            let (ia, ib) = (count_of(&a.2, s) > 0, count_of(&b.2, s) > 0);
+            if ia == ib {
+                continue;
+            }
+            return SynthSample {
+                question: format!("<image><image>Which image has a {}?", s.name()),
+                answer: if ia { "first" } else { "second" }.into(),
+                images: vec![a, b],
+            };
+        }
+        let img = scene(rng);
+        let shapes = &img.2;
+        let (q, a) = match kind {
+            0 => {
+                let s = Shape::ALL[rng.below(3) as usize];
+                let Some(p) = shapes.iter().find(|p| p.shape == s) else {
+                    continue;
+                };
+                if count_of(shapes, s) != 1 {
+                    continue;
+                }
+                (
+                    format!("What colour is the {}?", s.name()),
+                    COLOURS[p.colour].0.to_string(),
+                )
+            }
+            1 => (
+                "How many shapes are there?".to_string(),
+                shapes.len().to_string(),
+            ),
+            _ => {
+                let p = shapes[rng.below(shapes.len() as u64) as usize];
+                if shapes.iter().filter(|q| q.colour == p.colour).count() != 1 {
+                    continue;
+                }
+                (
+                    format!("What shape is {}?", COLOURS[p.colour].0),
+                    p.shape.name().to_string(),
+                )
+            }
+        };
+        return SynthSample {
+            question: format!("<image>{q}"),
+            answer: a,
+            images: vec![img],
+        };
+    }
+}
+
+/// Paths of a written synthetic dataset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SynthOutput {
+    pub train: PathBuf,
+    pub heldout: PathBuf,
+    pub train_samples: usize,
+    pub heldout_samples: usize,
+}
+
+/// Writes `samples` samples (one in ten, at least one, held out) under `out`:
+/// `train.jsonl`, `heldout.jsonl` and `images/NNNNNN_k.png`.
+pub fn write(out: &Path, samples: usize, seed: u64) -> Result<SynthOutput> {
+    let img_dir = out.join("images");
+    std::fs::create_dir_all(&img_dir).map_err(|e| DataError::io(&img_dir, e))?;
+    let heldout_n = if samples >= 2 {
+        (samples / 10).max(1)
+    } else {
+        0
+    };
+    let train_path = out.join("train.jsonl");
+    let held_path = out.join("heldout.jsonl");
+    let open = |p: &Path| {
+        std::fs::File::create(p)
+            .map(std::io::BufWriter::new)
+            .map_err(|e| DataError::io(p, e))
+    };
+    let (mut train, mut held) = (open(&train_path)?, open(&held_path)?);
+    let mut rng = SplitMix64::new(seed);
+    for i in 0..samples {
+        let s = sample(&mut rng);
+        let mut names = Vec::with_capacity(s.images.len());
+        for (k, (w, h, shapes)) in s.images.iter().enumerate() {
+            let name = format!("images/{i:06}_{k}.png");
+            let p = out.join(&name);
+            render(*w, *h, shapes)
+                .save(&p)
+                .map_err(|source| DataError::Image { path: p, source })?;
+            names.push(name);
+        }
+        let line = serde_json::json!({
+            "messages": [
+                Message { role: Role::User, content: s.question },
+                Message { role: Role::Assistant, content: s.answer },
+            ],
+            "images": names,
+        });
+        let (f, p) = if i < samples - heldout_n {
+            (&mut train, &train_path)
+        } else {
+            (&mut held, &held_path)
+        };
+        writeln!(f, "{line}").map_err(|e| DataError::io(p, e))?;
+    }
+    for (f, p) in [(&mut train, &train_path), (&mut held, &held_path)] {
+        f.flush().map_err(|e| DataError::io(p, e))?;
+    }
+    Ok(SynthOutput {
+        train: train_path,
+        heldout: held_path,
+        train_samples: samples - heldout_n,
+        heldout_samples: heldout_n,
+    })
+}

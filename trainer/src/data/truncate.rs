@@ -1,0 +1,80 @@
+//! Truncation to `max_len` (LLaMA-Factory's `infer_seqlen` per turn) and the check that drops
+//! samples whose image token blocks were cut.
+
+use super::image::ImageTokens;
+use super::template::{Turn, IGNORE};
+
+/// LLaMA-Factory `infer_seqlen`: how much of a (source, target) pair fits in `cutoff`.
+/// A short target is kept whole; else a short source is; else both shrink proportionally.
+pub fn infer_seqlen(source: usize, target: usize, cutoff: usize) -> (usize, usize) {
+    let max_target = if target * 2 < cutoff {
+        cutoff
+    } else if source * 2 < cutoff {
+        cutoff - source
+    } else {
+        // Python: int(cutoff_len * (target_len / (source_len + target_len)))
+        (cutoff as f64 * (target as f64 / (source + target) as f64)) as usize
+    };
+    let new_target = max_target.min(target);
+    let new_source = cutoff.saturating_sub(new_target).min(source);
+    (new_source, new_target)
+}
+
+/// Input ids and labels of a sample, plus whether truncation changed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assembled {
+    pub input_ids: Vec<u32>,
+    pub labels: Vec<i32>,
+    pub truncated: bool,
+}
+
+/// Concatenates the turns (source labels IGNORE, target labels = ids). A sample that fits in
+/// `max_len` is never modified; a longer one is cut turn by turn as LLaMA-Factory does (each
+/// part keeps its head), which can cut an image block: see [`validate_input_ids`].
+pub fn assemble(turns: &[Turn], max_len: usize) -> Assembled {
+    let total: usize = turns.iter().map(|t| t.source.len() + t.target.len()).sum();
+    let fits = total <= max_len;
+    let mut input_ids = Vec::with_capacity(total.min(max_len));
+    let mut labels = Vec::with_capacity(total.min(max_len));
+    for t in turns {
+        let (s, g) = if fits {
+            (t.source.len(), t.target.len())
+        } else {
+            if input_ids.len() >= max_len {
+                break;
+            }
+            infer_seqlen(t.source.len(), t.target.len(), max_len - input_ids.len())
+        };
+        input_ids.extend_from_slice(&t.source[..s]);
+        labels.extend(std::iter::repeat_n(IGNORE, s));
+        input_ids.extend_from_slice(&t.target[..g]);
+        labels.extend(t.target[..g].iter().map(|&x| x as i32));
+    }
+    Assembled {
+        input_ids,
+        labels,
+        truncated: !fits,
+    }
+}
+
+/// True when the ids hold every image's block whole: the [IMG] count equals the sum of
+/// rows x cols over the images (`grids`, from their sizes, patch and merge size) and there is
+/// one [IMG_END] per image.
+pub fn validate_input_ids(input_ids: &[u32], grids: &[(u32, u32)], t: ImageTokens) -> bool {
+    let want_img: usize = grids.iter().map(|&(r, c)| (r * c) as usize).sum();
+    let want_break: usize = grids
+        .iter()
+        .map(|&(r, _)| r.saturating_sub(1) as usize)
+        .sum();
+    let (mut img, mut brk, mut end) = (0usize, 0usize, 0usize);
+    for &id in input_ids {
+        if id == t.img {
+            img += 1;
+        } else if id == t.img_break {
+            brk += 1;
+        } else if id == t.img_end {
+            end += 1;
+        }
+    }
+    img == want_img && end == grids.len() && brk == want_break
+}

@@ -1,0 +1,433 @@
+//! The sample pipeline: template and labels, bad lines, truncation filter, padding, packing,
+//! resumable shuffling and the synthetic dataset.
+
+use cannon_trainer::data::batch::{pad_batch, PackedBatch, Sample};
+use cannon_trainer::data::dataset::{DataSet, SampleSettings};
+use cannon_trainer::data::image::{image_block, ImageConfig, PixtralImage};
+use cannon_trainer::data::shuffle::{epoch_order, Position, Shuffler};
+use cannon_trainer::data::template::{encode_turns, Message, Role, SpecialIds, IGNORE};
+use cannon_trainer::data::truncate::{assemble, infer_seqlen, validate_input_ids};
+use cannon_trainer::data::{synth, Batch, DataConfig, DataError, Loader, Tekken};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+const TEKKEN: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/tokenizers/tekken_240911.json"
+);
+
+fn tok() -> &'static Tekken {
+    static T: OnceLock<Tekken> = OnceLock::new();
+    T.get_or_init(|| Tekken::from_file(TEKKEN, None).unwrap())
+}
+
+fn ids() -> SpecialIds {
+    SpecialIds::from_tekken(tok()).unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cannon-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&d).ok();
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn msg(role: Role, content: &str) -> Message {
+    Message {
+        role,
+        content: content.into(),
+    }
+}
+
+fn settings(cfg: &ImageConfig, max_len: usize) -> SampleSettings<'_> {
+    SampleSettings {
+        max_len,
+        system_prompt: None,
+        image: cfg,
+    }
+}
+
+/// The layout of mistral3-facts.md §3.5/§4.1, built token by token from the tokenizer's own
+/// encodings of the message texts and its special ids (documented as 1, 2, 3, 4, 17, 18).
+#[test]
+fn template_layout_and_labels() {
+    let (t, s) = (tok(), ids());
+    assert_eq!(
+        (s.bos, s.eos, s.inst, s.inst_end, s.system, s.system_end),
+        (1, 2, 3, 4, 17, 18)
+    );
+    let conv = [
+        msg(Role::System, "Be brief."),
+        msg(Role::User, "<image>What colour?"),
+        msg(Role::Assistant, "red"),
+        msg(Role::User, "And now?"),
+        msg(Role::Assistant, "blue"),
+    ];
+    let block = vec![10, 10, 12, 10, 10, 13];
+    let turns = encode_turns(t, &s, &conv, Some("ignored default"), &[block.clone()]);
+    let e = |x: &str| t.encode(x, false, false);
+    let src0 = [
+        vec![1, 17],
+        e("Be brief."),
+        vec![18, 3],
+        block,
+        e("What colour?"),
+        vec![4],
+    ]
+    .concat();
+    let tgt0 = [e("red"), vec![2]].concat();
+    let src1 = [vec![3], e("And now?"), vec![4]].concat();
+    let tgt1 = [e("blue"), vec![2]].concat();
+    assert_eq!(turns.len(), 2);
+    assert_eq!((&turns[0].source, &turns[0].target), (&src0, &tgt0));
+    assert_eq!((&turns[1].source, &turns[1].target), (&src1, &tgt1));
+    let a = assemble(&turns, 4096);
+    assert!(!a.truncated);
+    assert_eq!(
+        a.input_ids,
+        [src0.clone(), tgt0.clone(), src1.clone(), tgt1.clone()].concat()
+    );
+    let want_labels: Vec<i32> = [
+        vec![IGNORE; src0.len()],
+        tgt0.iter().map(|&x| x as i32).collect(),
+        vec![IGNORE; src1.len()],
+        tgt1.iter().map(|&x| x as i32).collect(),
+    ]
+    .concat();
+    assert_eq!(a.labels, want_labels);
+    // The decoded text shows the template with control tokens spelled out.
+    let text = String::from_utf8(t.decode_bytes(&a.input_ids, true).unwrap()).unwrap();
+    assert_eq!(
+        text,
+        "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST][IMG][IMG][IMG_BREAK][IMG][IMG][IMG_END]\
+         What colour?[/INST]red</s>[INST]And now?[/INST]blue</s>"
+    );
+    // Without a system message the configured default is used; with none, no system block.
+    let plain = [msg(Role::User, "hi"), msg(Role::Assistant, "yo")];
+    let t1 = encode_turns(t, &s, &plain, Some("sys"), &[]);
+    assert_eq!(
+        t1[0].source,
+        [vec![1, 17], e("sys"), vec![18, 3], e("hi"), vec![4]].concat()
+    );
+    let t2 = encode_turns(t, &s, &plain, None, &[]);
+    assert_eq!(t2[0].source, [vec![1, 3], e("hi"), vec![4]].concat());
+}
+
+#[test]
+fn infer_seqlen_never_exceeds_the_cutoff_and_keeps_what_fits() {
+    for src in 0..40 {
+        for tgt in 0..40 {
+            for cutoff in 1..60 {
+                let (s, g) = infer_seqlen(src, tgt, cutoff);
+                assert!(
+                    s <= src && g <= tgt && s + g <= cutoff,
+                    "{src} {tgt} {cutoff}"
+                );
+                if src + tgt <= cutoff && 2 * tgt < cutoff {
+                    assert_eq!((s, g), (src, tgt));
+                }
+                // What is cut is cut only because the cutoff is reached.
+                if (s, g) != (src, tgt) {
+                    assert_eq!(s + g, cutoff.min(src + tgt), "{src} {tgt} {cutoff}");
+                }
+            }
+        }
+    }
+}
+
+fn write_png(path: &Path, w: u32, h: u32) {
+    image::RgbImage::from_fn(w, h, |x, y| image::Rgb([(x * 3) as u8, (y * 5) as u8, 128]))
+        .save(path)
+        .unwrap();
+}
+
+fn line(user: &str, answer: &str, images: &[&str]) -> String {
+    serde_json::json!({
+        "messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}],
+        "images": images,
+    })
+    .to_string()
+}
+
+/// Bad inputs named in the issue: each is reported with its line number, skipped and counted,
+/// and the lines after it are still read.
+#[test]
+fn bad_lines_are_reported_skipped_and_counted() {
+    let d = tmp("badlines");
+    std::fs::create_dir_all(d.join("img")).unwrap();
+    write_png(&d.join("img/ok.png"), 56, 84);
+    let png = std::fs::read(d.join("img/ok.png")).unwrap();
+    std::fs::write(d.join("img/cut.png"), &png[..png.len() / 2]).unwrap();
+    let abs = d.join("img/ok.png");
+    let lines = [
+        line("<image>What?", "ok", &["img/ok.png"]),                             // 1 ok
+        "{\"messages\": [".to_string(),                                          // 2 JSON
+        line("<image>What?", "ok", &["img/missing.png"]),                        // 3 missing
+        r#"{"messages":[{"role":"assistant","content":"a"},{"role":"user","content":"b"}]}"#
+            .to_string(),                                                        // 4 roles
+        line("<image><image>Two?", "no", &["img/ok.png"]),                       // 5 count
+        line("<image>What?", "ok", &["img/cut.png"]),                            // 6 corrupt
+        String::new(),                                                           // 7 blank
+        line("no image", "fine", &[]),                                           // 8 ok
+        r#"{"messages":[{"role":"user","content":"q"}]}"#.to_string(),           // 9 no answer
+        line("<image>abs", "ok", &[abs.to_str().unwrap()]),                      // 10 ok (absolute)
+        r#"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}],"images":["img/ok.png"]}"#
+            .to_string(),                                                        // 11 count
+    ];
+    let f = d.join("set.jsonl");
+    std::fs::write(&f, lines.join("\n")).unwrap();
+    let cfg = ImageConfig::default();
+    let ds = DataSet::read(&f, tok(), &settings(&cfg, 2048)).unwrap();
+    assert_eq!(ds.stats.lines, 10);
+    assert_eq!(ds.stats.samples, 3);
+    assert_eq!(ds.stats.bad_lines, 7);
+    assert_eq!(ds.stats.images, 2);
+    assert_eq!(
+        ds.samples.iter().map(|s| s.line).collect::<Vec<_>>(),
+        [1, 8, 10]
+    );
+    let msgs: Vec<String> = ds.bad.iter().map(|e| e.to_string()).collect();
+    let f_s = f.display().to_string();
+    let expect = [
+        (2, "invalid JSON"),
+        (3, "missing.png"),
+        (4, "expected User"),
+        (5, "2 <image> placeholder(s) but 1 image(s)"),
+        (6, "cut.png"),
+        (9, "does not end with an assistant answer"),
+        (11, "0 <image> placeholder(s) but 1 image(s)"),
+    ];
+    for ((line, what), m) in expect.iter().zip(&msgs) {
+        assert!(m.contains(&format!("{f_s}:{line}")), "{m}");
+        assert!(m.contains(what), "{m} lacks {what}");
+    }
+    assert!(matches!(ds.bad[3], DataError::PlaceholderMismatch { .. }));
+    assert!(DataSet::read(&d.join("nope.jsonl"), tok(), &settings(&cfg, 2048)).is_err());
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// 56x84 at patch 14, merge 2: rows 3, cols 2 -> 9 image tokens (6 [IMG]).
+#[test]
+fn truncation_drops_cut_image_blocks_and_keeps_whole_samples() {
+    let d = tmp("trunc");
+    write_png(&d.join("a.png"), 56, 84);
+    let long_q = "word ".repeat(40);
+    let lines = [
+        line(&format!("<image>{long_q}"), "yes", &["a.png"]), // image first: text gets cut
+        line(&format!("{long_q}<image>"), "yes", &["a.png"]), // image last: block gets cut
+        line("<image>short", "yes", &["a.png"]),              // fits: untouched
+    ];
+    let f = d.join("t.jsonl");
+    std::fs::write(&f, lines.join("\n")).unwrap();
+    let cfg = ImageConfig::default();
+    let full = DataSet::read(&f, tok(), &settings(&cfg, 100_000)).unwrap();
+    assert_eq!(full.stats.samples, 3);
+    let n0 = full.samples[0].input_ids.len();
+    assert!(n0 > 40 && full.samples[2].input_ids.len() < 30);
+    let ds = DataSet::read(&f, tok(), &settings(&cfg, 30)).unwrap();
+    assert_eq!(ds.stats.dropped_truncated, 1);
+    assert_eq!(ds.dropped, [2]);
+    assert_eq!(ds.stats.truncated, 1);
+    assert_eq!(ds.stats.bad_lines, 0);
+    assert_eq!(ds.samples.len(), 2);
+    assert!(ds.samples[0].input_ids.len() <= 30);
+    assert_eq!(ds.samples[0].input_ids.len(), ds.samples[0].labels.len());
+    // The complete sample is bit-identical to the one read without a limit.
+    assert_eq!(ds.samples[1], full.samples[2]);
+    // validate_input_ids on the whole block and on a cut one.
+    let s = ids();
+    let blk = image_block(84, 56, &cfg, s.image);
+    assert_eq!(blk.len(), 9);
+    let grid = [cfg.token_grid(84, 56)];
+    assert!(validate_input_ids(&blk, &grid, s.image));
+    assert!(!validate_input_ids(&blk[..8], &grid, s.image));
+    assert!(!validate_input_ids(&blk, &[grid[0], grid[0]], s.image));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+fn fake(len: usize, n_img: usize, tag: u32) -> Sample {
+    Sample {
+        input_ids: (0..len as u32).map(|i| 1000 + tag * 100 + i).collect(),
+        labels: (0..len as i32)
+            .map(|i| if i < 2 { IGNORE } else { i })
+            .collect(),
+        images: (0..n_img)
+            .map(|k| PixtralImage {
+                height: 28,
+                width: 28 * (k as u32 + 1),
+                pixels: vec![tag as f32; 3 * 28 * 28 * (k + 1)],
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn padded_batches_mask_and_round_up() {
+    let b = pad_batch(&[fake(5, 1, 1), fake(10, 0, 2), fake(3, 2, 3)], 11, 8);
+    assert_eq!((b.batch, b.seq_len), (3, 16));
+    for v in [
+        b.input_ids.len(),
+        b.labels.len(),
+        b.attention_mask.len(),
+        b.position_ids.len(),
+    ] {
+        assert_eq!(v, 48);
+    }
+    assert_eq!(&b.input_ids[..6], &[1100, 1101, 1102, 1103, 1104, 11]);
+    assert_eq!(&b.attention_mask[..6], &[1, 1, 1, 1, 1, 0]);
+    assert_eq!(
+        b.attention_mask.iter().map(|&m| m as usize).sum::<usize>(),
+        18
+    );
+    assert!(b.labels[5..16].iter().all(|&l| l == IGNORE));
+    assert_eq!(&b.position_ids[16..27], &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0]);
+    assert_eq!(b.image_sizes, [[28, 28], [28, 28], [28, 56]]);
+    assert_eq!(b.pixel_values[2].pixels[0], 3.0);
+}
+
+#[test]
+fn packed_rows_restart_positions_and_carry_cu_seqlens() {
+    let mut b = PackedBatch::new(16);
+    b.push_row(&[fake(5, 1, 1), fake(7, 2, 2)], 11);
+    b.push_row(&[fake(16, 0, 3)], 11);
+    assert_eq!(b.batch, 2);
+    assert_eq!(b.input_ids.len(), 32);
+    assert_eq!(b.labels.len(), 32);
+    assert_eq!(b.position_ids.len(), 32);
+    assert_eq!(
+        &b.position_ids[..16],
+        &[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 0, 0, 0, 0]
+    );
+    assert_eq!(b.cu_seqlens, [vec![0, 5, 12, 16], vec![0, 16]]);
+    assert_eq!(b.samples_per_row, [2, 1]);
+    assert_eq!(&b.input_ids[12..16], &[11; 4]);
+    assert!(b.labels[12..16].iter().all(|&l| l == IGNORE));
+    assert_eq!(&b.labels[5..7], &[IGNORE, IGNORE]);
+    assert_eq!(b.image_sizes, [[28, 28], [28, 28], [28, 56]]);
+    assert_eq!(b.pixel_values[1].pixels[0], 2.0);
+}
+
+#[test]
+fn shuffle_is_a_seeded_permutation_per_epoch() {
+    let a = epoch_order(50, 7, 0);
+    let mut sorted = a.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..50).collect::<Vec<_>>());
+    assert_eq!(a, epoch_order(50, 7, 0));
+    assert_ne!(a, epoch_order(50, 7, 1));
+    assert_ne!(a, epoch_order(50, 8, 0));
+    let mut s = Shuffler::new(3, 1, Position::default());
+    let first: Vec<usize> = s.by_ref().take(3).collect();
+    assert_eq!(s.position(), Position { epoch: 1, index: 0 });
+    assert_eq!(first, epoch_order(3, 1, 0));
+}
+
+fn synth_set(name: &str, n: usize, seed: u64) -> (PathBuf, synth::SynthOutput) {
+    let d = tmp(name);
+    let o = synth::write(&d, n, seed).unwrap();
+    (d, o)
+}
+
+fn batches(l: &mut Loader, n: usize) -> Vec<Batch> {
+    (0..n).map(|_| l.next_batch().unwrap()).collect()
+}
+
+/// Stop at some position, resume from it in a fresh loader: the continuation is identical,
+/// for padded and packed batches, across an epoch boundary.
+#[test]
+fn loader_resumes_exactly_from_a_position() {
+    let (d, o) = synth_set("resume", 30, 3);
+    for pack in [false, true] {
+        let cfg = DataConfig {
+            dataset: Some(o.train.clone()),
+            batch_size: 2,
+            max_len: 128,
+            pack,
+            seed: 9,
+            ..DataConfig::default()
+        };
+        let mut a = Loader::open(&cfg, tok(), Position::default()).unwrap();
+        assert_eq!(a.stats().samples, 27);
+        let _head = batches(&mut a, 5);
+        let pos = a.position();
+        let tail = batches(&mut a, 15);
+        assert!(
+            a.position().epoch >= 1,
+            "the test crosses an epoch boundary"
+        );
+        let mut b = Loader::open(&cfg, tok(), pos).unwrap();
+        assert_eq!(b.position(), pos);
+        assert_eq!(batches(&mut b, 15), tail, "pack = {pack}");
+        // Position survives a round trip through a checkpoint's JSON.
+        let json = serde_json::to_string(&pos).unwrap();
+        assert_eq!(serde_json::from_str::<Position>(&json).unwrap(), pos);
+        if let Batch::Packed(p) = &tail[0] {
+            assert_eq!(p.input_ids.len(), 2 * 128);
+            assert!(p.samples_per_row.iter().all(|&n| n >= 2));
+            let imgs: usize = p.image_sizes.len();
+            assert_eq!(imgs, p.pixel_values.len());
+        }
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// Same seed, same bytes; every line reads cleanly; answers are one short word.
+#[test]
+fn synth_is_deterministic_and_clean() {
+    let (d1, o1) = synth_set("synth1", 40, 5);
+    let (d2, o2) = synth_set("synth2", 40, 5);
+    let (d3, o3) = synth_set("synth3", 40, 6);
+    let read = |p: &Path| std::fs::read(p).unwrap();
+    assert_eq!(read(&o1.train), read(&o2.train));
+    assert_eq!(read(&o1.heldout), read(&o2.heldout));
+    assert_ne!(read(&o1.train), read(&o3.train));
+    assert_eq!(
+        read(&d1.join("images/000007_0.png")),
+        read(&d2.join("images/000007_0.png"))
+    );
+    assert_eq!((o1.train_samples, o1.heldout_samples), (36, 4));
+    let cfg = ImageConfig::default();
+    for f in [&o1.train, &o1.heldout] {
+        let ds = DataSet::read(f, tok(), &settings(&cfg, 2048)).unwrap();
+        assert_eq!(ds.stats.bad_lines, 0);
+        assert_eq!(ds.stats.dropped_truncated, 0);
+        assert_eq!(ds.stats.samples, ds.stats.lines);
+    }
+    let text = std::fs::read_to_string(&o1.train).unwrap();
+    let mut two_images = 0;
+    for l in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        let answer = v["messages"][1]["content"].as_str().unwrap();
+        assert!(!answer.contains(' ') && !answer.is_empty() && answer.len() <= 8);
+        two_images += (v["images"].as_array().unwrap().len() == 2) as usize;
+    }
+    assert!(two_images > 0);
+    for d in [d1, d2, d3] {
+        std::fs::remove_dir_all(&d).ok();
+    }
+}
+
+/// The answers are what the pixels show: "What colour is the X?" names a colour drawn in the
+/// image (the renderer's palette colours are exact, the background is grey).
+#[test]
+fn synth_colour_answers_are_in_the_image() {
+    let (d, o) = synth_set("synthcol", 60, 11);
+    let text = std::fs::read_to_string(&o.train).unwrap();
+    let mut checked = 0;
+    for l in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        let q = v["messages"][0]["content"].as_str().unwrap();
+        if !q.contains("What colour") {
+            continue;
+        }
+        let answer = v["messages"][1]["content"].as_str().unwrap();
+        let rgb = synth::COLOURS.iter().find(|c| c.0 == answer).unwrap().1;
+        let img = image::open(d.join(v["images"][0].as_str().unwrap()))
+            .unwrap()
+            .to_rgb8();
+        assert!(img.pixels().any(|p| p.0 == rgb), "{q} {answer}");
+        checked += 1;
+    }
+    assert!(checked > 0);
+    std::fs::remove_dir_all(&d).ok();
+}
