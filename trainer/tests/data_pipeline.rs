@@ -64,7 +64,13 @@ fn template_layout_and_labels() {
         msg(Role::Assistant, "blue"),
     ];
     let block = vec![10, 10, 12, 10, 10, 13];
-    let turns = encode_turns(t, &s, &conv, Some("ignored default"), &[block.clone()]);
+    let turns = encode_turns(
+        t,
+        &s,
+        &conv,
+        Some("ignored default"),
+        std::slice::from_ref(&block),
+    );
     let e = |x: &str| t.encode(x, false, false);
     let src0 = [
         vec![1, 17],
