@@ -72,3 +72,32 @@ pub(crate) fn origin(handle: Handle) -> Option<String> {
 pub(crate) fn origin(_handle: Handle) -> Option<String> {
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A library found through the default search path reports the directory it came from
+    /// (libc is loaded in every process, so dlopen returns its existing handle).
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn origin_names_the_directory_of_a_default_path_library() {
+        let handle = open("libc.so.6").unwrap();
+        let dir = origin(handle).unwrap();
+        assert!(
+            std::path::Path::new(&dir).join("libc.so.6").exists(),
+            "{dir}"
+        );
+        assert!(symbol(handle, c"strlen").is_some());
+        assert!(symbol(handle, c"cannon_no_such_symbol").is_none());
+    }
+
+    #[test]
+    fn open_failure_carries_the_loader_message() {
+        let err = open("libcannon-does-not-exist.so").unwrap_err();
+        assert!(
+            err.starts_with("libcannon-does-not-exist.so: cannot open shared object file"),
+            "{err}"
+        );
+    }
+}
