@@ -3,7 +3,7 @@
 //! image token block, and the errors for unreadable files.
 
 use cannon_trainer::data::image::{
-    image_block, load_and_process, load_rgb, process, ImageConfig, ImageTokens,
+    image_block, load_and_process, load_rgb, process, regularize, ImageConfig, ImageTokens,
 };
 use cannon_trainer::data::DataError;
 use safetensors::SafeTensors;
@@ -158,4 +158,29 @@ fn corrupt_and_missing_images_are_errors_naming_the_file() {
     let e = load_and_process(&missing, &cfg).unwrap_err();
     assert!(e.to_string().contains("missing.png"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// LLaMA-Factory's pixel limits: 640x427 with max 262144 -> sqrt factor, sides truncated
+/// (mistral3-facts.md §2.3: 626x418), then the processor rounds to 630x420.
+#[test]
+fn pixel_limits_shrink_and_grow_like_llama_factory() {
+    let cfg = ImageConfig {
+        max_pixels: Some(262_144),
+        min_pixels: Some(1024),
+        ..ImageConfig::default()
+    };
+    let big = image::RgbImage::from_fn(640, 427, |x, y| image::Rgb([x as u8, y as u8, 0]));
+    let r = regularize(big, &cfg);
+    assert_eq!((r.width(), r.height()), (626, 418));
+    // Nearest sampling copies input pixels: output x=0 samples floor(0.5 * 640/626) = 0,
+    // the last column samples floor(625.5 * 640/626) = 639.
+    assert_eq!(r.get_pixel(0, 0).0, [0, 0, 0]);
+    assert_eq!(r.get_pixel(625, 0).0, [(639 % 256) as u8, 0, 0]);
+    assert_eq!(cfg.output_size(r.height(), r.width()), (420, 630));
+    let tiny = image::RgbImage::new(20, 10);
+    let r = regularize(tiny, &cfg);
+    // sqrt(1024 / 200) = 2.2627: 45 x 22 (truncated).
+    assert_eq!((r.width(), r.height()), (45, 22));
+    let same = image::RgbImage::new(100, 100);
+    assert_eq!(regularize(same.clone(), &cfg), same);
 }

@@ -151,7 +151,7 @@ fn prepare(
     for rel in &parsed.images {
         let p = dir.join(rel);
         // Decoding the whole image here catches truncated files before training starts.
-        let img = image::load_rgb(&p).map_err(|e| bad(e.to_string()))?;
+        let img = image::load_regularized(&p, s.image).map_err(|e| bad(e.to_string()))?;
         let (h, w) = s.image.output_size(img.height(), img.width());
         let block = image::image_block(h, w, s.image, ids.image);
         if block.is_empty() {

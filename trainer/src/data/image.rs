@@ -34,6 +34,11 @@ pub struct ImageConfig {
     /// Round sides up to patch_size x merge_size (`PixtralProcessor.__call__`, mistral-common)
     /// instead of patch_size (the image processor called directly, as LLaMA-Factory does).
     pub round_to_merged_patch: bool,
+    /// LLaMA-Factory `image_max_pixels` (MindSpeed-MM's Magistral recipe: 262144): larger
+    /// images are first shrunk to about this many pixels with nearest-neighbour sampling.
+    pub max_pixels: Option<u64>,
+    /// LLaMA-Factory `image_min_pixels`: smaller images are first enlarged likewise.
+    pub min_pixels: Option<u64>,
     pub mean: [f32; 3],
     pub std: [f32; 3],
 }
@@ -45,6 +50,8 @@ impl Default for ImageConfig {
             patch_size: 14,
             merge_size: 2,
             round_to_merged_patch: false,
+            max_pixels: None,
+            min_pixels: None,
             mean: CLIP_MEAN,
             std: CLIP_STD,
         }
@@ -103,7 +110,47 @@ pub fn load_rgb(path: &Path) -> Result<image::RgbImage> {
     Ok(reader.decode().map_err(err)?.to_rgb8())
 }
 
-/// Runs the processor on a decoded image.
+/// LLaMA-Factory `_preprocess_image`: scales by sqrt(limit / (w*h)) (sides truncated) with PIL
+/// NEAREST when the pixel count is above `max_pixels` or below `min_pixels`.
+pub fn regularize(img: image::RgbImage, cfg: &ImageConfig) -> image::RgbImage {
+    let mut img = img;
+    for (limit, too_far) in [
+        (cfg.max_pixels, (|n, l| n > l) as fn(u64, u64) -> bool),
+        (cfg.min_pixels, |n, l| n < l),
+    ] {
+        let Some(limit) = limit else { continue };
+        let (w, h) = (img.width(), img.height());
+        let n = w as u64 * h as u64;
+        if n == 0 || !too_far(n, limit) {
+            continue;
+        }
+        let f = (limit as f64 / n as f64).sqrt();
+        let (ow, oh) = (
+            ((w as f64 * f) as u32).max(1),
+            ((h as f64 * f) as u32).max(1),
+        );
+        img = resize_nearest(&img, ow, oh);
+    }
+    img
+}
+
+/// PIL `resize(NEAREST)`: output pixel x samples input floor((x + 0.5) * in / out).
+pub fn resize_nearest(img: &image::RgbImage, ow: u32, oh: u32) -> image::RgbImage {
+    let (w, h) = (img.width(), img.height());
+    let (sx, sy) = (w as f64 / ow as f64, h as f64 / oh as f64);
+    image::RgbImage::from_fn(ow, oh, |x, y| {
+        let ix = (((x as f64 + 0.5) * sx) as u32).min(w - 1);
+        let iy = (((y as f64 + 0.5) * sy) as u32).min(h - 1);
+        *img.get_pixel(ix, iy)
+    })
+}
+
+/// Decodes an image file and applies [`regularize`]: the image the processor resizes.
+pub fn load_regularized(path: &Path, cfg: &ImageConfig) -> Result<image::RgbImage> {
+    Ok(regularize(load_rgb(path)?, cfg))
+}
+
+/// Runs the processor on a decoded image (after [`regularize`], if limits are set).
 pub fn process(img: &image::RgbImage, cfg: &ImageConfig) -> PixtralImage {
     let (h, w) = cfg.output_size(img.height(), img.width());
     let resized = resize_bicubic(img.as_raw(), img.width(), img.height(), w, h);
@@ -126,7 +173,7 @@ pub fn process(img: &image::RgbImage, cfg: &ImageConfig) -> PixtralImage {
 
 /// Loads and processes an image file.
 pub fn load_and_process(path: &Path, cfg: &ImageConfig) -> Result<PixtralImage> {
-    Ok(process(&load_rgb(path)?, cfg))
+    Ok(process(&load_regularized(path, cfg)?, cfg))
 }
 
 const PRECISION_BITS: u32 = 32 - 8 - 2;
