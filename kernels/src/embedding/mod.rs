@@ -1,1 +1,69 @@
-//! embedding (in progress: see the kernels issue).
+//! Token embedding: a row gather forward, a scatter-add backward.
+//!
+//! ```text
+//! forward   out[t, :] = W[ids[t], :]
+//! backward  dW[v, :] += sum_{t : ids[t] = v} dout[t, :]
+//!
+//! ids: [T] u32   W: [V, D]   out, dout: [T, D]   dW: [V, D] f32
+//! ```
+//!
+//! The backward **accumulates** into dW (llm.c's convention) and is deterministic: each row of
+//! dW is owned by one task, which adds its tokens' gradients in increasing t. An id >= V is an
+//! [`KernelError::InvalidArgument`] naming the token, the id and the vocabulary size.
+
+mod cpu;
+#[cfg(test)]
+mod tests;
+
+use crate::cast::Elem;
+use crate::error::{check_len, KernelError, Result};
+
+fn check_ids(op: &'static str, ids: &[u32], vocab: usize) -> Result<()> {
+    match ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+        Some((t, id)) => Err(KernelError::InvalidArgument {
+            op,
+            detail: format!("token {t} has id {id}, outside the vocabulary of {vocab}"),
+        }),
+        None => Ok(()),
+    }
+}
+
+fn vocab_of(op: &'static str, len: usize, dim: usize) -> Result<usize> {
+    if dim == 0 || !len.is_multiple_of(dim) {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!("table has {len} elements, not a multiple of the width {dim}"),
+        });
+    }
+    Ok(len / dim)
+}
+
+/// Gathers rows of `weight` [V, D] into `out` [T, D].
+pub fn embedding_forward<E: Elem>(
+    out: &mut [E],
+    ids: &[u32],
+    weight: &[E],
+    dim: usize,
+) -> Result<()> {
+    let op = "embedding_forward";
+    let vocab = vocab_of(op, weight.len(), dim)?;
+    check_len(op, "out", out.len(), ids.len() * dim)?;
+    check_ids(op, ids, vocab)?;
+    cpu::forward(out, ids, weight, dim);
+    Ok(())
+}
+
+/// Adds each token's `dout` [T, D] row into row `ids[t]` of `dweight` [V, D].
+pub fn embedding_backward<E: Elem>(
+    dweight: &mut [f32],
+    dout: &[E],
+    ids: &[u32],
+    dim: usize,
+) -> Result<()> {
+    let op = "embedding_backward";
+    let vocab = vocab_of(op, dweight.len(), dim)?;
+    check_len(op, "dout", dout.len(), ids.len() * dim)?;
+    check_ids(op, ids, vocab)?;
+    cpu::backward(dweight, dout, ids, vocab, dim);
+    Ok(())
+}
