@@ -119,6 +119,28 @@ fn template_layout_and_labels() {
     assert_eq!(t2[0].source, [vec![1, 3], e("hi"), vec![4]].concat());
 }
 
+/// The config embeds in the trainer's TOML: every key optional, unknown keys rejected.
+#[test]
+fn data_config_defaults_and_overrides() {
+    let c: DataConfig =
+        serde_json::from_str(r#"{"max_len": 512, "pack": true, "image": {"longest_edge": 224}}"#)
+            .unwrap();
+    assert_eq!(
+        (c.max_len, c.pack, c.batch_size, c.seed),
+        (512, true, 1, 42)
+    );
+    assert_eq!(
+        (c.image.longest_edge, c.image.patch_size, c.image.merge_size),
+        (224, 14, 2)
+    );
+    assert_eq!(c.system_prompt, None);
+    assert!(serde_json::from_str::<DataConfig>(r#"{"max_lenn": 1}"#).is_err());
+    assert_eq!(
+        serde_json::from_str::<DataConfig>("{}").unwrap(),
+        DataConfig::default()
+    );
+}
+
 #[test]
 fn infer_seqlen_never_exceeds_the_cutoff_and_keeps_what_fits() {
     for src in 0..40 {
@@ -181,16 +203,19 @@ fn bad_lines_are_reported_skipped_and_counted() {
             .to_string(),                                                        // 11 count
     ];
     let f = d.join("set.jsonl");
-    std::fs::write(&f, lines.join("\n")).unwrap();
+    let mut bytes = lines.join("\n").into_bytes();
+    bytes.extend_from_slice(b"\n{\"messages\": \"\xff\xfe\"}\n"); // 12 not UTF-8
+    bytes.extend_from_slice(line("after", "all", &[]).as_bytes()); // 13 ok
+    std::fs::write(&f, bytes).unwrap();
     let cfg = ImageConfig::default();
     let ds = DataSet::read(&f, tok(), &settings(&cfg, 2048)).unwrap();
-    assert_eq!(ds.stats.lines, 10);
-    assert_eq!(ds.stats.samples, 3);
-    assert_eq!(ds.stats.bad_lines, 7);
+    assert_eq!(ds.stats.lines, 12);
+    assert_eq!(ds.stats.samples, 4);
+    assert_eq!(ds.stats.bad_lines, 8);
     assert_eq!(ds.stats.images, 2);
     assert_eq!(
         ds.samples.iter().map(|s| s.line).collect::<Vec<_>>(),
-        [1, 8, 10]
+        [1, 8, 10, 13]
     );
     let msgs: Vec<String> = ds.bad.iter().map(|e| e.to_string()).collect();
     let f_s = f.display().to_string();
@@ -202,7 +227,9 @@ fn bad_lines_are_reported_skipped_and_counted() {
         (6, "cut.png"),
         (9, "does not end with an assistant answer"),
         (11, "0 <image> placeholder(s) but 1 image(s)"),
+        (12, "not UTF-8"),
     ];
+    assert_eq!(msgs.len(), expect.len());
     for ((line, what), m) in expect.iter().zip(&msgs) {
         assert!(m.contains(&format!("{f_s}:{line}")), "{m}");
         assert!(m.contains(what), "{m} lacks {what}");

@@ -82,7 +82,7 @@ enum Outcome {
 impl DataSet {
     /// Reads and tokenizes the whole file. Only an unreadable file is an error.
     pub fn read(path: &Path, tok: &Tekken, s: &SampleSettings) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| DataError::io(path, e))?;
+        let raw = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
         let ids = SpecialIds::from_tekken(tok)?;
         let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
         let mut ds = DataSet {
@@ -92,12 +92,20 @@ impl DataSet {
             dropped: Vec::new(),
             stats: DatasetStats::default(),
         };
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
+        // Split bytes, not text: one line of invalid UTF-8 is a bad line, not a bad file.
+        for (i, raw_line) in raw.split(|&b| b == b'\n').enumerate() {
+            let line = std::str::from_utf8(raw_line).map_err(|e| DataError::BadLine {
+                path: path.to_path_buf(),
+                line: i + 1,
+                reason: format!("not UTF-8: {e}"),
+            });
+            if line.as_ref().is_ok_and(|l| l.trim().is_empty()) {
                 continue;
             }
             ds.stats.lines += 1;
-            match prepare(path, &dir, i + 1, line, tok, &ids, s) {
+            let outcome = line
+                .and_then(|l| prepare(path, &dir, i + 1, l.trim_end_matches('\r'), tok, &ids, s));
+            match outcome {
                 Ok(Outcome::Kept(p, truncated)) => {
                     ds.stats.samples += 1;
                     ds.stats.tokens += p.input_ids.len();
