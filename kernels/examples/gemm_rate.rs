@@ -1,7 +1,13 @@
-//! Quick GEMM rate table (no criterion): `cargo run -p cannon-kernels --release --example
-//! gemm_rate [-- FILTER]`. Prints GFLOP/s (2*m*n*k per product, best of a few runs) for the
-//! bench-config shapes (hidden 512, intermediate 1536, vocab 32768, 2048 tokens) and a large
-//! square, f32 and bf16.
+//! Quick GEMM rate table (no criterion):
+//! `cargo run -p cannon-kernels --release --example gemm_rate [-- FILTER]` (env `PORTABLE=1`
+//! adds the bf16 fallback column). Prints GFLOP/s (2*m*n*k per product, best of a few runs) for
+//! the bench-config shapes (hidden 512, intermediate 1536, vocab 32768, 2048 tokens) and a large
+//! square, f32 and bf16, plus one core's FMA / `vdpbf16ps` peak measured the same way.
+//!
+//! Each rate is given twice: by wall time, and by process CPU time per thread. On a machine
+//! shared with other jobs the wall time also counts the slices the others took; the CPU time
+//! counts only ours (plus rayon's idle spinning, so it errs low), i.e. what the kernel does on
+//! the cores it actually gets.
 
 use cannon_kernels::gemm::{gemm_bf16, gemm_bf16_portable, gemm_f32, Dims, Trans};
 use cannon_kernels::testutil::Rng;
@@ -45,30 +51,118 @@ fn stored(t: Trans, r: usize, c: usize) -> (usize, usize) {
     }
 }
 
-/// Best-of-`reps` seconds of `f` after one warm-up call.
-fn time(reps: usize, mut f: impl FnMut()) -> f64 {
+/// CPU time consumed so far by all threads of this process, in seconds.
+fn cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// (best wall seconds, best CPU seconds per thread) of `reps` runs of `f` after a warm-up.
+fn time(reps: usize, threads: usize, mut f: impl FnMut()) -> (f64, f64) {
     f();
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
+    let (mut wall, mut cpu) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..reps {
+        let (t, c) = (Instant::now(), cpu_seconds());
+        f();
+        wall = wall.min(t.elapsed().as_secs_f64());
+        cpu = cpu.min((cpu_seconds() - c) / threads as f64);
+    }
+    (wall, cpu)
+}
+
+/// One thread issuing independent `vfmadd231ps` / `vdpbf16ps` on zmm registers: the core's
+/// peak for each kernel.
+#[cfg(target_arch = "x86_64")]
+mod peak {
+    use std::arch::x86_64::*;
+
+    const ACC: usize = 24;
+    const ITERS: usize = 2_000_000;
+
+    #[target_feature(enable = "avx512f")]
+    #[clippy::msrv = "1.89"]
+    unsafe fn fma(x: f32) -> f32 {
+        let a = _mm512_set1_ps(x);
+        let mut acc = [_mm512_setzero_ps(); ACC];
+        for _ in 0..ITERS {
+            for r in acc.iter_mut() {
+                *r = _mm512_fmadd_ps(a, a, *r);
+            }
+        }
+        let s = acc
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &r| _mm512_add_ps(s, r));
+        _mm512_reduce_add_ps(s)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[clippy::msrv = "1.89"]
+    unsafe fn dp(x: i32) -> f32 {
+        let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(x));
+        let mut acc = [_mm512_setzero_ps(); ACC];
+        for _ in 0..ITERS {
+            for r in acc.iter_mut() {
+                *r = _mm512_dpbf16_ps(*r, a, a);
+            }
+        }
+        let s = acc
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &r| _mm512_add_ps(s, r));
+        _mm512_reduce_add_ps(s)
+    }
+
+    /// [(f32 FMA wall, cpu), (bf16 dot wall, cpu)] FLOP/s of one thread.
+    pub fn rates() -> Option<[(f64, f64); 2]> {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")) {
+            return None;
+        }
+        let flop_f = (ITERS * ACC * 32) as f64;
+        let flop_b = (ITERS * ACC * 64) as f64;
+        let x = std::hint::black_box(1e-30f32);
+        let pair = std::hint::black_box(0x0001_0001);
+        // SAFETY: avx512f was detected above.
+        let (wf, cf) = super::time(3, 1, || {
+            std::hint::black_box(unsafe { fma(std::hint::black_box(x)) });
+        });
+        // SAFETY: avx512f and avx512bf16 were detected above.
+        let (wb, cb) = super::time(3, 1, || {
+            std::hint::black_box(unsafe { dp(std::hint::black_box(pair)) });
+        });
+        Some([(flop_f / wf, flop_f / cf), (flop_b / wb, flop_b / cb)])
+    }
 }
 
 fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
-    let mut rng = Rng::new(1);
+    let threads = rayon::current_num_threads();
     println!(
-        "threads {}  avx512bf16 kernel {}",
-        rayon::current_num_threads(),
+        "threads {threads}  avx512bf16 kernel {}",
         cannon_kernels::gemm::bf16_kernel_available()
     );
+    #[cfg(target_arch = "x86_64")]
+    if let Some([f, b]) = peak::rates() {
+        println!(
+            "one-thread peak GFLOP/s (wall / cpu): f32 fma {:.1} / {:.1}, bf16 dot {:.1} / {:.1}",
+            f.0 / 1e9,
+            f.1 / 1e9,
+            b.0 / 1e9,
+            b.1 / 1e9
+        );
+    }
+    println!("GFLOP/s by wall time / by CPU time per thread");
     println!(
-        "{:<36} {:>10} {:>10} {:>14}",
-        "shape (m x n x k)", "f32", "bf16", "bf16 portable"
+        "{:<36} {:>15} {:>15} {:>15}",
+        "shape", "f32", "bf16", "bf16 portable"
     );
+    let mut rng = Rng::new(1);
     for sh in shapes() {
         if !sh.name.contains(filter.as_str()) {
             continue;
@@ -86,27 +180,28 @@ fn main() {
         let bh: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
         let mut c = vec![0.0f32; sh.m * sh.n];
         let flop = 2.0 * (sh.m * sh.n * sh.k) as f64;
-        let reps = ((2e11 / flop) as usize).clamp(2, 20);
-        let t32 = time(reps, || {
+        let reps = ((2e11 / flop) as usize).clamp(3, 20);
+        let t32 = time(reps, threads, || {
             gemm_f32(sh.ta, sh.tb, d, 1.0, &a, ac, &b, bc, 0.0, &mut c, sh.n).unwrap()
         });
-        let t16 = time(reps, || {
+        let t16 = time(reps, threads, || {
             gemm_bf16(sh.ta, sh.tb, d, 1.0, &ah, ac, &bh, bc, 0.0, &mut c, sh.n).unwrap()
         });
         let tp = if std::env::var_os("PORTABLE").is_some() {
-            time(2, || {
+            time(2, threads, || {
                 gemm_bf16_portable(sh.ta, sh.tb, d, 1.0, &ah, ac, &bh, bc, 0.0, &mut c, sh.n)
                     .unwrap()
             })
         } else {
-            f64::NAN
+            (f64::NAN, f64::NAN)
         };
+        let g = |t: (f64, f64)| format!("{:.1} / {:.1}", flop / t.0 / 1e9, flop / t.1 / 1e9);
         println!(
-            "{:<36} {:>10.1} {:>10.1} {:>14.1}",
+            "{:<36} {:>15} {:>15} {:>15}",
             sh.name,
-            flop / t32 / 1e9,
-            flop / t16 / 1e9,
-            flop / tp / 1e9
+            g(t32),
+            g(t16),
+            g(tp)
         );
     }
 }

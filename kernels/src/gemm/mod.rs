@@ -40,6 +40,9 @@ mod cpu;
 #[cfg(target_arch = "x86_64")]
 #[clippy::msrv = "1.89"]
 mod x86_bf16;
+#[cfg(target_arch = "x86_64")]
+#[clippy::msrv = "1.89"]
+mod x86_pack;
 
 #[cfg(test)]
 mod tests;

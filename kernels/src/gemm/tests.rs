@@ -290,8 +290,9 @@ fn bf16_and_f32_across_block_boundaries() {
     }
 }
 
-/// f32 operands fed to the bf16 GEMM are rounded while packing: the result must be bit-equal
-/// to rounding them first with `half` (torch's rounding) and passing bf16.
+/// f32 operands fed to the bf16 GEMM are rounded while packing (both packing orientations,
+/// for A and for B): the result must be bit-equal to rounding them first with `half` (torch's
+/// rounding) and passing bf16.
 #[test]
 fn bf16_gemm_of_f32_inputs_equals_rounding_first() {
     let mut rng = Rng::new(15);
@@ -300,55 +301,18 @@ fn bf16_gemm_of_f32_inputs_equals_rounding_first() {
         n: 45,
         k: 99,
     };
-    let cs = case(&mut rng, Trans::N, Trans::N, d, 0);
-    let (ah, bh) = (bf16s(&cs.a), bf16s(&cs.b));
-    let mut c1 = vec![0.0; d.m * d.n];
-    let mut c2 = c1.clone();
-    gemm_bf16(
-        Trans::N,
-        Trans::N,
-        d,
-        1.0,
-        &cs.a,
-        d.k,
-        &bh,
-        d.n,
-        0.0,
-        &mut c1,
-        d.n,
-    )
-    .unwrap();
-    gemm_bf16(
-        Trans::N,
-        Trans::N,
-        d,
-        1.0,
-        &ah,
-        d.k,
-        &cs.b,
-        d.n,
-        0.0,
-        &mut c2,
-        d.n,
-    )
-    .unwrap();
-    let mut c3 = c1.clone();
-    gemm_bf16(
-        Trans::N,
-        Trans::N,
-        d,
-        1.0,
-        &ah,
-        d.k,
-        &bh,
-        d.n,
-        0.0,
-        &mut c3,
-        d.n,
-    )
-    .unwrap();
-    assert_eq!(c1, c3);
-    assert_eq!(c2, c3);
+    for (ta, tb) in TRANS {
+        let cs = case(&mut rng, ta, tb, d, 2);
+        let (ah, bh) = (bf16s(&cs.a), bf16s(&cs.b));
+        let (lda, ldb, ldc) = (cs.lda, cs.ldb, cs.ldc);
+        let mut c1 = vec![0.0; cs.c.len()];
+        let (mut c2, mut c3) = (c1.clone(), c1.clone());
+        gemm_bf16(ta, tb, d, 1.0, &cs.a, lda, &bh, ldb, 0.0, &mut c1, ldc).unwrap();
+        gemm_bf16(ta, tb, d, 1.0, &ah, lda, &cs.b, ldb, 0.0, &mut c2, ldc).unwrap();
+        gemm_bf16(ta, tb, d, 1.0, &ah, lda, &bh, ldb, 0.0, &mut c3, ldc).unwrap();
+        assert_eq!(c1, c3, "{ta:?}{tb:?}: f32 A");
+        assert_eq!(c2, c3, "{ta:?}{tb:?}: f32 B");
+    }
 }
 
 #[test]

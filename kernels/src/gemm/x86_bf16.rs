@@ -22,6 +22,7 @@
 //! workspace's declared rust-version: this module needs 1.89 (the toolchain here is 1.95), as
 //! its `#[clippy::msrv]` in mod.rs says.
 
+use super::x86_pack::{pack_k_across_rows, pack_k_in_rows, Panel, Src};
 use super::{Bf16Elem, Dims, Trans};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
@@ -54,7 +55,10 @@ thread_local! {
 
 /// Whether the CPU has what the kernel executes (the detection result is cached by std).
 pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bf16")
 }
 
 fn take_buf(key: &'static std::thread::LocalKey<Cell<Vec<Line>>>, words: usize) -> Vec<Line> {
@@ -76,92 +80,17 @@ fn words(v: &mut [Line]) -> &mut [u32] {
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u32>(), len) }
 }
 
-#[inline(always)]
-fn pair<S: Bf16Elem>(lo: S, hi: S) -> u32 {
-    lo.bf16_bits() as u32 | (hi.bf16_bits() as u32) << 16
-}
-
-/// Packs `w` lanes whose k runs along a stored row: lane l reads row `r0 + l` of `src`
-/// (`nv` valid lanes, the rest zero), columns `k0..k0+kc`. out: `[kp][w]` words.
-#[allow(clippy::too_many_arguments)]
-fn pack_k_in_rows<S: Bf16Elem>(
-    src: &[S],
-    ld: usize,
-    r0: usize,
-    nv: usize,
-    k0: usize,
-    kc: usize,
-    w: usize,
-    out: &mut [u32],
-) {
-    let kp = kc.div_ceil(2);
-    for l in 0..w {
-        if l >= nv {
-            for q in 0..kp {
-                out[q * w + l] = 0;
-            }
-            continue;
-        }
-        let row = &src[(r0 + l) * ld + k0..][..kc];
-        let mut chunks = row.chunks_exact(2);
-        for (q, p) in (&mut chunks).enumerate() {
-            out[q * w + l] = pair(p[0], p[1]);
-        }
-        if let [last] = chunks.remainder() {
-            out[(kp - 1) * w + l] = last.bf16_bits() as u32;
-        }
-    }
-}
-
-/// Packs `w` lanes whose k runs down the stored columns: lane l is column `c0 + l` (`nv` valid),
-/// k-pair q interleaves rows `k0+2q` and `k0+2q+1`. out: `[kp][w]` words.
-#[allow(clippy::too_many_arguments)]
-fn pack_k_across_rows<S: Bf16Elem>(
-    src: &[S],
-    ld: usize,
-    c0: usize,
-    nv: usize,
-    k0: usize,
-    kc: usize,
-    w: usize,
-    out: &mut [u32],
-) {
-    let kp = kc.div_ceil(2);
-    for q in 0..kp {
-        let o = &mut out[q * w..(q + 1) * w];
-        let r0 = &src[(k0 + 2 * q) * ld + c0..][..nv];
-        if 2 * q + 1 < kc {
-            let r1 = &src[(k0 + 2 * q + 1) * ld + c0..][..nv];
-            for ((o, &x0), &x1) in o.iter_mut().zip(r0).zip(r1) {
-                *o = pair(x0, x1);
-            }
-        } else {
-            for (o, &x0) in o.iter_mut().zip(r0) {
-                *o = x0.bf16_bits() as u32;
-            }
-        }
-        o[nv..].fill(0);
-    }
-}
-
-/// Packs `op(X)[r0.., k0..k0+kc]` lanes (rows of A, or columns of B seen as rows of op(B)^T).
+/// Packs one A block strip or B panel strip (see `x86_pack`).
 /// `lanes_are_rows`: the packed lane index is the stored row (A with N, B with T).
-#[allow(clippy::too_many_arguments)]
-fn pack<S: Bf16Elem>(
-    lanes_are_rows: bool,
-    src: &[S],
-    ld: usize,
-    lane0: usize,
-    nv: usize,
-    k0: usize,
-    kc: usize,
-    w: usize,
-    out: &mut [u32],
-) {
-    if lanes_are_rows {
-        pack_k_in_rows(src, ld, lane0, nv, k0, kc, w, out);
-    } else {
-        pack_k_across_rows(src, ld, lane0, nv, k0, kc, w, out);
+fn pack(lanes_are_rows: bool, src: Src, p: Panel, out: &mut [u32]) {
+    // SAFETY: `available()` was checked before any packing; the caller passes a panel inside
+    // the operand checked by mod.rs and an `out` of kp * w words.
+    unsafe {
+        if lanes_are_rows {
+            pack_k_in_rows(src, p, out)
+        } else {
+            pack_k_across_rows(src, p, out)
+        }
     }
 }
 
@@ -294,6 +223,7 @@ pub(super) fn gemm<TA: Bf16Elem, TB: Bf16Elem>(
     let strip_words = kc_max / 2 * NR;
     let mut bbuf = take_buf(&B_BUF, nc_max / NR * strip_words);
     let cptr = CPtr(c.as_mut_ptr());
+    let (asrc, bsrc) = (Src::new(a), Src::new(b));
 
     for jc in (0..d.n).step_by(nc_max) {
         let nc = nc_max.min(d.n - jc);
@@ -311,7 +241,15 @@ pub(super) fn gemm<TA: Bf16Elem, TB: Bf16Elem>(
             let pack_b = |(s, out): (usize, &mut [u32])| {
                 let j0 = jc + s * NR;
                 let nv = NR.min(d.n - j0);
-                pack(tb == Trans::T, b, ldb, j0, nv, pc, kc, NR, out);
+                let p = Panel {
+                    ld: ldb,
+                    lane0: j0,
+                    nv,
+                    k0: pc,
+                    kc,
+                    w: NR,
+                };
+                pack(tb == Trans::T, bsrc, p, out);
             };
             if threads > 1 {
                 bwords.par_chunks_mut(kp * NR).enumerate().for_each(pack_b);
@@ -329,17 +267,15 @@ pub(super) fn gemm<TA: Bf16Elem, TB: Bf16Elem>(
                 let aw = &mut words(&mut abuf)[..a_strips * kp * MR];
                 for (s, out) in aw.chunks_mut(kp * MR).enumerate() {
                     let r0 = i0 + s * MR;
-                    pack(
-                        ta == Trans::N,
-                        a,
-                        lda,
-                        r0,
-                        MR.min(d.m - r0),
-                        pc,
+                    let p = Panel {
+                        ld: lda,
+                        lane0: r0,
+                        nv: MR.min(d.m - r0),
+                        k0: pc,
                         kc,
-                        MR,
-                        out,
-                    );
+                        w: MR,
+                    };
+                    pack(ta == Trans::N, asrc, p, out);
                 }
                 for s in s0..s1 {
                     let j0 = s * NR;
