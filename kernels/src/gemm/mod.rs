@@ -65,6 +65,8 @@ pub enum Trans {
 pub trait Bf16Elem: Copy + Send + Sync + 'static + sealed::Sealed {
     /// The bf16 bit pattern this element contributes to the product.
     fn bf16_bits(self) -> u16;
+    /// The element's own value (not rounded), for sums outside the products (bias grads).
+    fn value(self) -> f32;
 }
 
 impl Bf16Elem for bf16 {
@@ -72,12 +74,20 @@ impl Bf16Elem for bf16 {
     fn bf16_bits(self) -> u16 {
         self.to_bits()
     }
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self.to_f32()
+    }
 }
 
 impl Bf16Elem for f32 {
     #[inline(always)]
     fn bf16_bits(self) -> u16 {
         to_bf16_bits(self)
+    }
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self
     }
 }
 

@@ -1,0 +1,195 @@
+//! CPU linear: the products run on `gemm` (threaded there); the bias and its gradient are
+//! row broadcasts / column sums done here. Lengths were checked by mod.rs.
+
+use super::{LinearDims, LinearGrads};
+use crate::error::Result;
+use crate::gemm::{gemm_bf16, gemm_f32, Bf16Elem, Dims, Trans};
+use rayon::prelude::*;
+
+/// Columns of db per rayon task: wide enough that a task is worth scheduling.
+const DB_CHUNK: usize = 1024;
+
+/// Fills every row of `y[T,O]` with the bias (so the product can accumulate onto it).
+fn broadcast_bias(y: &mut [f32], b: impl Fn(usize) -> f32 + Sync, d_out: usize) {
+    if d_out == 0 {
+        return;
+    }
+    let row: Vec<f32> = (0..d_out).map(b).collect();
+    y.par_chunks_mut(d_out)
+        .for_each(|yr| yr.copy_from_slice(&row));
+}
+
+/// `db[O] += sum_t dy[t, O]`, summed in f32 per column in token order.
+fn bias_grad(db: &mut [f32], dy: impl Fn(usize) -> f32 + Sync, d: LinearDims) {
+    db.par_chunks_mut(DB_CHUNK)
+        .enumerate()
+        .for_each(|(ci, dbc)| {
+            let c0 = ci * DB_CHUNK;
+            let mut acc = vec![0.0f32; dbc.len()];
+            for t in 0..d.t {
+                let base = t * d.d_out + c0;
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a += dy(base + j);
+                }
+            }
+            for (o, a) in dbc.iter_mut().zip(acc) {
+                *o += a;
+            }
+        });
+}
+
+fn gemm_dims(m: usize, n: usize, k: usize) -> Dims {
+    Dims { m, n, k }
+}
+
+pub(super) fn forward_f32(
+    y: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    d: LinearDims,
+) -> Result<()> {
+    let beta = match b {
+        Some(b) => {
+            broadcast_bias(y, |j| b[j], d.d_out);
+            1.0
+        }
+        None => 0.0,
+    };
+    let gd = gemm_dims(d.t, d.d_out, d.d_in);
+    gemm_f32(
+        Trans::N,
+        Trans::T,
+        gd,
+        1.0,
+        x,
+        d.d_in,
+        w,
+        d.d_in,
+        beta,
+        y,
+        d.d_out,
+    )
+}
+
+pub(super) fn backward_f32(
+    g: LinearGrads,
+    dy: &[f32],
+    x: &[f32],
+    w: &[f32],
+    d: LinearDims,
+) -> Result<()> {
+    if let Some(dx) = g.dx {
+        // dX[T,I] += dY[T,O] W[O,I]
+        let gd = gemm_dims(d.t, d.d_in, d.d_out);
+        gemm_f32(
+            Trans::N,
+            Trans::N,
+            gd,
+            1.0,
+            dy,
+            d.d_out,
+            w,
+            d.d_in,
+            1.0,
+            dx,
+            d.d_in,
+        )?;
+    }
+    if let Some(dw) = g.dw {
+        // dW[O,I] += dY[T,O]^T X[T,I]
+        let gd = gemm_dims(d.d_out, d.d_in, d.t);
+        gemm_f32(
+            Trans::T,
+            Trans::N,
+            gd,
+            1.0,
+            dy,
+            d.d_out,
+            x,
+            d.d_in,
+            1.0,
+            dw,
+            d.d_in,
+        )?;
+    }
+    if let Some(db) = g.db {
+        bias_grad(db, |i| dy[i], d);
+    }
+    Ok(())
+}
+
+pub(super) fn forward_bf16<X: Bf16Elem, W: Bf16Elem>(
+    y: &mut [f32],
+    x: &[X],
+    w: &[W],
+    b: Option<&[W]>,
+    d: LinearDims,
+) -> Result<()> {
+    let beta = match b {
+        Some(b) => {
+            broadcast_bias(y, |j| b[j].value(), d.d_out);
+            1.0
+        }
+        None => 0.0,
+    };
+    let gd = gemm_dims(d.t, d.d_out, d.d_in);
+    gemm_bf16(
+        Trans::N,
+        Trans::T,
+        gd,
+        1.0,
+        x,
+        d.d_in,
+        w,
+        d.d_in,
+        beta,
+        y,
+        d.d_out,
+    )
+}
+
+pub(super) fn backward_bf16<G: Bf16Elem, X: Bf16Elem, W: Bf16Elem>(
+    g: LinearGrads,
+    dy: &[G],
+    x: &[X],
+    w: &[W],
+    d: LinearDims,
+) -> Result<()> {
+    if let Some(dx) = g.dx {
+        let gd = gemm_dims(d.t, d.d_in, d.d_out);
+        gemm_bf16(
+            Trans::N,
+            Trans::N,
+            gd,
+            1.0,
+            dy,
+            d.d_out,
+            w,
+            d.d_in,
+            1.0,
+            dx,
+            d.d_in,
+        )?;
+    }
+    if let Some(dw) = g.dw {
+        let gd = gemm_dims(d.d_out, d.d_in, d.t);
+        gemm_bf16(
+            Trans::T,
+            Trans::N,
+            gd,
+            1.0,
+            dy,
+            d.d_out,
+            x,
+            d.d_in,
+            1.0,
+            dw,
+            d.d_in,
+        )?;
+    }
+    if let Some(db) = g.db {
+        bias_grad(db, |i| dy[i].value(), d);
+    }
+    Ok(())
+}
