@@ -1,9 +1,9 @@
-//! CPU scheduling of the fused attention: task lists, rayon, and the per-ISA entry points.
+//! CPU scheduling of the fused attention: packing, task lists, rayon, per-ISA entry points.
 //!
 //! Forward: one task per (sequence, query tile), looping over the kv heads; each task owns the
 //! contiguous rows `[t0, t0 + qn)` of `out` and `lse`, so no two tasks write the same memory.
 //!
-//! Backward has two schedules with identical results (see tile.rs):
+//! Backward has two schedules with identical results (see bwd.rs):
 //! - fused: one task per (sequence, kv head) runs the whole FlashAttention-2 loop (key blocks
 //!   outer, query tiles inner) with a task-local dQ accumulator: 5 GEMM-shaped products per
 //!   tile pair, but parallel only over sequences x kv heads;
@@ -16,8 +16,10 @@
 
 use rayon::prelude::*;
 
-use super::simd::{KB, MR};
-use super::tile::{self, BwdCtx, BwdScratch, FwdScratch, FwdTile, Geom, Span};
+use super::bwd::{self, BwdCtx, BwdScratch};
+use super::fwd::{self, FwdScratch, FwdTile};
+use super::pack::{blocks, Geom, Packed, Span};
+use super::simd::{dot, KB, MR};
 use super::{Element, Qkv, QkvGrad, VarlenAttention};
 
 /// A SIMD level whose presence was checked at run time. Only [`Isa::detect`] and
@@ -58,74 +60,69 @@ impl Isa {
     }
 }
 
-/// Defines the target-feature entry points of a tile kernel and a safe dispatcher over [`Isa`].
-/// The kernels are `#[inline(always)]`, so each entry point is a full copy compiled for its ISA.
+/// Defines a safe dispatcher over [`Isa`] for a tile kernel, with one `#[target_feature]`
+/// entry point per SIMD level. The kernels and everything they call are `#[inline(always)]`
+/// (and free of closures), so each entry point is a full copy compiled for its ISA.
 macro_rules! isa_dispatch {
-    ($name:ident, $kernel:ident, ($($arg:ident: $ty:ty),*)) => {
+    ($name:ident, $module:ident::$kernel:ident, <$($g:ident: $b:path),*>, ($($arg:ident: $ty:ty),*)) => {
         #[allow(clippy::too_many_arguments)] // the kernel's own arguments, plus `isa`
-        fn $name<E: Element>(isa: Isa, $($arg: $ty),*) {
+        fn $name<$($g: $b),*>(isa: Isa, $($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-            unsafe fn avx512<E: Element>($($arg: $ty),*) {
-                tile::$kernel::<E, true, 64>($($arg),*)
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn avx512<$($g: $b),*>($($arg: $ty),*) {
+                $module::$kernel::<$($g,)* true, 64>($($arg),*)
             }
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2<E: Element>($($arg: $ty),*) {
-                tile::$kernel::<E, true, 16>($($arg),*)
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn avx2<$($g: $b),*>($($arg: $ty),*) {
+                $module::$kernel::<$($g,)* true, 16>($($arg),*)
             }
             match isa.0 {
                 // SAFETY: an `Isa` holding Avx512 is only built after `is_x86_feature_detected!`
                 // confirmed avx512f, avx512vl, avx2 and fma on this CPU.
                 #[cfg(target_arch = "x86_64")]
-                Level::Avx512 => unsafe { avx512::<E>($($arg),*) },
+                Level::Avx512 => unsafe { avx512::<$($g),*>($($arg),*) },
                 // SAFETY: as above, for avx2 and fma.
                 #[cfg(target_arch = "x86_64")]
-                Level::Avx2Fma => unsafe { avx2::<E>($($arg),*) },
-                Level::Portable => tile::$kernel::<E, false, 16>($($arg),*),
+                Level::Avx2Fma => unsafe { avx2::<$($g),*>($($arg),*) },
+                Level::Portable => $module::$kernel::<$($g,)* false, 16>($($arg),*),
             }
         }
     };
 }
 
-isa_dispatch!(fwd_group, fwd_group, (
+isa_dispatch!(fwd_group, fwd::fwd_group, <E: Element>, (
     t: &FwdTile<'_, E>, out: &mut [E], lse: &mut [f32], ws: &mut FwdScratch
 ));
-isa_dispatch!(bwd_kv_block, bwd_kv_block, (
-    c: &BwdCtx<'_, E>, seq: Span, kvh: usize, kb0: usize, dq: Option<&mut [f32]>,
+isa_dispatch!(bwd_kv_block, bwd::bwd_kv_block, <>, (
+    c: &BwdCtx<'_>, seq: Span, kvh: usize, kb0: usize, dq: Option<&mut [f32]>,
     ws: &mut BwdScratch
 ));
-isa_dispatch!(bwd_q_tile, bwd_q_tile, (
-    c: &BwdCtx<'_, E>, seq: Span, kvh: usize, q0: usize, qn: usize, dq_out: &mut [E],
+isa_dispatch!(bwd_q_tile, bwd::bwd_q_tile, <E: Element>, (
+    c: &BwdCtx<'_>, seq: Span, kvh: usize, q0: usize, qn: usize, dq_out: &mut [E],
     ws: &mut BwdScratch
 ));
-
-/// `di = rowsum(dout * out)` for one token's Hq heads. Cheap (T * Hq * D in total), so one
-/// portable instantiation serves every ISA.
-fn rowsum_dout_out<E: Element>(d: usize, dout: &[E], out: &[E], di: &mut [f32]) {
-    let mut buf = vec![0.0f32; 2 * d];
-    tile::rowsum_dout_out::<E, false>(d, dout, out, di, &mut buf);
-}
 
 fn geom(a: &VarlenAttention) -> Geom {
     Geom::new(a.q_heads, a.kv_heads, a.head_dim, a.causal, a.scale)
 }
 
-fn spans(a: &VarlenAttention) -> Vec<Span> {
+fn spans(a: &VarlenAttention, bq: usize) -> Vec<Span> {
+    let (mut blk0, mut tile0) = (0, 0);
     a.sequences()
         .into_iter()
-        .map(|(start, len)| Span { start, len })
-        .collect()
-}
-
-/// `(sequence, offset in it, length)` of consecutive blocks of `block` tokens; in token order,
-/// covering every token exactly once.
-fn blocks(seqs: &[Span], block: usize) -> Vec<(Span, usize, usize)> {
-    seqs.iter()
-        .flat_map(|&s| {
-            (0..s.len)
-                .step_by(block)
-                .map(move |o| (s, o, block.min(s.len - o)))
+        .map(|(start, len)| {
+            let s = Span {
+                start,
+                len,
+                blk0,
+                tile0,
+            };
+            blk0 += len.div_ceil(KB);
+            tile0 += len.div_ceil(bq);
+            s
         })
         .collect()
 }
@@ -153,7 +150,11 @@ pub(super) fn forward<E: Element>(
     lse: &mut [f32],
 ) {
     let geo = geom(a);
-    let tiles = blocks(&spans(a), geo.bq);
+    let seqs = spans(a, geo.bq);
+    let kblocks = blocks(&seqs, KB);
+    let kt = Packed::key_blocks(x.k, &geo, &kblocks, true);
+    let v = Packed::key_blocks(x.v, &geo, &kblocks, false);
+    let tiles = blocks(&seqs, geo.bq);
     let outs = chunks(out, &tiles, geo.hq * geo.d);
     let lses = chunks(lse, &tiles, geo.hq);
     tiles.into_par_iter().zip(outs).zip(lses).for_each_init(
@@ -162,7 +163,9 @@ pub(super) fn forward<E: Element>(
             for kvh in 0..geo.hkv {
                 let t = FwdTile {
                     geo: &geo,
-                    x: &x,
+                    q: x.q,
+                    kt: &kt,
+                    v: &v,
                     seq,
                     q0,
                     qn,
@@ -200,8 +203,7 @@ fn prefer_fused(seqs: &[Span], hkv: usize, threads: usize) -> bool {
     costs.sort_by(|x, y| y.total_cmp(x));
     let mut load = vec![0.0f64; threads.max(1)];
     for c in &costs {
-        let min = load.iter_mut().min_by(|x, y| x.total_cmp(y));
-        if let Some(m) = min {
+        if let Some(m) = load.iter_mut().min_by(|x, y| x.total_cmp(y)) {
             *m += c;
         }
     }
@@ -219,20 +221,41 @@ pub(super) fn backward<E: Element>(
     grads: QkvGrad<E>,
 ) {
     let geo = geom(a);
-    let seqs = spans(a);
+    let seqs = spans(a, geo.bq);
     let (hq, d) = (geo.hq, geo.d);
-    // di[t, h] = rowsum(dout * out): [T, Hq]
-    let mut di = vec![0.0f32; a.tokens * hq];
-    di.par_chunks_mut(hq)
-        .zip(saved.dout.par_chunks(hq * d))
-        .zip(saved.out.par_chunks(hq * d))
-        .with_min_len(64)
-        .for_each(|((di, dout), out)| rowsum_dout_out(d, dout, out, di));
+    let kblocks = blocks(&seqs, KB);
+    let tiles = blocks(&seqs, geo.bq);
+    let (kt, vt, k, q, dout, lse2, di);
+    (kt, vt) = rayon::join(
+        || Packed::key_blocks(x.k, &geo, &kblocks, true),
+        || Packed::key_blocks(x.v, &geo, &kblocks, true),
+    );
+    (k, q) = rayon::join(
+        || Packed::key_blocks(x.k, &geo, &kblocks, false),
+        || Packed::query_tiles(x.q, &geo, &tiles),
+    );
+    dout = Packed::query_tiles(saved.dout, &geo, &tiles);
+    (lse2, di) = rayon::join(
+        || {
+            Packed::tile_values(&geo, &tiles, |t, h| {
+                saved.lse[t * hq + h] * std::f32::consts::LOG2_E
+            })
+        },
+        || {
+            Packed::tile_values(&geo, &tiles, |t, h| {
+                let row = (t * hq + h) * d;
+                dot(&saved.dout[row..row + d], &saved.out[row..row + d])
+            })
+        },
+    );
     let ctx = BwdCtx {
         geo: &geo,
-        x,
-        dout: saved.dout,
-        lse: saved.lse,
+        kt: &kt,
+        vt: &vt,
+        k: &k,
+        q: &q,
+        dout: &dout,
+        lse2: &lse2,
         di: &di,
     };
     let fused = match schedule {
@@ -247,6 +270,13 @@ pub(super) fn backward<E: Element>(
     }
 }
 
+/// Writes `src[..d] * scale` as E into `dst[..d]`.
+fn store_row<E: Element>(dst: &mut [E], src: &[f32], scale: f32) {
+    for (y, &x) in dst.iter_mut().zip(src) {
+        *y = E::from_f32(x * scale);
+    }
+}
+
 /// Gradients of one (sequence, kv head) in compact `[len, g, D]`, `[len, D]`, `[len, D]`.
 struct UnitGrads<E> {
     dq: Vec<E>,
@@ -254,38 +284,37 @@ struct UnitGrads<E> {
     dv: Vec<E>,
 }
 
-fn backward_fused<E: Element>(isa: Isa, c: &BwdCtx<'_, E>, seqs: &[Span], grads: QkvGrad<E>) {
+fn backward_fused<E: Element>(isa: Isa, c: &BwdCtx<'_>, seqs: &[Span], grads: QkvGrad<E>) {
     let geo = c.geo;
     let (g, d, dp, scale) = (geo.g, geo.d, geo.dp, geo.scale);
     let units: Vec<(Span, usize)> = seqs
         .iter()
         .flat_map(|&s| (0..geo.hkv).map(move |kvh| (s, kvh)))
         .collect();
-    let scaled = |row: &[f32]| {
-        row[..d]
-            .iter()
-            .map(|&x| E::from_f32(x * scale))
-            .collect::<Vec<_>>()
-    };
+    let zero = E::from_f32(0.0);
     let results: Vec<UnitGrads<E>> = units
         .par_iter()
         .map_init(
             || BwdScratch::new(geo),
             |ws, &(seq, kvh)| {
                 let mut dq_acc = vec![0.0f32; (seq.len * g + MR) * dp];
-                let mut dk = Vec::with_capacity(seq.len * d);
-                let mut dv = Vec::with_capacity(seq.len * d);
+                let mut u = UnitGrads {
+                    dq: vec![zero; seq.len * g * d],
+                    dk: vec![zero; seq.len * d],
+                    dv: vec![zero; seq.len * d],
+                };
                 for kb0 in (0..seq.len).step_by(KB) {
                     bwd_kv_block(isa, c, seq, kvh, kb0, Some(&mut dq_acc), ws);
                     for j in 0..KB.min(seq.len - kb0) {
-                        dk.extend(scaled(&ws.dk[j * dp..]));
-                        dv.extend(ws.dv[j * dp..][..d].iter().map(|&x| E::from_f32(x)));
+                        let row = (kb0 + j) * d;
+                        store_row(&mut u.dk[row..row + d], &ws.dk[j * dp..], scale);
+                        store_row(&mut u.dv[row..row + d], &ws.dv[j * dp..], 1.0);
                     }
                 }
-                let dq = (0..seq.len * g)
-                    .flat_map(|r| scaled(&dq_acc[r * dp..]))
-                    .collect();
-                UnitGrads { dq, dk, dv }
+                for (dst, src) in u.dq.chunks_exact_mut(d).zip(dq_acc.chunks_exact(dp)) {
+                    store_row(dst, src, scale);
+                }
+                u
             },
         )
         .collect();
@@ -301,7 +330,7 @@ fn backward_fused<E: Element>(isa: Isa, c: &BwdCtx<'_, E>, seqs: &[Span], grads:
     }
 }
 
-fn backward_split<E: Element>(isa: Isa, c: &BwdCtx<'_, E>, seqs: &[Span], grads: QkvGrad<E>) {
+fn backward_split<E: Element>(isa: Isa, c: &BwdCtx<'_>, seqs: &[Span], grads: QkvGrad<E>) {
     let geo = c.geo;
     let (hq, hkv, d, dp, scale) = (geo.hq, geo.hkv, geo.d, geo.dp, geo.scale);
     let kblocks = blocks(seqs, KB);
@@ -317,12 +346,8 @@ fn backward_split<E: Element>(isa: Isa, c: &BwdCtx<'_, E>, seqs: &[Span], grads:
                     bwd_kv_block(isa, c, seq, kvh, kb0, None, ws);
                     for j in 0..kn {
                         let o = (j * hkv + kvh) * d;
-                        for (y, &x) in dk[o..o + d].iter_mut().zip(&ws.dk[j * dp..][..d]) {
-                            *y = E::from_f32(x * scale);
-                        }
-                        for (y, &x) in dv[o..o + d].iter_mut().zip(&ws.dv[j * dp..][..d]) {
-                            *y = E::from_f32(x);
-                        }
+                        store_row(&mut dk[o..o + d], &ws.dk[j * dp..], scale);
+                        store_row(&mut dv[o..o + d], &ws.dv[j * dp..], 1.0);
                     }
                 }
             },

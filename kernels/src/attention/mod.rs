@@ -41,9 +41,11 @@
 //! shapes, and both backward schedules (fused per (sequence, kv head), or split into a dK/dV
 //! pass and a dQ pass, chosen by the expected load balance) give the same bits.
 
+mod bwd;
 mod cpu;
+mod fwd;
+mod pack;
 mod simd;
-mod tile;
 
 #[cfg(test)]
 mod tests;
@@ -143,7 +145,7 @@ impl<'a> VarlenAttention<'a> {
     /// Checks heads, head_dim, scale and cu_seqlens; every failure names `op`.
     fn validate(&self, op: &'static str) -> Result<()> {
         let bad = |detail: String| Err(KernelError::InvalidArgument { op, detail });
-        if self.q_heads == 0 || self.kv_heads == 0 || self.q_heads % self.kv_heads != 0 {
+        if self.q_heads == 0 || self.kv_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "q_heads ({}) must be a positive multiple of kv_heads ({})",
                 self.q_heads, self.kv_heads

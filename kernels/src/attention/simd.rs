@@ -9,7 +9,10 @@
 //! `FMA` selects `mul_add` (one fused instruction when the caller enabled `fma`) or `a * b + c`
 //! (never a libm call on machines without FMA).
 
+use super::Element;
+
 /// Rows of the micro-kernel's register block.
+/// (The micro-kernel below unrolls exactly 4 rows.)
 pub(super) const MR: usize = 4;
 /// Narrow column chunk: one AVX-512 vector, two AVX2 vectors. Every padded width (key block,
 /// padded head_dim) is a multiple of it.
@@ -26,19 +29,27 @@ pub(super) fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+/// How the micro-kernel reads `A(r, p)`, r < MR, p < kc, from `a` with leading dimension `lda`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ALayout {
+    /// `A(r, p) = a[r * lda + p]` (a row-major tile: Q, P, dS).
+    Rows,
+    /// `A(r, p) = a[p * lda + r]` (the transpose of a row-major tile: P^T, dS^T).
+    Cols,
+}
+
 /// `C[MR, NC] (+)= A[MR, kc] B[kc, NC]`, accumulators in registers.
 ///
-/// `A(r, p) = a[r * rs + p * cs]` (strided, so it reads both a row-major tile and a transposed
-/// one), `B(p, j) = b[p * ldb + j]`, `C(r, j) = c[r * ldc + j]`. With `ACC = false`, C is
-/// overwritten. The summation over p runs in ascending order, one fused step per p, so a row of
-/// C depends only on its own row of A (never on which rows share the register block).
+/// `B(p, j) = b[p * ldb + j]`, `C(r, j) = c[r * ldc + j]`; with `ACC = false` C is overwritten.
+/// The summation over p runs in ascending order, one fused step per p, so a row of C depends
+/// only on its own row of A (never on which rows share the register block).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)] // a BLAS-style micro-kernel: the strides are the interface
 fn micro<const FMA: bool, const NC: usize, const ACC: bool>(
     kc: usize,
+    al: ALayout,
     a: &[f32],
-    rs: usize,
-    cs: usize,
+    lda: usize,
     b: &[f32],
     ldb: usize,
     c: &mut [f32],
@@ -50,17 +61,47 @@ fn micro<const FMA: bool, const NC: usize, const ACC: bool>(
             row.copy_from_slice(&c[r * ldc..][..NC]);
         }
     }
-    for p in 0..kc {
-        let brow = &b[p * ldb..][..NC];
-        for (r, row) in acc.iter_mut().enumerate() {
-            let av = a[r * rs + p * cs];
-            for j in 0..NC {
-                row[j] = fmadd::<FMA>(av, brow[j], row[j]);
+    // No closures or `array::from_fn` here: they are separate functions that the compiler may
+    // leave outlined, i.e. compiled without the caller's target features.
+    match al {
+        ALayout::Rows => {
+            // Slicing each row to kc once lets the loop index them without checks.
+            let (r0, r1, r2, r3) = (
+                &a[..kc],
+                &a[lda..][..kc],
+                &a[2 * lda..][..kc],
+                &a[3 * lda..][..kc],
+            );
+            for p in 0..kc {
+                step::<FMA, NC>(&mut acc, [r0[p], r1[p], r2[p], r3[p]], &b[p * ldb..][..NC]);
+            }
+        }
+        ALayout::Cols => {
+            for p in 0..kc {
+                let col = &a[p * lda..][..MR];
+                step::<FMA, NC>(
+                    &mut acc,
+                    [col[0], col[1], col[2], col[3]],
+                    &b[p * ldb..][..NC],
+                );
             }
         }
     }
     for (r, row) in acc.iter().enumerate() {
         c[r * ldc..][..NC].copy_from_slice(row);
+    }
+}
+
+/// One fused step of the micro-kernel: `acc[r][:] += ap[r] * brow[:]`, the B row loaded once
+/// into registers for the MR rows.
+#[inline(always)]
+fn step<const FMA: bool, const NC: usize>(acc: &mut [[f32; NC]; MR], ap: [f32; MR], brow: &[f32]) {
+    let mut bv = [0.0f32; NC];
+    bv.copy_from_slice(&brow[..NC]);
+    for (row, &av) in acc.iter_mut().zip(&ap) {
+        for j in 0..NC {
+            row[j] = fmadd::<FMA>(av, bv[j], row[j]);
+        }
     }
 }
 
@@ -71,9 +112,9 @@ fn micro<const FMA: bool, const NC: usize, const ACC: bool>(
 pub(super) fn panel<const FMA: bool, const W: usize, const ACC: bool>(
     kc: usize,
     n: usize,
+    al: ALayout,
     a: &[f32],
-    rs: usize,
-    cs: usize,
+    lda: usize,
     b: &[f32],
     ldb: usize,
     c: &mut [f32],
@@ -83,12 +124,12 @@ pub(super) fn panel<const FMA: bool, const W: usize, const ACC: bool>(
     let mut j = 0;
     if W > NR {
         while j + W <= n {
-            micro::<FMA, W, ACC>(kc, a, rs, cs, &b[j..], ldb, &mut c[j..], ldc);
+            micro::<FMA, W, ACC>(kc, al, a, lda, &b[j..], ldb, &mut c[j..], ldc);
             j += W;
         }
     }
     while j < n {
-        micro::<FMA, NR, ACC>(kc, a, rs, cs, &b[j..], ldb, &mut c[j..], ldc);
+        micro::<FMA, NR, ACC>(kc, al, a, lda, &b[j..], ldb, &mut c[j..], ldc);
         j += NR;
     }
 }
@@ -134,9 +175,18 @@ pub(super) fn row_max(row: &[f32]) -> f32 {
             lanes[l] = if ch[l] > lanes[l] { ch[l] } else { lanes[l] };
         }
     }
-    lanes
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+    let mut w = NR / 2;
+    while w > 0 {
+        for l in 0..w {
+            lanes[l] = if lanes[l + w] > lanes[l] {
+                lanes[l + w]
+            } else {
+                lanes[l]
+            };
+        }
+        w /= 2;
+    }
+    lanes[0]
 }
 
 /// Sum of `row` (length a multiple of [`NR`]) with [`NR`] lane accumulators in a fixed order.
@@ -148,23 +198,37 @@ pub(super) fn row_sum(row: &[f32]) -> f32 {
             lanes[l] += ch[l];
         }
     }
-    lanes.iter().sum()
+    tree_sum(lanes)
 }
 
-/// `sum(a * b)` over equal-length slices, lane accumulators then a tail.
+/// Pairwise sum of the lanes (a log-depth shuffle tree, not a serial chain).
 #[inline(always)]
-pub(super) fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+fn tree_sum(mut lanes: [f32; NR]) -> f32 {
+    let mut w = NR / 2;
+    while w > 0 {
+        for l in 0..w {
+            lanes[l] += lanes[l + w];
+        }
+        w /= 2;
+    }
+    lanes[0]
+}
+
+/// `sum(a * b)` over equal-length slices of any element type, widened to f32: lane
+/// accumulators in a fixed order, then the tail.
+#[inline]
+pub(super) fn dot<E: Element>(a: &[E], b: &[E]) -> f32 {
     let mut lanes = [0.0f32; NR];
     let (ac, bc) = (a.chunks_exact(NR), b.chunks_exact(NR));
     let (at, bt) = (ac.remainder(), bc.remainder());
     for (x, y) in ac.zip(bc) {
         for l in 0..NR {
-            lanes[l] = fmadd::<FMA>(x[l], y[l], lanes[l]);
+            lanes[l] += x[l].to_f32() * y[l].to_f32();
         }
     }
-    let mut s: f32 = lanes.iter().sum();
+    let mut s = tree_sum(lanes);
     for (&x, &y) in at.iter().zip(bt) {
-        s = fmadd::<FMA>(x, y, s);
+        s += x.to_f32() * y.to_f32();
     }
     s
 }

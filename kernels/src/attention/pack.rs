@@ -1,0 +1,252 @@
+//! Geometry of one attention call and the packing of its operands into f32 tiles.
+//!
+//! Rows of a query tile: the tile holds `qn` tokens of one sequence starting at position `q0`,
+//! and for kv head `kvh` the `g = Hq / Hkv` query heads it serves; row `r = i * g + hh` is token
+//! `q0 + i`, query head `kvh * g + hh` (the TND order, so a group's heads are adjacent). Rows
+//! are packed to f32 `[rp, dp]`, `rp` = rows rounded up to [`MR`], `dp` = D rounded up to
+//! [`NR`], zero padded. Keys come in blocks of [`KB`] aligned to the sequence start, packed as
+//! `K^T [D, KB]`, `V^T [D, KB]` (score-side operands) or `K [KB, dp]`, `V [KB, dp]`.
+//!
+//! Everything is packed once per call (in parallel) and shared read-only by the tile tasks,
+//! which also does the bf16 -> f32 widening once.
+
+use rayon::prelude::*;
+
+use super::simd::{KB, MR, NR};
+use super::Element;
+
+pub(super) fn round_up(x: usize, m: usize) -> usize {
+    x.div_ceil(m) * m
+}
+
+/// Shapes and constants shared by every tile of one call.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Geom {
+    pub hq: usize,
+    pub hkv: usize,
+    /// q heads per kv head.
+    pub g: usize,
+    pub d: usize,
+    /// D padded to a multiple of NR.
+    pub dp: usize,
+    pub causal: bool,
+    pub scale: f32,
+    /// scale * log2(e): scores go straight to the exp2 domain.
+    pub c: f32,
+    /// Tokens per query tile: about 64 rows per tile, and `bq * g` a multiple of MR so that
+    /// only a sequence's last tile has padding rows.
+    pub bq: usize,
+}
+
+impl Geom {
+    pub fn new(hq: usize, hkv: usize, d: usize, causal: bool, scale: f32) -> Self {
+        let g = hq / hkv;
+        let step = MR / gcd(g, MR);
+        Geom {
+            hq,
+            hkv,
+            g,
+            d,
+            dp: round_up(d, NR),
+            causal,
+            scale,
+            c: scale * std::f32::consts::LOG2_E,
+            bq: round_up((KB / g).max(1), step),
+        }
+    }
+
+    /// Padded rows of a full query tile.
+    pub fn tile_rows(&self) -> usize {
+        round_up(self.bq * self.g, MR)
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// One sequence: rows `[start, start + len)` of the TND tensors; its key blocks are items
+/// `blk0 ..` and its query tiles items `tile0 ..` of the call's [`Packed`] buffers.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Span {
+    pub start: usize,
+    pub len: usize,
+    pub blk0: usize,
+    pub tile0: usize,
+}
+
+/// `(sequence, offset in it, length)` of consecutive blocks of `block` tokens of every
+/// sequence, in token order (so the blocks cover every token exactly once).
+pub(super) fn blocks(seqs: &[Span], block: usize) -> Vec<(Span, usize, usize)> {
+    seqs.iter()
+        .flat_map(|&s| {
+            (0..s.len)
+                .step_by(block)
+                .map(move |o| (s, o, block.min(s.len - o)))
+        })
+        .collect()
+}
+
+/// Packs `n` tokens from absolute row `t0` of a `[T, heads, D]` tensor, heads `h0 .. h0 + g`,
+/// into `dst [rows, dp]` (row `i * g + hh`); padding columns and rows up to `rows` are zeroed.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // geometry of a strided gather
+pub(super) fn pack_rows<E: Element>(
+    src: &[E],
+    t0: usize,
+    n: usize,
+    heads: usize,
+    h0: usize,
+    g: usize,
+    d: usize,
+    dp: usize,
+    rows: usize,
+    dst: &mut [f32],
+) {
+    for i in 0..n {
+        for hh in 0..g {
+            let s = &src[((t0 + i) * heads + h0 + hh) * d..][..d];
+            let o = &mut dst[(i * g + hh) * dp..][..dp];
+            for (x, &y) in o.iter_mut().zip(s) {
+                *x = y.to_f32();
+            }
+            o[d..].fill(0.0);
+        }
+    }
+    dst[n * g * dp..rows * dp].fill(0.0);
+}
+
+/// Packs a key block transposed: `dst[dd * KB + j] = src[t0 + j, h, dd]`, zero for `j >= n`.
+#[inline(always)]
+fn pack_t<E: Element>(
+    src: &[E],
+    t0: usize,
+    n: usize,
+    heads: usize,
+    h: usize,
+    d: usize,
+    dst: &mut [f32],
+) {
+    for j in 0..n {
+        let s = &src[((t0 + j) * heads + h) * d..][..d];
+        for (dd, &y) in s.iter().enumerate() {
+            dst[dd * KB + j] = y.to_f32();
+        }
+    }
+    if n < KB {
+        for dd in 0..d {
+            dst[dd * KB + n..(dd + 1) * KB].fill(0.0);
+        }
+    }
+}
+
+/// One operand packed per (kv head, item), items being the call's key blocks or query tiles,
+/// each `per` floats; shared read-only by all tasks.
+pub(super) struct Packed {
+    per: usize,
+    items: usize,
+    data: Vec<f32>,
+}
+
+impl Packed {
+    /// Fills item `(kvh, i)` with `fill(kvh, i, dst)`, in parallel.
+    fn build(
+        hkv: usize,
+        items: usize,
+        per: usize,
+        fill: impl Fn(usize, usize, &mut [f32]) + Sync,
+    ) -> Packed {
+        let mut data = vec![0.0f32; hkv * items * per];
+        if per > 0 {
+            data.par_chunks_mut(per)
+                .enumerate()
+                .for_each(|(i, dst)| fill(i / items, i % items, dst));
+        }
+        Packed { per, items, data }
+    }
+
+    /// K or V `[T, Hkv, D]` per key block: `K^T [D, KB]` if `transposed`, else `[KB, dp]`.
+    pub fn key_blocks<E: Element>(
+        src: &[E],
+        geo: &Geom,
+        blocks: &[(Span, usize, usize)],
+        transposed: bool,
+    ) -> Packed {
+        let per = if transposed { geo.d * KB } else { KB * geo.dp };
+        Packed::build(geo.hkv, blocks.len(), per, |kvh, b, dst| {
+            let (seq, kb0, kn) = blocks[b];
+            let t0 = seq.start + kb0;
+            if transposed {
+                pack_t(src, t0, kn, geo.hkv, kvh, geo.d, dst);
+            } else {
+                pack_rows(src, t0, kn, geo.hkv, kvh, 1, geo.d, geo.dp, KB, dst);
+            }
+        })
+    }
+
+    /// q or dout `[T, Hq, D]` per query tile: `[rp, dp]` rows of the kv head's q heads.
+    pub fn query_tiles<E: Element>(
+        src: &[E],
+        geo: &Geom,
+        tiles: &[(Span, usize, usize)],
+    ) -> Packed {
+        let rp = geo.tile_rows();
+        Packed::build(geo.hkv, tiles.len(), rp * geo.dp, |kvh, t, dst| {
+            let (seq, q0, qn) = tiles[t];
+            let (g, d, dp) = (geo.g, geo.d, geo.dp);
+            pack_rows(src, seq.start + q0, qn, geo.hq, kvh * g, g, d, dp, rp, dst);
+        })
+    }
+
+    /// One value per row `[rp]` of every query tile, `value(t, h)` for token t, q head h;
+    /// 0 on padding rows.
+    pub fn tile_values(
+        geo: &Geom,
+        tiles: &[(Span, usize, usize)],
+        value: impl Fn(usize, usize) -> f32 + Sync,
+    ) -> Packed {
+        let rp = geo.tile_rows();
+        Packed::build(geo.hkv, tiles.len(), rp, |kvh, t, dst| {
+            let (seq, q0, qn) = tiles[t];
+            dst.fill(0.0);
+            for (r, x) in dst[..qn * geo.g].iter_mut().enumerate() {
+                *x = value(seq.start + q0 + r / geo.g, kvh * geo.g + r % geo.g);
+            }
+        })
+    }
+
+    #[inline(always)]
+    pub fn item(&self, kvh: usize, i: usize) -> &[f32] {
+        &self.data[(kvh * self.items + i) * self.per..][..self.per]
+    }
+}
+
+/// Keys a row at sequence position `pos` may see in the block starting at `kb0` with `kn` keys.
+#[inline(always)]
+pub(super) fn row_limit(causal: bool, pos: usize, kb0: usize, kn: usize) -> usize {
+    if causal {
+        kn.min((pos + 1).saturating_sub(kb0))
+    } else {
+        kn
+    }
+}
+
+/// Columns worth computing for the panel of rows `r0 .. r0 + MR` (of `r_real` real rows) of a
+/// tile at `q0` against the key block at `kb0`: a multiple of NR, 0 when all are masked.
+#[inline(always)]
+pub(super) fn panel_cols(
+    geo: &Geom,
+    q0: usize,
+    r0: usize,
+    r_real: usize,
+    kb0: usize,
+    kn: usize,
+) -> usize {
+    let max_pos = q0 + ((r0 + MR).min(r_real) - 1) / geo.g;
+    let n = row_limit(geo.causal, max_pos, kb0, kn);
+    round_up(n, NR)
+}
