@@ -67,6 +67,42 @@ fn tekken_matches_mistral_common_vocab_8192() {
     check_reference(small(), "tekken_240911.v8192.reference.json");
 }
 
+/// 400 random Unicode strings (every class of the split pattern, any code point) and 20 chunks
+/// of English, encoded by mistral-common 1.13.1 with both vocabularies
+/// (tests/fixtures/data/make_tekken_random.py): exact equality on every one.
+#[test]
+fn tekken_matches_mistral_common_on_random_text() {
+    let raw = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/data/tekken_random.jsonl"
+    ))
+    .unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut n = 0;
+    for line in raw.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let text = v["text"].as_str().unwrap();
+        assert_eq!(
+            full().encode(text, false, false),
+            ids(&v["full"]),
+            "{text:?}"
+        );
+        assert_eq!(
+            small().encode(text, false, false),
+            ids(&v["v8192"]),
+            "{text:?}"
+        );
+        n += 1;
+    }
+    assert_eq!(n, 420);
+}
+
 #[test]
 fn tekken_special_tokens_are_the_documented_defaults() {
     let t = full();
