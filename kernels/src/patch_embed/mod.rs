@@ -1,1 +1,171 @@
-//! patch_embed (in progress: see the kernels issue).
+//! patch_embed: Pixtral's patch convolution (Conv2d C -> D, kernel = stride = patch, no bias)
+//! as one GEMM over the (c, ky, kx) patch vectors.
+//!
+//! ```text
+//! pixels  [C, H, W]      channels first, as the processor emits; H x W may be padded past
+//!                        the real image h x w, which is cropped to gh = h/p by gw = w/p patches
+//! weight  [D, C, p, p]   HF's Conv2d layout = [D, K] with K = C*p*p in (c, ky, kx) order
+//! P       [Np, K]        im2col: P[py*gw + px][(c*p + ky)*p + kx] = pixels[c][py*p+ky][px*p+kx]
+//! forward   out[Np, D]  = P W^T                         (patches in row-major order)
+//! backward  dW[D, K]   += dOut^T P                      (optional)
+//!           dpixels    += col2im(dOut W)                (optional; only the cropped region)
+//! ```
+//!
+//! The stride equals the kernel, so patches do not overlap and col2im is a scatter. HF crops
+//! the conv output to `[:h/p, :w/p]`; computing only those patches is the same thing.
+//! f32 and bf16 variants as in `linear`: bf16 pixels/weights/dOut ([`Bf16Elem`]: bf16, or f32
+//! rounded in the product), f32 accumulation and f32 outputs and gradients.
+
+mod cpu;
+
+#[cfg(test)]
+mod tests;
+
+use crate::error::{check_len, KernelError, Result};
+use crate::gemm::Bf16Elem;
+
+/// The image and patch geometry of one image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PatchGeom {
+    /// Input channels C (3 for RGB).
+    pub channels: usize,
+    /// Stored height H of `pixels` (possibly padded).
+    pub height: usize,
+    /// Stored width W of `pixels` (possibly padded).
+    pub width: usize,
+    /// Real image height h <= H.
+    pub h: usize,
+    /// Real image width w <= W.
+    pub w: usize,
+    /// Patch size p (kernel = stride).
+    pub patch: usize,
+}
+
+impl PatchGeom {
+    /// Patches down and across: (h / p, w / p).
+    pub fn grid(&self) -> (usize, usize) {
+        if self.patch == 0 {
+            return (0, 0);
+        }
+        (self.h / self.patch, self.w / self.patch)
+    }
+
+    /// Np = (h / p) * (w / p).
+    pub fn num_patches(&self) -> usize {
+        let (gh, gw) = self.grid();
+        gh * gw
+    }
+
+    /// K = C * p * p, the length of one patch vector (a row of the weight).
+    pub fn patch_len(&self) -> usize {
+        self.channels * self.patch * self.patch
+    }
+
+    fn check(&self, op: &'static str) -> Result<()> {
+        if self.patch == 0 || self.h > self.height || self.w > self.width {
+            return Err(KernelError::InvalidArgument {
+                op,
+                detail: format!(
+                    "patch {} must be > 0 and the image {}x{} must fit in the stored {}x{}",
+                    self.patch, self.h, self.w, self.height, self.width
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn check_common(
+    op: &'static str,
+    g: &PatchGeom,
+    d_model: usize,
+    pixels: usize,
+    weight: usize,
+) -> Result<()> {
+    g.check(op)?;
+    check_len(op, "pixels", pixels, g.channels * g.height * g.width)?;
+    check_len(op, "weight", weight, d_model * g.patch_len())
+}
+
+/// The gradients a backward call accumulates into; `None` skips one.
+pub struct PatchEmbedGrads<'a> {
+    /// `[D, C, p, p]`
+    pub dweight: Option<&'a mut [f32]>,
+    /// `[C, H, W]` (only the cropped `h/p*p x w/p*p` region is touched)
+    pub dpixels: Option<&'a mut [f32]>,
+}
+
+fn check_grads(
+    op: &'static str,
+    g: &PatchGeom,
+    d_model: usize,
+    gr: &PatchEmbedGrads,
+    dout: usize,
+) -> Result<()> {
+    check_len(op, "dout", dout, g.num_patches() * d_model)?;
+    if let Some(dw) = &gr.dweight {
+        check_len(op, "dweight", dw.len(), d_model * g.patch_len())?;
+    }
+    if let Some(dp) = &gr.dpixels {
+        check_len(op, "dpixels", dp.len(), g.channels * g.height * g.width)?;
+    }
+    Ok(())
+}
+
+/// `out[Np, D] = im2col(pixels) W^T`, f32.
+pub fn patch_embed_forward(
+    out: &mut [f32],
+    pixels: &[f32],
+    weight: &[f32],
+    g: PatchGeom,
+    d_model: usize,
+) -> Result<()> {
+    let op = "patch_embed_forward";
+    check_common(op, &g, d_model, pixels.len(), weight.len())?;
+    check_len(op, "out", out.len(), g.num_patches() * d_model)?;
+    cpu::forward_f32(out, pixels, weight, g, d_model)
+}
+
+/// Accumulates `dW += dOut^T P` and `dpixels += col2im(dOut W)` (each if present), f32.
+pub fn patch_embed_backward(
+    grads: PatchEmbedGrads,
+    dout: &[f32],
+    pixels: &[f32],
+    weight: &[f32],
+    g: PatchGeom,
+    d_model: usize,
+) -> Result<()> {
+    let op = "patch_embed_backward";
+    check_common(op, &g, d_model, pixels.len(), weight.len())?;
+    check_grads(op, &g, d_model, &grads, dout.len())?;
+    cpu::backward_f32(grads, dout, pixels, weight, g, d_model)
+}
+
+/// [`patch_embed_forward`] with bf16 inputs, f32 accumulation and f32 output.
+pub fn patch_embed_forward_bf16<P: Bf16Elem, W: Bf16Elem>(
+    out: &mut [f32],
+    pixels: &[P],
+    weight: &[W],
+    g: PatchGeom,
+    d_model: usize,
+) -> Result<()> {
+    let op = "patch_embed_forward_bf16";
+    check_common(op, &g, d_model, pixels.len(), weight.len())?;
+    check_len(op, "out", out.len(), g.num_patches() * d_model)?;
+    cpu::forward_bf16(out, pixels, weight, g, d_model)
+}
+
+/// [`patch_embed_backward`] with bf16 inputs (dOut, pixels, weight), f32 gradients.
+pub fn patch_embed_backward_bf16<G: Bf16Elem, P: Bf16Elem, W: Bf16Elem>(
+    grads: PatchEmbedGrads,
+    dout: &[G],
+    pixels: &[P],
+    weight: &[W],
+    g: PatchGeom,
+    d_model: usize,
+) -> Result<()> {
+    let op = "patch_embed_backward_bf16";
+    check_common(op, &g, d_model, pixels.len(), weight.len())?;
+    check_grads(op, &g, d_model, &grads, dout.len())?;
+    cpu::backward_bf16(grads, dout, pixels, weight, g, d_model)
+}
