@@ -47,7 +47,11 @@ impl<E: Elem> WithSimd for Rotate<'_, E> {
         let d = self.table.head_dim();
         let half = d / 2;
         for (xt, &p) in self.x.chunks_exact_mut(self.row).zip(self.pos) {
-            let (cos, sin) = (self.table.cos(p as usize), self.table.sin(p as usize));
+            // Slots were checked against the table by the caller.
+            let (cos, sin) = (
+                self.table.cos_row(p as usize),
+                self.table.sin_row(p as usize),
+            );
             for head in xt.chunks_exact_mut(d) {
                 let (x1, x2) = head.split_at_mut(half);
                 for (((a, b), &c), &s) in x1.iter_mut().zip(x2.iter_mut()).zip(cos).zip(sin) {

@@ -19,9 +19,9 @@
 //!   D/4 angles are `row * f[0, 2, 4, ...]` and the last D/4 are `col * f[1, 3, 5, ...]`;
 //!   slot = `row * max_cols + col` ([`RopeTable::axial_slot`]).
 //!
-//! Each `inv_freq` is the f32 nearest to the exact power, each angle the f32 product
-//! `f32(p) * inv_freq`, and cos/sin of that angle are rounded from f64 (torch computes them in
-//! f32 to within an ulp). Rotation arithmetic is f32; bf16 activations are rounded once on
+//! Each `inv_freq` is the power `theta^-e` (with e = 2i/D as an f32, like torch) rounded to
+//! f32, each angle the f32 product `f32(p) * inv_freq`, and cos/sin of that angle are rounded
+//! from f64 (torch computes pow, cos and sin in f32 to within an ulp). Rotation arithmetic is f32; bf16 activations are rounded once on
 //! store (transformers rounds cos/sin and each product to bf16; the difference is below the
 //! bf16 tolerance).
 
@@ -103,14 +103,23 @@ impl RopeTable {
         self.cos.len() / (self.head_dim / 2)
     }
 
-    /// cos of the D/2 angles of `slot` (panics if out of range; the ops check first).
-    pub fn cos(&self, slot: usize) -> &[f32] {
+    /// cos of the D/2 angles of `slot`, or `None` past the table.
+    pub fn cos(&self, slot: usize) -> Option<&[f32]> {
+        (slot < self.slots()).then(|| self.cos_row(slot))
+    }
+
+    /// sin of the D/2 angles of `slot`, or `None` past the table.
+    pub fn sin(&self, slot: usize) -> Option<&[f32]> {
+        (slot < self.slots()).then(|| self.sin_row(slot))
+    }
+
+    /// cos row of a slot the caller has checked to be in range.
+    fn cos_row(&self, slot: usize) -> &[f32] {
         let h = self.head_dim / 2;
         &self.cos[slot * h..][..h]
     }
 
-    /// sin of the D/2 angles of `slot`.
-    pub fn sin(&self, slot: usize) -> &[f32] {
+    fn sin_row(&self, slot: usize) -> &[f32] {
         let h = self.head_dim / 2;
         &self.sin[slot * h..][..h]
     }
