@@ -141,6 +141,26 @@ fn data_config_defaults_and_overrides() {
     );
 }
 
+/// Text-only conversations against mistral-common's InstructTokenizerV7 (the [SYSTEM_PROMPT]
+/// layout; tests/fixtures/data/make_chat_reference.py): identical ids.
+#[test]
+fn template_matches_mistral_common_v7() {
+    let raw = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/data/chat_reference.json"
+    ))
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    let cases = v["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 4);
+    for c in cases {
+        let messages: Vec<Message> = serde_json::from_value(c["messages"].clone()).unwrap();
+        let want: Vec<u32> = serde_json::from_value(c["ids"].clone()).unwrap();
+        let turns = encode_turns(tok(), &ids(), &messages, None, &[]);
+        assert_eq!(assemble(&turns, 1 << 20).input_ids, want, "{messages:?}");
+    }
+}
+
 #[test]
 fn infer_seqlen_never_exceeds_the_cutoff_and_keeps_what_fits() {
     for src in 0..40 {
