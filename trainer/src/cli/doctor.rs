@@ -14,7 +14,10 @@ fn cpu_features() -> Vec<(&'static str, bool)> {
             ("fma", std::arch::is_x86_feature_detected!("fma")),
             ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
             ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
-            ("avx512bf16", std::arch::is_x86_feature_detected!("avx512bf16")),
+            (
+                "avx512bf16",
+                std::arch::is_x86_feature_detected!("avx512bf16"),
+            ),
         ]
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -47,8 +50,13 @@ fn self_check() -> Result<String, cannon_runtime::Error> {
 
 pub fn run() -> ExitCode {
     println!("cannon {}", env!("CARGO_PKG_VERSION"));
-    println!("build: npu feature {}", if cfg!(feature = "npu") { "on" } else { "off" });
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    println!(
+        "build: npu feature {}",
+        if cfg!(feature = "npu") { "on" } else { "off" }
+    );
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     println!("devices: {} ({threads} threads)", Device::Cpu);
     let npus = Device::npu_count();
     if cfg!(feature = "npu") {
@@ -56,8 +64,10 @@ pub fn run() -> ExitCode {
     }
     let feats = cpu_features();
     if !feats.is_empty() {
-        let list: Vec<String> =
-            feats.iter().map(|(n, on)| format!("{n}:{}", if *on { "yes" } else { "no" })).collect();
+        let list: Vec<String> = feats
+            .iter()
+            .map(|(n, on)| format!("{n}:{}", if *on { "yes" } else { "no" }))
+            .collect();
         println!("cpu features: {}", list.join(" "));
     }
     println!("CANN libraries (dlopened at run time):");
