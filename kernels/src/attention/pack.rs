@@ -12,7 +12,7 @@
 
 use rayon::prelude::*;
 
-use super::simd::{KB, MR, NR};
+use super::simd::{KB, MR, NR, QROWS};
 use super::Element;
 
 pub(super) fn round_up(x: usize, m: usize) -> usize {
@@ -51,7 +51,7 @@ impl Geom {
             causal,
             scale,
             c: scale * std::f32::consts::LOG2_E,
-            bq: round_up((KB / g).max(1), step),
+            bq: round_up((QROWS / g).max(1), step),
         }
     }
 

@@ -19,6 +19,8 @@ pub(super) const MR: usize = 4;
 pub(super) const NR: usize = 16;
 /// Keys per block of the online softmax (and rows of the dK/dV blocks in backward).
 pub(super) const KB: usize = 64;
+/// Target rows (tokens x heads of a group) of a query tile.
+pub(super) const QROWS: usize = 64;
 
 #[inline(always)]
 pub(super) fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
@@ -62,7 +64,9 @@ fn micro<const FMA: bool, const NC: usize, const ACC: bool>(
         }
     }
     // No closures or `array::from_fn` here: they are separate functions that the compiler may
-    // leave outlined, i.e. compiled without the caller's target features.
+    // leave outlined, i.e. compiled without the caller's target features. B's row is loaded
+    // BEFORE the A values: a scalar load that precedes the copy cannot be folded into a
+    // load-port broadcast (`vbroadcastss zmm, m32`) and costs a shuffle on the FMA pipes.
     match al {
         ALayout::Rows => {
             // Slicing each row to kc once lets the loop index them without checks.
@@ -73,17 +77,15 @@ fn micro<const FMA: bool, const NC: usize, const ACC: bool>(
                 &a[3 * lda..][..kc],
             );
             for p in 0..kc {
-                step::<FMA, NC>(&mut acc, [r0[p], r1[p], r2[p], r3[p]], &b[p * ldb..][..NC]);
+                let bv = load_b::<NC>(&b[p * ldb..]);
+                fma_rows::<FMA, NC>(&mut acc, &bv, [r0[p], r1[p], r2[p], r3[p]]);
             }
         }
         ALayout::Cols => {
             for p in 0..kc {
+                let bv = load_b::<NC>(&b[p * ldb..]);
                 let col = &a[p * lda..][..MR];
-                step::<FMA, NC>(
-                    &mut acc,
-                    [col[0], col[1], col[2], col[3]],
-                    &b[p * ldb..][..NC],
-                );
+                fma_rows::<FMA, NC>(&mut acc, &bv, [col[0], col[1], col[2], col[3]]);
             }
         }
     }
@@ -92,12 +94,21 @@ fn micro<const FMA: bool, const NC: usize, const ACC: bool>(
     }
 }
 
-/// One fused step of the micro-kernel: `acc[r][:] += ap[r] * brow[:]`, the B row loaded once
-/// into registers for the MR rows.
+/// One row of B, `[NC]`, into registers.
 #[inline(always)]
-fn step<const FMA: bool, const NC: usize>(acc: &mut [[f32; NC]; MR], ap: [f32; MR], brow: &[f32]) {
+fn load_b<const NC: usize>(brow: &[f32]) -> [f32; NC] {
     let mut bv = [0.0f32; NC];
     bv.copy_from_slice(&brow[..NC]);
+    bv
+}
+
+/// One fused step of the micro-kernel: `acc[r][:] += ap[r] * bv[:]`.
+#[inline(always)]
+fn fma_rows<const FMA: bool, const NC: usize>(
+    acc: &mut [[f32; NC]; MR],
+    bv: &[f32; NC],
+    ap: [f32; MR],
+) {
     for (row, &av) in acc.iter_mut().zip(&ap) {
         for j in 0..NC {
             row[j] = fmadd::<FMA>(av, bv[j], row[j]);
@@ -128,6 +139,10 @@ pub(super) fn panel<const FMA: bool, const W: usize, const ACC: bool>(
             j += W;
         }
     }
+    if W > 2 * NR && j + 2 * NR <= n {
+        micro::<FMA, { 2 * NR }, ACC>(kc, al, a, lda, &b[j..], ldb, &mut c[j..], ldc);
+        j += 2 * NR;
+    }
     while j < n {
         micro::<FMA, NR, ACC>(kc, al, a, lda, &b[j..], ldb, &mut c[j..], ldc);
         j += NR;
@@ -156,10 +171,9 @@ pub(super) fn exp2<const FMA: bool>(x: f32) -> f32 {
     p = fmadd::<FMA>(p, f, 6.931_472e-1);
     p = fmadd::<FMA>(p, f, 1.0);
     let r = p * f32::from_bits((ni.wrapping_add(127) << 23) as u32);
+    // NaN passes through `clamp` and the polynomial, and `NaN < -126` is false.
     if x < -126.0 {
         0.0
-    } else if x.is_nan() {
-        x
     } else {
         r
     }
