@@ -2,6 +2,7 @@
 
 pub mod data;
 pub mod doctor;
+pub mod verify;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -23,6 +24,8 @@ pub enum Command {
     Doctor,
     /// Make, inspect and check datasets (tokenize, synthesize, validate).
     Data(data::DataArgs),
+    /// Compare the model's forward, gradients and AdamW steps with an eager reference fixture.
+    Verify(verify::VerifyArgs),
 }
 
 /// Parse the command line and run it; the exit code follows the subcommand's convention
@@ -32,5 +35,6 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Doctor => doctor::run(),
         Command::Data(args) => data::run(args),
+        Command::Verify(args) => verify::run(args),
     }
 }

@@ -1,0 +1,459 @@
+//! The HF `config.json` of a mistral3 model (Mistral3Config = Pixtral vision config + Mistral
+//! text config), as serde structs in the style of candle's model configs.
+//!
+//! Fields missing from the file take transformers' class defaults (`MistralConfig`,
+//! `PixtralVisionConfig`, `Mistral3Config`). Both RoPE spellings are accepted: 4.x files write
+//! `rope_theta` inside the text/vision config, 5.x files write
+//! `rope_parameters: {rope_theta, rope_type}`. [`Mistral3Config::validate`] turns everything
+//! this implementation cannot run (another model type, a non-SiLU text MLP, RoPE scaling,
+//! inconsistent head counts) into a [`ConfigError`] that names the field.
+
+use serde::Deserialize;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a valid mistral3 config.json: {source}")]
+    Json {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("config: {field} = {value}: {reason}")]
+    Unsupported {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("config: inconsistent sizes: {0}")]
+    Inconsistent(String),
+}
+
+/// `rope_parameters` of a 5.x config (`{"rope_theta": .., "rope_type": ..}`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct RopeParameters {
+    pub rope_theta: Option<f64>,
+    #[serde(default)]
+    pub rope_type: Option<String>,
+}
+
+/// The language model (`MistralConfig`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct TextConfig {
+    #[serde(default = "d::mistral")]
+    pub model_type: String,
+    #[serde(default = "d::t_vocab")]
+    pub vocab_size: usize,
+    #[serde(default = "d::t_hidden")]
+    pub hidden_size: usize,
+    #[serde(default = "d::t_inter")]
+    pub intermediate_size: usize,
+    #[serde(default = "d::t_layers")]
+    pub num_hidden_layers: usize,
+    #[serde(default = "d::t_heads")]
+    pub num_attention_heads: usize,
+    #[serde(default = "d::t_kv_heads")]
+    pub num_key_value_heads: usize,
+    /// `None` (absent or null) means `hidden_size / num_attention_heads`, as transformers does.
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(default = "d::silu")]
+    pub hidden_act: String,
+    #[serde(default = "d::t_eps")]
+    pub rms_norm_eps: f64,
+    /// 4.x spelling.
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    /// 5.x spelling.
+    #[serde(default)]
+    pub rope_parameters: Option<RopeParameters>,
+    /// 4.x RoPE scaling; only `null` is supported.
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Value>,
+    /// transformers' MistralConfig default is 4096; null means full causal attention.
+    #[serde(default = "d::t_window")]
+    pub sliding_window: Option<usize>,
+    #[serde(default = "d::t_max_pos")]
+    pub max_position_embeddings: usize,
+}
+
+/// The vision tower (`PixtralVisionConfig`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct VisionConfig {
+    #[serde(default = "d::pixtral")]
+    pub model_type: String,
+    #[serde(default = "d::v_hidden")]
+    pub hidden_size: usize,
+    #[serde(default = "d::v_inter")]
+    pub intermediate_size: usize,
+    #[serde(default = "d::v_layers")]
+    pub num_hidden_layers: usize,
+    #[serde(default = "d::v_heads")]
+    pub num_attention_heads: usize,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(default = "d::v_channels")]
+    pub num_channels: usize,
+    #[serde(default = "d::v_image")]
+    pub image_size: usize,
+    #[serde(default = "d::v_patch")]
+    pub patch_size: usize,
+    /// Pixtral's class default is `gelu`; the Mistral3-24B checkpoints say `silu`.
+    #[serde(default = "d::gelu")]
+    pub hidden_act: String,
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    #[serde(default)]
+    pub rope_parameters: Option<RopeParameters>,
+}
+
+/// The whole model (`Mistral3Config`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct Mistral3Config {
+    pub model_type: String,
+    pub text_config: TextConfig,
+    pub vision_config: VisionConfig,
+    #[serde(default = "d::image_token", alias = "image_token_id")]
+    pub image_token_index: u32,
+    #[serde(default = "d::merge")]
+    pub spatial_merge_size: usize,
+    #[serde(default = "d::gelu")]
+    pub projector_hidden_act: String,
+    #[serde(default)]
+    pub multimodal_projector_bias: bool,
+    /// An integer layer index (a list of layers is not supported).
+    #[serde(default = "d::feature_layer")]
+    pub vision_feature_layer: serde_json::Value,
+}
+
+/// transformers' class defaults for fields a config may omit.
+mod d {
+    pub fn mistral() -> String {
+        "mistral".into()
+    }
+    pub fn pixtral() -> String {
+        "pixtral".into()
+    }
+    pub fn silu() -> String {
+        "silu".into()
+    }
+    pub fn gelu() -> String {
+        "gelu".into()
+    }
+    pub fn t_vocab() -> usize {
+        32000
+    }
+    pub fn t_hidden() -> usize {
+        4096
+    }
+    pub fn t_inter() -> usize {
+        14336
+    }
+    pub fn t_layers() -> usize {
+        32
+    }
+    pub fn t_heads() -> usize {
+        32
+    }
+    pub fn t_kv_heads() -> usize {
+        8
+    }
+    pub fn t_eps() -> f64 {
+        1e-6
+    }
+    pub fn t_window() -> Option<usize> {
+        Some(4096)
+    }
+    pub fn t_max_pos() -> usize {
+        4096 * 32
+    }
+    pub fn v_hidden() -> usize {
+        1024
+    }
+    pub fn v_inter() -> usize {
+        4096
+    }
+    pub fn v_layers() -> usize {
+        24
+    }
+    pub fn v_heads() -> usize {
+        16
+    }
+    pub fn v_channels() -> usize {
+        3
+    }
+    pub fn v_image() -> usize {
+        1024
+    }
+    pub fn v_patch() -> usize {
+        16
+    }
+    pub fn image_token() -> u32 {
+        10
+    }
+    pub fn merge() -> usize {
+        2
+    }
+    pub fn feature_layer() -> serde_json::Value {
+        serde_json::Value::from(-1)
+    }
+}
+
+/// Activation of the vision MLP's gate (`down(act(gate(x)) * up(x))`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateAct {
+    Silu,
+    /// Exact (erf) GELU, transformers' `"gelu"`.
+    Gelu,
+}
+
+impl TextConfig {
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// RoPE base from whichever spelling the file used (default 10000, MistralConfig's).
+    pub fn rope_theta(&self) -> f64 {
+        rope_theta(self.rope_theta, &self.rope_parameters)
+    }
+}
+
+impl VisionConfig {
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    pub fn rope_theta(&self) -> f64 {
+        rope_theta(self.rope_theta, &self.rope_parameters)
+    }
+
+    /// Validated by [`Mistral3Config::validate`]; anything else reads as SiLU.
+    pub fn gate_act(&self) -> GateAct {
+        if self.hidden_act == "gelu" {
+            GateAct::Gelu
+        } else {
+            GateAct::Silu
+        }
+    }
+}
+
+fn rope_theta(flat: Option<f64>, params: &Option<RopeParameters>) -> f64 {
+    params
+        .as_ref()
+        .and_then(|p| p.rope_theta)
+        .or(flat)
+        .unwrap_or(10000.0)
+}
+
+/// Pixtral's RMSNorm epsilon (ln_pre, attention_norm, ffn_norm) is hard-coded in transformers.
+pub const VISION_RMS_EPS: f64 = 1e-5;
+
+impl Mistral3Config {
+    /// Reads and validates `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        let cfg: Self = serde_json::from_str(&text).map_err(|source| ConfigError::Json {
+            path: shown,
+            source,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses and validates a config held in memory.
+    pub fn from_json(text: &str) -> Result<Self, ConfigError> {
+        let cfg: Self = serde_json::from_str(text).map_err(|source| ConfigError::Json {
+            path: "<string>".into(),
+            source,
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Number of Pixtral layers whose output the projector reads (`vision_feature_layer`
+    /// counts hidden states, index 0 being the ln_pre output).
+    pub fn vision_layers_used(&self) -> usize {
+        let n = self.vision_config.num_hidden_layers as i64;
+        let k = self.vision_feature_layer.as_i64().unwrap_or(-1);
+        (if k < 0 { n + 1 + k } else { k }) as usize
+    }
+
+    /// Rejects what this implementation does not compute, naming the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let unsupported = |field, value: String, reason| {
+            Err(ConfigError::Unsupported {
+                field,
+                value,
+                reason,
+            })
+        };
+        let (t, v) = (&self.text_config, &self.vision_config);
+        if self.model_type != "mistral3" {
+            return unsupported(
+                "model_type",
+                self.model_type.clone(),
+                "only mistral3 is supported",
+            );
+        }
+        if t.model_type != "mistral" {
+            return unsupported(
+                "text_config.model_type",
+                t.model_type.clone(),
+                "the language model must be mistral",
+            );
+        }
+        if v.model_type != "pixtral" {
+            return unsupported(
+                "vision_config.model_type",
+                v.model_type.clone(),
+                "the vision tower must be pixtral",
+            );
+        }
+        if t.hidden_act != "silu" {
+            return unsupported(
+                "text_config.hidden_act",
+                t.hidden_act.clone(),
+                "the Mistral MLP is implemented as SwiGLU (silu) only",
+            );
+        }
+        if v.hidden_act != "silu" && v.hidden_act != "gelu" {
+            return unsupported(
+                "vision_config.hidden_act",
+                v.hidden_act.clone(),
+                "the Pixtral MLP supports silu and gelu",
+            );
+        }
+        if self.projector_hidden_act != "gelu" {
+            return unsupported(
+                "projector_hidden_act",
+                self.projector_hidden_act.clone(),
+                "the projector supports the exact (erf) gelu only",
+            );
+        }
+        if self.multimodal_projector_bias {
+            return unsupported(
+                "multimodal_projector_bias",
+                "true".into(),
+                "projector biases are not implemented",
+            );
+        }
+        if t.rope_scaling.as_ref().is_some_and(|s| !s.is_null()) {
+            return unsupported(
+                "text_config.rope_scaling",
+                t.rope_scaling
+                    .as_ref()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+                "only unscaled RoPE is implemented",
+            );
+        }
+        for (field, p, ok) in [
+            (
+                "text_config.rope_parameters.rope_type",
+                &t.rope_parameters,
+                "default",
+            ),
+            (
+                "vision_config.rope_parameters.rope_type",
+                &v.rope_parameters,
+                "axial",
+            ),
+        ] {
+            if let Some(kind) = p.as_ref().and_then(|p| p.rope_type.as_deref()) {
+                if kind != ok && kind != "default" {
+                    return unsupported(field, kind.into(), "only plain RoPE is implemented");
+                }
+            }
+        }
+        let layer = &self.vision_feature_layer;
+        let n = v.num_hidden_layers as i64;
+        match layer.as_i64() {
+            Some(k) if (-n - 1..=n).contains(&k) => {}
+            _ => {
+                return unsupported(
+                    "vision_feature_layer",
+                    layer.to_string(),
+                    "must be one integer layer index within the vision tower",
+                )
+            }
+        }
+        self.check_sizes()
+    }
+
+    fn check_sizes(&self) -> Result<(), ConfigError> {
+        let (t, v) = (&self.text_config, &self.vision_config);
+        let bad = |s: String| Err(ConfigError::Inconsistent(s));
+        let positive = [
+            ("text_config.vocab_size", t.vocab_size),
+            ("text_config.hidden_size", t.hidden_size),
+            ("text_config.intermediate_size", t.intermediate_size),
+            ("text_config.num_attention_heads", t.num_attention_heads),
+            ("text_config.num_key_value_heads", t.num_key_value_heads),
+            ("text_config.head_dim", t.head_dim()),
+            ("vision_config.hidden_size", v.hidden_size),
+            ("vision_config.intermediate_size", v.intermediate_size),
+            ("vision_config.num_attention_heads", v.num_attention_heads),
+            ("vision_config.head_dim", v.head_dim()),
+            ("vision_config.num_channels", v.num_channels),
+            ("vision_config.patch_size", v.patch_size),
+            ("spatial_merge_size", self.spatial_merge_size),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return bad(format!("{name} must be positive"));
+            }
+        }
+        if t.num_attention_heads % t.num_key_value_heads != 0 {
+            return bad(format!(
+                "text num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
+                t.num_attention_heads, t.num_key_value_heads
+            ));
+        }
+        if t.head_dim() % 2 != 0 {
+            return bad(format!(
+                "text head_dim ({}) must be even for RoPE",
+                t.head_dim()
+            ));
+        }
+        if v.head_dim() % 4 != 0 {
+            return bad(format!(
+                "vision head_dim ({}) must be a multiple of 4 for the 2-D RoPE",
+                v.head_dim()
+            ));
+        }
+        if v.head_dim() * v.num_attention_heads != v.hidden_size {
+            return bad(format!(
+                "vision head_dim ({}) x heads ({}) != hidden_size ({})",
+                v.head_dim(),
+                v.num_attention_heads,
+                v.hidden_size
+            ));
+        }
+        if self.image_token_index as usize >= t.vocab_size {
+            return bad(format!(
+                "image_token_index {} is outside the vocabulary ({})",
+                self.image_token_index, t.vocab_size
+            ));
+        }
+        let positive_reals = [t.rms_norm_eps, t.rope_theta(), v.rope_theta()];
+        if positive_reals.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+            return bad("rms_norm_eps and rope_theta must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,96 @@
+//! Config parsing: both RoPE spellings, transformers' defaults, and the errors that name
+//! the field.
+
+use super::*;
+
+const SHARED: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/reference/mistral3-tiny/config.json"
+);
+
+fn shared_json() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(SHARED).unwrap()).unwrap()
+}
+
+fn parse(v: &serde_json::Value) -> Result<Mistral3Config, ConfigError> {
+    Mistral3Config::from_json(&v.to_string())
+}
+
+#[test]
+fn shared_fixture_config_reads_5x_rope_parameters() {
+    let cfg = Mistral3Config::from_file(Path::new(SHARED)).unwrap();
+    assert_eq!(cfg.text_config.rope_theta(), 1e6);
+    assert_eq!(cfg.vision_config.rope_theta(), 1e4);
+    assert_eq!(cfg.text_config.head_dim(), 16);
+    assert_eq!(cfg.vision_config.gate_act(), GateAct::Silu);
+    assert_eq!(cfg.vision_layers_used(), 2);
+    assert_eq!(cfg.text_config.sliding_window, None);
+}
+
+#[test]
+fn legacy_rope_theta_and_defaults() {
+    let mut v = shared_json();
+    let t = v["text_config"].as_object_mut().unwrap();
+    t.remove("rope_parameters");
+    t.remove("head_dim");
+    t.remove("sliding_window");
+    t.remove("rms_norm_eps");
+    t.insert("rope_theta".into(), 5e5.into());
+    let vis = v["vision_config"].as_object_mut().unwrap();
+    vis.remove("rope_parameters");
+    vis.remove("hidden_act");
+    vis.insert("rope_theta".into(), 123.0.into());
+    v.as_object_mut().unwrap().remove("image_token_index");
+    v.as_object_mut()
+        .unwrap()
+        .insert("image_token_id".into(), 11.into());
+    let cfg = parse(&v).unwrap();
+    assert_eq!(cfg.text_config.rope_theta(), 5e5);
+    assert_eq!(cfg.vision_config.rope_theta(), 123.0);
+    // transformers' defaults: head_dim = hidden/heads, MistralConfig's window and eps,
+    // Pixtral's gelu.
+    assert_eq!(cfg.text_config.head_dim(), 48 / 4);
+    assert_eq!(cfg.text_config.sliding_window, Some(4096));
+    assert_eq!(cfg.text_config.rms_norm_eps, 1e-6);
+    assert_eq!(cfg.vision_config.gate_act(), GateAct::Gelu);
+    assert_eq!(cfg.image_token_index, 11);
+}
+
+fn expect_err(v: &serde_json::Value, needle: &str) {
+    let err = parse(v).unwrap_err().to_string();
+    assert!(
+        err.contains(needle),
+        "error {err:?} should mention {needle:?}"
+    );
+}
+
+#[test]
+fn unsupported_and_inconsistent_configs_are_named_errors() {
+    let mut v = shared_json();
+    v["model_type"] = "llava".into();
+    expect_err(&v, "model_type");
+
+    let mut v = shared_json();
+    v["text_config"]["hidden_act"] = "gelu".into();
+    expect_err(&v, "text_config.hidden_act");
+
+    let mut v = shared_json();
+    v["text_config"]["num_key_value_heads"] = 3.into();
+    expect_err(&v, "num_key_value_heads");
+
+    let mut v = shared_json();
+    v["vision_config"]["head_dim"] = 12.into();
+    expect_err(&v, "vision head_dim");
+
+    let mut v = shared_json();
+    v["text_config"]["rope_parameters"]["rope_type"] = "yarn".into();
+    expect_err(&v, "rope_type");
+
+    let mut v = shared_json();
+    v["vision_feature_layer"] = serde_json::json!([-1, -2]);
+    expect_err(&v, "vision_feature_layer");
+
+    let mut v = shared_json();
+    v["text_config"]["vocab_size"] = 8.into();
+    expect_err(&v, "image_token_index");
+}

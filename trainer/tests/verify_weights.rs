@@ -1,0 +1,231 @@
+//! Checkpoint loading (single file / sharded, 4.x / 5.x names, f32 / bf16 / f16) and the
+//! model's input checks, on the shared tiny fixture rewritten into temporary directories.
+
+use cannon_trainer::model::weights::{legacy_name, load_params};
+use cannon_trainer::model::{
+    Batch, Mistral3, Mistral3Config, ModelError, ParamLayout, Part, Precision, WeightsError,
+};
+use safetensors::{serialize, Dtype, View};
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+fn shared_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/mistral3-tiny")
+}
+
+/// A tensor for `safetensors::serialize`.
+struct Raw {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for &Raw {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
+    match dtype {
+        Dtype::BF16 => values
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect(),
+        Dtype::F16 => values
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        _ => values.iter().flat_map(|&v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// A scratch directory holding the shared config and the given tensors as model.safetensors.
+fn write_checkpoint(tag: &str, tensors: Vec<(String, Raw)>) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "cannon-verify-weights-{}-{tag}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        shared_fixture().join("config.json"),
+        dir.join("config.json"),
+    )
+    .unwrap();
+    let views: Vec<(String, &Raw)> = tensors.iter().map(|(n, r)| (n.clone(), r)).collect();
+    let bytes = serialize(views, None).unwrap();
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    dir
+}
+
+/// The shared model's tensors, renamed by `name` and stored as `dtype`.
+fn tensors(model: &Mistral3, name: impl Fn(&str) -> String, dtype: Dtype) -> Vec<(String, Raw)> {
+    model
+        .params
+        .layout
+        .slots()
+        .map(|(g, s)| {
+            let values = &model.params.data[g][s.range()];
+            let raw = Raw {
+                dtype,
+                shape: s.shape.clone(),
+                bytes: encode(values, dtype),
+            };
+            (name(&s.name), raw)
+        })
+        .collect()
+}
+
+fn load(dir: &Path) -> Result<Mistral3, ModelError> {
+    let r = Mistral3::load(dir);
+    std::fs::remove_dir_all(dir).ok();
+    r
+}
+
+#[test]
+fn legacy_names_and_half_precision_load() {
+    let model = Mistral3::load(&shared_fixture()).unwrap();
+    let same = write_checkpoint("legacy", tensors(&model, legacy_name, Dtype::F32));
+    assert_eq!(load(&same).unwrap().params.data, model.params.data);
+    for (tag, dtype) in [("bf16", Dtype::BF16), ("f16", Dtype::F16)] {
+        let dir = write_checkpoint(tag, tensors(&model, |n| n.to_string(), dtype));
+        let loaded = load(&dir).unwrap();
+        for (g, s) in model.params.layout.slots() {
+            let want = &model.params.data[g][s.range()];
+            let got = &loaded.params.data[g][s.range()];
+            for (&w, &x) in want.iter().zip(got) {
+                let r = match dtype {
+                    Dtype::BF16 => half::bf16::from_f32(w).to_f32(),
+                    _ => half::f16::from_f32(w).to_f32(),
+                };
+                assert_eq!(x.to_bits(), r.to_bits(), "{} as {tag}", s.name);
+            }
+        }
+    }
+}
+
+fn expect_weights_error(tag: &str, t: Vec<(String, Raw)>, needle: &str) {
+    let dir = write_checkpoint(tag, t);
+    match load(&dir) {
+        Err(ModelError::Weights(e)) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(needle),
+                "{tag}: {msg:?} should name {needle:?}"
+            );
+        }
+        other => panic!(
+            "{tag}: expected a weights error, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+}
+
+#[test]
+fn missing_extra_misshaped_and_bad_dtype_tensors_are_named() {
+    let model = Mistral3::load(&shared_fixture()).unwrap();
+    let five = |n: &str| n.to_string();
+    let victim = "model.language_model.layers.1.self_attn.k_proj.weight";
+
+    let mut t = tensors(&model, five, Dtype::F32);
+    t.retain(|(n, _)| n != victim);
+    expect_weights_error("missing", t, victim);
+
+    let mut t = tensors(&model, five, Dtype::F32);
+    t.push((
+        "model.language_model.layers.7.mlp.up_proj.weight".into(),
+        Raw {
+            dtype: Dtype::F32,
+            shape: vec![1],
+            bytes: vec![0; 4],
+        },
+    ));
+    expect_weights_error("extra", t, "layers.7.mlp.up_proj");
+
+    let mut t = tensors(&model, five, Dtype::F32);
+    for (n, r) in t.iter_mut() {
+        if n == victim {
+            r.shape = vec![r.shape[1], r.shape[0]];
+        }
+    }
+    expect_weights_error("shape", t, victim);
+
+    let mut t = tensors(&model, five, Dtype::F32);
+    for (n, r) in t.iter_mut() {
+        if n == victim {
+            r.dtype = Dtype::I32;
+        }
+    }
+    expect_weights_error("dtype", t, victim);
+
+    // The same tensor under both naming schemes.
+    let mut t = tensors(&model, five, Dtype::F32);
+    let dup = tensors(&model, legacy_name, Dtype::F32)
+        .into_iter()
+        .find(|(n, _)| n == &legacy_name(victim))
+        .unwrap();
+    t.push(dup);
+    expect_weights_error("dup", t, "twice");
+}
+
+#[test]
+fn no_checkpoint_is_an_error() {
+    let cfg = Mistral3Config::from_file(&shared_fixture().join("config.json")).unwrap();
+    let err = load_params(Path::new("/nonexistent"), ParamLayout::new(&cfg)).unwrap_err();
+    assert!(matches!(err, WeightsError::NoWeights(_)), "{err}");
+}
+
+fn shared_batch() -> Batch {
+    let dir = shared_fixture();
+    let r = cannon_trainer::cli::verify::Reference::load(&dir.join("reference.safetensors"));
+    r.unwrap().batch().unwrap()
+}
+
+#[test]
+fn image_token_count_mismatch_names_both_counts() {
+    let model = Mistral3::load(&shared_fixture()).unwrap();
+    let mut batch = shared_batch();
+    let img = model.cfg.image_token_index;
+    let pos = batch.input_ids.iter().position(|&t| t == img).unwrap();
+    batch.input_ids[pos] = 100;
+    match model.forward(&batch, Precision::F32) {
+        Err(ModelError::ImageTokens { tokens, features }) => {
+            assert_eq!((tokens, features), (21, 22));
+        }
+        other => panic!("expected the count mismatch, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn frozen_parts_get_no_gradient_and_leave_text_gradients_unchanged() {
+    let model = Mistral3::load(&shared_fixture()).unwrap();
+    let batch = shared_batch();
+    let acts = model.forward(&batch, Precision::F32).unwrap();
+    let mut all = model.grads(&[Part::Vision, Part::Projector, Part::Text]);
+    model.backward(&batch, &acts, &mut all, None, Precision::F32);
+    let mut text = model.grads(&[Part::Text]);
+    model.backward(&batch, &acts, &mut text, None, Precision::F32);
+    let layout = &model.params.layout;
+    for (g, group) in layout.groups.iter().enumerate() {
+        match group.part {
+            Part::Text => assert_eq!(text.data[g], all.data[g], "group {g}"),
+            _ => assert!(text.data[g].is_none(), "frozen group {g} has a gradient"),
+        }
+    }
+    // Frozen language model, trained vision tower: gradients flow through the frozen text
+    // layers into the tower and match the all-trainable run.
+    let mut vision = model.grads(&[Part::Vision]);
+    model.backward(&batch, &acts, &mut vision, None, Precision::F32);
+    for g in 0..=layout.vision_layers {
+        assert_eq!(vision.data[g], all.data[g], "vision group {g}");
+    }
+}
