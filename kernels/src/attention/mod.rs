@@ -48,6 +48,8 @@ mod pack;
 mod simd;
 
 #[cfg(test)]
+mod reference;
+#[cfg(test)]
 mod tests;
 
 use crate::error::{check_len, KernelError, Result};
