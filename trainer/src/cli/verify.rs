@@ -307,7 +307,7 @@ pub fn verify(
         &mut grads,
         want_pix.then_some(&mut dpix[..]),
         prec,
-    );
+    )?;
     let layout = &model.params.layout;
     for (name, (shape, want)) in r.tensors.iter() {
         let Some(param) = name.strip_prefix("grad.") else {
@@ -393,7 +393,8 @@ fn independence(
     let cfg = &model.cfg;
     let run = |images: &Images| -> Result<_, VerifyError> {
         let v = crate::model::pixtral::forward(cfg, &model.params, images, prec)?;
-        let p = crate::model::projector::forward(cfg, &model.params, &v.grid, v.output(), prec);
+        let p = crate::model::projector::forward(cfg, &model.params, &v.grid, v.output(), prec)
+            .map_err(ModelError::from)?;
         Ok((v, p))
     };
     let (v0, p0) = run(img)?;
@@ -447,7 +448,7 @@ fn independence(
         dfeat[s.start * d..s.end * d].fill(1.0);
         let mut grads = model.grads(&[]);
         let mut dpix = vec![0.0; img.pixel_values.len()];
-        model.backward_images(batch, &v0, &p0, &dfeat, &mut grads, Some(&mut dpix), prec);
+        model.backward_images(batch, &v0, &p0, &dfeat, &mut grads, Some(&mut dpix), prec)?;
         for i in (0..img.len()).filter(|&i| i != j) {
             let other = &dpix[i * img.image_len()..][..img.image_len()];
             grad_leak = grad_leak.max(other.iter().map(|x| x.abs() as f64).fold(0.0, f64::max));
@@ -585,7 +586,7 @@ pub fn train_steps(
         let compute = master.rounded(prec);
         let acts = compute.forward(batch, prec)?;
         grads.zero();
-        compute.backward(batch, &acts, &mut grads, None, prec);
+        compute.backward(batch, &acts, &mut grads, None, prec)?;
         norms.push(clip_grad_norm(&mut grads, max_norm));
         losses.push(acts.loss);
         opt.update(&mut master.params, &grads, adamw.lr);

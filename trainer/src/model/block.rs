@@ -15,6 +15,7 @@
 //! read bottom-up.
 
 use super::ops::{self, Attn, GateAct, Precision, RopeTable};
+use cannon_kernels::KernelError;
 
 /// The sizes and flavour of a block.
 #[derive(Clone, Copy, Debug)]
@@ -136,14 +137,14 @@ pub fn block_forward(
     a: &mut BlockActs,
     x: &[f32],
     out: &mut [f32],
-) {
+) -> Result<(), KernelError> {
     let d = c.dims;
     let p = c.prec;
     ops::rmsnorm_forward(&mut a.ln1, &mut a.rstd1, x, w.attn_norm, d.eps);
     p.round(&mut a.ln1);
-    ops::linear_forward(&mut a.q, &a.ln1, w.q, d.d, d.dq());
-    ops::linear_forward(&mut a.k, &a.ln1, w.k, d.d, d.dkv());
-    ops::linear_forward(&mut a.v, &a.ln1, w.v, d.d, d.dkv());
+    ops::linear_forward(&mut a.q, &a.ln1, w.q, d.d, d.dq())?;
+    ops::linear_forward(&mut a.k, &a.ln1, w.k, d.d, d.dkv())?;
+    ops::linear_forward(&mut a.v, &a.ln1, w.v, d.d, d.dkv())?;
     ops::rope_forward(&mut a.q, c.rope);
     ops::rope_forward(&mut a.k, c.rope);
     p.round(&mut a.q);
@@ -151,21 +152,22 @@ pub fn block_forward(
     p.round(&mut a.v);
     ops::attention_forward(&c.attn(), &mut a.att, &mut a.lse, &a.q, &a.k, &a.v);
     p.round(&mut a.att);
-    ops::linear_forward(&mut a.mid, &a.att, w.o, d.dq(), d.d);
+    ops::linear_forward(&mut a.mid, &a.att, w.o, d.dq(), d.d)?;
     for (m, &xv) in a.mid.iter_mut().zip(x) {
         *m += xv;
     }
 
     ops::rmsnorm_forward(&mut a.ln2, &mut a.rstd2, &a.mid, w.mlp_norm, d.eps);
     p.round(&mut a.ln2);
-    ops::linear_forward(&mut a.gate, &a.ln2, w.gate, d.d, d.inter);
-    ops::linear_forward(&mut a.up, &a.ln2, w.up, d.d, d.inter);
+    ops::linear_forward(&mut a.gate, &a.ln2, w.gate, d.d, d.inter)?;
+    ops::linear_forward(&mut a.up, &a.ln2, w.up, d.d, d.inter)?;
     ops::gated_forward(&mut a.h, &a.gate, &a.up, d.act);
     p.round(&mut a.h);
-    ops::linear_forward(out, &a.h, w.down, d.inter, d.d);
+    ops::linear_forward(out, &a.h, w.down, d.inter, d.d)?;
     for (o, &m) in out.iter_mut().zip(&a.mid) {
         *o += m;
     }
+    Ok(())
 }
 
 /// Scratch for one block's backward, sized for T tokens and reused layer after layer.
@@ -211,18 +213,18 @@ pub fn block_backward(
     dout: &[f32],
     dx: &mut [f32],
     s: &mut BlockScratch,
-) {
+) -> Result<(), KernelError> {
     let d = c.dims;
     // out = mid + h Wdown^T
     s.dh.fill(0.0);
     let gd = g.as_mut().map(|g| &mut *g.down);
-    ops::linear_backward(Some(&mut s.dh), gd, dout, &a.h, w.down, d.inter, d.d);
+    ops::linear_backward(Some(&mut s.dh), gd, dout, &a.h, w.down, d.inter, d.d)?;
     ops::gated_backward(&mut s.dgate, &mut s.dup, &s.dh, &a.gate, &a.up, d.act);
     s.dln.fill(0.0);
     let gg = g.as_mut().map(|g| &mut *g.gate);
-    ops::linear_backward(Some(&mut s.dln), gg, &s.dgate, &a.ln2, w.gate, d.d, d.inter);
+    ops::linear_backward(Some(&mut s.dln), gg, &s.dgate, &a.ln2, w.gate, d.d, d.inter)?;
     let gu = g.as_mut().map(|g| &mut *g.up);
-    ops::linear_backward(Some(&mut s.dln), gu, &s.dup, &a.ln2, w.up, d.d, d.inter);
+    ops::linear_backward(Some(&mut s.dln), gu, &s.dup, &a.ln2, w.up, d.d, d.inter)?;
     s.dmid.copy_from_slice(dout);
     let gn = g.as_mut().map(|g| &mut *g.mlp_norm);
     ops::rmsnorm_backward(&mut s.dmid, gn, &s.dln, &a.mid, w.mlp_norm, &a.rstd2);
@@ -230,7 +232,7 @@ pub fn block_backward(
     // mid = x + att Wo^T
     s.datt.fill(0.0);
     let go = g.as_mut().map(|g| &mut *g.o);
-    ops::linear_backward(Some(&mut s.datt), go, &s.dmid, &a.att, w.o, d.dq(), d.d);
+    ops::linear_backward(Some(&mut s.datt), go, &s.dmid, &a.att, w.o, d.dq(), d.d)?;
     ops::attention_backward(
         &c.attn(),
         &mut s.dq,
@@ -247,12 +249,13 @@ pub fn block_backward(
     ops::rope_backward(&mut s.dk, c.rope);
     s.dln.fill(0.0);
     let gq = g.as_mut().map(|g| &mut *g.q);
-    ops::linear_backward(Some(&mut s.dln), gq, &s.dq, &a.ln1, w.q, d.d, d.dq());
+    ops::linear_backward(Some(&mut s.dln), gq, &s.dq, &a.ln1, w.q, d.d, d.dq())?;
     let gk = g.as_mut().map(|g| &mut *g.k);
-    ops::linear_backward(Some(&mut s.dln), gk, &s.dk, &a.ln1, w.k, d.d, d.dkv());
+    ops::linear_backward(Some(&mut s.dln), gk, &s.dk, &a.ln1, w.k, d.d, d.dkv())?;
     let gv = g.as_mut().map(|g| &mut *g.v);
-    ops::linear_backward(Some(&mut s.dln), gv, &s.dv, &a.ln1, w.v, d.d, d.dkv());
+    ops::linear_backward(Some(&mut s.dln), gv, &s.dv, &a.ln1, w.v, d.d, d.dkv())?;
     dx.copy_from_slice(&s.dmid);
     let gn = g.as_mut().map(|g| &mut *g.attn_norm);
     ops::rmsnorm_backward(dx, gn, &s.dln, x, w.attn_norm, &a.rstd1);
+    Ok(())
 }

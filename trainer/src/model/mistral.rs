@@ -196,7 +196,7 @@ pub fn forward(
             &mut acts,
             &resid[l],
             &mut out,
-        );
+        )?;
         resid.push(out);
         blocks.push(acts);
     }
@@ -207,7 +207,7 @@ pub fn forward(
     ops::rmsnorm_forward(&mut xf, &mut rstd_f, last, head.norm, t.rms_norm_eps);
     prec.round(&mut xf);
     let mut logits = vec![0.0; n * v];
-    ops::linear_forward(&mut logits, &xf, head.lm_head, d, v);
+    ops::linear_forward(&mut logits, &xf, head.lm_head, d, v)?;
     Ok(TextActs {
         rope,
         cu_seqlens,
@@ -229,7 +229,7 @@ pub fn backward(
     grads: &mut Grads,
     want_dx0: bool,
     prec: Precision,
-) -> Option<Vec<f32>> {
+) -> Result<Option<Vec<f32>>, ModelError> {
     let t = &cfg.text_config;
     let (d, v) = (t.hidden_size, t.vocab_size);
     let n = a.rstd_f.len();
@@ -241,7 +241,7 @@ pub fn backward(
         .map(|buf| TextHead::split_mut(buf, &layout.groups[hg]));
     let mut dxf = vec![0.0; n * d];
     let glm = gh.as_mut().map(|g| &mut *g.lm_head);
-    ops::linear_backward(Some(&mut dxf), glm, dlogits, &a.xf, head.lm_head, d, v);
+    ops::linear_backward(Some(&mut dxf), glm, dlogits, &a.xf, head.lm_head, d, v)?;
     let mut dx = vec![0.0; n * d];
     let last = a.resid.last().map(Vec::as_slice).unwrap_or(&[]);
     ops::rmsnorm_backward(
@@ -261,7 +261,7 @@ pub fn backward(
         let trains = grads.data[g].is_some();
         let below_trains = (0..l).any(|k| grads.data[layout.text_layer(k)].is_some());
         if !trains && !below_trains && !want_dx0 {
-            return None;
+            return Ok(None);
         }
         let ctx = BlockCtx {
             dims,
@@ -282,10 +282,10 @@ pub fn backward(
             &dx,
             &mut dprev,
             &mut scratch,
-        );
+        )?;
         std::mem::swap(&mut dx, &mut dprev);
     }
-    Some(dx)
+    Ok(Some(dx))
 }
 
 /// The embedding gradient view of `grads`, if the embedding trains.

@@ -46,6 +46,8 @@ pub enum ModelError {
     ImageTokens { tokens: usize, features: usize },
     #[error("bad input: {0}")]
     Input(String),
+    #[error(transparent)]
+    Kernel(#[from] cannon_kernels::KernelError),
 }
 
 /// One training batch: `rows` sequences of `seq` tokens, and the images they refer to.
@@ -153,7 +155,7 @@ impl Mistral3 {
             (None, None)
         } else {
             let v = pixtral::forward(cfg, &self.params, &batch.images, prec)?;
-            let p = projector::forward(cfg, &self.params, &v.grid, v.output(), prec);
+            let p = projector::forward(cfg, &self.params, &v.grid, v.output(), prec)?;
             (Some(v), Some(p))
         };
         let feats = projector.as_ref().map_or(&[][..], |p| &p.out);
@@ -186,7 +188,7 @@ impl Mistral3 {
         grads: &mut Grads,
         dpixels: Option<&mut [f32]>,
         prec: Precision,
-    ) {
+    ) -> Result<(), ModelError> {
         let cfg = &self.cfg;
         let layout = &self.params.layout;
         let trains = |part: Part| {
@@ -208,19 +210,19 @@ impl Mistral3 {
             grads,
             want_dx0,
             prec,
-        );
+        )?;
         let Some(dx0) = dx0.filter(|_| want_dx0) else {
-            return;
+            return Ok(());
         };
         let dembed = mistral::embed_grad(&self.params, grads);
         let dfeat = mistral::embed_backward(cfg, &batch.input_ids, &dx0, dembed);
         if !image_needed {
-            return;
+            return Ok(());
         }
         let (Some(v), Some(p)) = (&a.vision, &a.projector) else {
-            return;
+            return Ok(());
         };
-        self.backward_images(batch, v, p, &dfeat, grads, dpixels, prec);
+        self.backward_images(batch, v, p, &dfeat, grads, dpixels, prec)
     }
 
     /// Projector + vision backward from the gradient of the image features `[M, D]`.
@@ -234,7 +236,7 @@ impl Mistral3 {
         grads: &mut Grads,
         dpixels: Option<&mut [f32]>,
         prec: Precision,
-    ) {
+    ) -> Result<(), ModelError> {
         let cfg = &self.cfg;
         let layout = &self.params.layout;
         let vision_trains = (0..=layout.vision_layers).any(|g| grads.data[g].is_some());
@@ -248,7 +250,7 @@ impl Mistral3 {
             dfeat,
             grads,
             dvis.as_deref_mut(),
-        );
+        )?;
         if let Some(dvis) = dvis {
             pixtral::backward(
                 cfg,
@@ -259,7 +261,8 @@ impl Mistral3 {
                 grads,
                 dpixels,
                 prec,
-            );
+            )?;
         }
+        Ok(())
     }
 }

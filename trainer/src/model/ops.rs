@@ -4,10 +4,13 @@
 //! H heads, Hd head_dim); a backward ACCUMULATES into input and weight gradients (`+=`) unless
 //! its doc says it overwrites, so residual branches simply add up.
 //!
-//! These are local, straightforward CPU implementations written while the `cannon-kernels`
-//! ops land; each function has the shape of the kernel op it stands for, so switching one to
-//! the kernel is a change inside this file only. The model code never loops over elements
+//! `linear` runs on `cannon_kernels::linear` (the GEMM). The others are local, straightforward
+//! CPU implementations written while the `cannon-kernels` ops land; each has the shape of the
+//! kernel op it stands for, so switching one to the kernel is a change inside this file only. The model code never loops over elements
 //! itself except in the few model-specific gathers (patches, the patch merger, the splice).
+
+use cannon_kernels::linear::{self, LinearDims, LinearGrads};
+use cannon_kernels::KernelError;
 
 /// Numeric precision of a run. `Bf16` is mixed precision as the CPU kernels do it: the
 /// weights and every activation that feeds a GEMM or the attention (the tensors a bf16 run
@@ -31,13 +34,26 @@ impl Precision {
     }
 }
 
-/// `y[T,Dout] = x[T,Din] @ w[Dout,Din]^T` (overwrites y).
-pub fn linear_forward(y: &mut [f32], x: &[f32], w: &[f32], din: usize, dout: usize) {
-    for (yr, xr) in y.chunks_exact_mut(dout).zip(x.chunks_exact(din)) {
-        for (yo, wr) in yr.iter_mut().zip(w.chunks_exact(din)) {
-            *yo = dot(xr, wr);
-        }
-    }
+/// `y[T,Dout] = x[T,Din] @ w[Dout,Din]^T` (overwrites y), on `cannon_kernels::linear`.
+pub fn linear_forward(
+    y: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    din: usize,
+    dout: usize,
+) -> Result<(), KernelError> {
+    let t = x.len() / din.max(1);
+    linear::linear_forward(
+        y,
+        x,
+        w,
+        None,
+        LinearDims {
+            t,
+            d_in: din,
+            d_out: dout,
+        },
+    )
 }
 
 /// `dx[T,Din] += dy[T,Dout] @ w[Dout,Din]`, `dw[Dout,Din] += dy^T @ x`; either may be skipped.
@@ -49,21 +65,20 @@ pub fn linear_backward(
     w: &[f32],
     din: usize,
     dout: usize,
-) {
-    if let Some(dx) = dx {
-        for (dxr, dyr) in dx.chunks_exact_mut(din).zip(dy.chunks_exact(dout)) {
-            for (&g, wr) in dyr.iter().zip(w.chunks_exact(din)) {
-                axpy(dxr, g, wr);
-            }
-        }
-    }
-    if let Some(dw) = dw {
-        for (o, dwr) in dw.chunks_exact_mut(din).enumerate() {
-            for (dyr, xr) in dy.chunks_exact(dout).zip(x.chunks_exact(din)) {
-                axpy(dwr, dyr[o], xr);
-            }
-        }
-    }
+) -> Result<(), KernelError> {
+    let t = x.len() / din.max(1);
+    let g = LinearGrads { dx, dw, db: None };
+    linear::linear_backward(
+        g,
+        dy,
+        x,
+        w,
+        LinearDims {
+            t,
+            d_in: din,
+            d_out: dout,
+        },
+    )
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {

@@ -220,7 +220,7 @@ pub fn forward(
     prec.round(&mut patches);
     let e = params.vision_embed();
     let mut embed = vec![0.0; n * dv];
-    ops::linear_forward(&mut embed, &patches, e.patch_conv, kdim, dv);
+    ops::linear_forward(&mut embed, &patches, e.patch_conv, kdim, dv)?;
     let mut x0 = vec![0.0; n * dv];
     let mut rstd_pre = vec![0.0; n];
     ops::rmsnorm_forward(&mut x0, &mut rstd_pre, &embed, e.ln_pre, VISION_RMS_EPS);
@@ -243,7 +243,7 @@ pub fn forward(
             &mut acts,
             &resid[l],
             &mut out,
-        );
+        )?;
         resid.push(out);
         blocks.push(acts);
     }
@@ -271,7 +271,7 @@ pub fn backward(
     grads: &mut Grads,
     dpixels: Option<&mut [f32]>,
     prec: Precision,
-) {
+) -> Result<(), ModelError> {
     let v = &cfg.vision_config;
     let (p, dv) = (v.patch_size, v.hidden_size);
     let kdim = v.num_channels * p * p;
@@ -302,7 +302,7 @@ pub fn backward(
             &d,
             &mut dprev,
             &mut scratch,
-        );
+        )?;
         std::mem::swap(&mut d, &mut dprev);
     }
     // x0 = ln_pre(embed); embed = patches Wconv^T
@@ -316,8 +316,8 @@ pub fn backward(
     ops::rmsnorm_backward(&mut dembed, gln, &d, &a.embed, e.ln_pre, &a.rstd_pre);
     let gconv = ge.map(|g| g.patch_conv);
     let Some(dpix) = dpixels else {
-        ops::linear_backward(None, gconv, &dembed, &a.patches, e.patch_conv, kdim, dv);
-        return;
+        ops::linear_backward(None, gconv, &dembed, &a.patches, e.patch_conv, kdim, dv)?;
+        return Ok(());
     };
     let mut dpatches = vec![0.0; n * kdim];
     ops::linear_backward(
@@ -328,7 +328,7 @@ pub fn backward(
         e.patch_conv,
         kdim,
         dv,
-    );
+    )?;
     // col2im: the inverse of the patch gather in `forward` (patches do not overlap).
     let mut rows = dpatches.chunks_exact(kdim);
     for (i, &(gh, gw)) in a.grid.grids.iter().enumerate() {
@@ -347,4 +347,5 @@ pub fn backward(
             }
         }
     }
+    Ok(())
 }

@@ -15,6 +15,7 @@ use super::config::Mistral3Config;
 use super::ops::{self, Precision};
 use super::params::{Grads, Params, Projector};
 use super::pixtral::PatchGrid;
+use cannon_kernels::KernelError;
 
 /// Everything the projector forward saves.
 #[derive(Clone, Debug)]
@@ -61,7 +62,7 @@ pub fn forward(
     grid: &PatchGrid,
     x: &[f32],
     prec: Precision,
-) -> ProjectorActs {
+) -> Result<ProjectorActs, KernelError> {
     let dv = cfg.vision_config.hidden_size;
     let d = cfg.text_config.hidden_size;
     let m = cfg.spatial_merge_size;
@@ -87,16 +88,16 @@ pub fn forward(
         }
     }
     let mut h0 = vec![0.0; tokens * dv];
-    ops::linear_forward(&mut h0, &merged, w.merge, dv * mm, dv);
+    ops::linear_forward(&mut h0, &merged, w.merge, dv * mm, dv)?;
     prec.round(&mut h0);
     let mut h1 = vec![0.0; tokens * d];
-    ops::linear_forward(&mut h1, &h0, w.linear_1, dv, d);
+    ops::linear_forward(&mut h1, &h0, w.linear_1, dv, d)?;
     let mut act = vec![0.0; tokens * d];
     ops::gelu_forward(&mut act, &h1);
     prec.round(&mut act);
     let mut out = vec![0.0; tokens * d];
-    ops::linear_forward(&mut out, &act, w.linear_2, d, d);
-    ProjectorActs {
+    ops::linear_forward(&mut out, &act, w.linear_2, d, d)?;
+    Ok(ProjectorActs {
         sources,
         rstd,
         xn,
@@ -105,7 +106,7 @@ pub fn forward(
         h1,
         act,
         out,
-    }
+    })
 }
 
 /// Projector backward from `dout [M, D]`: accumulates the projector's weight gradients if its
@@ -118,7 +119,7 @@ pub fn backward(
     dout: &[f32],
     grads: &mut Grads,
     dx: Option<&mut [f32]>,
-) {
+) -> Result<(), KernelError> {
     let dv = cfg.vision_config.hidden_size;
     let d = cfg.text_config.hidden_size;
     let mm = cfg.spatial_merge_size * cfg.spatial_merge_size;
@@ -131,12 +132,12 @@ pub fn backward(
 
     let mut dact = vec![0.0; tokens * d];
     let g2 = g.as_mut().map(|g| &mut *g.linear_2);
-    ops::linear_backward(Some(&mut dact), g2, dout, &a.act, w.linear_2, d, d);
+    ops::linear_backward(Some(&mut dact), g2, dout, &a.act, w.linear_2, d, d)?;
     let mut dh1 = vec![0.0; tokens * d];
     ops::gelu_backward(&mut dh1, &dact, &a.h1);
     let mut dh0 = vec![0.0; tokens * dv];
     let g1 = g.as_mut().map(|g| &mut *g.linear_1);
-    ops::linear_backward(Some(&mut dh0), g1, &dh1, &a.h0, w.linear_1, dv, d);
+    ops::linear_backward(Some(&mut dh0), g1, &dh1, &a.h0, w.linear_1, dv, d)?;
     let gm = g.as_mut().map(|g| &mut *g.merge);
     let mut dmerged = vec![0.0; tokens * dv * mm];
     ops::linear_backward(
@@ -147,7 +148,7 @@ pub fn backward(
         w.merge,
         dv * mm,
         dv,
-    );
+    )?;
     let dxn = scatter_merged(&dmerged, &a.sources, dv, mm, a.xn.len());
     // The norm's input gradient is only needed below the projector; its weight gradient
     // needs the same pass, so a frozen tower still gets a throwaway buffer.
@@ -160,6 +161,7 @@ pub fn backward(
         }
     };
     ops::rmsnorm_backward(dx, g.map(|g| g.norm), &dxn, x, w.norm, &a.rstd);
+    Ok(())
 }
 
 /// The transpose of the merge gather: `[M, Dv*m*m]` back to `[P, Dv]` (dropped patches get 0).
