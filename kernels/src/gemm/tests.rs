@@ -241,7 +241,8 @@ fn bf16_kernel_matches_portable_fallback() {
 }
 
 /// Shapes past each blocking limit: k > KC (partial sums accumulate in C over k blocks, with an
-/// odd tail), m > MC (several row blocks, so several tasks), n > NC (several B panels).
+/// odd tail), m > MC (several row blocks, so several tasks), n > NC (several B panels), and
+/// k > KO with n > NC_DEEP (several packed depths and panels of a deep product).
 #[test]
 fn bf16_and_f32_across_block_boundaries() {
     let mut rng = Rng::new(14);
@@ -260,6 +261,12 @@ fn bf16_and_f32_across_block_boundaries() {
             m: 517,
             n: 65,
             k: 513,
+        },
+        // k > KO (two packed B depths, odd tail) and n > NC_DEEP (two panels of a deep product).
+        Dims {
+            m: 20,
+            n: 600,
+            k: 4201,
         },
     ];
     for d in dims {

@@ -38,8 +38,14 @@ const NR: usize = NV * 16;
 const KC: usize = 512;
 /// Rows of A per block at most: A block = MC_MAX*KC*2 bytes (~256 KiB, in L2).
 const MC_MAX: usize = 252;
-/// Columns of B per panel: the packed panel (KC*NC*2 bytes = 2 MiB) is shared through L3.
+/// Columns of B per panel when k fits one KC block: the packed panel (KC*NC*2 bytes = 2 MiB)
+/// is shared through L3.
 const NC: usize = 2048;
+/// Columns of B per panel when k spans several KC blocks: a task's C tile (MC_MAX*NC_DEEP*4
+/// bytes ~ 0.5 MiB) then stays in L2 while it walks the k sub-blocks.
+const NC_DEEP: usize = 512;
+/// k per packed B panel (a multiple of KC): panel = KO*NC_DEEP*2 bytes = 4 MiB.
+const KO: usize = 4096;
 
 /// One cache line of packed words; packed buffers are made of these so they are 64-aligned.
 #[repr(C, align(64))]
@@ -169,35 +175,48 @@ struct CPtr(*mut f32);
 unsafe impl Send for CPtr {}
 unsafe impl Sync for CPtr {}
 
-/// How C's rows (and, when there are too few, column strips) are split into tasks.
+/// How C's rows (and, when there are too few, column strips) are split into tasks: row
+/// blocks of whole MR-row strips, as even as strips allow, their count a multiple of the
+/// thread count so that no thread waits long at the end of a panel.
 struct Split {
-    mc: usize,
+    m_strips: usize,
     m_blocks: usize,
     n_groups: usize,
 }
 
-fn split(m: usize, strips: usize, threads: usize) -> Split {
-    let mut m_blocks = m.div_ceil(MC_MAX);
-    let max_blocks = m.div_ceil(MR);
-    if threads > 1 {
-        m_blocks = m_blocks.div_ceil(threads) * threads;
+impl Split {
+    fn new(m: usize, strips: usize, threads: usize) -> Self {
+        let m_strips = m.div_ceil(MR);
+        let mut m_blocks = m.div_ceil(MC_MAX);
+        if threads > 1 {
+            m_blocks = m_blocks.div_ceil(threads) * threads;
+        }
+        let m_blocks = m_blocks.min(m_strips).max(1);
+        let n_groups = if m_blocks >= threads {
+            1
+        } else {
+            threads.div_ceil(m_blocks).min(strips).max(1)
+        };
+        Split {
+            m_strips,
+            m_blocks,
+            n_groups,
+        }
     }
-    m_blocks = m_blocks.min(max_blocks).max(1);
-    let mc = m.div_ceil(m_blocks).div_ceil(MR) * MR;
-    let m_blocks = m.div_ceil(mc);
-    let n_groups = if m_blocks >= threads {
-        1
-    } else {
-        threads.div_ceil(m_blocks).min(strips).max(1)
-    };
-    Split {
-        mc,
-        m_blocks,
-        n_groups,
+
+    /// Rows `i0..i1` of row block `ib`.
+    fn rows(&self, ib: usize, m: usize) -> (usize, usize) {
+        let s0 = self.m_strips * ib / self.m_blocks;
+        let s1 = self.m_strips * (ib + 1) / self.m_blocks;
+        (s0 * MR, (s1 * MR).min(m))
     }
 }
 
 /// `C = alpha * op(A) op(B) + beta * C` (dims and slices already checked, k > 0, alpha != 0).
+///
+/// Loops: B panels of `nc` columns x `ko` depth (packed once, shared); in each, one task per
+/// row block walks the panel's KC sub-blocks itself, so its `mc x nc` tile of C stays in L2
+/// across them instead of streaming through memory once per sub-block.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm<TA: Bf16Elem, TB: Bf16Elem>(
     ta: Trans,
@@ -219,88 +238,102 @@ pub(super) fn gemm<TA: Bf16Elem, TB: Bf16Elem>(
         1
     };
     let kc_max = KC.min(d.k.div_ceil(2) * 2);
-    let nc_max = NC.min(d.n.div_ceil(NR) * NR);
-    let strip_words = kc_max / 2 * NR;
-    let mut bbuf = take_buf(&B_BUF, nc_max / NR * strip_words);
+    let kp_max = kc_max / 2;
+    let ko_max = (KO / kc_max * kc_max).min(d.k.div_ceil(kc_max) * kc_max);
+    let nc_cap = if d.k > KC { NC_DEEP } else { NC };
+    let nc_max = nc_cap.min(d.n.div_ceil(NR) * NR);
+    // [sub-block][strip][kp_max][NR] words; a short last sub-block uses a prefix of its slots.
+    let slot = kp_max * NR;
+    let mut bbuf = take_buf(&B_BUF, ko_max / kc_max * (nc_max / NR) * slot);
     let cptr = CPtr(c.as_mut_ptr());
     let (asrc, bsrc) = (Src::new(a), Src::new(b));
 
     for jc in (0..d.n).step_by(nc_max) {
         let nc = nc_max.min(d.n - jc);
         let strips = nc.div_ceil(NR);
-        let sp = split(d.m, strips, threads);
-        for pc in (0..d.k).step_by(kc_max) {
-            let kc = kc_max.min(d.k - pc);
-            let kp = kc.div_ceil(2);
-            let e = Epi {
-                alpha,
-                beta: if pc == 0 { beta } else { 1.0 },
-                read_c: pc > 0 || beta != 0.0,
+        let sp = Split::new(d.m, strips, threads);
+        for pco in (0..d.k).step_by(ko_max) {
+            let ko = ko_max.min(d.k - pco);
+            let nkb = ko.div_ceil(kc_max);
+            // (k0, kc) of sub-block kb.
+            let sub = |kb: usize| {
+                let k0 = pco + kb * kc_max;
+                (k0, kc_max.min(d.k - k0))
             };
-            let bwords = &mut words(&mut bbuf)[..strips * kp * NR];
-            let pack_b = |(s, out): (usize, &mut [u32])| {
+            let bwords = &mut words(&mut bbuf)[..nkb * strips * slot];
+            let pack_b = |(i, out): (usize, &mut [u32])| {
+                let (kb, s) = (i / strips, i % strips);
+                let (k0, kc) = sub(kb);
                 let j0 = jc + s * NR;
-                let nv = NR.min(d.n - j0);
                 let p = Panel {
                     ld: ldb,
                     lane0: j0,
-                    nv,
-                    k0: pc,
+                    nv: NR.min(d.n - j0),
+                    k0,
                     kc,
                     w: NR,
                 };
                 pack(tb == Trans::T, bsrc, p, out);
             };
             if threads > 1 {
-                bwords.par_chunks_mut(kp * NR).enumerate().for_each(pack_b);
+                bwords.par_chunks_mut(slot).enumerate().for_each(pack_b);
             } else {
-                bwords.chunks_mut(kp * NR).enumerate().for_each(pack_b);
+                bwords.chunks_mut(slot).enumerate().for_each(pack_b);
             }
             let bp: &[u32] = bwords;
             let task = |t: usize| {
                 let (ib, g) = (t / sp.n_groups, t % sp.n_groups);
-                let i0 = ib * sp.mc;
-                let mc = sp.mc.min(d.m - i0);
+                let (i0, i1) = sp.rows(ib, d.m);
                 let (s0, s1) = (strips * g / sp.n_groups, strips * (g + 1) / sp.n_groups);
-                let a_strips = mc.div_ceil(MR);
-                let mut abuf = take_buf(&A_BUF, a_strips * kp * MR);
-                let aw = &mut words(&mut abuf)[..a_strips * kp * MR];
-                for (s, out) in aw.chunks_mut(kp * MR).enumerate() {
-                    let r0 = i0 + s * MR;
-                    let p = Panel {
-                        ld: lda,
-                        lane0: r0,
-                        nv: MR.min(d.m - r0),
-                        k0: pc,
-                        kc,
-                        w: MR,
+                let a_strips = (i1 - i0).div_ceil(MR);
+                let mut abuf = take_buf(&A_BUF, a_strips * kp_max * MR);
+                for kb in 0..nkb {
+                    let (k0, kc) = sub(kb);
+                    let kp = kc.div_ceil(2);
+                    let e = Epi {
+                        alpha,
+                        beta: if k0 == 0 { beta } else { 1.0 },
+                        read_c: k0 > 0 || beta != 0.0,
                     };
-                    pack(ta == Trans::N, asrc, p, out);
-                }
-                for s in s0..s1 {
-                    let j0 = s * NR;
-                    let nr = NR.min(nc - j0);
-                    let bs = &bp[s * kp * NR..(s + 1) * kp * NR];
-                    for (ia, asl) in aw.chunks(kp * MR).enumerate() {
-                        let r0 = i0 + ia * MR;
-                        let mr = MR.min(d.m - r0);
-                        let cp = cptr;
-                        // SAFETY: `available()` was checked by the caller; asl/bs hold kp*MR /
-                        // kp*NR words (bs starts a strip of the 64-aligned buffer: kp*NR is a
-                        // multiple of 16); the tile rows r0..r0+mr, columns jc+j0..+nr lie in
-                        // the checked C, and no other task writes them.
-                        unsafe {
-                            kernel(
-                                kp,
-                                asl.as_ptr(),
-                                bs.as_ptr(),
-                                cp.0.add(r0 * ldc + jc + j0),
-                                ldc,
-                                mr,
-                                nr,
-                                e,
-                            )
+                    let aw = &mut words(&mut abuf)[..a_strips * kp * MR];
+                    for (s, out) in aw.chunks_mut(kp * MR).enumerate() {
+                        let r0 = i0 + s * MR;
+                        let p = Panel {
+                            ld: lda,
+                            lane0: r0,
+                            nv: MR.min(d.m - r0),
+                            k0,
+                            kc,
+                            w: MR,
                         };
+                        pack(ta == Trans::N, asrc, p, out);
+                    }
+                    for s in s0..s1 {
+                        let j0 = s * NR;
+                        let nr = NR.min(nc - j0);
+                        let bs = &bp[(kb * strips + s) * slot..][..kp * NR];
+                        for (ia, asl) in aw.chunks(kp * MR).enumerate() {
+                            let r0 = i0 + ia * MR;
+                            let mr = MR.min(d.m - r0);
+                            let cp = cptr;
+                            // SAFETY: `available()` was checked by the caller; asl/bs hold
+                            // kp*MR / kp*NR words, bs at a 64-byte boundary of the aligned
+                            // buffer (slot = kp_max*NR words, a multiple of 16); the tile rows
+                            // r0..r0+mr, columns jc+j0..+nr lie in the checked C, and no other
+                            // task writes them.
+                            unsafe {
+                                kernel(
+                                    kp,
+                                    asl.as_ptr(),
+                                    bs.as_ptr(),
+                                    cp.0.add(r0 * ldc + jc + j0),
+                                    ldc,
+                                    mr,
+                                    nr,
+                                    e,
+                                )
+                            };
+                        }
                     }
                 }
                 put_buf(&A_BUF, abuf);
