@@ -218,7 +218,7 @@ impl Report {
         for r in &self.rows {
             let shape = format!("{:?}", r.shape);
             println!(
-                "{:<70} {:>16} {:>10.3e} {:>10.3e} {:>8.0e}  {}",
+                "{:<70} {:>16} {:>10.3e} {:>10.3e} {:>8.1e}  {}",
                 r.name,
                 shape,
                 r.rel_l2,
