@@ -7,7 +7,7 @@
 
 use cannon_kernels::gemm::{gemm_bf16, gemm_f32, Dims, Trans};
 use cannon_kernels::testutil::Rng;
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use half::bf16;
 use std::time::Duration;
 
@@ -86,6 +86,8 @@ fn bench_gemm(cr: &mut Criterion) {
         let mut g = cr.benchmark_group("gemm");
         g.throughput(Throughput::Elements(2 * (m * n * k) as u64));
         g.sample_size(10);
+        // One product takes 10-500 ms: flat sampling, as criterion advises for long runs.
+        g.sampling_mode(SamplingMode::Flat);
         g.warm_up_time(Duration::from_millis(500));
         g.measurement_time(Duration::from_secs(3));
         g.bench_function(format!("f32/{name}"), |bch| {

@@ -8,6 +8,10 @@ use rayon::prelude::*;
 
 /// Columns of db per rayon task: wide enough that a task is worth scheduling.
 const DB_CHUNK: usize = 1024;
+/// Tile of Y computed in f32 before rounding to bf16 (bounds the scratch to 8 MiB; a column
+/// tile as wide as the GEMM's B panel adds no packing work).
+const Y_TILE_ROWS: usize = 1024;
+const Y_TILE_COLS: usize = 2048;
 
 /// Fills every row of `y[T,O]` with the bias (so the product can accumulate onto it).
 fn broadcast_bias(y: &mut [f32], b: impl Fn(usize) -> f32 + Sync, d_out: usize) {
@@ -190,6 +194,58 @@ pub(super) fn backward_bf16<G: Bf16Elem, X: Bf16Elem, W: Bf16Elem>(
     }
     if let Some(db) = g.db {
         bias_grad(db, |i| dy[i].value(), d);
+    }
+    Ok(())
+}
+
+/// `Y` stored as bf16: tiles of Y are computed in f32 (bias included) and rounded once.
+pub(super) fn forward_bf16_to_bf16<X: Bf16Elem, W: Bf16Elem>(
+    y: &mut [half::bf16],
+    x: &[X],
+    w: &[W],
+    b: Option<&[W]>,
+    d: LinearDims,
+) -> Result<()> {
+    let cols = Y_TILE_COLS.min(d.d_out);
+    let mut tile = vec![0.0f32; Y_TILE_ROWS.min(d.t) * cols];
+    for t0 in (0..d.t).step_by(Y_TILE_ROWS) {
+        let rows = Y_TILE_ROWS.min(d.t - t0);
+        let xs = &x[t0 * d.d_in..(t0 + rows) * d.d_in];
+        for o0 in (0..d.d_out).step_by(Y_TILE_COLS) {
+            let nc = Y_TILE_COLS.min(d.d_out - o0);
+            let tile = &mut tile[..rows * nc];
+            let beta = match b {
+                Some(b) => {
+                    broadcast_bias(tile, |j| b[o0 + j].value(), nc);
+                    1.0
+                }
+                None => 0.0,
+            };
+            // tile[rows, nc] = X[t0.., :] W[o0..o0+nc, :]^T
+            let gd = gemm_dims(rows, nc, d.d_in);
+            let ws = &w[o0 * d.d_in..(o0 + nc) * d.d_in];
+            gemm_bf16(
+                Trans::N,
+                Trans::T,
+                gd,
+                1.0,
+                xs,
+                d.d_in,
+                ws,
+                d.d_in,
+                beta,
+                tile,
+                nc,
+            )?;
+            y[t0 * d.d_out..(t0 + rows) * d.d_out]
+                .par_chunks_mut(d.d_out)
+                .zip(tile.par_chunks(nc))
+                .for_each(|(yr, tr)| {
+                    for (o, &v) in yr[o0..o0 + nc].iter_mut().zip(tr) {
+                        *o = half::bf16::from_f32(v);
+                    }
+                });
+        }
     }
     Ok(())
 }

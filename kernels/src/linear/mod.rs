@@ -127,12 +127,7 @@ pub fn linear_forward_bf16_to_bf16<X: Bf16Elem, W: Bf16Elem>(
     if let Some(b) = b {
         check_len("linear_forward_bf16", "b", b.len(), d.d_out)?;
     }
-    let mut y32 = vec![0.0f32; y.len()];
-    cpu::forward_bf16(&mut y32, x, w, b, d)?;
-    for (o, &v) in y.iter_mut().zip(&y32) {
-        *o = bf16::from_f32(v);
-    }
-    Ok(())
+    cpu::forward_bf16_to_bf16(y, x, w, b, d)
 }
 
 /// [`linear_backward`] with bf16 inputs (dY, X, W as bf16 or f32 rounded to bf16 in the

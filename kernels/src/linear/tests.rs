@@ -289,6 +289,25 @@ fn bf16_forward_and_backward_match_f64() {
     }
 }
 
+/// bf16 Y is computed in tiles (1024 rows x 2048 columns): across tile edges it must still be
+/// exactly the f32 Y rounded once.
+#[test]
+fn bf16_output_tiles_equal_rounded_f32_output() {
+    let mut rng = Rng::new(25);
+    let d = LinearDims {
+        t: 1030,
+        d_in: 9,
+        d_out: 2050,
+    };
+    let v = data(&mut rng, d);
+    let (xh, wh, bh) = (to_bf16(&v.x), to_bf16(&v.w), to_bf16(&v.b));
+    let mut y = vec![0.0f32; d.t * d.d_out];
+    linear_forward_bf16(&mut y, &xh, &wh, Some(&bh), d).unwrap();
+    let mut yh = vec![bf16::ZERO; y.len()];
+    linear_forward_bf16_to_bf16(&mut yh, &xh, &wh, Some(&bh), d).unwrap();
+    assert!(yh.iter().zip(&y).all(|(a, &b)| *a == bf16::from_f32(b)));
+}
+
 #[test]
 fn bad_lengths_are_shape_errors() {
     let d = LinearDims {
