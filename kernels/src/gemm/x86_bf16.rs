@@ -22,7 +22,7 @@
 //! workspace's declared rust-version: this module needs 1.89 (the toolchain here is 1.95), as
 //! its `#[clippy::msrv]` in mod.rs says.
 
-use super::x86_pack::{pack_k_across_rows, pack_k_in_rows, Panel, Src};
+use super::x86_pack::{pack_block_across_rows, pack_k_across_rows, pack_k_in_rows, Panel, Src};
 use super::{Bf16Elem, Dims, Trans};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
@@ -296,17 +296,32 @@ pub(super) fn gemm<TA: Bf16Elem, TB: Bf16Elem>(
                         read_c: k0 > 0 || beta != 0.0,
                     };
                     let aw = &mut words(&mut abuf)[..a_strips * kp * MR];
-                    for (s, out) in aw.chunks_mut(kp * MR).enumerate() {
-                        let r0 = i0 + s * MR;
+                    if ta == Trans::N {
+                        for (s, out) in aw.chunks_mut(kp * MR).enumerate() {
+                            let r0 = i0 + s * MR;
+                            let p = Panel {
+                                ld: lda,
+                                lane0: r0,
+                                nv: MR.min(d.m - r0),
+                                k0,
+                                kc,
+                                w: MR,
+                            };
+                            pack(true, asrc, p, out);
+                        }
+                    } else {
                         let p = Panel {
                             ld: lda,
-                            lane0: r0,
-                            nv: MR.min(d.m - r0),
+                            lane0: i0,
+                            nv: i1 - i0,
                             k0,
                             kc,
                             w: MR,
                         };
-                        pack(ta == Trans::N, asrc, p, out);
+                        // SAFETY: as in `pack`: features checked, columns i0..i1 and rows
+                        // k0..k0+kc of the stored A^T are inside the checked operand, and aw
+                        // holds a_strips * kp * MR words.
+                        unsafe { pack_block_across_rows(asrc, p, a_strips, aw) };
                     }
                     for s in s0..s1 {
                         let j0 = s * NR;

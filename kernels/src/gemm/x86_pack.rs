@@ -167,25 +167,40 @@ pub(super) unsafe fn pack_k_in_rows(src: Src, p: Panel, out: &mut [u32]) {
 /// As [`pack_k_in_rows`] with rows and columns swapped.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub(super) unsafe fn pack_k_across_rows(src: Src, p: Panel, out: &mut [u32]) {
+    pack_block_across_rows(src, p, 1, out)
+}
+
+/// [`pack_k_across_rows`] for `strips` consecutive panels of `p.w` lanes at once (`p.nv` valid
+/// lanes in all, from `p.lane0`), out = `[strips][kp][w]`. Walking k outermost reads each
+/// stored row once, front to back, instead of once per strip: when the rows are far apart (a
+/// transposed operand with a large row stride) this is what the hardware prefetcher can follow.
+///
+/// # Safety
+/// As [`pack_k_across_rows`], with `out.len() >= strips * kp * w`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(super) unsafe fn pack_block_across_rows(src: Src, p: Panel, strips: usize, out: &mut [u32]) {
     let kp = p.kc.div_ceil(2);
-    debug_assert!(out.len() >= kp * p.w);
+    debug_assert!(out.len() >= strips * kp * p.w);
     let o = out.as_mut_ptr().cast::<i32>();
     for q in 0..kp {
         let r0 = (p.k0 + 2 * q) * p.ld + p.lane0;
         let has_hi = 2 * q + 1 < p.kc;
-        for l0 in (0..p.w).step_by(16) {
-            let n = p.nv.saturating_sub(l0).min(16);
-            let lo = src.lanes16(r0 + l0, n);
-            let hi = if has_hi {
-                _mm512_slli_epi32::<16>(src.lanes16(r0 + p.ld + l0, n))
-            } else {
-                _mm512_setzero_si512()
-            };
-            _mm512_mask_storeu_epi32(
-                o.add(q * p.w + l0),
-                mask16(p.w - l0),
-                _mm512_or_si512(lo, hi),
-            );
+        for s in 0..strips {
+            for l0 in (0..p.w).step_by(16) {
+                let lane = s * p.w + l0;
+                let n = p.nv.saturating_sub(lane).min(16).min(p.w - l0);
+                let lo = src.lanes16(r0 + lane, n);
+                let hi = if has_hi {
+                    _mm512_slli_epi32::<16>(src.lanes16(r0 + p.ld + lane, n))
+                } else {
+                    _mm512_setzero_si512()
+                };
+                _mm512_mask_storeu_epi32(
+                    o.add((s * kp + q) * p.w + l0),
+                    mask16(p.w - l0),
+                    _mm512_or_si512(lo, hi),
+                );
+            }
         }
     }
 }
