@@ -152,8 +152,10 @@ pub(super) fn forward<E: Element>(
     let geo = geom(a);
     let seqs = spans(a, geo.bq);
     let kblocks = blocks(&seqs, KB);
-    let kt = Packed::key_blocks(x.k, &geo, &kblocks, true);
-    let v = Packed::key_blocks(x.v, &geo, &kblocks, false);
+    let (k, v) = rayon::join(
+        || Packed::key_blocks(x.k, &geo, &kblocks, false),
+        || Packed::key_blocks(x.v, &geo, &kblocks, false),
+    );
     let tiles = blocks(&seqs, geo.bq);
     let outs = chunks(out, &tiles, geo.hq * geo.d);
     let lses = chunks(lse, &tiles, geo.hq);
@@ -164,7 +166,7 @@ pub(super) fn forward<E: Element>(
                 let t = FwdTile {
                     geo: &geo,
                     q: x.q,
-                    kt: &kt,
+                    k: &k,
                     v: &v,
                     seq,
                     q0,

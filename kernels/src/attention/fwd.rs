@@ -1,28 +1,39 @@
 //! Forward tile kernel: one query tile x the q heads of one kv head, online softmax over the
 //! key blocks (FlashAttention-2 forward). Instantiated per ISA by `cpu.rs`.
+//!
+//! The scores are computed transposed, `S^T [keys, rows] = K Q^T`, so that the softmax
+//! statistics over keys (max, sum) are element-wise vector operations across the tile's rows
+//! instead of one horizontal reduction per row, and the rescale factor is one vector `exp2`
+//! per block instead of one scalar `exp2` per row. `P V` then reads `P^T` column-wise.
 
-use super::pack::{pack_rows, panel_cols, round_up, row_limit, Geom, Packed, Span};
-use super::simd::{exp2, panel, row_max, row_sum, ALayout, KB, MR};
+use super::pack::{round_up, Geom, Packed, Span};
+use super::simd::{exp2, panel, ALayout, KB, MR, NR};
 use super::Element;
 
-/// Scratch of one forward worker.
+/// Scratch of one forward worker. `ld` = the tile's rows rounded up to NR.
 pub(super) struct FwdScratch {
-    q: Vec<f32>,
-    s: Vec<f32>,
+    /// `Q^T [D, ld]`, pre-multiplied by scale * log2(e).
+    qt: Vec<f32>,
+    /// `S^T`, then `P^T` `[KB, ld]`.
+    st: Vec<f32>,
+    /// Output accumulator `[ld, dp]`.
     o: Vec<f32>,
+    /// Running max (log2 units), running sum and the block's rescale factor, per row `[ld]`.
     m: Vec<f32>,
     l: Vec<f32>,
+    alpha: Vec<f32>,
 }
 
 impl FwdScratch {
     pub fn new(geo: &Geom) -> Self {
-        let rp = geo.tile_rows();
+        let ld = round_up(geo.tile_rows(), NR);
         FwdScratch {
-            q: vec![0.0; rp * geo.dp],
-            s: vec![0.0; MR * KB],
-            o: vec![0.0; rp * geo.dp],
-            m: vec![0.0; rp],
-            l: vec![0.0; rp],
+            qt: vec![0.0; geo.d * ld],
+            st: vec![0.0; KB * ld],
+            o: vec![0.0; ld * geo.dp],
+            m: vec![0.0; ld],
+            l: vec![0.0; ld],
+            alpha: vec![0.0; ld],
         }
     }
 }
@@ -31,8 +42,8 @@ impl FwdScratch {
 pub(super) struct FwdTile<'a, E> {
     pub geo: &'a Geom,
     pub q: &'a [E],
-    /// K^T and V rows of every key block.
-    pub kt: &'a Packed,
+    /// K and V rows `[KB, dp]` of every key block.
+    pub k: &'a Packed,
     pub v: &'a Packed,
     pub seq: Span,
     pub q0: usize,
@@ -40,8 +51,8 @@ pub(super) struct FwdTile<'a, E> {
     pub kvh: usize,
 }
 
-/// Forward of one tile with the online softmax over key blocks. Writes the tile's rows of
-/// `out [qn, Hq, D]` and `lse [qn, Hq]` (the task's chunks) for the group's heads.
+/// Forward of one tile. Writes the tile's rows of `out [qn, Hq, D]` and `lse [qn, Hq]` (the
+/// task's chunks) for the group's heads.
 #[inline(always)]
 pub(super) fn fwd_group<E: Element, const FMA: bool, const W: usize>(
     t: &FwdTile<'_, E>,
@@ -52,15 +63,27 @@ pub(super) fn fwd_group<E: Element, const FMA: bool, const W: usize>(
     let (geo, seq, q0, qn, kvh) = (t.geo, t.seq, t.q0, t.qn, t.kvh);
     let (g, d, dp) = (geo.g, geo.d, geo.dp);
     let r_real = qn * g;
-    let rp = round_up(r_real, MR);
-    let FwdScratch { q, s, o, m, l } = ws;
-    let (q, o, m, l) = (
-        &mut q[..rp * dp],
-        &mut o[..rp * dp],
-        &mut m[..rp],
-        &mut l[..rp],
-    );
-    pack_rows(t.q, seq.start + q0, qn, geo.hq, kvh * g, g, d, dp, rp, q);
+    let ld = round_up(r_real, NR);
+    let FwdScratch {
+        qt,
+        st,
+        o,
+        m,
+        l,
+        alpha,
+    } = ws;
+    let (qt, o) = (&mut qt[..d * ld], &mut o[..ld * dp]);
+    let (m, l, alpha) = (&mut m[..ld], &mut l[..ld], &mut alpha[..ld]);
+
+    // qt[dd, r] = c * q[q0 + r / g, kvh * g + r % g, dd]; zero on padding rows.
+    qt.fill(0.0);
+    for r in 0..r_real {
+        let (i, h) = (r / g, kvh * g + r % g);
+        let src = &t.q[((seq.start + q0 + i) * geo.hq + h) * d..][..d];
+        for (dd, &x) in src.iter().enumerate() {
+            qt[dd * ld + r] = x.to_f32() * geo.c;
+        }
+    }
     o.fill(0.0);
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
@@ -69,45 +92,80 @@ pub(super) fn fwd_group<E: Element, const FMA: bool, const W: usize>(
     let mut kb0 = 0;
     while kb0 < seq.len && (!geo.causal || kb0 <= q_last) {
         let kn = KB.min(seq.len - kb0);
+        // Keys of the block any row of the tile may see.
+        let kmax = if geo.causal {
+            kn.min(q_last + 1 - kb0)
+        } else {
+            kn
+        };
+        let kr = round_up(kmax, MR);
         let blk = seq.blk0 + kb0 / KB;
-        let (kt, v) = (t.kt.item(kvh, blk), t.v.item(kvh, blk));
-        for r0 in (0..rp).step_by(MR) {
-            let n16 = panel_cols(geo, q0, r0, r_real, kb0, kn);
-            if n16 == 0 {
-                continue;
-            }
-            // s[MR, KB] = q_panel @ K^T (raw dot products)
-            panel::<FMA, W, false>(d, n16, ALayout::Rows, &q[r0 * dp..], dp, kt, KB, s, KB);
-            for rr in 0..MR {
-                let r = r0 + rr;
-                let lim = row_limit(geo.causal, q0 + r / g, kb0, kn);
-                let row = &mut s[rr * KB..][..n16];
-                for x in row.iter_mut() {
-                    *x *= geo.c;
-                }
-                row[lim.min(n16)..].fill(f32::NEG_INFINITY);
-                let m_old = m[r];
-                let mb = row_max(row);
-                let m_new = if mb > m_old { mb } else { m_old };
-                if m_new == f32::NEG_INFINITY {
-                    // Nothing visible yet (only padding rows): contribute nothing.
-                    row.fill(0.0);
-                    continue;
-                }
-                for x in row.iter_mut() {
-                    *x = exp2::<FMA>(*x - m_new);
-                }
-                let alpha = exp2::<FMA>(m_old - m_new);
-                l[r] = l[r] * alpha + row_sum(row);
-                m[r] = m_new;
-                if alpha != 1.0 {
-                    for x in &mut o[r * dp..][..dp] {
-                        *x *= alpha;
-                    }
+        let (k, v) = (t.k.item(kvh, blk), t.v.item(kvh, blk));
+        let st = &mut st[..kr * ld];
+
+        // st[kr, ld] = K[kr, D] @ Q^T[D, ld]  (scores in log2 units)
+        for j0 in (0..kr).step_by(MR) {
+            let k = &k[j0 * dp..];
+            panel::<FMA, W, false>(d, ld, ALayout::Rows, k, dp, qt, ld, &mut st[j0 * ld..], ld);
+        }
+        if geo.causal && kb0 + kmax > q0 + 1 {
+            // Rows of tokens before key kb0 + j: a prefix, rows being in token order.
+            for (j, row) in st.chunks_exact_mut(ld).enumerate().take(kmax) {
+                if kb0 + j > q0 {
+                    row[..((kb0 + j - q0) * g).min(ld)].fill(f32::NEG_INFINITY);
                 }
             }
-            // o_panel[MR, dp] += p[MR, n16] @ V[n16, dp]
-            panel::<FMA, W, true>(n16, dp, ALayout::Rows, s, KB, v, dp, &mut o[r0 * dp..], dp);
+        }
+        // Online softmax per 16-column chunk, its statistics held in registers.
+        for c0 in (0..ld).step_by(NR) {
+            let mut mx = [f32::NEG_INFINITY; NR];
+            for j in 0..kmax {
+                let x = &st[j * ld + c0..][..NR];
+                for c in 0..NR {
+                    mx[c] = if x[c] > mx[c] { x[c] } else { mx[c] };
+                }
+            }
+            let (mc, lc, ac) = (
+                &mut m[c0..][..NR],
+                &mut l[c0..][..NR],
+                &mut alpha[c0..][..NR],
+            );
+            for c in 0..NR {
+                let m_new = if mx[c] > mc[c] { mx[c] } else { mc[c] };
+                // A row that has seen nothing yet keeps m = -inf, alpha = 1, p = 0.
+                ac[c] = if m_new == f32::NEG_INFINITY {
+                    1.0
+                } else {
+                    exp2::<FMA>(mc[c] - m_new)
+                };
+                mc[c] = m_new;
+            }
+            let mut sum = [0.0f32; NR];
+            for j in 0..kmax {
+                let x = &mut st[j * ld + c0..][..NR];
+                for c in 0..NR {
+                    let p = exp2::<FMA>(x[c] - mc[c]);
+                    x[c] = p;
+                    sum[c] += p;
+                }
+            }
+            for c in 0..NR {
+                lc[c] = lc[c] * ac[c] + sum[c];
+            }
+        }
+        // Keys past kmax (masked for every row) contribute nothing to P V.
+        st[kmax * ld..].fill(0.0);
+        for (orow, &a) in o.chunks_exact_mut(dp).zip(alpha.iter()).take(r_real) {
+            if a != 1.0 {
+                for x in orow {
+                    *x *= a;
+                }
+            }
+        }
+        // o[rows, dp] += P[rows, kr] @ V[kr, dp], P read column-wise from P^T.
+        for r0 in (0..round_up(r_real, MR)).step_by(MR) {
+            let (pt, orows) = (&st[r0..], &mut o[r0 * dp..]);
+            panel::<FMA, W, true>(kr, dp, ALayout::Cols, pt, ld, v, dp, orows, dp);
         }
         kb0 += KB;
     }

@@ -149,20 +149,22 @@ pub(super) fn panel<const FMA: bool, const W: usize, const ACC: bool>(
     }
 }
 
-/// 1.5 * 2^23: adding it rounds an f32 of magnitude < 2^22 to an integer held in the low
+/// 1.5 * 2^23: adding it to an f32 of magnitude < 2^22 rounds it to an integer held in the low
 /// mantissa bits.
 const ROUND_MAGIC: f32 = 12_582_912.0;
+/// ROUND_MAGIC + 127 (exact): the rounded integer comes out with the exponent bias added.
+const ROUND_MAGIC_BIASED: f32 = 12_583_039.0;
 
-/// `2^x`, branch-free, relative error ~2e-7 (Cephes `exp2f` polynomial on [-0.5, 0.5]).
-/// Returns exactly 0 for `x < -126` (so masked scores, stored as -inf, give p = 0) and
-/// propagates NaN.
+/// `2^x`, branch-free: `x = n + f`, `n = round(x)`, `|f| <= 1/2`, `2^f` by the degree-6
+/// polynomial of Cephes' `exp2f` (relative error ~1e-7), `2^n` by building the exponent bits. Returns exactly 0 for `x < -126` (masked scores are
+/// -inf) and propagates NaN; `x` is clamped above at 127.
 #[inline(always)]
 pub(super) fn exp2<const FMA: bool>(x: f32) -> f32 {
-    let xc = x.clamp(-126.0, 127.0);
-    let t = xc + ROUND_MAGIC;
-    let n = t - ROUND_MAGIC;
-    let f = xc - n;
-    let ni = (t.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
+    // `if`, not `min`: keeps NaN. Below -126 the bits are garbage, replaced by the final select.
+    let xc = if x > 127.0 { 127.0 } else { x };
+    let t = xc + ROUND_MAGIC_BIASED;
+    let f = xc - (t - ROUND_MAGIC_BIASED);
+    let biased = (t.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
     let mut p = 1.535_336_2e-4f32;
     p = fmadd::<FMA>(p, f, 1.339_887_4e-3);
     p = fmadd::<FMA>(p, f, 9.618_437e-3);
@@ -170,49 +172,13 @@ pub(super) fn exp2<const FMA: bool>(x: f32) -> f32 {
     p = fmadd::<FMA>(p, f, 2.402_264_8e-1);
     p = fmadd::<FMA>(p, f, 6.931_472e-1);
     p = fmadd::<FMA>(p, f, 1.0);
-    let r = p * f32::from_bits((ni.wrapping_add(127) << 23) as u32);
-    // NaN passes through `clamp` and the polynomial, and `NaN < -126` is false.
+    let r = p * f32::from_bits((biased << 23) as u32);
+    // NaN passes through the polynomial, and `NaN < -126` is false.
     if x < -126.0 {
         0.0
     } else {
         r
     }
-}
-
-/// Largest element of `row` (length a multiple of [`NR`]); -inf for an all -inf row.
-/// Comparisons never pick a NaN, so a NaN score surfaces later through `exp2`.
-#[inline(always)]
-pub(super) fn row_max(row: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; NR];
-    for ch in row.chunks_exact(NR) {
-        for l in 0..NR {
-            lanes[l] = if ch[l] > lanes[l] { ch[l] } else { lanes[l] };
-        }
-    }
-    let mut w = NR / 2;
-    while w > 0 {
-        for l in 0..w {
-            lanes[l] = if lanes[l + w] > lanes[l] {
-                lanes[l + w]
-            } else {
-                lanes[l]
-            };
-        }
-        w /= 2;
-    }
-    lanes[0]
-}
-
-/// Sum of `row` (length a multiple of [`NR`]) with [`NR`] lane accumulators in a fixed order.
-#[inline(always)]
-pub(super) fn row_sum(row: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; NR];
-    for ch in row.chunks_exact(NR) {
-        for l in 0..NR {
-            lanes[l] += ch[l];
-        }
-    }
-    tree_sum(lanes)
 }
 
 /// Pairwise sum of the lanes (a log-depth shuffle tree, not a serial chain).
