@@ -33,7 +33,17 @@
 //!   the rounded inputs to f32 and calls [`gemm_f32`], which gives the same result up to f32
 //!   summation order.
 //!
-//! All entry points use rayon's global pool (the threads every CPU kernel shares).
+//! All entry points use rayon's global pool (the threads every CPU kernel shares); products
+//! under 64^3 multiply-adds stay on the calling thread. Calls from inside rayon tasks are fine
+//! (packing buffers are per thread and never held across a rayon call).
+//!
+//! bf16 numerics: `vdpbf16ps` treats bf16 denormals (|x| < 1.2e-38) as zero, and f32 inputs
+//! are rounded with `vcvtne2ps2bf16`, which flushes f32 denormals likewise; the portable path
+//! keeps them. Nothing else differs between the two paths beyond f32 summation order.
+//!
+//! Speed (`cargo run -p cannon-kernels --release --example gemm_rate`, criterion bench
+//! `cargo bench -p cannon-kernels --bench gemm`): on this 2-core AVX512-BF16 machine f32 runs at
+//! ~87 % of the FMA peak and bf16 at ~80-90 % of the `vdpbf16ps` peak on the bench shapes.
 
 mod cpu;
 // AVX-512 intrinsics are stable since 1.89, above the workspace rust-version.

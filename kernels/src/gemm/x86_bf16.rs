@@ -12,8 +12,9 @@
 //! The kernel keeps an MR x NR tile of C in MR*NV zmm accumulators; per k-pair it loads NV
 //! vectors of B (16 columns each) and broadcasts one A pair per row. Blocking is GotoBLAS/BLIS:
 //! the B micro-panel (kc x NR) stays in L1 while the kernel walks the A block (mc x kc, in L2),
-//! and the B panel (kc x nc) is shared by all threads, which split C's rows (or, for short
-//! products, column strips).
+//! and the B panel (ko x nc, several kc sub-blocks) is packed once and shared by all threads,
+//! which split C's rows (or, for short products, column strips). Each task walks the panel's
+//! kc sub-blocks itself, so for deep products its C tile stays in L2 between them.
 //!
 //! All `unsafe` lives here: the intrinsics need the CPU features checked by [`available`], and
 //! the kernel writes C through a raw pointer because threads own disjoint tiles of it.
@@ -53,8 +54,9 @@ const KO: usize = 4096;
 struct Line([u32; 16]);
 
 thread_local! {
-    // Reused packing buffers. Taken out while in use (never borrowed across a rayon call), so a
-    // nested GEMM on the same thread just allocates its own.
+    // Reused packing buffers (bounded: B <= 4 MiB per calling thread, A ~0.3 MiB per worker).
+    // Moved out while in use, so a GEMM that starts on the same thread meanwhile (nested, or
+    // stolen by rayon while this one waits) finds none and allocates its own.
     static A_BUF: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
     static B_BUF: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
 }
