@@ -18,7 +18,7 @@ use rayon::prelude::*;
 
 use super::bwd::{self, BwdCtx, BwdScratch};
 use super::fwd::{self, FwdScratch, FwdTile};
-use super::pack::{blocks, Geom, Packed, Span};
+use super::pack::{blocks, give_buf, take_buf, Geom, Packed, Span};
 use super::simd::{dot, KB, MR};
 use super::{Element, Qkv, QkvGrad, VarlenAttention};
 
@@ -279,11 +279,12 @@ fn store_row<E: Element>(dst: &mut [E], src: &[f32], scale: f32) {
     }
 }
 
-/// Gradients of one (sequence, kv head) in compact `[len, g, D]`, `[len, D]`, `[len, D]`.
-struct UnitGrads<E> {
-    dq: Vec<E>,
-    dk: Vec<E>,
-    dv: Vec<E>,
+/// Unscaled gradients of one (sequence, kv head): dq `[len * g + MR, dp]` (rows `i * g + hh`),
+/// dk and dv `[len, dp]`, in pooled buffers.
+struct UnitGrads {
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
 }
 
 fn backward_fused<E: Element>(isa: Isa, c: &BwdCtx<'_>, seqs: &[Span], grads: QkvGrad<E>) {
@@ -293,42 +294,42 @@ fn backward_fused<E: Element>(isa: Isa, c: &BwdCtx<'_>, seqs: &[Span], grads: Qk
         .iter()
         .flat_map(|&s| (0..geo.hkv).map(move |kvh| (s, kvh)))
         .collect();
-    let zero = E::from_f32(0.0);
-    let results: Vec<UnitGrads<E>> = units
+    let results: Vec<UnitGrads> = units
         .par_iter()
         .map_init(
             || BwdScratch::new(geo),
             |ws, &(seq, kvh)| {
-                let mut dq_acc = vec![0.0f32; (seq.len * g + MR) * dp];
                 let mut u = UnitGrads {
-                    dq: vec![zero; seq.len * g * d],
-                    dk: vec![zero; seq.len * d],
-                    dv: vec![zero; seq.len * d],
+                    dq: take_buf((seq.len * g + MR) * dp),
+                    dk: take_buf(seq.len * dp),
+                    dv: take_buf(seq.len * dp),
                 };
+                u.dq.fill(0.0);
                 for kb0 in (0..seq.len).step_by(KB) {
-                    bwd_kv_block(isa, c, seq, kvh, kb0, Some(&mut dq_acc), ws);
-                    for j in 0..KB.min(seq.len - kb0) {
-                        let row = (kb0 + j) * d;
-                        store_row(&mut u.dk[row..row + d], &ws.dk[j * dp..], scale);
-                        store_row(&mut u.dv[row..row + d], &ws.dv[j * dp..], 1.0);
-                    }
-                }
-                for (dst, src) in u.dq.chunks_exact_mut(d).zip(dq_acc.chunks_exact(dp)) {
-                    store_row(dst, src, scale);
+                    bwd_kv_block(isa, c, seq, kvh, kb0, Some(&mut u.dq), ws);
+                    let rows = KB.min(seq.len - kb0) * dp;
+                    u.dk[kb0 * dp..][..rows].copy_from_slice(&ws.dk[..rows]);
+                    u.dv[kb0 * dp..][..rows].copy_from_slice(&ws.dv[..rows]);
                 }
                 u
             },
         )
         .collect();
     let (hq, hkv) = (geo.hq, geo.hkv);
-    for (&(seq, kvh), u) in units.iter().zip(&results) {
+    for (&(seq, kvh), u) in units.iter().zip(results) {
         for i in 0..seq.len {
             let t = seq.start + i;
-            let dq = &mut grads.dq[(t * hq + kvh * g) * d..][..g * d];
-            dq.copy_from_slice(&u.dq[i * g * d..][..g * d]);
-            grads.dk[(t * hkv + kvh) * d..][..d].copy_from_slice(&u.dk[i * d..][..d]);
-            grads.dv[(t * hkv + kvh) * d..][..d].copy_from_slice(&u.dv[i * d..][..d]);
+            for hh in 0..g {
+                let dst = &mut grads.dq[(t * hq + kvh * g + hh) * d..][..d];
+                store_row(dst, &u.dq[(i * g + hh) * dp..], scale);
+            }
+            let (dk, dv) = (&u.dk[i * dp..], &u.dv[i * dp..]);
+            store_row(&mut grads.dk[(t * hkv + kvh) * d..][..d], dk, scale);
+            store_row(&mut grads.dv[(t * hkv + kvh) * d..][..d], dv, 1.0);
         }
+        give_buf(u.dq);
+        give_buf(u.dk);
+        give_buf(u.dv);
     }
 }
 

@@ -10,6 +10,8 @@
 //! Everything is packed once per call (in parallel) and shared read-only by the tile tasks,
 //! which also does the bf16 -> f32 widening once.
 
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use super::simd::{KB, MR, NR, QROWS};
@@ -144,6 +146,48 @@ fn pack_t<E: Element>(
     }
 }
 
+/// f32 buffers of earlier calls, process-wide. Reusing them keeps each call from
+/// page-faulting megabytes of fresh memory (large allocations are fresh mmaps); the cost is
+/// that up to [`POOL_MAX`] buffers of the largest calls stay allocated. The lock is taken a
+/// few times per call, never in a loop over tiles.
+static POOL: Mutex<Vec<Vec<f32>>> = Mutex::new(Vec::new());
+
+/// Buffers kept (a backward call holds 7 packed operands plus 3 per concurrent task).
+const POOL_MAX: usize = 16;
+
+fn pool() -> std::sync::MutexGuard<'static, Vec<Vec<f32>>> {
+    // A panic elsewhere while holding the lock leaves a valid Vec: keep using it.
+    POOL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A buffer of `len` floats with unspecified contents, from the pool if possible.
+pub(super) fn take_buf(len: usize) -> Vec<f32> {
+    let reused = {
+        let mut p = pool();
+        // The smallest pooled buffer that fits, else the largest one (grown below).
+        let fit = (0..p.len())
+            .filter(|&i| p[i].capacity() >= len)
+            .min_by_key(|&i| p[i].capacity())
+            .or_else(|| (0..p.len()).max_by_key(|&i| p[i].capacity()));
+        fit.map(|i| p.swap_remove(i))
+    };
+    let mut v = reused.unwrap_or_default();
+    if v.len() >= len {
+        v.truncate(len);
+    } else {
+        v.resize(len, 0.0);
+    }
+    v
+}
+
+/// Returns a buffer to the pool.
+pub(super) fn give_buf(v: Vec<f32>) {
+    let mut p = pool();
+    if p.len() < POOL_MAX {
+        p.push(v);
+    }
+}
+
 /// One operand packed per (kv head, item), items being the call's key blocks or query tiles,
 /// each `per` floats; shared read-only by all tasks.
 pub(super) struct Packed {
@@ -160,7 +204,8 @@ impl Packed {
         per: usize,
         fill: impl Fn(usize, usize, &mut [f32]) + Sync,
     ) -> Packed {
-        let mut data = vec![0.0f32; hkv * items * per];
+        // Every element is written by `fill` (padding included), so stale contents are fine.
+        let mut data = take_buf(hkv * items * per);
         if per > 0 {
             data.par_chunks_mut(per)
                 .enumerate()
@@ -222,6 +267,12 @@ impl Packed {
     #[inline(always)]
     pub fn item(&self, kvh: usize, i: usize) -> &[f32] {
         &self.data[(kvh * self.items + i) * self.per..][..self.per]
+    }
+}
+
+impl Drop for Packed {
+    fn drop(&mut self) {
+        give_buf(std::mem::take(&mut self.data));
     }
 }
 
