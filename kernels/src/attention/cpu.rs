@@ -149,6 +149,19 @@ pub(super) fn forward<E: Element>(
     out: &mut [E],
     lse: &mut [f32],
 ) {
+    // One hand-off to the pool per call; every parallel step inside then forks from a worker
+    // (called from outside the pool, each `par_iter`/`join` would be a separate injection that
+    // blocks the caller until a worker wakes up).
+    rayon::scope(|_| forward_in_pool(isa, a, x, out, lse));
+}
+
+fn forward_in_pool<E: Element>(
+    isa: Isa,
+    a: &VarlenAttention,
+    x: Qkv<E>,
+    out: &mut [E],
+    lse: &mut [f32],
+) {
     let geo = geom(a);
     let seqs = spans(a, geo.bq);
     let kblocks = blocks(&seqs, KB);
@@ -215,6 +228,18 @@ fn prefer_fused(seqs: &[Span], hkv: usize, threads: usize) -> bool {
 }
 
 pub(super) fn backward<E: Element>(
+    isa: Isa,
+    schedule: BwdSchedule,
+    a: &VarlenAttention,
+    x: Qkv<E>,
+    saved: BwdSaved<E>,
+    grads: QkvGrad<E>,
+) {
+    // As in `forward`: one hand-off to the pool per call.
+    rayon::scope(|_| backward_in_pool(isa, schedule, a, x, saved, grads));
+}
+
+fn backward_in_pool<E: Element>(
     isa: Isa,
     schedule: BwdSchedule,
     a: &VarlenAttention,

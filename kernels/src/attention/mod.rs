@@ -40,6 +40,15 @@
 //! Results do not depend on the number of threads: every row's arithmetic is fixed by the
 //! shapes, and both backward schedules (fused per (sequence, kv head), or split into a dK/dV
 //! pass and a dQ pass, chosen by the expected load balance) give the same bits.
+//!
+//! CPU implementation (cpu.rs, fwd.rs, bwd.rs, pack.rs, simd.rs): rayon over (sequence, query
+//! tile) in forward and over (sequence, kv head) or (sequence, key block) + (sequence, query
+//! tile) in backward, each task owning disjoint output rows; register-blocked 4 x 64 f32
+//! micro-kernels written for auto-vectorisation and compiled per ISA (AVX-512, AVX2+FMA,
+//! portable) behind run-time feature detection. Operands are packed once per call into f32
+//! tiles (which also widens bf16): extra memory is about 2x the size of k and v in forward,
+//! and 3x k/v plus 2x q in backward, held in a small process-wide buffer pool that is reused
+//! by later calls instead of being freed.
 
 mod bwd;
 mod cpu;
