@@ -10,6 +10,7 @@
 //! zero them once per step; shapes are given in comments with B = batch, T = tokens,
 //! D = hidden, H = heads, Hd = head_dim, V = vocab.
 
+pub mod device;
 pub mod error;
 pub mod testutil;
 

@@ -16,6 +16,8 @@
 //! rayon, each one vectorised loop. For a sharded optimizer call it on the local shard.
 
 mod cpu;
+pub mod device;
+pub mod npu;
 #[cfg(test)]
 mod tests;
 

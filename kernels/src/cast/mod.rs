@@ -14,6 +14,8 @@
 //! every computation done in f32 and one rounding on store.
 
 mod cpu;
+pub mod device;
+pub mod npu;
 pub(crate) mod simd;
 
 #[cfg(test)]

@@ -27,6 +27,8 @@
 //!   Both paths sum the per-row losses in row order in f64, so they agree bit for bit.
 
 mod cpu;
+pub mod device;
+pub mod npu;
 #[cfg(test)]
 mod tests;
 

@@ -12,6 +12,8 @@
 //! [`KernelError::InvalidArgument`] naming the token, the id and the vocabulary size.
 
 mod cpu;
+pub mod device;
+pub mod npu;
 #[cfg(test)]
 mod tests;
 

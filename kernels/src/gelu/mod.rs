@@ -14,6 +14,8 @@
 //! gradient **accumulates** (`dx +=`).
 
 mod cpu;
+pub mod device;
+pub mod npu;
 #[cfg(test)]
 mod tests;
 

@@ -46,6 +46,8 @@
 //! ~87 % of the FMA peak and bf16 at ~80-90 % of the `vdpbf16ps` peak on the bench shapes.
 
 mod cpu;
+pub mod device;
+pub mod npu;
 // AVX-512 intrinsics are stable since 1.89, above the workspace rust-version.
 #[cfg(target_arch = "x86_64")]
 #[clippy::msrv = "1.89"]

@@ -16,6 +16,8 @@
 //! fixed order, so the norm is bit-reproducible whatever the thread count.
 
 mod cpu;
+pub mod device;
+pub mod npu;
 #[cfg(test)]
 mod tests;
 

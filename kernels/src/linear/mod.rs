@@ -21,6 +21,8 @@
 //!   product, and db sums dY's own values in f32 (no bf16 rounding).
 
 mod cpu;
+pub mod device;
+pub mod npu;
 
 #[cfg(test)]
 mod tests;

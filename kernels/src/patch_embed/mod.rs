@@ -17,6 +17,8 @@
 //! rounded in the product), f32 accumulation and f32 outputs and gradients.
 
 mod cpu;
+pub mod device;
+pub mod npu;
 
 #[cfg(test)]
 mod tests;

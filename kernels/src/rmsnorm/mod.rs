@@ -22,6 +22,8 @@
 //! thread counts.
 
 mod cpu;
+pub mod device;
+pub mod npu;
 #[cfg(test)]
 mod tests;
 

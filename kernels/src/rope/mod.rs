@@ -26,6 +26,8 @@
 //! bf16 tolerance).
 
 mod cpu;
+pub mod device;
+pub mod npu;
 #[cfg(test)]
 mod tests;
 

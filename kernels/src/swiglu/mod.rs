@@ -14,6 +14,8 @@
 //! The gradients **accumulate** (`+=`, llm.c's convention): zero them first if needed.
 
 mod cpu;
+pub mod device;
+pub mod npu;
 #[cfg(test)]
 mod tests;
 
