@@ -165,6 +165,17 @@ impl<'a> VarlenAttention<'a> {
         if self.head_dim == 0 {
             return bad("head_dim must be >= 1".into());
         }
+        let sizes = [self.q_heads, self.kv_heads].map(|h| {
+            self.tokens
+                .checked_mul(h)
+                .and_then(|x| x.checked_mul(self.head_dim))
+        });
+        if sizes.contains(&None) {
+            return bad(format!(
+                "tokens x heads x head_dim overflows ({} x {} x {})",
+                self.tokens, self.q_heads, self.head_dim
+            ));
+        }
         if !self.scale.is_finite() {
             return bad(format!("scale must be finite, got {}", self.scale));
         }

@@ -393,6 +393,10 @@ fn bad_arguments_are_errors_naming_the_op() {
             VarlenAttention::new(&[10], t, hq, hkv, d, true).with_scale(f32::NAN),
             "scale",
         ),
+        (
+            VarlenAttention::new(&[usize::MAX], usize::MAX, hq, hkv, d, true),
+            "overflows",
+        ),
     ];
     for (a, want) in bad {
         let e = fwd(&a, x).unwrap_err();
