@@ -15,5 +15,3 @@ mod hccl;
 mod reduce;
 #[path = "collectives/rendezvous.rs"]
 mod rendezvous;
-#[path = "collectives/throughput.rs"]
-mod throughput;
