@@ -81,7 +81,6 @@ pub fn clip_grad_norm(
         Backend::Npu(_) => {
             let views: Vec<BufferView<'_, f32>> = grads.iter().map(|g| g.as_view()).collect();
             let ss = grad_sum_squares(stream, &views)?;
-            drop(views);
             clip_with_sum_squares(stream, grads, ss, max_norm)
         }
     }
