@@ -3,7 +3,7 @@
 
 use cannon_trainer::model::weights::{legacy_name, load_params};
 use cannon_trainer::model::{
-    Batch, Mistral3, Mistral3Config, ModelError, ParamLayout, Part, Precision, WeightsError,
+    Batch, Mistral3, Mistral3Config, ModelError, ParamLayout, Part, Visited, WeightsError,
 };
 use safetensors::{serialize, Dtype, View};
 use std::borrow::Cow;
@@ -197,7 +197,7 @@ fn image_token_count_mismatch_names_both_counts() {
     let img = model.cfg.image_token_index;
     let pos = batch.input_ids.iter().position(|&t| t == img).unwrap();
     batch.input_ids[pos] = 100;
-    match model.forward(&batch, Precision::F32) {
+    match model.forward::<f32>(&batch) {
         Err(ModelError::ImageTokens { tokens, features }) => {
             assert_eq!((tokens, features), (21, 22));
         }
@@ -206,32 +206,60 @@ fn image_token_count_mismatch_names_both_counts() {
 }
 
 #[test]
-fn frozen_parts_get_no_gradient_and_leave_text_gradients_unchanged() {
+fn frozen_parts_get_no_gradient_and_run_no_backward() {
     let model = Mistral3::load(&shared_fixture()).unwrap();
     let batch = shared_batch();
-    let acts = model.forward(&batch, Precision::F32).unwrap();
-    let mut all = model.grads(&[Part::Vision, Part::Projector, Part::Text]);
-    model
-        .backward(&batch, &acts, &mut all, None, Precision::F32)
-        .unwrap();
-    let mut text = model.grads(&[Part::Text]);
-    model
-        .backward(&batch, &acts, &mut text, None, Precision::F32)
-        .unwrap();
+    let acts = model.forward::<f32>(&batch).unwrap();
     let layout = &model.params.layout;
+    let (lv, lt) = (layout.vision_layers, layout.text_layers);
+    let mut all = model.grads(&[Part::Vision, Part::Projector, Part::Text]);
+    let visited = model.backward(&batch, &acts, &mut all, None).unwrap();
+    let everything = Visited {
+        text_layers: lt,
+        projector: true,
+        vision_layers: lv,
+        patch_embed: true,
+    };
+    assert_eq!(visited, everything);
+
+    // The default: vision tower and projector frozen. No backward step of theirs runs.
+    let mut text = model.grads(&[Part::Text]);
+    let visited = model.backward(&batch, &acts, &mut text, None).unwrap();
+    let text_only = Visited {
+        text_layers: lt,
+        ..Visited::default()
+    };
+    assert_eq!(visited, text_only);
     for (g, group) in layout.groups.iter().enumerate() {
         match group.part {
             Part::Text => assert_eq!(text.data[g], all.data[g], "group {g}"),
             _ => assert!(text.data[g].is_none(), "frozen group {g} has a gradient"),
         }
     }
+
+    // Only the projector trains: the tower below it is not visited.
+    let mut proj = model.grads(&[Part::Projector]);
+    let visited = model.backward(&batch, &acts, &mut proj, None).unwrap();
+    let to_projector = Visited {
+        text_layers: lt,
+        projector: true,
+        ..Visited::default()
+    };
+    assert_eq!(visited, to_projector);
+    let g = layout.projector();
+    assert_eq!(proj.data[g], all.data[g]);
+
     // Frozen language model, trained vision tower: gradients flow through the frozen text
     // layers into the tower and match the all-trainable run.
     let mut vision = model.grads(&[Part::Vision]);
-    model
-        .backward(&batch, &acts, &mut vision, None, Precision::F32)
-        .unwrap();
-    for g in 0..=layout.vision_layers {
+    let visited = model.backward(&batch, &acts, &mut vision, None).unwrap();
+    assert_eq!(visited, everything);
+    for g in 0..=lv {
         assert_eq!(vision.data[g], all.data[g], "vision group {g}");
     }
+
+    // Nothing trains and no pixel gradient is asked for: no backward at all below the head.
+    let mut none = model.grads(&[]);
+    let visited = model.backward(&batch, &acts, &mut none, None).unwrap();
+    assert_eq!(visited, Visited::default());
 }

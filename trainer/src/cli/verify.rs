@@ -8,7 +8,7 @@
 //! 1e-4; bf16 forward 0.015, gradients and trained parameters 0.04. Independence is exact.
 
 use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use crate::model::{Batch, Images, Mistral3, ModelError, Part, Precision};
+use crate::model::{Act, Batch, Images, LossMode, Mistral3, ModelError, Part, Precision};
 use clap::{Args, ValueEnum};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
@@ -27,6 +27,10 @@ pub struct VerifyArgs {
     /// AdamW steps to run (default: the fixture's `train.steps`; at most that many).
     #[arg(long)]
     pub steps: Option<usize>,
+    /// Chunked loss: at most this many rows of logits at a time (the logits are then never
+    /// materialised, so `out.logits` is not compared).
+    #[arg(long)]
+    pub loss_chunk_size: Option<usize>,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +147,7 @@ impl Reference {
         Ok(Batch {
             input_ids: ids.iter().map(|&x| x as u32).collect(),
             labels: labels.iter().map(|&x| x as i64).collect(),
+            position_ids: Vec::new(),
             rows,
             seq,
             images,
@@ -259,21 +264,33 @@ impl Tolerances {
     }
 }
 
-/// Runs every comparison of `model` (f32 master weights) against `r` at precision `prec`,
-/// with `steps` AdamW steps (default: the fixture's).
+/// Runs every comparison of `model` (f32 master weights) against `r` at precision `prec`
+/// (see `model::ops` for what a bf16 run rounds), with `steps` AdamW steps (default: the
+/// fixture's).
 pub fn verify(
     model: &Mistral3,
     r: &Reference,
     prec: Precision,
     steps: Option<usize>,
 ) -> Result<Report, VerifyError> {
-    let tol = Tolerances::for_precision(prec);
+    match prec {
+        Precision::F32 => verify_as::<f32>(model, r, steps),
+        Precision::Bf16 => verify_as::<half::bf16>(model, r, steps),
+    }
+}
+
+fn verify_as<A: Act>(
+    model: &Mistral3,
+    r: &Reference,
+    steps: Option<usize>,
+) -> Result<Report, VerifyError> {
+    let tol = Tolerances::for_precision(A::PRECISION);
     let batch = r.batch()?;
-    let compute = model.rounded(prec);
+    let compute = model;
     let mut report = Report::default();
 
     // Forward.
-    let acts = compute.forward(&batch, prec)?;
+    let acts = compute.forward::<A>(&batch)?;
     if let Some(v) = &acts.vision {
         let (shape, want) = r.get("out.vision_last_hidden")?;
         report.compare(
@@ -293,21 +310,20 @@ pub fn verify(
         );
     }
     let (shape, want) = r.get("out.logits")?;
-    report.compare("out.logits", shape, &acts.text.logits, want, tol.forward);
+    match acts.logits() {
+        Some(logits) => report.compare("out.logits", shape, logits, want, tol.forward),
+        None => report
+            .notes
+            .push("chunked loss: logits never materialised, not compared".into()),
+    }
     let (shape, want) = r.get("out.loss")?;
-    report.compare("out.loss", shape, &[acts.loss as f32], want, tol.forward);
+    report.compare("out.loss", shape, &[acts.loss() as f32], want, tol.forward);
 
     // Backward with everything trainable and the pixel gradient, as the fixture computed.
     let mut grads = compute.grads(&[Part::Vision, Part::Projector, Part::Text]);
     let mut dpix = vec![0.0; batch.images.pixel_values.len()];
     let want_pix = !batch.images.is_empty();
-    compute.backward(
-        &batch,
-        &acts,
-        &mut grads,
-        want_pix.then_some(&mut dpix[..]),
-        prec,
-    )?;
+    compute.backward(&batch, &acts, &mut grads, want_pix.then_some(&mut dpix[..]))?;
     let layout = &model.params.layout;
     for (name, (shape, want)) in r.tensors.iter() {
         let Some(param) = name.strip_prefix("grad.") else {
@@ -323,7 +339,7 @@ pub fn verify(
         report.compare(name, shape, ours, want, tol.grad);
     }
 
-    independence(&compute, &batch, prec, &mut report)?;
+    independence::<A>(compute, &batch, &mut report)?;
 
     // K AdamW steps with the fixture's frozen parts.
     let (adamw, max_norm, fixture_steps) = adamw_config(r)?;
@@ -336,7 +352,7 @@ pub fn verify(
     let spec = r.meta.get("train.frozen").cloned().unwrap_or_default();
     let frozen = frozen_parts(model, &spec)?;
     let (losses, norms, trained) =
-        train_steps(model, &batch, &frozen, adamw, max_norm, steps, prec)?;
+        train_steps::<A>(model, &batch, &frozen, adamw, max_norm, steps)?;
     if steps > 0 {
         let as_f32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
         let (_, want) = r.get("train.loss")?;
@@ -377,10 +393,9 @@ pub fn verify(
 /// Multi-image independence on the batch's images: perturbing image j leaves every other
 /// image's vision output and image features bit-identical, and the gradient of image j's
 /// features reaches no other image's pixels.
-fn independence(
+fn independence<A: Act>(
     model: &Mistral3,
     batch: &Batch,
-    prec: Precision,
     report: &mut Report,
 ) -> Result<(), VerifyError> {
     let img = &batch.images;
@@ -392,8 +407,8 @@ fn independence(
     }
     let cfg = &model.cfg;
     let run = |images: &Images| -> Result<_, VerifyError> {
-        let v = crate::model::pixtral::forward(cfg, &model.params, images, prec)?;
-        let p = crate::model::projector::forward(cfg, &model.params, &v.grid, v.output(), prec)
+        let v = crate::model::pixtral::forward::<A>(cfg, &model.params, images)?;
+        let p = crate::model::projector::forward(cfg, &model.params, &v.grid, v.output())
             .map_err(ModelError::from)?;
         Ok((v, p))
     };
@@ -448,7 +463,7 @@ fn independence(
         dfeat[s.start * d..s.end * d].fill(1.0);
         let mut grads = model.grads(&[]);
         let mut dpix = vec![0.0; img.pixel_values.len()];
-        model.backward_images(batch, &v0, &p0, &dfeat, &mut grads, Some(&mut dpix), prec)?;
+        model.backward_images(batch, &v0, &p0, &dfeat, &mut grads, Some(&mut dpix))?;
         for i in (0..img.len()).filter(|&i| i != j) {
             let other = &dpix[i * img.image_len()..][..img.image_len()];
             grad_leak = grad_leak.max(other.iter().map(|x| x.abs() as f64).fold(0.0, f64::max));
@@ -478,9 +493,18 @@ pub fn run(args: VerifyArgs) -> ExitCode {
         DtypeArg::F32 => Precision::F32,
         DtypeArg::Bf16 => Precision::Bf16,
     };
+    let chunk = args.loss_chunk_size;
     let result = Mistral3::load(&args.reference)
         .map_err(VerifyError::from)
-        .and_then(|model| {
+        .and_then(|mut model| {
+            if let Some(rows) = chunk {
+                if rows == 0 {
+                    return Err(VerifyError::Unusable(
+                        "--loss-chunk-size must be > 0".into(),
+                    ));
+                }
+                model.loss_mode = LossMode::Chunked(rows);
+            }
             let reference = Reference::load(&args.reference.join("reference.safetensors"))?;
             verify(&model, &reference, prec, args.steps)
         });
@@ -565,14 +589,13 @@ fn adamw_config(r: &Reference) -> Result<(AdamWConfig, f64, usize), VerifyError>
 }
 
 /// K AdamW steps on the batch with the given parts frozen: (losses, grad norms, final model).
-pub fn train_steps(
+pub fn train_steps<A: Act>(
     model: &Mistral3,
     batch: &Batch,
     frozen: &[Part],
     adamw: AdamWConfig,
     max_norm: f64,
     steps: usize,
-    prec: Precision,
 ) -> Result<(Vec<f64>, Vec<f64>, Mistral3), VerifyError> {
     let trainable: Vec<Part> = [Part::Vision, Part::Projector, Part::Text]
         .into_iter()
@@ -583,13 +606,14 @@ pub fn train_steps(
     let mut opt = AdamW::new(adamw, &grads);
     let (mut losses, mut norms) = (Vec::new(), Vec::new());
     for _ in 0..steps {
-        let compute = master.rounded(prec);
-        let acts = compute.forward(batch, prec)?;
+        let acts = master.forward::<A>(batch)?;
         grads.zero();
-        compute.backward(batch, &acts, &mut grads, None, prec)?;
-        norms.push(clip_grad_norm(&mut grads, max_norm));
-        losses.push(acts.loss);
-        opt.update(&mut master.params, &grads, adamw.lr);
+        master.backward(batch, &acts, &mut grads, None)?;
+        let kernel = |e| VerifyError::Model(ModelError::Kernel(e));
+        norms.push(clip_grad_norm(&mut grads, max_norm).map_err(kernel)?);
+        losses.push(acts.loss());
+        opt.update(&mut master.params, &grads, adamw.lr)
+            .map_err(kernel)?;
     }
     Ok((losses, norms, master))
 }

@@ -2,36 +2,44 @@
 //! the [IMG] positions.
 //!
 //! ```text
-//! x0      = embed_tokens[ids]                      [T,D]   T = B*S, rows of S tokens
+//! x0      = embed_tokens[ids]                      [T,D]   T = B*S tokens
 //! x0[t]   = image_features[k]  for the k-th t with ids[t] == image_token_index
-//! x_l+1   = block_l(x_l)                           GQA, causal within each row, 1-D RoPE
-//! xf      = norm(x_L)                              [T,D]
-//! logits  = xf lm_head^T                           [T,V]
+//! x_l+1   = block_l(x_l)                           GQA, causal within each packed sequence,
+//!                                                  1-D RoPE at each token's position id
+//! xf      = norm(x_L)                              [T,D]   (then the head, see `head`)
 //! ```
+//!
+//! Packed sequences: a row may hold several sequences back to back. As transformers 5.x does
+//! for packed input without an attention mask, a new sequence starts at every row start and
+//! wherever `position_ids[t] != position_ids[t-1] + 1`; the attention's `cu_seqlens` are those
+//! sequences' ends, so no token sees another sequence.
 
 use super::block::{
     block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockGrads, BlockScratch,
     BlockWeights,
 };
 use super::config::{GateAct, Mistral3Config};
-use super::ops::{self, Precision, RopeTable};
+use super::ops::{self, store, Act};
 use super::params::{Grads, Params, TextEmbed, TextHead, TextLayer};
 use super::ModelError;
+use cannon_kernels::rope::RopeTable;
+use cannon_kernels::{embedding, rmsnorm};
 
 /// Everything the text forward saves.
 #[derive(Clone, Debug)]
-pub struct TextActs {
+pub struct TextActs<A> {
     pub rope: RopeTable,
-    /// Row ends `[S, 2S, ..]`: rows never attend to each other.
+    /// `[T]` position id of every token (its RoPE slot).
+    pub pos: Vec<u32>,
+    /// Ends of the packed sequences: tokens never attend across them.
     pub cu_seqlens: Vec<usize>,
     pub resid: Vec<Vec<f32>>, // L+1 x [T,D]: resid[0] = spliced embeddings
-    pub blocks: Vec<BlockActs>,
+    pub blocks: Vec<BlockActs<A>>,
     pub rstd_f: Vec<f32>, // [T]
-    pub xf: Vec<f32>,     // [T,D]
-    pub logits: Vec<f32>, // [T,V]
+    pub xf: Vec<A>,       // [T,D] final norm output (the lm_head's input)
 }
 
-fn dims(cfg: &Mistral3Config) -> BlockDims {
+pub(crate) fn dims(cfg: &Mistral3Config) -> BlockDims {
     let t = &cfg.text_config;
     BlockDims {
         d: t.hidden_size,
@@ -41,7 +49,7 @@ fn dims(cfg: &Mistral3Config) -> BlockDims {
         inter: t.intermediate_size,
         causal: true,
         act: GateAct::Silu,
-        eps: t.rms_norm_eps,
+        eps: t.rms_norm_eps as f32,
     }
 }
 
@@ -77,23 +85,19 @@ impl<'a> TextLayer<&'a mut [f32]> {
     }
 }
 
-/// 1-D RoPE table `[rows*seq, Hd/2]` for positions 0..seq in every row (angles in f32, as
-/// transformers computes them even for an f64 model).
-fn rope_table(cfg: &Mistral3Config, rows: usize, seq: usize) -> RopeTable {
-    let t = &cfg.text_config;
-    let hd = t.head_dim();
-    let half = hd / 2;
-    let theta = t.rope_theta() as f32;
-    let inv: Vec<f32> = (0..half)
-        .map(|i| 1.0 / theta.powf((2 * i) as f32 / hd as f32))
-        .collect();
-    let mut angles = Vec::with_capacity(rows * seq * half);
-    for _ in 0..rows {
-        for pos in 0..seq {
-            angles.extend(inv.iter().map(|&f| pos as f32 * f));
+/// Cumulative ends of the packed sequences of `rows` rows of `seq` tokens with these
+/// position ids (see the module docs).
+pub fn packed_cu_seqlens(pos: &[u32], seq: usize) -> Vec<usize> {
+    let mut ends = Vec::new();
+    for t in 1..pos.len() {
+        if t % seq.max(1) == 0 || pos[t] != pos[t - 1].wrapping_add(1) {
+            ends.push(t);
         }
     }
-    RopeTable::from_angles(&angles, half)
+    if !pos.is_empty() {
+        ends.push(pos.len());
+    }
+    ends
 }
 
 /// `x0 [T,D]`: token embeddings with the image features spliced into the [IMG] positions.
@@ -104,8 +108,6 @@ pub fn embed(
     image_features: &[f32],
 ) -> Result<Vec<f32>, ModelError> {
     let d = cfg.text_config.hidden_size;
-    let vocab = cfg.text_config.vocab_size;
-    let table = params.text_embed().embed;
     let img = cfg.image_token_index;
     let slots = ids.iter().filter(|&&id| id == img).count();
     let features = image_features.len() / d;
@@ -116,176 +118,163 @@ pub fn embed(
         });
     }
     let mut x = vec![0.0; ids.len() * d];
-    let mut feats = image_features.chunks_exact(d);
-    for (row, &id) in x.chunks_exact_mut(d).zip(ids) {
-        let src = if id == img {
-            feats.next().unwrap_or(&[])
-        } else if (id as usize) < vocab {
-            &table[id as usize * d..][..d]
-        } else {
-            return Err(ModelError::Input(format!(
-                "token id {id} is outside the vocabulary ({vocab})"
-            )));
-        };
-        row.copy_from_slice(src);
+    embedding::embedding_forward(&mut x, ids, params.text_embed().embed, d)?;
+    let rows = x.chunks_exact_mut(d).zip(ids).filter(|(_, &id)| id == img);
+    for ((row, _), feat) in rows.zip(image_features.chunks_exact(d)) {
+        row.copy_from_slice(feat);
     }
     Ok(x)
 }
 
-/// Backward of [`embed`]: text positions scatter-add into the embedding gradient (if it
-/// trains); returns the gradient of the image features `[M,D]`, in [IMG] order.
+/// Backward of [`embed`]: takes the [IMG] rows out of `dx0 [T,D]` as the gradient of the image
+/// features `[M,D]` (returned, in [IMG] order) and, if the embedding trains, scatter-adds the
+/// text rows into its gradient (the [IMG] rows, zeroed, add nothing).
 pub fn embed_backward(
     cfg: &Mistral3Config,
     ids: &[u32],
-    dx0: &[f32],
+    dx0: &mut [f32],
     dembed: Option<&mut [f32]>,
-) -> Vec<f32> {
+) -> Result<Vec<f32>, ModelError> {
     let d = cfg.text_config.hidden_size;
     let img = cfg.image_token_index;
     let mut dfeat = Vec::new();
-    let mut dembed = dembed;
-    for (row, &id) in dx0.chunks_exact(d).zip(ids) {
-        if id == img {
-            dfeat.extend_from_slice(row);
-        } else if let Some(de) = dembed.as_deref_mut() {
-            for (o, &g) in de[id as usize * d..][..d].iter_mut().zip(row) {
-                *o += g;
-            }
-        }
+    for (row, _) in dx0
+        .chunks_exact_mut(d)
+        .zip(ids)
+        .filter(|(_, &id)| id == img)
+    {
+        dfeat.extend_from_slice(row);
+        row.fill(0.0);
     }
-    dfeat
+    if let Some(de) = dembed {
+        embedding::embedding_backward(de, dx0, ids, d)?;
+    }
+    Ok(dfeat)
 }
 
-/// Decoder forward from `x0 [rows*seq, D]` to the logits.
-pub fn forward(
+/// Decoder forward from `x0 [T,D]` (tokens at position ids `pos`, rows of `seq`) to the final
+/// norm's output.
+pub fn forward<A: Act>(
     cfg: &Mistral3Config,
     params: &Params,
     x0: Vec<f32>,
-    rows: usize,
+    pos: Vec<u32>,
     seq: usize,
-    prec: Precision,
-) -> Result<TextActs, ModelError> {
+) -> Result<TextActs<A>, ModelError> {
     let t = &cfg.text_config;
+    let cu_seqlens = packed_cu_seqlens(&pos, seq);
     if let Some(w) = t.sliding_window {
-        if seq > w {
-            return Err(ModelError::Input(format!(
-                "sequence length {seq} exceeds sliding_window {w} (windowed attention is not \
-                 implemented)"
-            )));
+        let mut start = 0;
+        for &end in &cu_seqlens {
+            if end - start > w {
+                return Err(ModelError::Input(format!(
+                    "a sequence of {} tokens exceeds sliding_window {w} (windowed attention \
+                     is not implemented)",
+                    end - start
+                )));
+            }
+            start = end;
         }
     }
-    let (d, v) = (t.hidden_size, t.vocab_size);
-    let n = rows * seq;
+    let d = t.hidden_size;
+    let n = pos.len();
     let dims = dims(cfg);
-    let rope = rope_table(cfg, rows, seq);
-    let cu_seqlens: Vec<usize> = (1..=rows).map(|r| r * seq).collect();
+    let max_pos = pos.iter().max().map_or(0, |&p| p as usize + 1);
+    let rope = RopeTable::text(t.head_dim(), t.rope_theta(), max_pos)?;
+    let mut scratch = BlockScratch::<A>::new(&dims, n);
     let mut resid = vec![x0];
     let mut blocks = Vec::with_capacity(t.num_hidden_layers);
     for l in 0..t.num_hidden_layers {
         let ctx = BlockCtx {
             dims,
             rope: &rope,
+            pos: &pos,
             cu_seqlens: &cu_seqlens,
-            prec,
         };
         let mut acts = BlockActs::new(&dims, n);
         let mut out = vec![0.0; n * d];
-        block_forward(
-            &ctx,
-            &params.text_layer(l).block(),
-            &mut acts,
-            &resid[l],
-            &mut out,
-        )?;
+        let w = params.text_layer(l).block();
+        block_forward(&ctx, &w, &mut acts, &mut scratch, &resid[l], &mut out)?;
         resid.push(out);
         blocks.push(acts);
     }
     let head = params.text_head();
-    let mut xf = vec![0.0; n * d];
+    let mut xf32 = vec![0.0; n * d];
     let mut rstd_f = vec![0.0; n];
     let last = resid.last().map(Vec::as_slice).unwrap_or(&[]);
-    ops::rmsnorm_forward(&mut xf, &mut rstd_f, last, head.norm, t.rms_norm_eps);
-    prec.round(&mut xf);
-    let mut logits = vec![0.0; n * v];
-    ops::linear_forward(&mut logits, &xf, head.lm_head, d, v)?;
+    rmsnorm::rmsnorm_forward(&mut xf32, &mut rstd_f, last, head.norm, d, dims.eps)?;
+    let mut xf = ops::zeros::<A>(n * d);
+    store(&xf32, &mut xf)?;
     Ok(TextActs {
         rope,
+        pos,
         cu_seqlens,
         resid,
         blocks,
         rstd_f,
         xf,
-        logits,
     })
 }
 
-/// Decoder backward from `dlogits [T,V]`: accumulates into the text groups that train and,
-/// when `want_dx0`, returns the gradient of `x0` (else stops below the lowest trained layer).
-pub fn backward(
+/// What the decoder backward did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TextVisit {
+    /// Decoder layers whose backward ran (from the top).
+    pub layers: usize,
+}
+
+/// Decoder backward from `dxf [T,D]` (the gradient of the final norm's output): accumulates
+/// into the text groups that train and, when `want_dx0`, returns the gradient of `x0`. Layers
+/// below the lowest trained one are not visited when `x0` needs no gradient.
+pub fn backward<A: Act>(
     cfg: &Mistral3Config,
     params: &Params,
-    a: &TextActs,
-    dlogits: &[f32],
+    a: &TextActs<A>,
+    dxf: &[f32],
     grads: &mut Grads,
     want_dx0: bool,
-    prec: Precision,
-) -> Result<Option<Vec<f32>>, ModelError> {
+) -> Result<(Option<Vec<f32>>, TextVisit), ModelError> {
     let t = &cfg.text_config;
-    let (d, v) = (t.hidden_size, t.vocab_size);
+    let d = t.hidden_size;
     let n = a.rstd_f.len();
     let layout = &params.layout;
     let head = params.text_head();
     let hg = layout.text_head();
-    let mut gh = grads
-        .group_mut(hg)
-        .map(|buf| TextHead::split_mut(buf, &layout.groups[hg]));
-    let mut dxf = vec![0.0; n * d];
-    let glm = gh.as_mut().map(|g| &mut *g.lm_head);
-    ops::linear_backward(Some(&mut dxf), glm, dlogits, &a.xf, head.lm_head, d, v)?;
-    let mut dx = vec![0.0; n * d];
-    let last = a.resid.last().map(Vec::as_slice).unwrap_or(&[]);
-    ops::rmsnorm_backward(
-        &mut dx,
-        gh.map(|g| g.norm),
-        &dxf,
-        last,
-        head.norm,
-        &a.rstd_f,
-    );
-
     let dims = dims(cfg);
-    let mut scratch = BlockScratch::new(&dims, n);
+    let mut dx = vec![0.0; n * d];
+    let mut sink = vec![0.0; d];
+    let gnorm = grads
+        .group_mut(hg)
+        .map(|buf| TextHead::split_mut(buf, &layout.groups[hg]).norm)
+        .unwrap_or(&mut sink[..]);
+    let last = a.resid.last().map(Vec::as_slice).unwrap_or(&[]);
+    rmsnorm::rmsnorm_backward(&mut dx, gnorm, dxf, last, head.norm, &a.rstd_f, d)?;
+
+    let mut scratch = BlockScratch::<A>::new(&dims, n);
     let mut dprev = vec![0.0; n * d];
+    let mut visit = TextVisit::default();
     for l in (0..a.blocks.len()).rev() {
-        let g = layout.text_layer(l);
-        let trains = grads.data[g].is_some();
-        let below_trains = (0..l).any(|k| grads.data[layout.text_layer(k)].is_some());
-        if !trains && !below_trains && !want_dx0 {
-            return Ok(None);
+        let below_trains = (0..=l).any(|k| grads.data[layout.text_layer(k)].is_some());
+        if !below_trains && !want_dx0 {
+            return Ok((None, visit));
         }
         let ctx = BlockCtx {
             dims,
             rope: &a.rope,
+            pos: &a.pos,
             cu_seqlens: &a.cu_seqlens,
-            prec,
         };
+        let g = layout.text_layer(l);
         let gl = grads
             .group_mut(g)
             .map(|buf| TextLayer::split_mut(buf, &layout.groups[g]).block());
-        let w = params.text_layer(l);
-        block_backward(
-            &ctx,
-            &w.block(),
-            gl,
-            &a.blocks[l],
-            &a.resid[l],
-            &dx,
-            &mut dprev,
-            &mut scratch,
-        )?;
+        let w = params.text_layer(l).block();
+        let x = &a.resid[l];
+        block_backward(&ctx, &w, gl, &a.blocks[l], &mut scratch, x, &dx, &mut dprev)?;
         std::mem::swap(&mut dx, &mut dprev);
+        visit.layers += 1;
     }
-    Ok(Some(dx))
+    Ok((want_dx0.then_some(dx), visit))
 }
 
 /// The embedding gradient view of `grads`, if the embedding trains.

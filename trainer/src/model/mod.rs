@@ -8,15 +8,19 @@
 //! pixtral::forward   pixel_values -> [P,Dv]     pixtral::backward   (if vision trains or
 //! projector::forward [P,Dv] -> [M,D]            projector::backward  pixel grads are asked)
 //! mistral::embed     ids + features -> [T,D]    mistral::embed_backward
-//! mistral::forward   [T,D] -> logits [T,V]      mistral::backward
-//! ops::cross_entropy logits, shifted labels     (saves dlogits)
+//! mistral::forward   [T,D] -> xf [T,D]          mistral::backward
+//! head::forward      xf -> logits, loss         head::backward      (full or chunked loss)
 //! ```
 //!
+//! Every op is a `cannon_kernels` op; [`ops`] holds the precision policy (`f32`, or bf16
+//! mixed precision with the activations stored as bf16: the type parameter `A: Act`).
 //! Frozen parts (by default the vision tower and the projector, [`Part`]) have no gradient
-//! buffer, and their backward is not run at all unless something below them needs it.
+//! buffer, and their backward is not run at all unless something below them needs it
+//! ([`Visited`] reports what ran).
 
 pub mod block;
 pub mod config;
+pub mod head;
 pub mod mistral;
 pub mod ops;
 pub mod optim;
@@ -26,7 +30,8 @@ pub mod projector;
 pub mod weights;
 
 pub use config::{ConfigError, Mistral3Config};
-pub use ops::Precision;
+pub use head::LossMode;
+pub use ops::{Act, Precision};
 pub use params::{Grads, ParamLayout, Params, Part};
 pub use pixtral::Images;
 pub use weights::WeightsError;
@@ -50,26 +55,42 @@ pub enum ModelError {
     Kernel(#[from] cannon_kernels::KernelError),
 }
 
-/// One training batch: `rows` sequences of `seq` tokens, and the images they refer to.
+/// One training batch: `rows` rows of `seq` tokens, and the images they refer to.
 #[derive(Clone, Debug, Default)]
 pub struct Batch {
     pub input_ids: Vec<u32>, // [rows*seq]
     pub labels: Vec<i64>,    // [rows*seq], -100 = not trained
+    /// `[rows*seq]` position ids; empty means `0..seq` in every row. A row packing several
+    /// sequences restarts them at 0 for each (see [`mistral::packed_cu_seqlens`]).
+    pub position_ids: Vec<u32>,
     pub rows: usize,
     pub seq: usize,
     pub images: Images,
 }
 
 impl Batch {
-    /// Next-token targets: position t of a row is trained on the label at t+1 (-100 at the
-    /// row's last position), as transformers' ForCausalLMLoss shifts.
-    pub fn targets(&self) -> Vec<i64> {
-        let mut out = vec![-100; self.labels.len()];
-        for (o, l) in out
-            .chunks_exact_mut(self.seq.max(1))
-            .zip(self.labels.chunks_exact(self.seq.max(1)))
-        {
-            o[..l.len() - 1].copy_from_slice(&l[1..]);
+    /// The position ids, `0..seq` per row unless given.
+    pub fn positions(&self) -> Vec<u32> {
+        if !self.position_ids.is_empty() {
+            return self.position_ids.clone();
+        }
+        (0..self.rows).flat_map(|_| 0..self.seq as u32).collect()
+    }
+
+    /// Next-token targets: position t is trained on the label at t+1 when t+1 is in the same
+    /// packed sequence, else ignored (-100), as transformers' ForCausalLMLoss shifts each row.
+    pub fn targets(&self) -> Vec<i32> {
+        let pos = self.positions();
+        let ends = mistral::packed_cu_seqlens(&pos, self.seq);
+        let mut out = vec![cannon_kernels::cross_entropy::IGNORE_INDEX; self.labels.len()];
+        let mut start = 0;
+        for end in ends {
+            // Within [start, end): t predicts t+1; the sequence's last token predicts nothing.
+            let n = end.saturating_sub(start + 1);
+            for (o, &l) in out[start..][..n].iter_mut().zip(&self.labels[start + 1..]) {
+                *o = l as i32;
+            }
+            start = end;
         }
         out
     }
@@ -85,6 +106,12 @@ impl Batch {
                 self.seq
             )));
         }
+        if !self.position_ids.is_empty() && self.position_ids.len() != n {
+            return Err(ModelError::Input(format!(
+                "position_ids hold {} values for {n} tokens",
+                self.position_ids.len()
+            )));
+        }
         if let Some(l) = self
             .labels
             .iter()
@@ -98,31 +125,49 @@ impl Batch {
     }
 }
 
-/// What the whole forward saves.
+/// What the whole forward saves (activations stored as `A`).
 #[derive(Clone, Debug)]
-pub struct ForwardActs {
-    pub vision: Option<pixtral::PixtralActs>,
-    pub projector: Option<projector::ProjectorActs>,
-    pub text: mistral::TextActs,
-    /// d loss / d logits `[T,V]`, written with the loss.
-    pub dlogits: Vec<f32>,
-    pub loss: f64,
-    /// Targets that count in the mean.
-    pub targets: usize,
+pub struct ForwardActs<A> {
+    pub vision: Option<pixtral::PixtralActs<A>>,
+    pub projector: Option<projector::ProjectorActs<A>>,
+    pub text: mistral::TextActs<A>,
+    pub head: head::HeadActs,
+    /// `[T]` next-token targets (-100 = ignored).
+    pub targets: Vec<i32>,
 }
 
-impl ForwardActs {
+impl<A> ForwardActs<A> {
     /// Projector output `[M, D]` (empty without images).
     pub fn image_features(&self) -> &[f32] {
         self.projector.as_ref().map_or(&[], |p| &p.out)
     }
+
+    /// Mean loss over the targets.
+    pub fn loss(&self) -> f64 {
+        self.head.loss
+    }
+
+    /// `[T, V]` logits (full loss mode only).
+    pub fn logits(&self) -> Option<&[f32]> {
+        self.head.logits.as_deref()
+    }
 }
 
-/// The model: its config and its parameters (f32 master copy).
+/// Which backward steps ran: frozen parts with nothing trainable below them run none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Visited {
+    pub text_layers: usize,
+    pub projector: bool,
+    pub vision_layers: usize,
+    pub patch_embed: bool,
+}
+
+/// The model: its config, its parameters (f32 master copy) and how it computes the loss.
 #[derive(Clone, Debug)]
 pub struct Mistral3 {
     pub cfg: Mistral3Config,
     pub params: Params,
+    pub loss_mode: LossMode,
 }
 
 impl Mistral3 {
@@ -130,16 +175,11 @@ impl Mistral3 {
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
         let cfg = Mistral3Config::from_file(&dir.join("config.json"))?;
         let params = weights::load_params(dir, ParamLayout::new(&cfg))?;
-        Ok(Mistral3 { cfg, params })
-    }
-
-    /// A copy whose parameters are rounded to `prec` (the compute copy of a bf16 run).
-    pub fn rounded(&self, prec: Precision) -> Self {
-        let mut m = self.clone();
-        for g in &mut m.params.data {
-            prec.round(g);
-        }
-        m
+        Ok(Mistral3 {
+            cfg,
+            params,
+            loss_mode: LossMode::Full,
+        })
     }
 
     /// Gradient buffers for the given trainable parts.
@@ -147,33 +187,33 @@ impl Mistral3 {
         Grads::new(&self.params.layout, trainable)
     }
 
-    /// Forward through vision, projector, splice, decoder and the loss.
-    pub fn forward(&self, batch: &Batch, prec: Precision) -> Result<ForwardActs, ModelError> {
+    /// Forward through vision, projector, splice, decoder, lm_head and the loss.
+    pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
         let cfg = &self.cfg;
-        batch.validate(cfg.text_config.vocab_size)?;
+        let t = &cfg.text_config;
+        batch.validate(t.vocab_size)?;
+        if let LossMode::Chunked(0) = self.loss_mode {
+            return Err(ModelError::Input("loss chunk size must be > 0".into()));
+        }
         let (vision, projector) = if batch.images.is_empty() {
             (None, None)
         } else {
-            let v = pixtral::forward(cfg, &self.params, &batch.images, prec)?;
-            let p = projector::forward(cfg, &self.params, &v.grid, v.output(), prec)?;
+            let v = pixtral::forward::<A>(cfg, &self.params, &batch.images)?;
+            let p = projector::forward(cfg, &self.params, &v.grid, v.output())?;
             (Some(v), Some(p))
         };
         let feats = projector.as_ref().map_or(&[][..], |p| &p.out);
         let x0 = mistral::embed(cfg, &self.params, &batch.input_ids, feats)?;
-        let text = mistral::forward(cfg, &self.params, x0, batch.rows, batch.seq, prec)?;
-        let mut dlogits = vec![0.0; text.logits.len()];
-        let (loss, targets) = ops::cross_entropy(
-            &mut dlogits,
-            &text.logits,
-            &batch.targets(),
-            cfg.text_config.vocab_size,
-        );
+        let text = mistral::forward(cfg, &self.params, x0, batch.positions(), batch.seq)?;
+        let targets = batch.targets();
+        let w = self.params.text_head().lm_head;
+        let (d, v) = (t.hidden_size, t.vocab_size);
+        let head = head::forward(self.loss_mode, &text.xf, w, &targets, d, v)?;
         Ok(ForwardActs {
             vision,
             projector,
             text,
-            dlogits,
-            loss,
+            head,
             targets,
         })
     }
@@ -181,15 +221,15 @@ impl Mistral3 {
     /// Backward of the mean loss: accumulates into the groups of `grads` that exist and, if
     /// `dpixels` is given, into the gradient of `pixel_values`. Parts that neither train nor
     /// lead to something that needs a gradient are not visited.
-    pub fn backward(
+    pub fn backward<A: Act>(
         &self,
         batch: &Batch,
-        a: &ForwardActs,
+        a: &ForwardActs<A>,
         grads: &mut Grads,
         dpixels: Option<&mut [f32]>,
-        prec: Precision,
-    ) -> Result<(), ModelError> {
+    ) -> Result<Visited, ModelError> {
         let cfg = &self.cfg;
+        let t = &cfg.text_config;
         let layout = &self.params.layout;
         let trains = |part: Part| {
             layout
@@ -202,67 +242,69 @@ impl Mistral3 {
         let image_needed = a.projector.is_some() && (trains(Part::Projector) || vision_needed);
         let embed_trains = grads.data[layout.text_embed()].is_some();
         let want_dx0 = embed_trains || image_needed;
-        let dx0 = mistral::backward(
-            cfg,
-            &self.params,
-            &a.text,
-            &a.dlogits,
-            grads,
-            want_dx0,
-            prec,
-        )?;
-        let Some(dx0) = dx0.filter(|_| want_dx0) else {
-            return Ok(());
+        if !want_dx0 && grads.data.iter().all(Option::is_none) {
+            return Ok(Visited::default());
+        }
+
+        let (d, v) = (t.hidden_size, t.vocab_size);
+        let mut dxf = vec![0.0; a.text.rstd_f.len() * d];
+        let hg = layout.text_head();
+        let dw = grads
+            .group_mut(hg)
+            .map(|buf| params::TextHead::split_mut(buf, &layout.groups[hg]).lm_head);
+        let w = self.params.text_head().lm_head;
+        let (xf, targets) = (&a.text.xf, &a.targets);
+        head::backward(self.loss_mode, &a.head, xf, w, targets, d, v, &mut dxf, dw)?;
+        let (dx0, text) = mistral::backward(cfg, &self.params, &a.text, &dxf, grads, want_dx0)?;
+        let mut visited = Visited {
+            text_layers: text.layers,
+            ..Visited::default()
+        };
+        let Some(mut dx0) = dx0 else {
+            return Ok(visited);
         };
         let dembed = mistral::embed_grad(&self.params, grads);
-        let dfeat = mistral::embed_backward(cfg, &batch.input_ids, &dx0, dembed);
-        if !image_needed {
-            return Ok(());
-        }
+        let dfeat = mistral::embed_backward(cfg, &batch.input_ids, &mut dx0, dembed)?;
         let (Some(v), Some(p)) = (&a.vision, &a.projector) else {
-            return Ok(());
+            return Ok(visited);
         };
-        self.backward_images(batch, v, p, &dfeat, grads, dpixels, prec)
+        if !image_needed {
+            return Ok(visited);
+        }
+        let images = self.backward_images(batch, v, p, &dfeat, grads, dpixels)?;
+        visited.projector = images.projector;
+        visited.vision_layers = images.vision_layers;
+        visited.patch_embed = images.patch_embed;
+        Ok(visited)
     }
 
     /// Projector + vision backward from the gradient of the image features `[M, D]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_images(
+    pub fn backward_images<A: Act>(
         &self,
         batch: &Batch,
-        v: &pixtral::PixtralActs,
-        p: &projector::ProjectorActs,
+        v: &pixtral::PixtralActs<A>,
+        p: &projector::ProjectorActs<A>,
         dfeat: &[f32],
         grads: &mut Grads,
         dpixels: Option<&mut [f32]>,
-        prec: Precision,
-    ) -> Result<(), ModelError> {
+    ) -> Result<Visited, ModelError> {
         let cfg = &self.cfg;
         let layout = &self.params.layout;
         let vision_trains = (0..=layout.vision_layers).any(|g| grads.data[g].is_some());
         let vision_needed = vision_trains || dpixels.is_some();
         let mut dvis = vision_needed.then(|| vec![0.0; v.output().len()]);
-        projector::backward(
-            cfg,
-            &self.params,
-            p,
-            v.output(),
-            dfeat,
-            grads,
-            dvis.as_deref_mut(),
-        )?;
+        let x = v.output();
+        projector::backward(cfg, &self.params, p, x, dfeat, grads, dvis.as_deref_mut())?;
+        let mut visited = Visited {
+            projector: true,
+            ..Visited::default()
+        };
         if let Some(dvis) = dvis {
-            pixtral::backward(
-                cfg,
-                &self.params,
-                v,
-                &batch.images,
-                &dvis,
-                grads,
-                dpixels,
-                prec,
-            )?;
+            let images = &batch.images;
+            let vv = pixtral::backward(cfg, &self.params, v, images, &dvis, grads, dpixels)?;
+            visited.vision_layers = vv.layers;
+            visited.patch_embed = vv.patch_embed;
         }
-        Ok(())
+        Ok(visited)
     }
 }

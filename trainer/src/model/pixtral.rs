@@ -1,9 +1,10 @@
 //! Pixtral vision tower, forward and backward.
 //!
 //! ```text
-//! pixel_values [N,C,Hmax,Wmax] -> patches [P, C*p*p]   each image cropped to its own size,
-//!                                                       patches row-major, images concatenated
-//! embed  = patches Wconv^T                [P,Dv]       the stride-p conv as a GEMM
+//! pixel_values [N,C,Hmax,Wmax]            each image cropped to its own size
+//! embed  = patch_conv(image)              [P,Dv]       per image (patch_embed kernel: im2col
+//!                                                       + GEMM), patches row-major, images
+//!                                                       concatenated
 //! x0     = ln_pre(embed)                  [P,Dv]
 //! x_l+1  = block_l(x_l)                   [P,Dv]       attention block-diagonal per image
 //! out    = x_L                                          L = layers used (vision_feature_layer)
@@ -18,9 +19,13 @@ use super::block::{
     BlockWeights,
 };
 use super::config::{Mistral3Config, VISION_RMS_EPS};
-use super::ops::{self, Precision, RopeTable};
+use super::ops::Act;
 use super::params::{Grads, ParamLayout, Params, VisionEmbed, VisionLayer};
 use super::ModelError;
+use cannon_kernels::patch_embed::{PatchEmbedGrads, PatchGeom};
+use cannon_kernels::rmsnorm;
+use cannon_kernels::rope::RopeTable;
+use cannon_kernels::KernelError;
 
 /// A batch of images: `pixel_values [N, C, H, W]` zero padded to the largest image, and each
 /// image's `(height, width)` in pixels.
@@ -99,40 +104,57 @@ impl PatchGrid {
         self.cu_seqlens.last().copied().unwrap_or(0)
     }
 
-    /// 2-D RoPE table `[P, Hd/2]`: the first quarter of the head rotates by the patch row times
-    /// the even-indexed frequencies, the second by the column times the odd-indexed ones
-    /// (transformers' axial RoPE; angles in f32 as there).
-    pub fn rope(&self, head_dim: usize, theta: f64) -> RopeTable {
-        let half = head_dim / 2;
-        let inv: Vec<f32> = (0..half)
-            .map(|k| 1.0 / (theta as f32).powf((2 * k) as f32 / head_dim as f32))
-            .collect();
-        let mut angles = Vec::with_capacity(self.patches() * half);
+    /// Pixtral's 2-D RoPE: the axial table over the batch's largest grid (the first quarter
+    /// of a head rotates by the patch row times the even-indexed frequencies, the second by
+    /// the column times the odd-indexed ones, as transformers), and each patch's slot `[P]`.
+    pub fn rope(&self, head_dim: usize, theta: f64) -> Result<(RopeTable, Vec<u32>), KernelError> {
+        let rows = self.grids.iter().map(|g| g.0).max().unwrap_or(0);
+        let cols = self.grids.iter().map(|g| g.1).max().unwrap_or(0);
+        let table = RopeTable::axial(head_dim, theta, rows, cols)?;
+        let mut pos = Vec::with_capacity(self.patches());
         for &(rows, cols) in &self.grids {
             for r in 0..rows {
                 for c in 0..cols {
-                    angles.extend(inv.iter().step_by(2).map(|&f| r as f32 * f));
-                    angles.extend(inv.iter().skip(1).step_by(2).map(|&f| c as f32 * f));
+                    pos.push(table.axial_slot(r, c)?);
                 }
             }
         }
-        RopeTable::from_angles(&angles, half)
+        Ok((table, pos))
+    }
+
+    /// The kernel geometry of image `i` of `img`.
+    fn geom(&self, img: &Images, i: usize, patch: usize) -> PatchGeom {
+        let (h, w) = img.sizes[i];
+        PatchGeom {
+            channels: img.channels,
+            height: img.height,
+            width: img.width,
+            h,
+            w,
+            patch,
+        }
+    }
+
+    /// Patch range of image `i`.
+    fn span(&self, i: usize) -> std::ops::Range<usize> {
+        let start = if i == 0 { 0 } else { self.cu_seqlens[i - 1] };
+        start..self.cu_seqlens[i]
     }
 }
 
 /// Everything the vision forward saves.
 #[derive(Clone, Debug)]
-pub struct PixtralActs {
+pub struct PixtralActs<A> {
     pub grid: PatchGrid,
     pub rope: RopeTable,
-    pub patches: Vec<f32>,    // [P, C*p*p]
-    pub embed: Vec<f32>,      // [P, Dv]
+    pub pos: Vec<u32>,        // [P] RoPE slot of each patch
+    pub embed: Vec<f32>,      // [P, Dv] patch conv output
     pub rstd_pre: Vec<f32>,   // [P]
     pub resid: Vec<Vec<f32>>, // L+1 x [P, Dv]: resid[0] = ln_pre out, resid[l+1] = block l out
-    pub blocks: Vec<BlockActs>,
+    pub blocks: Vec<BlockActs<A>>,
 }
 
-impl PixtralActs {
+impl<A> PixtralActs<A> {
     /// The tower's output `[P, Dv]` (the hidden state `vision_feature_layer` selects).
     pub fn output(&self) -> &[f32] {
         self.resid.last().map(Vec::as_slice).unwrap_or(&[])
@@ -149,7 +171,7 @@ fn dims(cfg: &Mistral3Config) -> BlockDims {
         inter: v.intermediate_size,
         causal: false,
         act: v.gate_act(),
-        eps: VISION_RMS_EPS,
+        eps: VISION_RMS_EPS as f32,
     }
 }
 
@@ -186,71 +208,56 @@ impl<'a> VisionLayer<&'a mut [f32]> {
 }
 
 /// Pixtral forward over all images of the batch.
-pub fn forward(
+pub fn forward<A: Act>(
     cfg: &Mistral3Config,
     params: &Params,
     img: &Images,
-    prec: Precision,
-) -> Result<PixtralActs, ModelError> {
+) -> Result<PixtralActs<A>, ModelError> {
     let v = &cfg.vision_config;
     let grid = PatchGrid::new(cfg, img)?;
-    let (p, dv) = (v.patch_size, v.hidden_size);
-    let kdim = v.num_channels * p * p;
+    let dv = v.hidden_size;
     let n = grid.patches();
     let dims = dims(cfg);
-    let layers = cfg.vision_layers_used();
-
-    // im2col: patch vector index (c*p + ky)*p + kx, matching Wconv [Dv, C, p, p].
-    let mut patches = vec![0.0f32; n * kdim];
-    let mut rows = patches.chunks_exact_mut(kdim);
-    for (i, &(gh, gw)) in grid.grids.iter().enumerate() {
-        let image = &img.pixel_values[i * img.image_len()..][..img.image_len()];
-        for r in 0..gh {
-            for c in 0..gw {
-                let Some(row) = rows.next() else { break };
-                for (ch, plane) in image.chunks_exact(img.height * img.width).enumerate() {
-                    for ky in 0..p {
-                        let src = &plane[(r * p + ky) * img.width + c * p..][..p];
-                        row[(ch * p + ky) * p..][..p].copy_from_slice(src);
-                    }
-                }
-            }
-        }
-    }
-    prec.round(&mut patches);
     let e = params.vision_embed();
     let mut embed = vec![0.0; n * dv];
-    ops::linear_forward(&mut embed, &patches, e.patch_conv, kdim, dv)?;
+    for i in 0..img.len() {
+        let pixels = &img.pixel_values[i * img.image_len()..][..img.image_len()];
+        let out = &mut embed[grid.span(i).start * dv..grid.span(i).end * dv];
+        A::patch_embed(
+            out,
+            pixels,
+            e.patch_conv,
+            grid.geom(img, i, v.patch_size),
+            dv,
+        )?;
+    }
     let mut x0 = vec![0.0; n * dv];
     let mut rstd_pre = vec![0.0; n];
-    ops::rmsnorm_forward(&mut x0, &mut rstd_pre, &embed, e.ln_pre, VISION_RMS_EPS);
+    rmsnorm::rmsnorm_forward(&mut x0, &mut rstd_pre, &embed, e.ln_pre, dv, dims.eps)?;
 
-    let rope = grid.rope(v.head_dim(), v.rope_theta());
+    let (rope, pos) = grid.rope(v.head_dim(), v.rope_theta())?;
+    let layers = cfg.vision_layers_used();
+    let mut scratch = BlockScratch::<A>::new(&dims, n);
     let mut resid = vec![x0];
     let mut blocks = Vec::with_capacity(layers);
     for l in 0..layers {
         let ctx = BlockCtx {
             dims,
             rope: &rope,
+            pos: &pos,
             cu_seqlens: &grid.cu_seqlens,
-            prec,
         };
         let mut acts = BlockActs::new(&dims, n);
         let mut out = vec![0.0; n * dv];
-        block_forward(
-            &ctx,
-            &params.vision_layer(l).block(),
-            &mut acts,
-            &resid[l],
-            &mut out,
-        )?;
+        let w = params.vision_layer(l).block();
+        block_forward(&ctx, &w, &mut acts, &mut scratch, &resid[l], &mut out)?;
         resid.push(out);
         blocks.push(acts);
     }
     Ok(PixtralActs {
         grid,
         rope,
-        patches,
+        pos,
         embed,
         rstd_pre,
         resid,
@@ -258,94 +265,85 @@ pub fn forward(
     })
 }
 
+/// What the vision backward did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VisionVisit {
+    /// Pixtral layers whose backward ran.
+    pub layers: usize,
+    /// Whether the patch embedding's backward ran.
+    pub patch_embed: bool,
+}
+
 /// Pixtral backward from `dout [P, Dv]` (the gradient of [`PixtralActs::output`]): accumulates
 /// into the vision groups of `grads` that exist (frozen ones are skipped) and, when
 /// `dpixels` is given, into the pixel gradient `[N, C, H, W]` (padding gets none).
-#[allow(clippy::too_many_arguments)]
-pub fn backward(
+pub fn backward<A: Act>(
     cfg: &Mistral3Config,
     params: &Params,
-    a: &PixtralActs,
+    a: &PixtralActs<A>,
     img: &Images,
     dout: &[f32],
     grads: &mut Grads,
-    dpixels: Option<&mut [f32]>,
-    prec: Precision,
-) -> Result<(), ModelError> {
+    mut dpixels: Option<&mut [f32]>,
+) -> Result<VisionVisit, ModelError> {
     let v = &cfg.vision_config;
-    let (p, dv) = (v.patch_size, v.hidden_size);
-    let kdim = v.num_channels * p * p;
+    let dv = v.hidden_size;
     let n = a.grid.patches();
     let dims = dims(cfg);
     let layout: &ParamLayout = &params.layout;
-    let mut scratch = BlockScratch::new(&dims, n);
+    let mut scratch = BlockScratch::<A>::new(&dims, n);
     let mut d = dout.to_vec();
     let mut dprev = vec![0.0; n * dv];
+    let mut visit = VisionVisit::default();
     for l in (0..a.blocks.len()).rev() {
         let ctx = BlockCtx {
             dims,
             rope: &a.rope,
+            pos: &a.pos,
             cu_seqlens: &a.grid.cu_seqlens,
-            prec,
         };
         let g = layout.vision_layer(l);
         let gl = grads
             .group_mut(g)
             .map(|buf| VisionLayer::split_mut(buf, &layout.groups[g]).block());
-        let w = params.vision_layer(l);
-        block_backward(
-            &ctx,
-            &w.block(),
-            gl,
-            &a.blocks[l],
-            &a.resid[l],
-            &d,
-            &mut dprev,
-            &mut scratch,
-        )?;
+        let w = params.vision_layer(l).block();
+        let x = &a.resid[l];
+        block_backward(&ctx, &w, gl, &a.blocks[l], &mut scratch, x, &d, &mut dprev)?;
         std::mem::swap(&mut d, &mut dprev);
+        visit.layers += 1;
     }
-    // x0 = ln_pre(embed); embed = patches Wconv^T
+    // x0 = ln_pre(embed); embed = patch_conv(pixels)
     let e = params.vision_embed();
     let g = ParamLayout::VISION_EMBED;
     let mut ge = grads
         .group_mut(g)
         .map(|buf| VisionEmbed::split_mut(buf, &layout.groups[g]));
-    let mut dembed = vec![0.0; n * dv];
-    let gln = ge.as_mut().map(|g| &mut *g.ln_pre);
-    ops::rmsnorm_backward(&mut dembed, gln, &d, &a.embed, e.ln_pre, &a.rstd_pre);
-    let gconv = ge.map(|g| g.patch_conv);
-    let Some(dpix) = dpixels else {
-        ops::linear_backward(None, gconv, &dembed, &a.patches, e.patch_conv, kdim, dv)?;
-        return Ok(());
-    };
-    let mut dpatches = vec![0.0; n * kdim];
-    ops::linear_backward(
-        Some(&mut dpatches),
-        gconv,
-        &dembed,
-        &a.patches,
-        e.patch_conv,
-        kdim,
-        dv,
-    )?;
-    // col2im: the inverse of the patch gather in `forward` (patches do not overlap).
-    let mut rows = dpatches.chunks_exact(kdim);
-    for (i, &(gh, gw)) in a.grid.grids.iter().enumerate() {
-        let image = &mut dpix[i * img.image_len()..][..img.image_len()];
-        for r in 0..gh {
-            for c in 0..gw {
-                let Some(row) = rows.next() else { break };
-                for (ch, plane) in image.chunks_exact_mut(img.height * img.width).enumerate() {
-                    for ky in 0..p {
-                        let dst = &mut plane[(r * p + ky) * img.width + c * p..][..p];
-                        for (o, &g) in dst.iter_mut().zip(&row[(ch * p + ky) * p..][..p]) {
-                            *o += g;
-                        }
-                    }
-                }
-            }
-        }
+    if ge.is_none() && dpixels.is_none() {
+        return Ok(visit);
     }
-    Ok(())
+    let mut dembed = vec![0.0; n * dv];
+    let mut sink = vec![0.0; dv];
+    let gln = ge.as_mut().map_or(&mut sink[..], |g| &mut *g.ln_pre);
+    rmsnorm::rmsnorm_backward(&mut dembed, gln, &d, &a.embed, e.ln_pre, &a.rstd_pre, dv)?;
+    let mut gconv = ge.map(|g| g.patch_conv);
+    for i in 0..img.len() {
+        let span = a.grid.span(i);
+        let range = i * img.image_len()..(i + 1) * img.image_len();
+        let grads = PatchEmbedGrads {
+            dweight: gconv.as_deref_mut(),
+            dpixels: dpixels.as_deref_mut().map(|dp| &mut dp[range.clone()]),
+        };
+        let dout = &dembed[span.start * dv..span.end * dv];
+        let geom = a.grid.geom(img, i, v.patch_size);
+        A::patch_embed_back(
+            grads,
+            dout,
+            &img.pixel_values[range],
+            e.patch_conv,
+            geom,
+            dv,
+        )?;
+    }
+    visit.patch_embed = true;
+    Ok(visit)
 }

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! x       [P, Dv]       vision tower output, all images' patches
-//! xn      = rmsnorm(x)                                     (eps = text rms_norm_eps)
+//! xn      = rmsnorm(x)          [P, Dv]  (eps = text rms_norm_eps)
 //! merged  [M, Dv*m*m]   per image: each m x m block of patches -> one token, row-major over
 //!                       the (rows/m) x (cols/m) grid (odd rows/cols dropped), feature index
 //!                       c*m*m + di*m + dj (torch.nn.functional.unfold's channel-major order)
@@ -12,23 +12,22 @@
 //! ```
 
 use super::config::Mistral3Config;
-use super::ops::{self, Precision};
+use super::ops::{self, linear, linear_back, store, Act};
 use super::params::{Grads, Params, Projector};
 use super::pixtral::PatchGrid;
-use cannon_kernels::KernelError;
+use cannon_kernels::{gelu, rmsnorm, KernelError};
 
 /// Everything the projector forward saves.
 #[derive(Clone, Debug)]
-pub struct ProjectorActs {
+pub struct ProjectorActs<A> {
     /// `sources[t*m*m + di*m + dj]` = the patch merged into token t at block offset (di, dj).
     pub sources: Vec<usize>,
-    pub rstd: Vec<f32>,   // [P]
-    pub xn: Vec<f32>,     // [P, Dv]
-    pub merged: Vec<f32>, // [M, Dv*m*m]
-    pub h0: Vec<f32>,     // [M, Dv]
-    pub h1: Vec<f32>,     // [M, D]
-    pub act: Vec<f32>,    // [M, D]  gelu(h1)
-    pub out: Vec<f32>,    // [M, D]
+    pub rstd: Vec<f32>, // [P]
+    pub merged: Vec<A>, // [M, Dv*m*m]  norm output, gathered
+    pub h0: Vec<A>,     // [M, Dv]
+    pub h1: Vec<f32>,   // [M, D]
+    pub act: Vec<A>,    // [M, D]  gelu(h1)
+    pub out: Vec<f32>,  // [M, D]
 }
 
 /// Merged tokens per image, in order (`(rows/m) * (cols/m)`).
@@ -56,28 +55,27 @@ fn merge_sources(grid: &PatchGrid, m: usize) -> Vec<usize> {
 }
 
 /// Projector forward from the vision output `x [P, Dv]`.
-pub fn forward(
+pub fn forward<A: Act>(
     cfg: &Mistral3Config,
     params: &Params,
     grid: &PatchGrid,
     x: &[f32],
-    prec: Precision,
-) -> Result<ProjectorActs, KernelError> {
+) -> Result<ProjectorActs<A>, KernelError> {
     let dv = cfg.vision_config.hidden_size;
     let d = cfg.text_config.hidden_size;
     let m = cfg.spatial_merge_size;
     let mm = m * m;
     let w = params.projector();
-    let p = x.len() / dv;
+    let p = x.len() / dv.max(1);
+    let eps = cfg.text_config.rms_norm_eps as f32;
     let mut rstd = vec![0.0; p];
     let mut xn = vec![0.0; p * dv];
-    ops::rmsnorm_forward(&mut xn, &mut rstd, x, w.norm, cfg.text_config.rms_norm_eps);
-    prec.round(&mut xn);
+    rmsnorm::rmsnorm_forward(&mut xn, &mut rstd, x, w.norm, dv, eps)?;
 
     let sources = merge_sources(grid, m);
     let tokens = sources.len() / mm;
-    let mut merged = vec![0.0; tokens * dv * mm];
-    for (row, src) in merged
+    let mut merged32 = vec![0.0; tokens * dv * mm];
+    for (row, src) in merged32
         .chunks_exact_mut(dv * mm)
         .zip(sources.chunks_exact(mm))
     {
@@ -87,20 +85,23 @@ pub fn forward(
             }
         }
     }
-    let mut h0 = vec![0.0; tokens * dv];
-    ops::linear_forward(&mut h0, &merged, w.merge, dv * mm, dv)?;
-    prec.round(&mut h0);
+    let mut merged = ops::zeros::<A>(merged32.len());
+    store(&merged32, &mut merged)?;
+    let mut h = vec![0.0; tokens * dv];
+    linear(&mut h, &merged, w.merge, dv * mm, dv)?;
+    let mut h0 = ops::zeros::<A>(h.len());
+    store(&h, &mut h0)?;
     let mut h1 = vec![0.0; tokens * d];
-    ops::linear_forward(&mut h1, &h0, w.linear_1, dv, d)?;
-    let mut act = vec![0.0; tokens * d];
-    ops::gelu_forward(&mut act, &h1);
-    prec.round(&mut act);
+    linear(&mut h1, &h0, w.linear_1, dv, d)?;
+    let mut g = vec![0.0; tokens * d];
+    gelu::gelu_forward(&mut g, &h1)?;
+    let mut act = ops::zeros::<A>(g.len());
+    store(&g, &mut act)?;
     let mut out = vec![0.0; tokens * d];
-    ops::linear_forward(&mut out, &act, w.linear_2, d, d)?;
+    linear(&mut out, &act, w.linear_2, d, d)?;
     Ok(ProjectorActs {
         sources,
         rstd,
-        xn,
         merged,
         h0,
         h1,
@@ -111,10 +112,10 @@ pub fn forward(
 
 /// Projector backward from `dout [M, D]`: accumulates the projector's weight gradients if its
 /// group trains, and when `dx` is given accumulates the gradient of the vision output into it.
-pub fn backward(
+pub fn backward<A: Act>(
     cfg: &Mistral3Config,
     params: &Params,
-    a: &ProjectorActs,
+    a: &ProjectorActs<A>,
     x: &[f32],
     dout: &[f32],
     grads: &mut Grads,
@@ -123,7 +124,7 @@ pub fn backward(
     let dv = cfg.vision_config.hidden_size;
     let d = cfg.text_config.hidden_size;
     let mm = cfg.spatial_merge_size * cfg.spatial_merge_size;
-    let tokens = a.sources.len() / mm;
+    let tokens = a.sources.len() / mm.max(1);
     let w = params.projector();
     let gi = params.layout.projector();
     let mut g = grads
@@ -132,15 +133,15 @@ pub fn backward(
 
     let mut dact = vec![0.0; tokens * d];
     let g2 = g.as_mut().map(|g| &mut *g.linear_2);
-    ops::linear_backward(Some(&mut dact), g2, dout, &a.act, w.linear_2, d, d)?;
+    linear_back(Some(&mut dact), g2, dout, &a.act, w.linear_2, d, d)?;
     let mut dh1 = vec![0.0; tokens * d];
-    ops::gelu_backward(&mut dh1, &dact, &a.h1);
+    gelu::gelu_backward(&mut dh1, &dact, &a.h1)?;
     let mut dh0 = vec![0.0; tokens * dv];
     let g1 = g.as_mut().map(|g| &mut *g.linear_1);
-    ops::linear_backward(Some(&mut dh0), g1, &dh1, &a.h0, w.linear_1, dv, d)?;
+    linear_back(Some(&mut dh0), g1, &dh1, &a.h0, w.linear_1, dv, d)?;
     let gm = g.as_mut().map(|g| &mut *g.merge);
     let mut dmerged = vec![0.0; tokens * dv * mm];
-    ops::linear_backward(
+    linear_back(
         Some(&mut dmerged),
         gm,
         &dh0,
@@ -149,19 +150,20 @@ pub fn backward(
         dv * mm,
         dv,
     )?;
-    let dxn = scatter_merged(&dmerged, &a.sources, dv, mm, a.xn.len());
+    let dxn = scatter_merged(&dmerged, &a.sources, dv, mm, x.len());
     // The norm's input gradient is only needed below the projector; its weight gradient
     // needs the same pass, so a frozen tower still gets a throwaway buffer.
     let mut sink = Vec::new();
     let dx = match dx {
         Some(dx) => dx,
         None => {
-            sink.resize(a.xn.len(), 0.0);
+            sink.resize(x.len(), 0.0);
             &mut sink[..]
         }
     };
-    ops::rmsnorm_backward(dx, g.map(|g| g.norm), &dxn, x, w.norm, &a.rstd);
-    Ok(())
+    let mut norm_sink = vec![0.0; dv];
+    let gn = g.map_or(&mut norm_sink[..], |g| g.norm);
+    rmsnorm::rmsnorm_backward(dx, gn, &dxn, x, w.norm, &a.rstd, dv)
 }
 
 /// The transpose of the merge gather: `[M, Dv*m*m]` back to `[P, Dv]` (dropped patches get 0).
