@@ -171,3 +171,21 @@ fn bad_position_ids_are_an_input_error() {
     let err = model.forward::<f32>(&batch).map(|_| ()).unwrap_err();
     assert!(matches!(err, ModelError::Input(_)), "{err}");
 }
+
+#[test]
+fn position_past_the_model_is_an_input_error() {
+    let model = Mistral3::load(&shared_fixture()).unwrap();
+    let vocab = model.cfg.text_config.vocab_size as u32;
+    let (ids, labels) = two_sequences(vocab, 4);
+    let far = model.cfg.text_config.max_position_embeddings as u32;
+    let batch = Batch {
+        input_ids: ids,
+        labels,
+        position_ids: (far..far + 8).collect(),
+        rows: 1,
+        seq: 8,
+        ..Batch::default()
+    };
+    let err = model.forward::<f32>(&batch).map(|_| ()).unwrap_err();
+    assert!(err.to_string().contains("max_position_embeddings"), "{err}");
+}

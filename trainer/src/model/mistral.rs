@@ -180,6 +180,13 @@ pub fn forward<A: Act>(
     let n = pos.len();
     let dims = dims(cfg);
     let max_pos = pos.iter().max().map_or(0, |&p| p as usize + 1);
+    if max_pos > t.max_position_embeddings {
+        return Err(ModelError::Input(format!(
+            "position id {} is past max_position_embeddings {}",
+            max_pos - 1,
+            t.max_position_embeddings
+        )));
+    }
     let rope = RopeTable::text(t.head_dim(), t.rope_theta(), max_pos)?;
     let mut scratch = BlockScratch::<A>::new(&dims, n);
     let mut resid = vec![x0];

@@ -86,8 +86,11 @@ impl Batch {
         let mut start = 0;
         for end in ends {
             // Within [start, end): t predicts t+1; the sequence's last token predicts nothing.
-            let n = end.saturating_sub(start + 1);
-            for (o, &l) in out[start..][..n].iter_mut().zip(&self.labels[start + 1..]) {
+            // (`get` keeps a batch whose lengths disagree from panicking; forward rejects it.)
+            let (Some(o), Some(l)) = (out.get_mut(start..end), self.labels.get(start + 1..)) else {
+                break;
+            };
+            for (o, &l) in o.iter_mut().zip(l).take(end - start - 1) {
                 *o = l as i32;
             }
             start = end;
