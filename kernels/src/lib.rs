@@ -1,10 +1,13 @@
 //! cannon-kernels: every op of the trainer as a forward + backward pair, on the CPU and on
 //! Ascend NPUs.
 //!
-//! One directory per op (as dfdx does): `mod.rs` holds the public API, shapes and the device
-//! dispatch; `cpu.rs` the CPU kernel (fast: threaded with rayon, vectorised, cache-blocked);
-//! `npu.rs` the aclnn call (behind `--features npu`); `tests.rs` the checks against a naive
-//! float64 implementation written for clarity, plus finite differences on tiny shapes.
+//! One directory per op (as dfdx does): `mod.rs` holds the slice-level API, its shapes and
+//! checks; `cpu.rs` the CPU kernel (fast: threaded with rayon, vectorised, cache-blocked);
+//! `device.rs` the same calls over runtime buffers, dispatched by [`device::backend`] to the CPU
+//! kernel on host slices or to `npu.rs`, the NPU entry points naming the aclnn calls they make
+//! (their bodies land with the NPU issue; until then they return a typed `NotCompiled` /
+//! `Unsupported` error, never a host fallback); `tests.rs` the checks against a naive float64
+//! implementation written for clarity, plus finite differences on tiny shapes.
 //!
 //! Conventions (llm.c): backward *accumulates* into gradient buffers (`dW += ...`), so callers
 //! zero them once per step; shapes are given in comments with B = batch, T = tokens,

@@ -52,7 +52,9 @@
 
 mod bwd;
 mod cpu;
+pub mod device;
 mod fwd;
+pub mod npu;
 mod pack;
 mod simd;
 
