@@ -345,7 +345,7 @@ mod tests {
     #[test]
     fn gated_backward_matches_finite_differences() {
         let n = 64;
-        let val = |i: usize, k: f32| ((i as f32 * k).sin() * 2.5);
+        let val = |i: usize, k: f32| (i as f32 * k).sin() * 2.5;
         let gate: Vec<f32> = (0..n).map(|i| val(i, 0.37)).collect();
         let up: Vec<f32> = (0..n).map(|i| val(i, 0.71)).collect();
         let dh: Vec<f32> = (0..n).map(|i| val(i, 1.13)).collect();
