@@ -10,7 +10,8 @@
 //! implementation written for clarity, plus finite differences on tiny shapes.
 //!
 //! Conventions (llm.c): backward *accumulates* into gradient buffers (`dW += ...`), so callers
-//! zero them once per step; shapes are given in comments with B = batch, T = tokens,
+//! zero them once per step (exceptions, documented per op: attention overwrites dq/dk/dv, RoPE's
+//! backward rotates in place, cross-entropy writes d_logits); shapes are given in comments with B = batch, T = tokens,
 //! D = hidden, H = heads, Hd = head_dim, V = vocab.
 
 pub mod device;
