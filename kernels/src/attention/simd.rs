@@ -63,6 +63,30 @@ fn micro<const FMA: bool, const NC: usize, const ACC: bool>(
             row.copy_from_slice(&c[r * ldc..][..NC]);
         }
     }
+    // The common depth (head_dim 64, a full key block, a full 64-row tile) as a constant trip
+    // count: the loop is unrolled and its bounds checks hoisted. Same steps in the same order.
+    if kc == KB {
+        micro_steps::<FMA, NC>(KB, al, a, lda, b, ldb, &mut acc);
+    } else {
+        micro_steps::<FMA, NC>(kc, al, a, lda, b, ldb, &mut acc);
+    }
+    for (r, row) in acc.iter().enumerate() {
+        c[r * ldc..][..NC].copy_from_slice(row);
+    }
+}
+
+/// The `kc` fused steps of [`micro`] on the accumulators.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // see `micro`
+fn micro_steps<const FMA: bool, const NC: usize>(
+    kc: usize,
+    al: ALayout,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    acc: &mut [[f32; NC]; MR],
+) {
     // No closures or `array::from_fn` here: they are separate functions that the compiler may
     // leave outlined, i.e. compiled without the caller's target features. B's row is loaded
     // BEFORE the A values: a scalar load that precedes the copy cannot be folded into a
@@ -78,19 +102,16 @@ fn micro<const FMA: bool, const NC: usize, const ACC: bool>(
             );
             for p in 0..kc {
                 let bv = load_b::<NC>(&b[p * ldb..]);
-                fma_rows::<FMA, NC>(&mut acc, &bv, [r0[p], r1[p], r2[p], r3[p]]);
+                fma_rows::<FMA, NC>(acc, &bv, [r0[p], r1[p], r2[p], r3[p]]);
             }
         }
         ALayout::Cols => {
             for p in 0..kc {
                 let bv = load_b::<NC>(&b[p * ldb..]);
                 let col = &a[p * lda..][..MR];
-                fma_rows::<FMA, NC>(&mut acc, &bv, [col[0], col[1], col[2], col[3]]);
+                fma_rows::<FMA, NC>(acc, &bv, [col[0], col[1], col[2], col[3]]);
             }
         }
-    }
-    for (r, row) in acc.iter().enumerate() {
-        c[r * ldc..][..NC].copy_from_slice(row);
     }
 }
 
