@@ -340,18 +340,36 @@ fn backward_fused<E: Element>(isa: Isa, c: &BwdCtx<'_>, seqs: &[Span], grads: Qk
             },
         )
         .collect();
+    // The write-back in parallel too, over chunks of WB tokens (each unit's rows interleave
+    // with the other kv heads' in the TND outputs, so the chunks are of tokens, not of units).
+    // `units` lists the kv heads of each sequence in order: unit (s, kvh) is `s * hkv + kvh`.
+    const WB: usize = 64;
     let (hq, hkv) = (geo.hq, geo.hkv);
-    for (&(seq, kvh), u) in units.iter().zip(results) {
-        for i in 0..seq.len {
-            let t = seq.start + i;
-            for hh in 0..g {
-                let dst = &mut grads.dq[(t * hq + kvh * g + hh) * d..][..d];
-                store_row(dst, &u.dq[(i * g + hh) * dp..], scale);
+    let dqs = grads.dq.par_chunks_mut(WB * hq * d);
+    let dks = grads.dk.par_chunks_mut(WB * hkv * d);
+    let dvs = grads.dv.par_chunks_mut(WB * hkv * d);
+    dqs.zip(dks)
+        .zip(dvs)
+        .enumerate()
+        .for_each(|(ci, ((dq, dk), dv))| {
+            for tt in 0..dq.len() / (hq * d) {
+                let t = ci * WB + tt;
+                // The sequence holding token t (empty sequences end at their start: skipped).
+                let si = seqs.partition_point(|s| s.start + s.len <= t);
+                let i = t - seqs[si].start;
+                for kvh in 0..hkv {
+                    let u = &results[si * hkv + kvh];
+                    for hh in 0..g {
+                        let dst = &mut dq[(tt * hq + kvh * g + hh) * d..][..d];
+                        store_row(dst, &u.dq[(i * g + hh) * dp..], scale);
+                    }
+                    let o = (tt * hkv + kvh) * d;
+                    store_row(&mut dk[o..o + d], &u.dk[i * dp..], scale);
+                    store_row(&mut dv[o..o + d], &u.dv[i * dp..], 1.0);
+                }
             }
-            let (dk, dv) = (&u.dk[i * dp..], &u.dv[i * dp..]);
-            store_row(&mut grads.dk[(t * hkv + kvh) * d..][..d], dk, scale);
-            store_row(&mut grads.dv[(t * hkv + kvh) * d..][..d], dv, 1.0);
-        }
+        });
+    for u in results {
         give_buf(u.dq);
         give_buf(u.dk);
         give_buf(u.dv);
