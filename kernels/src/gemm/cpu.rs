@@ -97,8 +97,9 @@ const AT_TILE_M: usize = 1024;
 /// Pad of the tile's row stride, in floats: 64 bytes, so rows stay cache-line aligned but the
 /// stride is no longer a power of two.
 const AT_TILE_PAD: usize = 16;
-/// Depth per tile, bounding the scratch at `AT_TILE_K * (AT_TILE_M + AT_TILE_PAD)` floats (16 MiB).
-const AT_TILE_K: usize = 4096;
+/// Depth per tile: bounds the scratch at `AT_TILE_K * (AT_TILE_M + AT_TILE_PAD)` floats (4 MiB,
+/// so a tile is still in L3 when faer packs it; measured ~1-2 % faster than one 2048-deep tile).
+const AT_TILE_K: usize = 1024;
 /// Only the head's dW (m = vocab) is slow untiled; mlp dW (m = 1536) runs at full rate as is.
 const AT_TILE_MIN_M: usize = 4 * AT_TILE_M;
 
