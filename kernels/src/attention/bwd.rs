@@ -94,38 +94,45 @@ impl BwdScratch {
     }
 }
 
-/// `P` and unscaled `dS = P * (dP - D)` of rows `r0 .. r0 + MR` of a tile against the key
-/// block at `kb0`, each written as `[MR, KB]` with zeros past the computed columns. Returns the
-/// number of computed columns (0: the panel is masked).
+/// `P` and unscaled `dS = P * (dP - D)` of every row of a tile against the key block at
+/// `kb0`, each written as `[rp, KB]` with zeros past each row's visible keys.
+///
+/// Phased by operand: S for every panel of MR rows (reading K^T), then dP for every panel
+/// (reading V^T), then the element-wise step. Each 16 KiB right-hand operand then stays in L1
+/// across the tile's panels instead of the two evicting each other panel by panel. Every row
+/// goes through the same operations in the same order either way, so the bits do not depend
+/// on the phasing.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)] // the panel's coordinates and its two outputs
-fn panel_p_ds<const FMA: bool, const W: usize>(
+fn tile_p_ds<const FMA: bool, const W: usize>(
     geo: &Geom,
     t: &QTile<'_>,
-    r0: usize,
     kb0: usize,
     kb: &KBlock<'_>,
     p: &mut [f32],
     ds: &mut [f32],
-) -> usize {
+) {
     let (d, dp) = (geo.d, geo.dp);
-    let n16 = panel_cols(geo, t.q0, r0, t.r_real, kb0, kb.kn);
-    if n16 == 0 {
-        p.fill(0.0);
-        ds.fill(0.0);
-        return 0;
+    let rp = round_up(t.r_real, MR);
+    // p <- S = q @ K^T ; ds <- dP = dout @ V^T, panel by panel, only the columns some row of
+    // the panel may see (rows of a fully masked panel are zero-filled below).
+    for (src, bt, dst) in [(t.q, kb.kt, &mut *p), (t.dout, kb.vt, &mut *ds)] {
+        for r0 in (0..rp).step_by(MR) {
+            let n16 = panel_cols(geo, t.q0, r0, t.r_real, kb0, kb.kn);
+            if n16 > 0 {
+                let (a, c) = (&src[r0 * dp..], &mut dst[r0 * KB..]);
+                panel::<FMA, W, false>(d, n16, ALayout::Rows, a, dp, bt, KB, c, KB);
+            }
+        }
     }
-    // p <- S = q_panel @ K^T ; ds <- dP = dout_panel @ V^T
-    let q = &t.q[r0 * dp..];
-    panel::<FMA, W, false>(d, n16, ALayout::Rows, q, dp, kb.kt, KB, p, KB);
-    let dout = &t.dout[r0 * dp..];
-    panel::<FMA, W, false>(d, n16, ALayout::Rows, dout, dp, kb.vt, KB, ds, KB);
-    for rr in 0..MR {
-        let r = r0 + rr;
-        let prow = &mut p[rr * KB..][..KB];
-        let drow = &mut ds[rr * KB..][..KB];
+    for (r, (prow, drow)) in p
+        .chunks_exact_mut(KB)
+        .zip(ds.chunks_exact_mut(KB))
+        .enumerate()
+        .take(rp)
+    {
+        // Keys this row sees (a prefix, within the columns computed for its panel).
         let lim = if r < t.r_real {
-            row_limit(geo.causal, t.q0 + r / geo.g, kb0, kb.kn).min(n16)
+            row_limit(geo.causal, t.q0 + r / geo.g, kb0, kb.kn)
         } else {
             0
         };
@@ -138,7 +145,26 @@ fn panel_p_ds<const FMA: bool, const W: usize>(
         prow[lim..].fill(0.0);
         drow[lim..].fill(0.0);
     }
-    n16
+}
+
+/// `dq[rp, dp] += dS[rp, n] @ K[n, dp]` panel by panel, `n` = the panel's visible columns.
+#[inline(always)]
+fn tile_dq<const FMA: bool, const W: usize>(
+    geo: &Geom,
+    t: &QTile<'_>,
+    kb0: usize,
+    kb: &KBlock<'_>,
+    ds: &[f32],
+    dq: &mut [f32],
+) {
+    let dp = geo.dp;
+    for r0 in (0..round_up(t.r_real, MR)).step_by(MR) {
+        let n16 = panel_cols(geo, t.q0, r0, t.r_real, kb0, kb.kn);
+        if n16 > 0 {
+            let (a, c) = (&ds[r0 * KB..], &mut dq[r0 * dp..]);
+            panel::<FMA, W, true>(n16, dp, ALayout::Rows, a, KB, kb.k, dp, c, dp);
+        }
+    }
 }
 
 /// dK, dV (unscaled, into `ws.dk`, `ws.dv` as `[KB, dp]`) of the key block at `kb0` of `seq`
@@ -166,21 +192,28 @@ pub(super) fn bwd_kv_block<const FMA: bool, const W: usize>(
         let qn = bq.min(seq.len - q0);
         let t = c.tile(seq, kvh, q0, qn);
         let rp = round_up(t.r_real, MR);
-        for r0 in (0..rp).step_by(MR) {
-            let (pp, dsp) = (&mut p[r0 * KB..][..MR * KB], &mut ds[r0 * KB..][..MR * KB]);
-            let n16 = panel_p_ds::<FMA, W>(geo, &t, r0, kb0, &kb, pp, dsp);
-            if let (true, Some(dq)) = (n16 > 0, dq.as_deref_mut()) {
-                // dq_panel[MR, dp] += ds[MR, n16] @ K[n16, dp]
-                let dq = &mut dq[(q0 * g + r0) * dp..];
-                panel::<FMA, W, true>(n16, dp, ALayout::Rows, dsp, KB, kb.k, dp, dq, dp);
-            }
+        tile_p_ds::<FMA, W>(geo, &t, kb0, &kb, p, ds);
+        if let Some(dq) = dq.as_deref_mut() {
+            tile_dq::<FMA, W>(geo, &t, kb0, &kb, ds, &mut dq[q0 * g * dp..]);
         }
         for kr0 in (0..kr).step_by(MR) {
-            // dv[kr0.., dp] += P^T[MR, rp] @ dout[rp, dp] ; dk likewise with dS and q
-            let (pt, dst) = (&p[kr0..], &ds[kr0..]);
+            // Causal: the tile's rows of tokens before key kb0 + kr0 see none of the panel's
+            // keys (P = dS = 0 there); skipping them drops only exact `+ 0 * x` steps, so
+            // the sums keep their bits.
+            let rs = if geo.causal {
+                ((kb0 + kr0).saturating_sub(q0) * g).min(rp)
+            } else {
+                0
+            };
+            if rs == rp {
+                continue;
+            }
+            // dv[kr0.., dp] += P^T[MR, rs..rp] @ dout[rs..rp, dp] ; dk likewise with dS and q
+            let (pt, dst) = (&p[rs * KB + kr0..], &ds[rs * KB + kr0..]);
             let (dvb, dkb) = (&mut dv[kr0 * dp..], &mut dk[kr0 * dp..]);
-            panel::<FMA, W, true>(rp, dp, ALayout::Cols, pt, KB, t.dout, dp, dvb, dp);
-            panel::<FMA, W, true>(rp, dp, ALayout::Cols, dst, KB, t.q, dp, dkb, dp);
+            let (dout, q) = (&t.dout[rs * dp..], &t.q[rs * dp..]);
+            panel::<FMA, W, true>(rp - rs, dp, ALayout::Cols, pt, KB, dout, dp, dvb, dp);
+            panel::<FMA, W, true>(rp - rs, dp, ALayout::Cols, dst, KB, q, dp, dkb, dp);
         }
         q0 += bq;
     }
@@ -210,14 +243,8 @@ pub(super) fn bwd_q_tile<E: Element, const FMA: bool, const W: usize>(
     let mut kb0 = 0;
     while kb0 < seq.len && (!geo.causal || kb0 < q0 + qn) {
         let kb = c.block(seq, kvh, kb0);
-        for r0 in (0..rp).step_by(MR) {
-            let (pp, dsp) = (&mut p[..MR * KB], &mut ds[..MR * KB]);
-            let n16 = panel_p_ds::<FMA, W>(geo, &t, r0, kb0, &kb, pp, dsp);
-            if n16 > 0 {
-                let dqp = &mut dq[r0 * dp..];
-                panel::<FMA, W, true>(n16, dp, ALayout::Rows, dsp, KB, kb.k, dp, dqp, dp);
-            }
-        }
+        tile_p_ds::<FMA, W>(geo, &t, kb0, &kb, p, ds);
+        tile_dq::<FMA, W>(geo, &t, kb0, &kb, ds, dq);
         kb0 += KB;
     }
     for r in 0..t.r_real {

@@ -116,20 +116,19 @@ pub(super) fn fwd_group<E: Element, const FMA: bool, const W: usize>(
                 }
             }
         }
-        // Online softmax per 16-column chunk, its statistics held in registers.
+        // Online softmax per 16-column chunk, its statistics held in registers: every value
+        // the key loops carry is a local array (a slice of `m` or `l` would be re-read and
+        // the running sum spilled, one store-forwarding round trip per key).
         for c0 in (0..ld).step_by(NR) {
             let mut mx = [f32::NEG_INFINITY; NR];
-            for j in 0..kmax {
-                let x = &st[j * ld + c0..][..NR];
+            for row in st.chunks_exact(ld).take(kmax) {
+                let x = chunk(row, c0);
                 for c in 0..NR {
                     mx[c] = if x[c] > mx[c] { x[c] } else { mx[c] };
                 }
             }
-            let (mc, lc, ac) = (
-                &mut m[c0..][..NR],
-                &mut l[c0..][..NR],
-                &mut alpha[c0..][..NR],
-            );
+            let mut mc = *chunk(m, c0);
+            let mut ac = [0.0f32; NR];
             for c in 0..NR {
                 let m_new = if mx[c] > mc[c] { mx[c] } else { mc[c] };
                 // A row that has seen nothing yet keeps m = -inf, alpha = 1, p = 0.
@@ -141,17 +140,20 @@ pub(super) fn fwd_group<E: Element, const FMA: bool, const W: usize>(
                 mc[c] = m_new;
             }
             let mut sum = [0.0f32; NR];
-            for j in 0..kmax {
-                let x = &mut st[j * ld + c0..][..NR];
+            for row in st.chunks_exact_mut(ld).take(kmax) {
+                let x = chunk_mut(row, c0);
                 for c in 0..NR {
                     let p = exp2::<FMA>(x[c] - mc[c]);
                     x[c] = p;
                     sum[c] += p;
                 }
             }
+            let lc = chunk_mut(l, c0);
             for c in 0..NR {
                 lc[c] = lc[c] * ac[c] + sum[c];
             }
+            *chunk_mut(m, c0) = mc;
+            *chunk_mut(alpha, c0) = ac;
         }
         // Keys past kmax (masked for every row) contribute nothing to P V.
         st[kmax * ld..].fill(0.0);
@@ -177,5 +179,24 @@ pub(super) fn fwd_group<E: Element, const FMA: bool, const W: usize>(
             *y = E::from_f32(x / l[r]);
         }
         lse[i * geo.hq + h] = (m[r] + l[r].log2()) * std::f32::consts::LN_2;
+    }
+}
+
+/// The NR-wide chunk of `row` at `c0` (callers keep `c0 + NR <= row.len()`).
+#[inline(always)]
+fn chunk(row: &[f32], c0: usize) -> &[f32; NR] {
+    match row[c0..].first_chunk::<NR>() {
+        Some(x) => x,
+        None => unreachable!("chunk {c0} past a row of {}", row.len()),
+    }
+}
+
+/// Mutable twin of [`chunk`].
+#[inline(always)]
+fn chunk_mut(row: &mut [f32], c0: usize) -> &mut [f32; NR] {
+    let n = row.len();
+    match row[c0..].first_chunk_mut::<NR>() {
+        Some(x) => x,
+        None => unreachable!("chunk {c0} past a row of {n}"),
     }
 }
