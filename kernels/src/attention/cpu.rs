@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::bwd::{self, BwdCtx, BwdScratch};
 use super::fwd::{self, FwdScratch, FwdTile};
 use super::pack::{blocks, give_buf, take_buf, Geom, Packed, Span};
-use super::simd::{dot, KB, MR};
+use super::simd::{KB, MR};
 use super::{Element, Qkv, QkvGrad, VarlenAttention};
 
 /// A SIMD level whose presence was checked at run time. Only [`Isa::detect`] and
@@ -249,7 +249,7 @@ fn backward_in_pool<E: Element>(
 ) {
     let geo = geom(a);
     let seqs = spans(a, geo.bq);
-    let (hq, d) = (geo.hq, geo.d);
+    let hq = geo.hq;
     let kblocks = blocks(&seqs, KB);
     let tiles = blocks(&seqs, geo.bq);
     let (kt, vt, k, q, dout, lse2, di);
@@ -261,19 +261,13 @@ fn backward_in_pool<E: Element>(
         || Packed::key_blocks(x.k, &geo, &kblocks, false),
         || Packed::query_tiles(x.q, &geo, &tiles),
     );
-    dout = Packed::query_tiles(saved.dout, &geo, &tiles);
-    (lse2, di) = rayon::join(
+    (lse2, (dout, di)) = rayon::join(
         || {
             Packed::tile_values(&geo, &tiles, |t, h| {
                 saved.lse[t * hq + h] * std::f32::consts::LOG2_E
             })
         },
-        || {
-            Packed::tile_values(&geo, &tiles, |t, h| {
-                let row = (t * hq + h) * d;
-                dot(&saved.dout[row..row + d], &saved.out[row..row + d])
-            })
-        },
+        || Packed::query_tiles_and_rowdot(saved.dout, saved.out, &geo, &tiles),
     );
     let ctx = BwdCtx {
         geo: &geo,

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::simd::{KB, MR, NR, QROWS};
+use super::simd::{dot, KB, MR, NR, QROWS};
 use super::Element;
 
 pub(super) fn round_up(x: usize, m: usize) -> usize {
@@ -123,6 +123,10 @@ pub(super) fn pack_rows<E: Element>(
 }
 
 /// Packs a key block transposed: `dst[dd * KB + j] = src[t0 + j, h, dd]`, zero for `j >= n`.
+///
+/// Keys go in groups of NR: each group's NR values of one `dd` are collected in a local array
+/// and stored as one contiguous run (a plain element-wise transpose issues one scattered
+/// scalar store per value, which showed up as 4 % of a small backward).
 #[inline(always)]
 fn pack_t<E: Element>(
     src: &[E],
@@ -133,15 +137,16 @@ fn pack_t<E: Element>(
     d: usize,
     dst: &mut [f32],
 ) {
-    for j in 0..n {
-        let s = &src[((t0 + j) * heads + h) * d..][..d];
-        for (dd, &y) in s.iter().enumerate() {
-            dst[dd * KB + j] = y.to_f32();
-        }
-    }
-    if n < KB {
+    let row = |j: usize| &src[((t0 + j) * heads + h) * d..][..d];
+    for j0 in (0..KB).step_by(NR) {
+        let m = NR.min(n.saturating_sub(j0));
+        let rows: [&[E]; NR] = std::array::from_fn(|jj| if jj < m { row(j0 + jj) } else { &[] });
         for dd in 0..d {
-            dst[dd * KB + n..(dd + 1) * KB].fill(0.0);
+            let mut v = [0.0f32; NR];
+            for (x, r) in v.iter_mut().zip(&rows).take(m) {
+                *x = r[dd].to_f32();
+            }
+            dst[dd * KB + j0..][..NR].copy_from_slice(&v);
         }
     }
 }
@@ -245,6 +250,47 @@ impl Packed {
             let (g, d, dp) = (geo.g, geo.d, geo.dp);
             pack_rows(src, seq.start + q0, qn, geo.hq, kvh * g, g, d, dp, rp, dst);
         })
+    }
+
+    /// [`Packed::query_tiles`] of `dout`, and per row `D = rowsum(dout * out)` as
+    /// [`Packed::tile_values`] would give it: one pass over `dout`, the dot read from the row
+    /// just packed (in L1) instead of a second sweep over the whole tensor.
+    pub fn query_tiles_and_rowdot<E: Element>(
+        dout: &[E],
+        out: &[E],
+        geo: &Geom,
+        tiles: &[(Span, usize, usize)],
+    ) -> (Packed, Packed) {
+        let rp = geo.tile_rows();
+        let (g, d, dp, hq) = (geo.g, geo.d, geo.dp, geo.hq);
+        let items = tiles.len();
+        let per = rp * dp;
+        let mut data = take_buf(geo.hkv * items * per);
+        let mut di = take_buf(geo.hkv * items * rp);
+        if per > 0 {
+            data.par_chunks_mut(per)
+                .zip(di.par_chunks_mut(rp))
+                .enumerate()
+                .for_each(|(i, (dst, dst_di))| {
+                    let (kvh, t) = (i / items, i % items);
+                    let (seq, q0, qn) = tiles[t];
+                    let t0 = seq.start + q0;
+                    pack_rows(dout, t0, qn, hq, kvh * g, g, d, dp, rp, dst);
+                    dst_di.fill(0.0);
+                    for (r, x) in dst_di[..qn * g].iter_mut().enumerate() {
+                        let o = ((t0 + r / g) * hq + kvh * g + r % g) * d;
+                        *x = dot(&dst[r * dp..][..d], &out[o..o + d]);
+                    }
+                });
+        }
+        (
+            Packed { per, items, data },
+            Packed {
+                per: rp,
+                items,
+                data: di,
+            },
+        )
     }
 
     /// One value per row `[rp]` of every query tile, `value(t, h)` for token t, q head h;
