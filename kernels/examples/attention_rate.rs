@@ -1,0 +1,139 @@
+//! Attention timing table (no criterion), for side-by-side comparisons on a noisy machine:
+//! `cargo run -p cannon-kernels --release --example attention_rate [-- ITERS]`.
+//!
+//! Shapes of the bench config: text = 2 x 1024 tokens, 8 q heads x 64, 2 kv heads (GQA 4:1),
+//! causal; vision = one 256-patch image, 4 heads x 64, full. f32. For each, the forward alone
+//! and forward + backward, timed ITERS times (default 20, vision 5x as many) after a warm-up;
+//! prints the median and the minimum wall time and the GFLOP/s of the median (FLOPs of the
+//! products only: 4 * pairs * D forward, 10 * pairs * D backward, pairs = query-key pairs
+//! the mask lets through).
+//!
+//! The PyTorch baseline in the kernels docs was timed the same way (median and minimum of 20
+//! runs after 3 warm-ups, 2 threads) on `torch.nn.functional.scaled_dot_product_attention`
+//! with q/k/v of shape [B, H, S, D], `is_causal` and `enable_gqa` set as above, and
+//! `out.backward(dout)` for forward + backward; run both back to back, several times.
+
+use std::time::Instant;
+
+use cannon_kernels::attention::{backward, forward, Qkv, QkvGrad, VarlenAttention};
+use cannon_kernels::testutil::Rng;
+
+struct Shape {
+    name: &'static str,
+    cu: Vec<usize>,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    causal: bool,
+    iters_scale: usize,
+}
+
+/// (median, min) seconds of `iters` runs of `f` after 3 warm-ups.
+fn time(iters: usize, mut f: impl FnMut()) -> (f64, f64) {
+    for _ in 0..3 {
+        f();
+    }
+    let mut ts: Vec<f64> = (0..iters)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    ts.sort_by(|a, b| a.total_cmp(b));
+    (ts[ts.len() / 2], ts[0])
+}
+
+fn main() {
+    let iters: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20)
+        .max(1);
+    let shapes = [
+        Shape {
+            name: "text 2x1024, 8q/2kv x 64, causal",
+            cu: vec![1024, 2048],
+            hq: 8,
+            hkv: 2,
+            d: 64,
+            causal: true,
+            iters_scale: 1,
+        },
+        Shape {
+            name: "vision 256, 4 x 64, full",
+            cu: vec![256],
+            hq: 4,
+            hkv: 4,
+            d: 64,
+            causal: false,
+            iters_scale: 5,
+        },
+    ];
+    println!("threads {}", rayon::current_num_threads());
+    println!(
+        "{:<34} {:>24} {:>24}",
+        "shape (f32)", "fwd median/min ms", "fwd+bwd median/min ms"
+    );
+    let mut rng = Rng::new(1);
+    for s in &shapes {
+        let t = *s.cu.last().unwrap_or(&0);
+        let a = VarlenAttention::new(&s.cu, t, s.hq, s.hkv, s.d, s.causal);
+        let q = rng.normal_vec(t * s.hq * s.d, 1.0);
+        let k = rng.normal_vec(t * s.hkv * s.d, 1.0);
+        let v = rng.normal_vec(t * s.hkv * s.d, 1.0);
+        let dout = rng.normal_vec(t * s.hq * s.d, 1.0);
+        let x = Qkv {
+            q: &q,
+            k: &k,
+            v: &v,
+        };
+        let mut out = vec![0.0f32; q.len()];
+        let mut lse = vec![0.0f32; t * s.hq];
+        let (mut dq, mut dk, mut dv) = (out.clone(), k.clone(), v.clone());
+        let n = iters * s.iters_scale;
+        let fwd = time(n, || {
+            if let Err(e) = forward(&a, x, &mut out, &mut lse) {
+                panic!("forward: {e}");
+            }
+        });
+        let both = time(n, || {
+            let r = forward(&a, x, &mut out, &mut lse).and_then(|()| {
+                let g = QkvGrad {
+                    dq: &mut dq,
+                    dk: &mut dk,
+                    dv: &mut dv,
+                };
+                backward(&a, x, &out, &lse, &dout, g)
+            });
+            if let Err(e) = r {
+                panic!("forward + backward: {e}");
+            }
+        });
+        // Query-key pairs the mask lets through, per q head.
+        let pairs: f64 =
+            s.cu.iter()
+                .scan(0, |start, &end| {
+                    let len = (end - *start) as f64;
+                    *start = end;
+                    Some(if s.causal {
+                        len * (len + 1.0) / 2.0
+                    } else {
+                        len * len
+                    })
+                })
+                .sum::<f64>()
+                * s.hq as f64;
+        let flop_f = 4.0 * pairs * s.d as f64;
+        let flop_b = flop_f + 10.0 * pairs * s.d as f64;
+        let ms = |t: (f64, f64)| format!("{:.3} / {:.3}", t.0 * 1e3, t.1 * 1e3);
+        println!(
+            "{:<34} {:>24} {:>24}   ({:.0} / {:.0} GFLOP/s)",
+            s.name,
+            ms(fwd),
+            ms(both),
+            flop_f / fwd.0 / 1e9,
+            flop_b / both.0 / 1e9
+        );
+    }
+}
