@@ -1,5 +1,5 @@
 //! Attention timing table (no criterion), for side-by-side comparisons on a noisy machine:
-//! `cargo run -p cannon-kernels --release --example attention_rate [-- ITERS]`.
+//! `cargo run -p cannon-kernels --release --example attention_rate [-- ITERS [FILTER]]`.
 //!
 //! Shapes of the bench config: text = 2 x 1024 tokens, 8 q heads x 64, 2 kv heads (GQA 4:1),
 //! causal; vision = one 256-patch image, 4 heads x 64, full. f32. For each, the forward alone
@@ -41,6 +41,17 @@ fn time(iters: usize, mut f: impl FnMut()) -> (f64, f64) {
         })
         .collect();
     ts.sort_by(|a, b| a.total_cmp(b));
+    if std::env::var_os("SPREAD").is_some() {
+        let q = |f: f64| ts[((ts.len() - 1) as f64 * f) as usize] * 1e3;
+        println!(
+            "  ms p10 {:.3} p25 {:.3} p50 {:.3} p75 {:.3} p90 {:.3}",
+            q(0.1),
+            q(0.25),
+            q(0.5),
+            q(0.75),
+            q(0.9)
+        );
+    }
     (ts[ts.len() / 2], ts[0])
 }
 
@@ -70,13 +81,14 @@ fn main() {
             iters_scale: 5,
         },
     ];
+    let filter = std::env::args().nth(2).unwrap_or_default();
     println!("threads {}", rayon::current_num_threads());
     println!(
         "{:<34} {:>24} {:>24}",
         "shape (f32)", "fwd median/min ms", "fwd+bwd median/min ms"
     );
     let mut rng = Rng::new(1);
-    for s in &shapes {
+    for s in shapes.iter().filter(|s| s.name.contains(filter.as_str())) {
         let t = *s.cu.last().unwrap_or(&0);
         let a = VarlenAttention::new(&s.cu, t, s.hq, s.hkv, s.d, s.causal);
         let q = rng.normal_vec(t * s.hq * s.d, 1.0);
