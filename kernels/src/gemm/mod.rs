@@ -109,6 +109,71 @@ mod sealed {
     impl Sealed for f32 {}
 }
 
+/// A product's precision as a type, so that layer code (linear, patch embedding) is written
+/// once for both: [`F32`] runs [`gemm_f32`], [`Bf16`] runs [`gemm_bf16`] (inputs rounded to
+/// bf16, f32 accumulation). Both write f32.
+pub trait Precision<A, B> {
+    /// `C = alpha * op(A) op(B) + beta * C` in this precision.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        ta: Trans,
+        tb: Trans,
+        d: Dims,
+        alpha: f32,
+        a: &[A],
+        lda: usize,
+        b: &[B],
+        ldb: usize,
+        beta: f32,
+        c: &mut [f32],
+        ldc: usize,
+    ) -> Result<()>;
+}
+
+/// f32 products ([`gemm_f32`]).
+#[derive(Clone, Copy, Debug)]
+pub struct F32;
+
+/// bf16 products with f32 accumulation ([`gemm_bf16`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Bf16;
+
+impl Precision<f32, f32> for F32 {
+    fn gemm(
+        ta: Trans,
+        tb: Trans,
+        d: Dims,
+        alpha: f32,
+        a: &[f32],
+        lda: usize,
+        b: &[f32],
+        ldb: usize,
+        beta: f32,
+        c: &mut [f32],
+        ldc: usize,
+    ) -> Result<()> {
+        gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
+    }
+}
+
+impl<A: Bf16Elem, B: Bf16Elem> Precision<A, B> for Bf16 {
+    fn gemm(
+        ta: Trans,
+        tb: Trans,
+        d: Dims,
+        alpha: f32,
+        a: &[A],
+        lda: usize,
+        b: &[B],
+        ldb: usize,
+        beta: f32,
+        c: &mut [f32],
+        ldc: usize,
+    ) -> Result<()> {
+        gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
+    }
+}
+
 /// The dimensions of one product: `op(A)` is `[m, k]`, `op(B)` is `[k, n]`, `C` is `[m, n]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dims {

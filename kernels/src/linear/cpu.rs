@@ -3,7 +3,7 @@
 
 use super::{LinearDims, LinearGrads};
 use crate::error::Result;
-use crate::gemm::{gemm_bf16, gemm_f32, Bf16Elem, Dims, Trans};
+use crate::gemm::{gemm_bf16, Bf16Elem, Dims, Precision, Trans};
 use rayon::prelude::*;
 
 /// Columns of db per rayon task: wide enough that a task is worth scheduling.
@@ -46,22 +46,23 @@ fn gemm_dims(m: usize, n: usize, k: usize) -> Dims {
     Dims { m, n, k }
 }
 
-pub(super) fn forward_f32(
+/// `Y[T,O] = X W^T (+ b)` in precision `P`.
+pub(super) fn forward<P: Precision<X, W>, X, W: Bf16Elem>(
     y: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    b: Option<&[f32]>,
+    x: &[X],
+    w: &[W],
+    b: Option<&[W]>,
     d: LinearDims,
 ) -> Result<()> {
     let beta = match b {
         Some(b) => {
-            broadcast_bias(y, |j| b[j], d.d_out);
+            broadcast_bias(y, |j| b[j].value(), d.d_out);
             1.0
         }
         None => 0.0,
     };
     let gd = gemm_dims(d.t, d.d_out, d.d_in);
-    gemm_f32(
+    P::gemm(
         Trans::N,
         Trans::T,
         gd,
@@ -76,17 +77,21 @@ pub(super) fn forward_f32(
     )
 }
 
-pub(super) fn backward_f32(
+/// The requested gradients of a linear layer, accumulated, in precision `P`.
+pub(super) fn backward<P, G: Bf16Elem, X, W>(
     g: LinearGrads,
-    dy: &[f32],
-    x: &[f32],
-    w: &[f32],
+    dy: &[G],
+    x: &[X],
+    w: &[W],
     d: LinearDims,
-) -> Result<()> {
+) -> Result<()>
+where
+    P: Precision<G, W> + Precision<G, X>,
+{
     if let Some(dx) = g.dx {
         // dX[T,I] += dY[T,O] W[O,I]
         let gd = gemm_dims(d.t, d.d_in, d.d_out);
-        gemm_f32(
+        <P as Precision<G, W>>::gemm(
             Trans::N,
             Trans::N,
             gd,
@@ -103,82 +108,7 @@ pub(super) fn backward_f32(
     if let Some(dw) = g.dw {
         // dW[O,I] += dY[T,O]^T X[T,I]
         let gd = gemm_dims(d.d_out, d.d_in, d.t);
-        gemm_f32(
-            Trans::T,
-            Trans::N,
-            gd,
-            1.0,
-            dy,
-            d.d_out,
-            x,
-            d.d_in,
-            1.0,
-            dw,
-            d.d_in,
-        )?;
-    }
-    if let Some(db) = g.db {
-        bias_grad(db, |i| dy[i], d);
-    }
-    Ok(())
-}
-
-pub(super) fn forward_bf16<X: Bf16Elem, W: Bf16Elem>(
-    y: &mut [f32],
-    x: &[X],
-    w: &[W],
-    b: Option<&[W]>,
-    d: LinearDims,
-) -> Result<()> {
-    let beta = match b {
-        Some(b) => {
-            broadcast_bias(y, |j| b[j].value(), d.d_out);
-            1.0
-        }
-        None => 0.0,
-    };
-    let gd = gemm_dims(d.t, d.d_out, d.d_in);
-    gemm_bf16(
-        Trans::N,
-        Trans::T,
-        gd,
-        1.0,
-        x,
-        d.d_in,
-        w,
-        d.d_in,
-        beta,
-        y,
-        d.d_out,
-    )
-}
-
-pub(super) fn backward_bf16<G: Bf16Elem, X: Bf16Elem, W: Bf16Elem>(
-    g: LinearGrads,
-    dy: &[G],
-    x: &[X],
-    w: &[W],
-    d: LinearDims,
-) -> Result<()> {
-    if let Some(dx) = g.dx {
-        let gd = gemm_dims(d.t, d.d_in, d.d_out);
-        gemm_bf16(
-            Trans::N,
-            Trans::N,
-            gd,
-            1.0,
-            dy,
-            d.d_out,
-            w,
-            d.d_in,
-            1.0,
-            dx,
-            d.d_in,
-        )?;
-    }
-    if let Some(dw) = g.dw {
-        let gd = gemm_dims(d.d_out, d.d_in, d.t);
-        gemm_bf16(
+        <P as Precision<G, X>>::gemm(
             Trans::T,
             Trans::N,
             gd,

@@ -28,7 +28,7 @@ pub mod npu;
 mod tests;
 
 use crate::error::{check_len, Result};
-use crate::gemm::Bf16Elem;
+use crate::gemm::{Bf16, Bf16Elem, F32};
 use half::bf16;
 
 /// The dims of one linear layer applied to `t` tokens.
@@ -84,7 +84,7 @@ pub fn linear_forward(
     if let Some(b) = b {
         check_len("linear_forward", "b", b.len(), d.d_out)?;
     }
-    cpu::forward_f32(y, x, w, b, d)
+    cpu::forward::<F32, _, _>(y, x, w, b, d)
 }
 
 /// Accumulates `dX += dY W`, `dW += dY^T X`, `db += sum_t dY` (each if present), f32.
@@ -99,7 +99,7 @@ pub fn linear_backward(
     check_backward("linear_backward", d, &g, dy.len())?;
     check_len("linear_backward", "x", x.len(), d.t * d.d_in)?;
     check_len("linear_backward", "w", w.len(), d.d_out * d.d_in)?;
-    cpu::backward_f32(g, dy, x, w, d)
+    cpu::backward::<F32, _, _, _>(g, dy, x, w, d)
 }
 
 /// `Y[T,O] = X[T,I] W[O,I]^T (+ b[O])` with bf16 inputs, f32 accumulation, f32 Y.
@@ -114,7 +114,7 @@ pub fn linear_forward_bf16<X: Bf16Elem, W: Bf16Elem>(
     if let Some(b) = b {
         check_len("linear_forward_bf16", "b", b.len(), d.d_out)?;
     }
-    cpu::forward_bf16(y, x, w, b, d)
+    cpu::forward::<Bf16, _, _>(y, x, w, b, d)
 }
 
 /// As [`linear_forward_bf16`], with Y stored as bf16 (rounded to nearest even from f32).
@@ -144,5 +144,5 @@ pub fn linear_backward_bf16<G: Bf16Elem, X: Bf16Elem, W: Bf16Elem>(
     check_backward("linear_backward_bf16", d, &g, dy.len())?;
     check_len("linear_backward_bf16", "x", x.len(), d.t * d.d_in)?;
     check_len("linear_backward_bf16", "w", w.len(), d.d_out * d.d_in)?;
-    cpu::backward_bf16(g, dy, x, w, d)
+    cpu::backward::<Bf16, _, _, _>(g, dy, x, w, d)
 }

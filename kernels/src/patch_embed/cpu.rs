@@ -4,7 +4,7 @@
 
 use super::{PatchEmbedGrads, PatchGeom};
 use crate::error::Result;
-use crate::gemm::{gemm_bf16, gemm_f32, Bf16Elem, Dims, Trans};
+use crate::gemm::{Dims, Precision, Trans};
 use rayon::prelude::*;
 
 /// `P[Np, K]` with `P[py*gw + px][(c*p + ky)*p + kx] = pixels[c][py*p + ky][px*p + kx]`.
@@ -62,10 +62,11 @@ fn col2im_add(dpixels: &mut [f32], dp: &[f32], g: PatchGeom) {
     }
 }
 
-pub(super) fn forward_f32(
+/// `out[Np, D] = P[Np, K] W[D, K]^T` in precision `Pr`.
+pub(super) fn forward<Pr: Precision<P, W>, P: Copy + Send + Sync, W>(
     out: &mut [f32],
-    pixels: &[f32],
-    weight: &[f32],
+    pixels: &[P],
+    weight: &[W],
     g: PatchGeom,
     d_model: usize,
 ) -> Result<()> {
@@ -76,7 +77,7 @@ pub(super) fn forward_f32(
         n: d_model,
         k,
     };
-    gemm_f32(
+    Pr::gemm(
         Trans::N,
         Trans::T,
         d,
@@ -91,14 +92,18 @@ pub(super) fn forward_f32(
     )
 }
 
-pub(super) fn backward_f32(
+/// The requested gradients (weight accumulated, pixels accumulated) in precision `Pr`.
+pub(super) fn backward<Pr, G, P: Copy + Send + Sync, W>(
     grads: PatchEmbedGrads,
-    dout: &[f32],
-    pixels: &[f32],
-    weight: &[f32],
+    dout: &[G],
+    pixels: &[P],
+    weight: &[W],
     g: PatchGeom,
     d_model: usize,
-) -> Result<()> {
+) -> Result<()>
+where
+    Pr: Precision<G, P> + Precision<G, W>,
+{
     let (np, k) = (g.num_patches(), g.patch_len());
     if let Some(dw) = grads.dweight {
         // dW[D, K] += dOut[Np, D]^T P[Np, K]
@@ -108,7 +113,7 @@ pub(super) fn backward_f32(
             n: k,
             k: np,
         };
-        gemm_f32(
+        <Pr as Precision<G, P>>::gemm(
             Trans::T,
             Trans::N,
             d,
@@ -130,91 +135,7 @@ pub(super) fn backward_f32(
             n: k,
             k: d_model,
         };
-        gemm_f32(
-            Trans::N,
-            Trans::N,
-            d,
-            1.0,
-            dout,
-            d_model,
-            weight,
-            k,
-            0.0,
-            &mut dp,
-            k,
-        )?;
-        col2im_add(dpix, &dp, g);
-    }
-    Ok(())
-}
-
-pub(super) fn forward_bf16<P: Bf16Elem, W: Bf16Elem>(
-    out: &mut [f32],
-    pixels: &[P],
-    weight: &[W],
-    g: PatchGeom,
-    d_model: usize,
-) -> Result<()> {
-    let (np, k) = (g.num_patches(), g.patch_len());
-    let patches = im2col(pixels, g);
-    let d = Dims {
-        m: np,
-        n: d_model,
-        k,
-    };
-    gemm_bf16(
-        Trans::N,
-        Trans::T,
-        d,
-        1.0,
-        &patches,
-        k,
-        weight,
-        k,
-        0.0,
-        out,
-        d_model,
-    )
-}
-
-pub(super) fn backward_bf16<G: Bf16Elem, P: Bf16Elem, W: Bf16Elem>(
-    grads: PatchEmbedGrads,
-    dout: &[G],
-    pixels: &[P],
-    weight: &[W],
-    g: PatchGeom,
-    d_model: usize,
-) -> Result<()> {
-    let (np, k) = (g.num_patches(), g.patch_len());
-    if let Some(dw) = grads.dweight {
-        let patches = im2col(pixels, g);
-        let d = Dims {
-            m: d_model,
-            n: k,
-            k: np,
-        };
-        gemm_bf16(
-            Trans::T,
-            Trans::N,
-            d,
-            1.0,
-            dout,
-            d_model,
-            &patches,
-            k,
-            1.0,
-            dw,
-            k,
-        )?;
-    }
-    if let Some(dpix) = grads.dpixels {
-        let mut dp = vec![0.0f32; np * k];
-        let d = Dims {
-            m: np,
-            n: k,
-            k: d_model,
-        };
-        gemm_bf16(
+        <Pr as Precision<G, W>>::gemm(
             Trans::N,
             Trans::N,
             d,

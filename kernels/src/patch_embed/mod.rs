@@ -24,7 +24,7 @@ pub mod npu;
 mod tests;
 
 use crate::error::{check_len, KernelError, Result};
-use crate::gemm::Bf16Elem;
+use crate::gemm::{Bf16, Bf16Elem, F32};
 
 /// The image and patch geometry of one image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,7 +125,7 @@ pub fn patch_embed_forward(
     let op = "patch_embed_forward";
     check_common(op, &g, d_model, pixels.len(), weight.len())?;
     check_len(op, "out", out.len(), g.num_patches() * d_model)?;
-    cpu::forward_f32(out, pixels, weight, g, d_model)
+    cpu::forward::<F32, _, _>(out, pixels, weight, g, d_model)
 }
 
 /// Accumulates `dW += dOut^T P` and `dpixels += col2im(dOut W)` (each if present), f32.
@@ -140,7 +140,7 @@ pub fn patch_embed_backward(
     let op = "patch_embed_backward";
     check_common(op, &g, d_model, pixels.len(), weight.len())?;
     check_grads(op, &g, d_model, &grads, dout.len())?;
-    cpu::backward_f32(grads, dout, pixels, weight, g, d_model)
+    cpu::backward::<F32, _, _, _>(grads, dout, pixels, weight, g, d_model)
 }
 
 /// [`patch_embed_forward`] with bf16 inputs, f32 accumulation and f32 output.
@@ -154,7 +154,7 @@ pub fn patch_embed_forward_bf16<P: Bf16Elem, W: Bf16Elem>(
     let op = "patch_embed_forward_bf16";
     check_common(op, &g, d_model, pixels.len(), weight.len())?;
     check_len(op, "out", out.len(), g.num_patches() * d_model)?;
-    cpu::forward_bf16(out, pixels, weight, g, d_model)
+    cpu::forward::<Bf16, _, _>(out, pixels, weight, g, d_model)
 }
 
 /// [`patch_embed_backward`] with bf16 inputs (dOut, pixels, weight), f32 gradients.
@@ -169,5 +169,5 @@ pub fn patch_embed_backward_bf16<G: Bf16Elem, P: Bf16Elem, W: Bf16Elem>(
     let op = "patch_embed_backward_bf16";
     check_common(op, &g, d_model, pixels.len(), weight.len())?;
     check_grads(op, &g, d_model, &grads, dout.len())?;
-    cpu::backward_bf16(grads, dout, pixels, weight, g, d_model)
+    cpu::backward::<Bf16, _, _, _>(grads, dout, pixels, weight, g, d_model)
 }
