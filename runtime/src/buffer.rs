@@ -337,7 +337,7 @@ impl<'a, T: Pod> BufferView<'a, T> {
                 dst.copy_from_slice(self.as_host_slice()?);
                 Ok(())
             }
-            Device::Npu(_) => npu_copy::dtoh(stream, self.as_raw_ptr(), dst),
+            d @ Device::Npu(_) => npu_copy::dtoh(stream, d, self.as_raw_ptr(), dst),
         }
     }
 }
@@ -395,7 +395,7 @@ impl<'a, T: Pod> BufferViewMut<'a, T> {
                 self.as_host_slice_mut()?.copy_from_slice(src);
                 Ok(())
             }
-            Device::Npu(_) => npu_copy::htod(stream, src, self.as_raw_mut_ptr()),
+            d @ Device::Npu(_) => npu_copy::htod(stream, d, src, self.as_raw_mut_ptr()),
         }
     }
 
@@ -411,9 +411,9 @@ impl<'a, T: Pod> BufferViewMut<'a, T> {
                 self.as_host_slice_mut()?.copy_from_slice(s);
                 Ok(())
             }
-            Device::Npu(_) => {
+            d @ Device::Npu(_) => {
                 let (dst, n) = (self.as_raw_mut_ptr(), self.len);
-                npu_copy::dtod(stream, src.as_raw_ptr(), dst, n)
+                npu_copy::dtod(stream, d, src.as_raw_ptr(), dst, n)
             }
         }
     }
@@ -425,9 +425,9 @@ impl<'a, T: Pod> BufferViewMut<'a, T> {
                 self.as_host_slice_mut()?.fill(T::zeroed());
                 Ok(())
             }
-            Device::Npu(_) => {
+            d @ Device::Npu(_) => {
                 let (dst, n) = (self.as_raw_mut_ptr(), self.len);
-                npu_copy::memset_zeros(stream, dst, n)
+                npu_copy::memset_zeros(stream, d, dst, n)
             }
         }
     }
@@ -478,27 +478,35 @@ pub fn reinterpret_range<T: Pod, U: Pod>(start: usize, len: usize) -> Result<(us
 mod npu_copy {
     use super::*;
 
-    fn not_compiled(what: &'static str, stream: &Stream) -> Error {
-        Error::NotCompiled {
-            what,
-            device: stream.device(),
-        }
+    fn not_compiled(what: &'static str, device: Device) -> Error {
+        Error::NotCompiled { what, device }
     }
 
-    pub(super) fn htod<T: Pod>(stream: &Stream, _src: &[T], _dst: *mut T) -> Result<()> {
-        Err(not_compiled("memcpy_htod", stream))
+    pub(super) fn htod<T: Pod>(_: &Stream, device: Device, _: &[T], _: *mut T) -> Result<()> {
+        Err(not_compiled("memcpy_htod", device))
     }
 
-    pub(super) fn dtoh<T: Pod>(stream: &Stream, _src: *const T, _dst: &mut [T]) -> Result<()> {
-        Err(not_compiled("memcpy_dtoh", stream))
+    pub(super) fn dtoh<T: Pod>(_: &Stream, device: Device, _: *const T, _: &mut [T]) -> Result<()> {
+        Err(not_compiled("memcpy_dtoh", device))
     }
 
-    pub(super) fn dtod<T: Pod>(stream: &Stream, _s: *const T, _d: *mut T, _n: usize) -> Result<()> {
-        Err(not_compiled("memcpy_dtod", stream))
+    pub(super) fn dtod<T: Pod>(
+        _: &Stream,
+        device: Device,
+        _: *const T,
+        _: *mut T,
+        _: usize,
+    ) -> Result<()> {
+        Err(not_compiled("memcpy_dtod", device))
     }
 
-    pub(super) fn memset_zeros<T: Pod>(stream: &Stream, _d: *mut T, _n: usize) -> Result<()> {
-        Err(not_compiled("memset_zeros", stream))
+    pub(super) fn memset_zeros<T: Pod>(
+        _: &Stream,
+        device: Device,
+        _: *mut T,
+        _: usize,
+    ) -> Result<()> {
+        Err(not_compiled("memset_zeros", device))
     }
 }
 

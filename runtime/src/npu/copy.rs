@@ -10,13 +10,19 @@ use super::result::{
 };
 use crate::error::{Error, Result};
 use crate::stream::Stream;
+use crate::Device;
 use bytemuck::Pod;
 use std::ffi::c_void;
 
-fn npu_stream<'a>(stream: &'a Stream, what: &'static str) -> Result<&'a super::NpuStream> {
+/// The ACL stream of `stream`, which must be on `device` (the buffer's own NPU).
+fn npu_stream<'a>(
+    stream: &'a Stream,
+    device: Device,
+    what: &'static str,
+) -> Result<&'a super::NpuStream> {
     stream.acl_stream().ok_or(Error::DeviceMismatch {
         what,
-        expected: crate::Device::Npu(0),
+        expected: device,
         found: stream.device(),
     })
 }
@@ -25,8 +31,8 @@ fn bytes<T>(n: usize) -> usize {
     n * std::mem::size_of::<T>()
 }
 
-pub(crate) fn htod<T: Pod>(stream: &Stream, src: &[T], dst: *mut T) -> Result<()> {
-    let s = npu_stream(stream, "memcpy_htod")?;
+pub(crate) fn htod<T: Pod>(stream: &Stream, device: Device, src: &[T], dst: *mut T) -> Result<()> {
+    let s = npu_stream(stream, device, "memcpy_htod")?;
     s.synchronize()?;
     if src.is_empty() {
         return Ok(());
@@ -43,8 +49,13 @@ pub(crate) fn htod<T: Pod>(stream: &Stream, src: &[T], dst: *mut T) -> Result<()
     }
 }
 
-pub(crate) fn dtoh<T: Pod>(stream: &Stream, src: *const T, dst: &mut [T]) -> Result<()> {
-    let s = npu_stream(stream, "memcpy_dtoh")?;
+pub(crate) fn dtoh<T: Pod>(
+    stream: &Stream,
+    device: Device,
+    src: *const T,
+    dst: &mut [T],
+) -> Result<()> {
+    let s = npu_stream(stream, device, "memcpy_dtoh")?;
     s.synchronize()?;
     if dst.is_empty() {
         return Ok(());
@@ -61,8 +72,14 @@ pub(crate) fn dtoh<T: Pod>(stream: &Stream, src: *const T, dst: &mut [T]) -> Res
     }
 }
 
-pub(crate) fn dtod<T: Pod>(stream: &Stream, src: *const T, dst: *mut T, n: usize) -> Result<()> {
-    let s = npu_stream(stream, "memcpy_dtod")?;
+pub(crate) fn dtod<T: Pod>(
+    stream: &Stream,
+    device: Device,
+    src: *const T,
+    dst: *mut T,
+    n: usize,
+) -> Result<()> {
+    let s = npu_stream(stream, device, "memcpy_dtod")?;
     if n == 0 {
         return Ok(());
     }
@@ -91,8 +108,13 @@ pub(crate) fn dtod<T: Pod>(stream: &Stream, src: *const T, dst: *mut T, n: usize
     }
 }
 
-pub(crate) fn memset_zeros<T: Pod>(stream: &Stream, dst: *mut T, n: usize) -> Result<()> {
-    let s = npu_stream(stream, "memset_zeros")?;
+pub(crate) fn memset_zeros<T: Pod>(
+    stream: &Stream,
+    device: Device,
+    dst: *mut T,
+    n: usize,
+) -> Result<()> {
+    let s = npu_stream(stream, device, "memset_zeros")?;
     if n == 0 {
         return Ok(());
     }
