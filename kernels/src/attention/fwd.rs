@@ -75,13 +75,21 @@ pub(super) fn fwd_group<E: Element, const FMA: bool, const W: usize>(
     let (qt, o) = (&mut qt[..d * ld], &mut o[..ld * dp]);
     let (m, l, alpha) = (&mut m[..ld], &mut l[..ld], &mut alpha[..ld]);
 
-    // qt[dd, r] = c * q[q0 + r / g, kvh * g + r % g, dd]; zero on padding rows.
-    qt.fill(0.0);
-    for r in 0..r_real {
+    // qt[dd, r] = c * q[q0 + r / g, kvh * g + r % g, dd]; zero on padding rows. Rows go in
+    // groups of NR whose values of one `dd` are stored as one contiguous run (as in pack.rs).
+    let src_row = |r: usize| {
         let (i, h) = (r / g, kvh * g + r % g);
-        let src = &t.q[((seq.start + q0 + i) * geo.hq + h) * d..][..d];
-        for (dd, &x) in src.iter().enumerate() {
-            qt[dd * ld + r] = x.to_f32() * geo.c;
+        &t.q[((seq.start + q0 + i) * geo.hq + h) * d..][..d]
+    };
+    for r0 in (0..ld).step_by(NR) {
+        let n = NR.min(r_real.saturating_sub(r0));
+        let rows: [&[E]; NR] = std::array::from_fn(|j| if j < n { src_row(r0 + j) } else { &[] });
+        for dd in 0..d {
+            let mut v = [0.0f32; NR];
+            for (x, row) in v.iter_mut().zip(&rows).take(n) {
+                *x = row[dd].to_f32() * geo.c;
+            }
+            *chunk_mut(&mut qt[dd * ld..], r0) = v;
         }
     }
     o.fill(0.0);
