@@ -6,7 +6,7 @@
 //! instead of one horizontal reduction per row, and the rescale factor is one vector `exp2`
 //! per block instead of one scalar `exp2` per row. `P V` then reads `P^T` column-wise.
 
-use super::pack::{round_up, Geom, Packed, Span};
+use super::pack::{round_up, store_transposed, Geom, Packed, Span};
 use super::simd::{exp2, panel, ALayout, KB, MR, NR};
 use super::Element;
 
@@ -75,23 +75,12 @@ pub(super) fn fwd_group<E: Element, const FMA: bool, const W: usize>(
     let (qt, o) = (&mut qt[..d * ld], &mut o[..ld * dp]);
     let (m, l, alpha) = (&mut m[..ld], &mut l[..ld], &mut alpha[..ld]);
 
-    // qt[dd, r] = c * q[q0 + r / g, kvh * g + r % g, dd]; zero on padding rows. Rows go in
-    // groups of NR whose values of one `dd` are stored as one contiguous run (as in pack.rs).
+    // qt[dd, r] = c * q[q0 + r / g, kvh * g + r % g, dd]; zero on padding rows.
     let src_row = |r: usize| {
         let (i, h) = (r / g, kvh * g + r % g);
         &t.q[((seq.start + q0 + i) * geo.hq + h) * d..][..d]
     };
-    for r0 in (0..ld).step_by(NR) {
-        let n = NR.min(r_real.saturating_sub(r0));
-        let rows: [&[E]; NR] = std::array::from_fn(|j| if j < n { src_row(r0 + j) } else { &[] });
-        for dd in 0..d {
-            let mut v = [0.0f32; NR];
-            for (x, row) in v.iter_mut().zip(&rows).take(n) {
-                *x = row[dd].to_f32() * geo.c;
-            }
-            *chunk_mut(&mut qt[dd * ld..], r0) = v;
-        }
-    }
+    store_transposed(src_row, r_real, ld, d, geo.c, qt, ld);
     o.fill(0.0);
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);

@@ -122,11 +122,38 @@ pub(super) fn pack_rows<E: Element>(
     dst[n * g * dp..rows * dp].fill(0.0);
 }
 
-/// Packs a key block transposed: `dst[dd * KB + j] = src[t0 + j, h, dd]`, zero for `j >= n`.
+/// Transposes rows given as a function into `dst[dd * ld + j] = row(j)[dd] * scale` for
+/// `j < n`, `dd < d`, with zeros for `n <= j < width` (`width` a multiple of NR).
 ///
-/// Keys go in groups of NR: each group's NR values of one `dd` are collected in a local array
+/// Rows go in groups of NR: each group's NR values of one `dd` are collected in a local array
 /// and stored as one contiguous run (a plain element-wise transpose issues one scattered
-/// scalar store per value, which showed up as 4 % of a small backward).
+/// scalar store per value, which showed up as 4 % of a small backward and as the largest
+/// non-GEMM cost of the forward). `scale = 1` is exact, so it costs no bits.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // geometry of a strided transpose
+pub(super) fn store_transposed<'s, E: Element>(
+    row: impl Fn(usize) -> &'s [E],
+    n: usize,
+    width: usize,
+    d: usize,
+    scale: f32,
+    dst: &mut [f32],
+    ld: usize,
+) {
+    for j0 in (0..width).step_by(NR) {
+        let m = NR.min(n.saturating_sub(j0));
+        let rows: [&[E]; NR] = std::array::from_fn(|jj| if jj < m { row(j0 + jj) } else { &[] });
+        for dd in 0..d {
+            let mut v = [0.0f32; NR];
+            for (x, r) in v.iter_mut().zip(&rows).take(m) {
+                *x = r[dd].to_f32() * scale;
+            }
+            dst[dd * ld + j0..][..NR].copy_from_slice(&v);
+        }
+    }
+}
+
+/// Packs a key block transposed: `dst[dd * KB + j] = src[t0 + j, h, dd]`, zero for `j >= n`.
 #[inline(always)]
 fn pack_t<E: Element>(
     src: &[E],
@@ -138,17 +165,7 @@ fn pack_t<E: Element>(
     dst: &mut [f32],
 ) {
     let row = |j: usize| &src[((t0 + j) * heads + h) * d..][..d];
-    for j0 in (0..KB).step_by(NR) {
-        let m = NR.min(n.saturating_sub(j0));
-        let rows: [&[E]; NR] = std::array::from_fn(|jj| if jj < m { row(j0 + jj) } else { &[] });
-        for dd in 0..d {
-            let mut v = [0.0f32; NR];
-            for (x, r) in v.iter_mut().zip(&rows).take(m) {
-                *x = r[dd].to_f32();
-            }
-            dst[dd * KB + j0..][..NR].copy_from_slice(&v);
-        }
-    }
+    store_transposed(row, n, KB, d, 1.0, dst, KB);
 }
 
 /// f32 buffers of earlier calls, process-wide. Reusing them keeps each call from
