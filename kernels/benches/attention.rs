@@ -9,38 +9,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use cannon_kernels::attention::{backward, forward, Element, Qkv, QkvGrad, VarlenAttention};
-use cannon_kernels::testutil::Rng;
+use cannon_kernels::testutil::{attention_bench_shapes, AttentionShape as Shape, Rng};
 use criterion::{criterion_group, criterion_main, Criterion};
-
-struct Shape {
-    name: &'static str,
-    cu: Vec<usize>,
-    hq: usize,
-    hkv: usize,
-    d: usize,
-    causal: bool,
-}
-
-fn shapes() -> Vec<Shape> {
-    vec![
-        Shape {
-            name: "text_2x1024_h8_kv2_d64_causal",
-            cu: vec![1024, 2048],
-            hq: 8,
-            hkv: 2,
-            d: 64,
-            causal: true,
-        },
-        Shape {
-            name: "vision_256_h4_d64_full",
-            cu: vec![256],
-            hq: 4,
-            hkv: 4,
-            d: 64,
-            causal: false,
-        },
-    ]
-}
 
 fn bench_shape<E: Element>(c: &mut Criterion, s: &Shape, dtype: &str) {
     let t = *s.cu.last().unwrap_or(&0);
@@ -85,7 +55,7 @@ fn bench_shape<E: Element>(c: &mut Criterion, s: &Shape, dtype: &str) {
 }
 
 fn attention(c: &mut Criterion) {
-    for s in shapes() {
+    for s in attention_bench_shapes() {
         bench_shape::<f32>(c, &s, "f32");
         bench_shape::<half::bf16>(c, &s, "bf16");
     }

@@ -3,7 +3,8 @@
 //!
 //! Shapes of the bench config: text = 2 x 1024 tokens, 8 q heads x 64, 2 kv heads (GQA 4:1),
 //! causal; vision = one 256-patch image, 4 heads x 64, full. f32. For each, the forward alone
-//! and forward + backward, timed ITERS times (default 20, vision 5x as many) after a warm-up;
+//! and forward + backward, timed ITERS times (default 20, 5x as many for shapes under 1024
+//! tokens) after a warm-up;
 //! prints the median and the minimum wall time and the GFLOP/s of the median (FLOPs of the
 //! products only: 4 * pairs * D forward, 10 * pairs * D backward, pairs = query-key pairs
 //! the mask lets through).
@@ -16,17 +17,7 @@
 use std::time::Instant;
 
 use cannon_kernels::attention::{backward, forward, Qkv, QkvGrad, VarlenAttention};
-use cannon_kernels::testutil::Rng;
-
-struct Shape {
-    name: &'static str,
-    cu: Vec<usize>,
-    hq: usize,
-    hkv: usize,
-    d: usize,
-    causal: bool,
-    iters_scale: usize,
-}
+use cannon_kernels::testutil::{attention_bench_shapes, Rng};
 
 /// (median, min) seconds of `iters` runs of `f` after 3 warm-ups.
 fn time(iters: usize, mut f: impl FnMut()) -> (f64, f64) {
@@ -61,26 +52,6 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(20)
         .max(1);
-    let shapes = [
-        Shape {
-            name: "text 2x1024, 8q/2kv x 64, causal",
-            cu: vec![1024, 2048],
-            hq: 8,
-            hkv: 2,
-            d: 64,
-            causal: true,
-            iters_scale: 1,
-        },
-        Shape {
-            name: "vision 256, 4 x 64, full",
-            cu: vec![256],
-            hq: 4,
-            hkv: 4,
-            d: 64,
-            causal: false,
-            iters_scale: 5,
-        },
-    ];
     let filter = std::env::args().nth(2).unwrap_or_default();
     println!("threads {}", rayon::current_num_threads());
     println!(
@@ -88,7 +59,10 @@ fn main() {
         "shape (f32)", "fwd median/min ms", "fwd+bwd median/min ms"
     );
     let mut rng = Rng::new(1);
-    for s in shapes.iter().filter(|s| s.name.contains(filter.as_str())) {
+    for s in attention_bench_shapes()
+        .iter()
+        .filter(|s| s.name.contains(filter.as_str()))
+    {
         let t = *s.cu.last().unwrap_or(&0);
         let a = VarlenAttention::new(&s.cu, t, s.hq, s.hkv, s.d, s.causal);
         let q = rng.normal_vec(t * s.hq * s.d, 1.0);
@@ -103,7 +77,8 @@ fn main() {
         let mut out = vec![0.0f32; q.len()];
         let mut lse = vec![0.0f32; t * s.hq];
         let (mut dq, mut dk, mut dv) = (out.clone(), k.clone(), v.clone());
-        let n = iters * s.iters_scale;
+        // Small shapes (the vision one is ~30x cheaper) get more runs for the same confidence.
+        let n = if t < 1024 { iters * 5 } else { iters };
         let fwd = time(n, || {
             if let Err(e) = forward(&a, x, &mut out, &mut lse) {
                 panic!("forward: {e}");

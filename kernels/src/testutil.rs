@@ -68,3 +68,38 @@ pub fn max_abs<A: Copy + Into<f64>, R: Copy + Into<f64>>(a: &[A], r: &[R]) -> f6
 pub fn to_f64(a: &[f32]) -> Vec<f64> {
     a.iter().map(|&x| x as f64).collect()
 }
+
+/// One attention shape of the bench config (`cu` = cumulative sequence ends).
+#[derive(Clone, Debug)]
+pub struct AttentionShape {
+    pub name: &'static str,
+    pub cu: Vec<usize>,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+    pub causal: bool,
+}
+
+/// The attention shapes the criterion bench and the `attention_rate` example time: text =
+/// 2 sequences x 1024 tokens, 8 q heads x 64, 2 kv heads (GQA 4:1), causal; vision = one
+/// 256-patch image, 4 heads x 64, full.
+pub fn attention_bench_shapes() -> Vec<AttentionShape> {
+    vec![
+        AttentionShape {
+            name: "text_2x1024_h8_kv2_d64_causal",
+            cu: vec![1024, 2048],
+            hq: 8,
+            hkv: 2,
+            d: 64,
+            causal: true,
+        },
+        AttentionShape {
+            name: "vision_256_h4_d64_full",
+            cu: vec![256],
+            hq: 4,
+            hkv: 4,
+            d: 64,
+            causal: false,
+        },
+    ]
+}
