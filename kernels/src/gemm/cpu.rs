@@ -85,6 +85,12 @@ pub(super) fn gemm_f32(
         scale_c(d, beta, c, ldc);
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::x86_f32::wins(ta == Trans::T, tb == Trans::T, d) {
+        let parallel = d.m.saturating_mul(d.n).saturating_mul(d.k) >= PARALLEL_MIN_MACS;
+        super::x86_f32::gemm_tn(d, alpha, a, lda, b, ldb, beta, c, ldc, parallel);
+        return;
+    }
     let (a_rs, a_cs) = op_strides(ta, lda);
     let (b_rs, b_cs) = op_strides(tb, ldb);
     // SAFETY: mod.rs checked that a, b and c hold the strided [m,k], [k,n], [m,n] operands, so

@@ -26,7 +26,9 @@
 //! anything shorter, or a row stride smaller than the row, is a [`KernelError::Shape`].
 //!
 //! Two element types:
-//! - [`gemm_f32`]: f32 in, f32 out, on faer's `gemm` crate (AVX-512 microkernels, packing).
+//! - [`gemm_f32`]: f32 in, f32 out, on faer's `gemm` crate (AVX-512 microkernels, packing),
+//!   except `op(A) = A^T` with m >= 4096 on AVX-512 (a wide layer's weight gradient), which
+//!   runs our own packed kernel (x86_f32.rs: faer's packing of that layout is memory-bound).
 //! - [`gemm_bf16`]: inputs rounded to bf16 (stored as `half::bf16`, or f32 rounded to nearest
 //!   even while packing), products accumulated in f32, f32 out. On CPUs with AVX512-BF16 it runs
 //!   our own packed `vdpbf16ps` kernel; elsewhere (or through [`gemm_bf16_portable`]) it widens
@@ -44,13 +46,10 @@
 //! Speed (`cargo run -p cannon-kernels --release --example gemm_rate`, which times the shapes
 //! in interleaved rounds and prints each one's ratio to a 2048^3 square; criterion bench
 //! `cargo bench -p cannon-kernels --bench gemm`): on this 2-core AVX512-BF16 Zen 4 (peaks: f32
-//! 231, bf16 466 GFLOP/s) f32 runs at 200-215 GFLOP/s (~90 % of peak) on the square and the
-//! bench shapes except the lm_head weight gradient `dY^T X` (m = 32768, A transposed), which
-//! reaches 86-91 % of the square's rate: faer packs the row-major `dY` a few floats per row,
-//! rows 128 KiB apart, and that packing is bound by memory (the same product with A stored
-//! row-major runs at 100 %; transposing A first costs as much as it saves). bf16 runs at
-//! 370-420 GFLOP/s (80-90 % of the `vdpbf16ps` peak; PyTorch 2.15's bf16 matmul reaches
-//! 305-396 here).
+//! 231-235, bf16 466-470 GFLOP/s) f32 runs at 200-226 GFLOP/s on the square and every bench
+//! shape (>= 94 % of the square's rate; the lm_head weight gradient on faer alone reached only
+//! 83-87 %), bf16 at 380-436 GFLOP/s (80-93 % of the `vdpbf16ps` peak; PyTorch 2.15's bf16
+//! matmul reaches 305-396 here).
 
 mod cpu;
 pub mod device;
@@ -59,6 +58,9 @@ pub mod npu;
 #[cfg(target_arch = "x86_64")]
 #[clippy::msrv = "1.89"]
 mod x86_bf16;
+#[cfg(target_arch = "x86_64")]
+#[clippy::msrv = "1.89"]
+mod x86_f32;
 #[cfg(target_arch = "x86_64")]
 #[clippy::msrv = "1.89"]
 mod x86_pack;

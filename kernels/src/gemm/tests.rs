@@ -297,6 +297,52 @@ fn bf16_and_f32_across_block_boundaries() {
     }
 }
 
+/// `op(A) = A^T` with a long m runs on our own f32 kernel (x86_f32.rs) on AVX-512 machines:
+/// through the public entry point, with padded strides, accumulate and overwrite, against the
+/// float64 reference; k spans several sub-blocks (prefetch path) with a short last one.
+#[test]
+fn f32_transposed_a_with_long_m() {
+    let mut rng = Rng::new(15);
+    let d = Dims {
+        m: 4100,
+        n: 45,
+        k: 530,
+    };
+    for (pad, alpha, beta) in [(0, 1.0f32, 1.0f32), (3, 0.5, 0.0)] {
+        let cs = case(&mut rng, Trans::T, Trans::N, d, pad);
+        let mut c = cs.c.clone();
+        gemm_f32(
+            Trans::T,
+            Trans::N,
+            d,
+            alpha,
+            &cs.a,
+            cs.lda,
+            &cs.b,
+            cs.ldb,
+            beta,
+            &mut c,
+            cs.ldc,
+        )
+        .unwrap();
+        let r = reference(
+            Trans::T,
+            Trans::N,
+            d,
+            alpha as f64,
+            &f64s(&cs.a),
+            cs.lda,
+            &f64s(&cs.b),
+            cs.ldb,
+            beta as f64,
+            &f64s(&cs.c),
+            cs.ldc,
+        );
+        let e = rel_l2(&c, &r);
+        assert!(e <= 1e-5, "pad {pad} beta {beta}: rel_l2 {e:e}");
+    }
+}
+
 /// f32 operands fed to the bf16 GEMM are rounded while packing (both packing orientations,
 /// for A and for B): the result must be bit-equal to rounding them first with `half` (torch's
 /// rounding) and passing bf16.

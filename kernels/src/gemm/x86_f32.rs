@@ -1,0 +1,385 @@
+//! f32 GEMM for `C = alpha * A^T B + beta * C` with a long `m` (A stored `[k, m]`, B `[k, n]`):
+//! the weight gradient `dW = dY^T X` of a wide layer (the lm_head: m = vocab).
+//!
+//! Why our own: faer turns a row-major C around and packs the stored `dY` a few floats per row,
+//! rows `4 m` bytes apart, so its packing is bound by memory latency (~87 % of its square
+//! rate on the bench's lm_head shape, while the same product with A stored row-major runs at
+//! 100 %). Here each task packs its A block reading every stored row once, front to back, a
+//! whole block-width run at a time (the access the hardware prefetcher follows), exactly as
+//! the bf16 kernel does for the same layout (x86_bf16.rs).
+//!
+//! Blocking is that kernel's: B (`[k, n]`, shared) packed once per panel into NR-column strips
+//! `bp[s][p][j] = B(p, s*NR + j)`; one task per block of C rows walks the panel's KC sub-blocks
+//! with its `mc x nc` tile of C in L2, packing `ap[s][p][i] = A^T(p, i0 + s*MR + i)` per
+//! sub-block; an MR x NR register tile of C per kernel call, one broadcast of A per row.
+//!
+//! All `unsafe` here is intrinsics behind [`available`] and the raw C pointer of disjoint tiles.
+
+use super::Dims;
+use rayon::prelude::*;
+use std::arch::x86_64::*;
+use std::cell::Cell;
+
+/// Rows of C per kernel call.
+const MR: usize = 14;
+/// zmm vectors across C's columns per kernel call.
+const NV: usize = 2;
+/// Columns of C per kernel call.
+const NR: usize = NV * 16;
+/// k per sub-block: B micro-panel = KC*NR*4 bytes = 32 KiB.
+const KC: usize = 256;
+/// Rows of A per block at most: A block = MC_MAX*KC*4 bytes (~252 KiB, in L2).
+const MC_MAX: usize = 252;
+/// Columns of B per panel: a task's C tile (MC_MAX*NC*4 bytes ~ 0.5 MiB) stays in L2.
+const NC: usize = 512;
+/// k per packed B panel (a multiple of KC): panel = KO*NC*4 bytes = 8 MiB at most.
+const KO: usize = 4096;
+
+/// One cache line of packed floats; packed buffers are made of these so they are 64-aligned.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([f32; 16]);
+
+thread_local! {
+    // Reused packing buffers, moved out while in use (see x86_bf16.rs).
+    static A_BUF: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
+    static B_BUF: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
+}
+
+/// Whether the CPU has what the kernel executes.
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+}
+
+/// Whether [`gemm_tn`] should run a product instead of faer: A transposed with a long m (the
+/// case faer packs from memory a few floats per row), B not transposed, depth worth blocking.
+pub(super) fn wins(a_transposed: bool, b_transposed: bool, d: Dims) -> bool {
+    a_transposed && !b_transposed && d.m >= 4096 && d.k >= KC && d.n >= NR && available()
+}
+
+fn take_buf(key: &'static std::thread::LocalKey<Cell<Vec<Line>>>, floats: usize) -> Vec<Line> {
+    let mut v = key.with(|c| c.take());
+    let lines = floats.div_ceil(16);
+    if v.len() < lines {
+        v.resize(lines, Line([0.0; 16]));
+    }
+    v
+}
+
+fn put_buf(key: &'static std::thread::LocalKey<Cell<Vec<Line>>>, v: Vec<Line>) {
+    key.with(|c| c.set(v));
+}
+
+fn floats(v: &mut [Line]) -> &mut [f32] {
+    let len = v.len() * 16;
+    // SAFETY: Line is repr(C) [f32; 16] with no padding, so the lines are len contiguous f32s.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<f32>(), len) }
+}
+
+fn mask16(n: usize) -> __mmask16 {
+    if n >= 16 {
+        0xFFFF
+    } else {
+        ((1u32 << n) - 1) as u16
+    }
+}
+
+/// `out[s][p][l] = src[(k0 + p) * ld + lane0 + s*w + l]` for `p < kc`, `s < strips`, `l < w`,
+/// zero for lanes at or past `nv` (counted from `lane0`). Walks k outermost: each stored row is
+/// read once, front to back.
+///
+/// # Safety
+/// avx512f available; rows `k0..k0+kc`, columns `lane0..lane0+nv` inside `src` at stride `ld`;
+/// `out.len() >= strips * kc * w`.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)] // a strided block's geometry
+unsafe fn pack_across_rows(
+    src: &[f32],
+    ld: usize,
+    lane0: usize,
+    nv: usize,
+    k0: usize,
+    kc: usize,
+    w: usize,
+    strips: usize,
+    out: &mut [f32],
+) {
+    debug_assert!(out.len() >= strips * kc * w);
+    let o = out.as_mut_ptr();
+    for p in 0..kc {
+        let row = src.as_ptr().add((k0 + p) * ld + lane0);
+        for s in 0..strips {
+            for l0 in (0..w).step_by(16) {
+                let lane = s * w + l0;
+                let n = nv.saturating_sub(lane).min(16).min(w - l0);
+                let v = _mm512_maskz_loadu_ps(mask16(n), row.add(lane));
+                _mm512_mask_storeu_ps(o.add((s * kc + p) * w + l0), mask16(w - l0), v);
+            }
+        }
+    }
+}
+
+/// Epilogue of one kernel call: `C = alpha*acc + beta*C` (C not read if !read_c).
+#[derive(Clone, Copy)]
+struct Epi {
+    alpha: f32,
+    beta: f32,
+    read_c: bool,
+}
+
+/// The MR x NR kernel over `kc` steps of packed `a` (`[kc][MR]`) and `b` (`[kc][NR]`), result
+/// written to the `mr x nr` corner of the tile at `c` (row stride `ldc`).
+///
+/// # Safety
+/// avx512f available; `a`/`b` hold `kc*MR`/`kc*NR` floats with `b` 64-byte aligned; `c` is
+/// valid for `mr` rows of `nr` floats at stride `ldc`.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    e: Epi,
+) {
+    let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+    let (mut a, mut b) = (a, b);
+    for _ in 0..kc {
+        let mut bv = [_mm512_setzero_ps(); NV];
+        for (v, bv) in bv.iter_mut().enumerate() {
+            *bv = _mm512_load_ps(b.add(v * 16));
+        }
+        for (i, acc_row) in acc.iter_mut().enumerate() {
+            let ai = _mm512_set1_ps(*a.add(i));
+            for (acc, &bv) in acc_row.iter_mut().zip(&bv) {
+                *acc = _mm512_fmadd_ps(ai, bv, *acc);
+            }
+        }
+        a = a.add(MR);
+        b = b.add(NR);
+    }
+    let va = _mm512_set1_ps(e.alpha);
+    let vb = _mm512_set1_ps(e.beta);
+    for (i, acc_row) in acc.iter().enumerate().take(mr) {
+        let row = c.add(i * ldc);
+        for (v, &acc) in acc_row.iter().enumerate() {
+            let col = v * 16;
+            if col >= nr {
+                break;
+            }
+            let mask = mask16(nr - col);
+            let mut r = _mm512_mul_ps(acc, va);
+            if e.read_c {
+                let old = _mm512_maskz_loadu_ps(mask, row.add(col));
+                r = _mm512_fmadd_ps(old, vb, r);
+            }
+            _mm512_mask_storeu_ps(row.add(col), mask, r);
+        }
+    }
+}
+
+/// The C pointer shared by the threads, each of which writes only its own tiles.
+#[derive(Clone, Copy)]
+struct CPtr(*mut f32);
+// SAFETY: tasks write disjoint row blocks of C (see `gemm_tn`), and C outlives the region.
+unsafe impl Send for CPtr {}
+unsafe impl Sync for CPtr {}
+
+/// `C = alpha * A^T B + beta * C`, A stored `[k, m]` (stride `lda`), B `[k, n]` (stride
+/// `ldb`). Dims and slices were checked by mod.rs; k > 0, alpha != 0; [`available`] is true.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_tn(
+    d: Dims,
+    alpha: f32,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+    parallel: bool,
+) {
+    let threads = if parallel {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    let kc_max = KC.min(d.k);
+    let ko_max = (KO / kc_max * kc_max).min(d.k.div_ceil(kc_max) * kc_max);
+    let nc_max = NC.min(d.n.div_ceil(NR) * NR);
+    let slot = kc_max * NR;
+    let mut bbuf = take_buf(&B_BUF, ko_max / kc_max * (nc_max / NR) * slot);
+    let cptr = CPtr(c.as_mut_ptr());
+    // Row blocks of whole MR strips, as even as strips allow, a multiple of the thread count.
+    let m_strips = d.m.div_ceil(MR);
+    let mut m_blocks = d.m.div_ceil(MC_MAX);
+    if threads > 1 {
+        m_blocks = m_blocks.div_ceil(threads) * threads;
+    }
+    let m_blocks = m_blocks.min(m_strips).max(1);
+    let rows = |ib: usize| {
+        let s0 = m_strips * ib / m_blocks;
+        let s1 = m_strips * (ib + 1) / m_blocks;
+        (s0 * MR, (s1 * MR).min(d.m))
+    };
+
+    for jc in (0..d.n).step_by(nc_max) {
+        let nc = nc_max.min(d.n - jc);
+        let strips = nc.div_ceil(NR);
+        for pco in (0..d.k).step_by(ko_max) {
+            let ko = ko_max.min(d.k - pco);
+            let nkb = ko.div_ceil(kc_max);
+            let sub = |kb: usize| {
+                let k0 = pco + kb * kc_max;
+                (k0, kc_max.min(d.k - k0))
+            };
+            let bfl = &mut floats(&mut bbuf)[..nkb * strips * slot];
+            let pack_b = |(i, out): (usize, &mut [f32])| {
+                let (kb, s) = (i / strips, i % strips);
+                let (k0, kc) = sub(kb);
+                let j0 = jc + s * NR;
+                // SAFETY: avx512f checked (`wins`/caller); rows k0..k0+kc, columns
+                // j0..j0+min(NR, n-j0) are inside the checked B; out holds slot >= kc*NR.
+                unsafe { pack_across_rows(b, ldb, j0, NR.min(d.n - j0), k0, kc, NR, 1, out) };
+            };
+            if threads > 1 {
+                bfl.par_chunks_mut(slot).enumerate().for_each(pack_b);
+            } else {
+                bfl.chunks_mut(slot).enumerate().for_each(pack_b);
+            }
+            let bp: &[f32] = bfl;
+            let task = |ib: usize| {
+                let (i0, i1) = rows(ib);
+                let a_strips = (i1 - i0).div_ceil(MR);
+                let mut abuf = take_buf(&A_BUF, a_strips * kc_max * MR);
+                for kb in 0..nkb {
+                    let (k0, kc) = sub(kb);
+                    let e = Epi {
+                        alpha,
+                        beta: if k0 == 0 { beta } else { 1.0 },
+                        read_c: k0 > 0 || beta != 0.0,
+                    };
+                    let af = &mut floats(&mut abuf)[..a_strips * kc * MR];
+                    // SAFETY: as for B: columns i0..i1 and rows k0..k0+kc of the stored A^T
+                    // are inside the checked A; af holds a_strips * kc * MR floats.
+                    unsafe { pack_across_rows(a, lda, i0, i1 - i0, k0, kc, MR, a_strips, af) };
+                    // The next sub-block's rows of A, prefetched into L2 a slice per B strip
+                    // while this one computes: the pack then reads from cache, not memory.
+                    let next = (kb + 1 < nkb).then(|| sub(kb + 1));
+                    for s in 0..strips {
+                        if let Some((k1, kc1)) = next {
+                            let per = kc1.div_ceil(strips);
+                            for p in (s * per).min(kc1)..((s + 1) * per).min(kc1) {
+                                let row = &a[(k1 + p) * lda + i0..][..i1 - i0];
+                                for line in row.chunks(16) {
+                                    // SAFETY: a prefetch never faults; the address is in `a`.
+                                    unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+                                }
+                            }
+                        }
+                        let j0 = s * NR;
+                        let nr = NR.min(nc - j0);
+                        let bs = &bp[(kb * strips + s) * slot..][..kc * NR];
+                        for (ia, asl) in af.chunks(kc * MR).enumerate() {
+                            let r0 = i0 + ia * MR;
+                            let mr = MR.min(d.m - r0);
+                            let cp = cptr;
+                            // SAFETY: avx512f checked; asl/bs hold kc*MR / kc*NR floats, bs at
+                            // a 64-byte boundary (slot is a multiple of 16 floats); rows
+                            // r0..r0+mr, columns jc+j0..+nr lie in the checked C, and only
+                            // this task writes rows i0..i1.
+                            unsafe {
+                                kernel(
+                                    kc,
+                                    asl.as_ptr(),
+                                    bs.as_ptr(),
+                                    cp.0.add(r0 * ldc + jc + j0),
+                                    ldc,
+                                    mr,
+                                    nr,
+                                    e,
+                                )
+                            };
+                        }
+                    }
+                }
+                put_buf(&A_BUF, abuf);
+            };
+            if threads > 1 && m_blocks > 1 {
+                (0..m_blocks).into_par_iter().for_each(task);
+            } else {
+                (0..m_blocks).for_each(task);
+            }
+        }
+    }
+    put_buf(&B_BUF, bbuf);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{available, gemm_tn};
+    use crate::gemm::Dims;
+    use crate::testutil::{rel_l2, Rng};
+
+    /// Against a float64 reference on shapes that exercise every edge: partial MR strips,
+    /// partial NR strips, several KC sub-blocks with a short last one, several row blocks,
+    /// padded strides, beta = 0 (C ignored, even NaN) and beta != 0, alpha != 1.
+    #[test]
+    fn matches_float64_on_edge_shapes() {
+        if !available() {
+            return;
+        }
+        let mut rng = Rng::new(11);
+        for &(m, n, k, pa, pb, pc, alpha, beta) in &[
+            (
+                1usize, 1usize, 1usize, 0usize, 0usize, 0usize, 1.0f32, 0.0f32,
+            ),
+            (15, 33, 257, 3, 1, 2, 1.0, 0.0),
+            (300, 70, 600, 0, 0, 5, 0.5, 1.0),
+            (530, 513, 1030, 7, 2, 0, 1.0, -2.0),
+        ] {
+            let (lda, ldb, ldc) = (m + pa, n + pb, n + pc);
+            let a = rng.normal_vec((k - 1) * lda + m, 1.0);
+            let b = rng.normal_vec((k - 1) * ldb + n, 1.0);
+            let c0 = rng.normal_vec((m - 1) * ldc + n, 1.0);
+            let mut c = c0.clone();
+            if beta == 0.0 {
+                c.iter_mut().for_each(|x| *x = f32::NAN);
+            }
+            for parallel in [false, true] {
+                let mut got = c.clone();
+                let d = Dims { m, n, k };
+                gemm_tn(d, alpha, &a, lda, &b, ldb, beta, &mut got, ldc, parallel);
+                let (mut want, mut have) = (Vec::new(), Vec::new());
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut s = 0.0f64;
+                        for p in 0..k {
+                            s += a[p * lda + i] as f64 * b[p * ldb + j] as f64;
+                        }
+                        let old = if beta == 0.0 {
+                            0.0
+                        } else {
+                            c0[i * ldc + j] as f64
+                        };
+                        want.push(alpha as f64 * s + beta as f64 * old);
+                        have.push(got[i * ldc + j]);
+                    }
+                }
+                let e = rel_l2(&have, &want);
+                // f32 sums of up to ~1000 products: ~1e-7 * sqrt(k) relative.
+                assert!(e <= 1e-5, "{m}x{n}x{k} parallel={parallel}: rel L2 {e:e}");
+                // Padding columns of C are never written.
+                for i in 0..m {
+                    for j in n..ldc.min(got.len() - i * ldc) {
+                        assert!(got[i * ldc + j].to_bits() == c[i * ldc + j].to_bits());
+                    }
+                }
+            }
+        }
+    }
+}
