@@ -64,6 +64,9 @@ mod x86_f32;
 #[cfg(target_arch = "x86_64")]
 #[clippy::msrv = "1.89"]
 mod x86_pack;
+#[cfg(target_arch = "x86_64")]
+#[clippy::msrv = "1.89"]
+mod x86_tile;
 
 #[cfg(test)]
 mod tests;

@@ -24,10 +24,10 @@
 //! its `#[clippy::msrv]` in mod.rs says.
 
 use super::x86_pack::{pack_block_across_rows, pack_k_across_rows, pack_k_in_rows, Panel, Src};
+use super::x86_tile::{put_buf, store_tile, take_buf, words, CPtr, Epi, Split, A_BUF, B_BUF};
 use super::{Bf16Elem, Dims, Trans};
 use rayon::prelude::*;
 use std::arch::x86_64::*;
-use std::cell::Cell;
 
 /// Rows of C per kernel call.
 const MR: usize = 14;
@@ -48,44 +48,12 @@ const NC_DEEP: usize = 512;
 /// k per packed B panel (a multiple of KC): panel = KO*NC_DEEP*2 bytes = 4 MiB.
 const KO: usize = 4096;
 
-/// One cache line of packed words; packed buffers are made of these so they are 64-aligned.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Line([u32; 16]);
-
-thread_local! {
-    // Reused packing buffers (bounded: B <= 4 MiB per calling thread, A ~0.3 MiB per worker).
-    // Moved out while in use, so a GEMM that starts on the same thread meanwhile (nested, or
-    // stolen by rayon while this one waits) finds none and allocates its own.
-    static A_BUF: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
-    static B_BUF: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
-}
-
 /// Whether the CPU has what the kernel executes (the detection result is cached by std).
 pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512bf16")
-}
-
-fn take_buf(key: &'static std::thread::LocalKey<Cell<Vec<Line>>>, words: usize) -> Vec<Line> {
-    let mut v = key.with(|c| c.take());
-    let lines = words.div_ceil(16);
-    if v.len() < lines {
-        v.resize(lines, Line([0; 16]));
-    }
-    v
-}
-
-fn put_buf(key: &'static std::thread::LocalKey<Cell<Vec<Line>>>, v: Vec<Line>) {
-    key.with(|c| c.set(v));
-}
-
-fn words(v: &mut [Line]) -> &mut [u32] {
-    let len = v.len() * 16;
-    // SAFETY: Line is repr(C) [u32; 16] with no padding, so the lines are len contiguous u32s.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u32>(), len) }
 }
 
 /// Packs one A block strip or B panel strip (see `x86_pack`).
@@ -100,14 +68,6 @@ fn pack(lanes_are_rows: bool, src: Src, p: Panel, out: &mut [u32]) {
             pack_k_across_rows(src, p, out)
         }
     }
-}
-
-/// Epilogue parameters of one kernel call: `C = alpha*acc + beta*C` (C not read if !read_c).
-#[derive(Clone, Copy)]
-struct Epi {
-    alpha: f32,
-    beta: f32,
-    read_c: bool,
 }
 
 /// The MR x NR kernel: `kp` k-pairs from packed `a` (`[kp][MR]`) and `b` (`[kp][NR]`), result
@@ -145,73 +105,7 @@ unsafe fn kernel(
         a = a.add(MR);
         b = b.add(NR);
     }
-    let va = _mm512_set1_ps(e.alpha);
-    let vb = _mm512_set1_ps(e.beta);
-    for (i, acc_row) in acc.iter().enumerate().take(mr) {
-        let row = c.add(i * ldc);
-        for (v, &acc) in acc_row.iter().enumerate() {
-            let col = v * 16;
-            if col >= nr {
-                break;
-            }
-            let left = nr - col;
-            let mask: __mmask16 = if left >= 16 {
-                0xFFFF
-            } else {
-                (1u16 << left) - 1
-            };
-            let mut r = _mm512_mul_ps(acc, va);
-            if e.read_c {
-                let old = _mm512_maskz_loadu_ps(mask, row.add(col));
-                r = _mm512_fmadd_ps(old, vb, r);
-            }
-            _mm512_mask_storeu_ps(row.add(col), mask, r);
-        }
-    }
-}
-
-/// The C pointer shared by the threads, each of which writes only its own tiles.
-#[derive(Clone, Copy)]
-struct CPtr(*mut f32);
-// SAFETY: tasks write disjoint tiles of C (see `gemm`), and C outlives the parallel region.
-unsafe impl Send for CPtr {}
-unsafe impl Sync for CPtr {}
-
-/// How C's rows (and, when there are too few, column strips) are split into tasks: row
-/// blocks of whole MR-row strips, as even as strips allow, their count a multiple of the
-/// thread count so that no thread waits long at the end of a panel.
-struct Split {
-    m_strips: usize,
-    m_blocks: usize,
-    n_groups: usize,
-}
-
-impl Split {
-    fn new(m: usize, strips: usize, threads: usize) -> Self {
-        let m_strips = m.div_ceil(MR);
-        let mut m_blocks = m.div_ceil(MC_MAX);
-        if threads > 1 {
-            m_blocks = m_blocks.div_ceil(threads) * threads;
-        }
-        let m_blocks = m_blocks.min(m_strips).max(1);
-        let n_groups = if m_blocks >= threads {
-            1
-        } else {
-            threads.div_ceil(m_blocks).min(strips).max(1)
-        };
-        Split {
-            m_strips,
-            m_blocks,
-            n_groups,
-        }
-    }
-
-    /// Rows `i0..i1` of row block `ib`.
-    fn rows(&self, ib: usize, m: usize) -> (usize, usize) {
-        let s0 = self.m_strips * ib / self.m_blocks;
-        let s1 = self.m_strips * (ib + 1) / self.m_blocks;
-        (s0 * MR, (s1 * MR).min(m))
-    }
+    store_tile::<MR, NV>(&acc, c, ldc, mr, nr, e);
 }
 
 /// `C = alpha * op(A) op(B) + beta * C` (dims and slices already checked, k > 0, alpha != 0).
@@ -253,7 +147,7 @@ pub(super) fn gemm<TA: Bf16Elem, TB: Bf16Elem>(
     for jc in (0..d.n).step_by(nc_max) {
         let nc = nc_max.min(d.n - jc);
         let strips = nc.div_ceil(NR);
-        let sp = Split::new(d.m, strips, threads);
+        let sp = Split::new(d.m, MR, MC_MAX, strips, threads);
         for pco in (0..d.k).step_by(ko_max) {
             let ko = ko_max.min(d.k - pco);
             let nkb = ko.div_ceil(kc_max);

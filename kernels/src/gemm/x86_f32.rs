@@ -15,10 +15,12 @@
 //!
 //! All `unsafe` here is intrinsics behind [`available`] and the raw C pointer of disjoint tiles.
 
+use super::x86_tile::{
+    floats, mask16, put_buf, store_tile, take_buf, CPtr, Epi, Split, A_BUF, B_BUF,
+};
 use super::Dims;
 use rayon::prelude::*;
 use std::arch::x86_64::*;
-use std::cell::Cell;
 
 /// Rows of C per kernel call.
 const MR: usize = 14;
@@ -35,17 +37,6 @@ const NC: usize = 512;
 /// k per packed B panel (a multiple of KC): panel = KO*NC*4 bytes = 8 MiB at most.
 const KO: usize = 4096;
 
-/// One cache line of packed floats; packed buffers are made of these so they are 64-aligned.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Line([f32; 16]);
-
-thread_local! {
-    // Reused packing buffers, moved out while in use (see x86_bf16.rs).
-    static A_BUF: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
-    static B_BUF: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
-}
-
 /// Whether the CPU has what the kernel executes.
 pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx512f")
@@ -55,33 +46,6 @@ pub(super) fn available() -> bool {
 /// case faer packs from memory a few floats per row), B not transposed, depth worth blocking.
 pub(super) fn wins(a_transposed: bool, b_transposed: bool, d: Dims) -> bool {
     a_transposed && !b_transposed && d.m >= 4096 && d.k >= KC && d.n >= NR && available()
-}
-
-fn take_buf(key: &'static std::thread::LocalKey<Cell<Vec<Line>>>, floats: usize) -> Vec<Line> {
-    let mut v = key.with(|c| c.take());
-    let lines = floats.div_ceil(16);
-    if v.len() < lines {
-        v.resize(lines, Line([0.0; 16]));
-    }
-    v
-}
-
-fn put_buf(key: &'static std::thread::LocalKey<Cell<Vec<Line>>>, v: Vec<Line>) {
-    key.with(|c| c.set(v));
-}
-
-fn floats(v: &mut [Line]) -> &mut [f32] {
-    let len = v.len() * 16;
-    // SAFETY: Line is repr(C) [f32; 16] with no padding, so the lines are len contiguous f32s.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<f32>(), len) }
-}
-
-fn mask16(n: usize) -> __mmask16 {
-    if n >= 16 {
-        0xFFFF
-    } else {
-        ((1u32 << n) - 1) as u16
-    }
 }
 
 /// `out[s][p][l] = src[(k0 + p) * ld + lane0 + s*w + l]` for `p < kc`, `s < strips`, `l < w`,
@@ -119,14 +83,6 @@ unsafe fn pack_across_rows(
     }
 }
 
-/// Epilogue of one kernel call: `C = alpha*acc + beta*C` (C not read if !read_c).
-#[derive(Clone, Copy)]
-struct Epi {
-    alpha: f32,
-    beta: f32,
-    read_c: bool,
-}
-
 /// The MR x NR kernel over `kc` steps of packed `a` (`[kc][MR]`) and `b` (`[kc][NR]`), result
 /// written to the `mr x nr` corner of the tile at `c` (row stride `ldc`).
 ///
@@ -161,32 +117,8 @@ unsafe fn kernel(
         a = a.add(MR);
         b = b.add(NR);
     }
-    let va = _mm512_set1_ps(e.alpha);
-    let vb = _mm512_set1_ps(e.beta);
-    for (i, acc_row) in acc.iter().enumerate().take(mr) {
-        let row = c.add(i * ldc);
-        for (v, &acc) in acc_row.iter().enumerate() {
-            let col = v * 16;
-            if col >= nr {
-                break;
-            }
-            let mask = mask16(nr - col);
-            let mut r = _mm512_mul_ps(acc, va);
-            if e.read_c {
-                let old = _mm512_maskz_loadu_ps(mask, row.add(col));
-                r = _mm512_fmadd_ps(old, vb, r);
-            }
-            _mm512_mask_storeu_ps(row.add(col), mask, r);
-        }
-    }
+    store_tile::<MR, NV>(&acc, c, ldc, mr, nr, e);
 }
-
-/// The C pointer shared by the threads, each of which writes only its own tiles.
-#[derive(Clone, Copy)]
-struct CPtr(*mut f32);
-// SAFETY: tasks write disjoint row blocks of C (see `gemm_tn`), and C outlives the region.
-unsafe impl Send for CPtr {}
-unsafe impl Sync for CPtr {}
 
 /// `C = alpha * A^T B + beta * C`, A stored `[k, m]` (stride `lda`), B `[k, n]` (stride
 /// `ldb`). Dims and slices were checked by mod.rs; k > 0, alpha != 0; [`available`] is true.
@@ -214,22 +146,11 @@ pub(super) fn gemm_tn(
     let slot = kc_max * NR;
     let mut bbuf = take_buf(&B_BUF, ko_max / kc_max * (nc_max / NR) * slot);
     let cptr = CPtr(c.as_mut_ptr());
-    // Row blocks of whole MR strips, as even as strips allow, a multiple of the thread count.
-    let m_strips = d.m.div_ceil(MR);
-    let mut m_blocks = d.m.div_ceil(MC_MAX);
-    if threads > 1 {
-        m_blocks = m_blocks.div_ceil(threads) * threads;
-    }
-    let m_blocks = m_blocks.min(m_strips).max(1);
-    let rows = |ib: usize| {
-        let s0 = m_strips * ib / m_blocks;
-        let s1 = m_strips * (ib + 1) / m_blocks;
-        (s0 * MR, (s1 * MR).min(d.m))
-    };
-
     for jc in (0..d.n).step_by(nc_max) {
         let nc = nc_max.min(d.n - jc);
         let strips = nc.div_ceil(NR);
+        // Row blocks only: m is long here (see `wins`), so there are always enough of them.
+        let sp = Split::new(d.m, MR, MC_MAX, strips, threads);
         for pco in (0..d.k).step_by(ko_max) {
             let ko = ko_max.min(d.k - pco);
             let nkb = ko.div_ceil(kc_max);
@@ -253,7 +174,7 @@ pub(super) fn gemm_tn(
             }
             let bp: &[f32] = bfl;
             let task = |ib: usize| {
-                let (i0, i1) = rows(ib);
+                let (i0, i1) = sp.rows(ib, d.m);
                 let a_strips = (i1 - i0).div_ceil(MR);
                 let mut abuf = take_buf(&A_BUF, a_strips * kc_max * MR);
                 for kb in 0..nkb {
@@ -309,10 +230,10 @@ pub(super) fn gemm_tn(
                 }
                 put_buf(&A_BUF, abuf);
             };
-            if threads > 1 && m_blocks > 1 {
-                (0..m_blocks).into_par_iter().for_each(task);
+            if threads > 1 && sp.m_blocks > 1 {
+                (0..sp.m_blocks).into_par_iter().for_each(task);
             } else {
-                (0..m_blocks).for_each(task);
+                (0..sp.m_blocks).for_each(task);
             }
         }
     }

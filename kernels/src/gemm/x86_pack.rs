@@ -10,6 +10,7 @@
 //!
 //! Every load is masked to the valid elements, so no byte past the operand's block is read.
 
+use super::x86_tile::mask16;
 use super::Bf16Elem;
 use half::bf16;
 use std::any::TypeId;
@@ -76,14 +77,6 @@ impl<'a> Src<'a> {
                 _mm512_cvtepu16_epi32(std::mem::transmute::<__m256bh, __m256i>(v))
             }
         }
-    }
-}
-
-fn mask16(n: usize) -> __mmask16 {
-    if n >= 16 {
-        0xFFFF
-    } else {
-        ((1u32 << n) - 1) as u16
     }
 }
 
