@@ -24,9 +24,8 @@
 //! its `#[clippy::msrv]` in mod.rs says.
 
 use super::x86_pack::{pack_block_across_rows, pack_k_across_rows, pack_k_in_rows, Panel, Src};
-use super::x86_tile::{put_buf, store_tile, take_buf, words, CPtr, Epi, Split, A_BUF, B_BUF};
+use super::x86_tile::{drive, store_tile, Epi, Packed};
 use super::{Bf16Elem, Dims, Trans};
-use rayon::prelude::*;
 use std::arch::x86_64::*;
 
 /// Rows of C per kernel call.
@@ -108,11 +107,85 @@ unsafe fn kernel(
     store_tile::<MR, NV>(&acc, c, ldc, mr, nr, e);
 }
 
-/// `C = alpha * op(A) op(B) + beta * C` (dims and slices already checked, k > 0, alpha != 0).
-///
-/// Loops: B panels of `nc` columns x `ko` depth (packed once, shared); in each, one task per
-/// row block walks the panel's KC sub-blocks itself, so its `mc x nc` tile of C stays in L2
-/// across them instead of streaming through memory once per sub-block.
+/// The bf16 kernel's operands, as the blocking driver sees them.
+struct Bf16Kernel<'a> {
+    ta: Trans,
+    tb: Trans,
+    a: Src<'a>,
+    lda: usize,
+    b: Src<'a>,
+    ldb: usize,
+}
+
+impl Packed for Bf16Kernel<'_> {
+    const MR: usize = MR;
+    const NR: usize = NR;
+    const STEP: usize = 2;
+    const KC: usize = KC;
+    const MC_MAX: usize = MC_MAX;
+    const NC: usize = NC;
+    const NC_DEEP: usize = NC_DEEP;
+    const KO: usize = KO;
+
+    fn pack_b(&self, j0: usize, nv: usize, k0: usize, kc: usize, out: &mut [u32]) {
+        let p = Panel {
+            ld: self.ldb,
+            lane0: j0,
+            nv,
+            k0,
+            kc,
+            w: NR,
+        };
+        pack(self.tb == Trans::T, self.b, p, out);
+    }
+
+    fn pack_a(&self, i0: usize, i1: usize, k0: usize, kc: usize, strips: usize, out: &mut [u32]) {
+        let kp = kc.div_ceil(2);
+        if self.ta == Trans::N {
+            for (s, out) in out.chunks_mut(kp * MR).take(strips).enumerate() {
+                let r0 = i0 + s * MR;
+                let p = Panel {
+                    ld: self.lda,
+                    lane0: r0,
+                    nv: MR.min(i1 - r0),
+                    k0,
+                    kc,
+                    w: MR,
+                };
+                pack(true, self.a, p, out);
+            }
+        } else {
+            let p = Panel {
+                ld: self.lda,
+                lane0: i0,
+                nv: i1 - i0,
+                k0,
+                kc,
+                w: MR,
+            };
+            // SAFETY: as in `pack`: features checked, columns i0..i1 and rows k0..k0+kc of
+            // the stored A^T are inside the checked operand, and out holds strips * kp * MR
+            // words.
+            unsafe { pack_block_across_rows(self.a, p, strips, out) };
+        }
+    }
+
+    unsafe fn kernel(
+        steps: usize,
+        a: *const u32,
+        b: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+        e: Epi,
+    ) {
+        kernel(steps, a, b, c, ldc, mr, nr, e)
+    }
+}
+
+/// `C = alpha * op(A) op(B) + beta * C` (dims and slices already checked, k > 0, alpha != 0,
+/// [`available`] true), blocked by [`drive`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gemm<TA: Bf16Elem, TB: Bf16Elem>(
     ta: Trans,
@@ -128,134 +201,13 @@ pub(super) fn gemm<TA: Bf16Elem, TB: Bf16Elem>(
     ldc: usize,
     parallel: bool,
 ) {
-    let threads = if parallel {
-        rayon::current_num_threads()
-    } else {
-        1
+    let kern = Bf16Kernel {
+        ta,
+        tb,
+        a: Src::new(a),
+        lda,
+        b: Src::new(b),
+        ldb,
     };
-    let kc_max = KC.min(d.k.div_ceil(2) * 2);
-    let kp_max = kc_max / 2;
-    let ko_max = (KO / kc_max * kc_max).min(d.k.div_ceil(kc_max) * kc_max);
-    let nc_cap = if d.k > KC { NC_DEEP } else { NC };
-    let nc_max = nc_cap.min(d.n.div_ceil(NR) * NR);
-    // [sub-block][strip][kp_max][NR] words; a short last sub-block uses a prefix of its slots.
-    let slot = kp_max * NR;
-    let mut bbuf = take_buf(&B_BUF, ko_max / kc_max * (nc_max / NR) * slot);
-    let cptr = CPtr(c.as_mut_ptr());
-    let (asrc, bsrc) = (Src::new(a), Src::new(b));
-
-    for jc in (0..d.n).step_by(nc_max) {
-        let nc = nc_max.min(d.n - jc);
-        let strips = nc.div_ceil(NR);
-        let sp = Split::new(d.m, MR, MC_MAX, strips, threads);
-        for pco in (0..d.k).step_by(ko_max) {
-            let ko = ko_max.min(d.k - pco);
-            let nkb = ko.div_ceil(kc_max);
-            // (k0, kc) of sub-block kb.
-            let sub = |kb: usize| {
-                let k0 = pco + kb * kc_max;
-                (k0, kc_max.min(d.k - k0))
-            };
-            let bwords = &mut words(&mut bbuf)[..nkb * strips * slot];
-            let pack_b = |(i, out): (usize, &mut [u32])| {
-                let (kb, s) = (i / strips, i % strips);
-                let (k0, kc) = sub(kb);
-                let j0 = jc + s * NR;
-                let p = Panel {
-                    ld: ldb,
-                    lane0: j0,
-                    nv: NR.min(d.n - j0),
-                    k0,
-                    kc,
-                    w: NR,
-                };
-                pack(tb == Trans::T, bsrc, p, out);
-            };
-            if threads > 1 {
-                bwords.par_chunks_mut(slot).enumerate().for_each(pack_b);
-            } else {
-                bwords.chunks_mut(slot).enumerate().for_each(pack_b);
-            }
-            let bp: &[u32] = bwords;
-            let task = |t: usize| {
-                let (ib, g) = (t / sp.n_groups, t % sp.n_groups);
-                let (i0, i1) = sp.rows(ib, d.m);
-                let (s0, s1) = (strips * g / sp.n_groups, strips * (g + 1) / sp.n_groups);
-                let a_strips = (i1 - i0).div_ceil(MR);
-                let mut abuf = take_buf(&A_BUF, a_strips * kp_max * MR);
-                for kb in 0..nkb {
-                    let (k0, kc) = sub(kb);
-                    let kp = kc.div_ceil(2);
-                    let e = Epi {
-                        alpha,
-                        beta: if k0 == 0 { beta } else { 1.0 },
-                        read_c: k0 > 0 || beta != 0.0,
-                    };
-                    let aw = &mut words(&mut abuf)[..a_strips * kp * MR];
-                    if ta == Trans::N {
-                        for (s, out) in aw.chunks_mut(kp * MR).enumerate() {
-                            let r0 = i0 + s * MR;
-                            let p = Panel {
-                                ld: lda,
-                                lane0: r0,
-                                nv: MR.min(d.m - r0),
-                                k0,
-                                kc,
-                                w: MR,
-                            };
-                            pack(true, asrc, p, out);
-                        }
-                    } else {
-                        let p = Panel {
-                            ld: lda,
-                            lane0: i0,
-                            nv: i1 - i0,
-                            k0,
-                            kc,
-                            w: MR,
-                        };
-                        // SAFETY: as in `pack`: features checked, columns i0..i1 and rows
-                        // k0..k0+kc of the stored A^T are inside the checked operand, and aw
-                        // holds a_strips * kp * MR words.
-                        unsafe { pack_block_across_rows(asrc, p, a_strips, aw) };
-                    }
-                    for s in s0..s1 {
-                        let j0 = s * NR;
-                        let nr = NR.min(nc - j0);
-                        let bs = &bp[(kb * strips + s) * slot..][..kp * NR];
-                        for (ia, asl) in aw.chunks(kp * MR).enumerate() {
-                            let r0 = i0 + ia * MR;
-                            let mr = MR.min(d.m - r0);
-                            let cp = cptr;
-                            // SAFETY: `available()` was checked by the caller; asl/bs hold
-                            // kp*MR / kp*NR words, bs at a 64-byte boundary of the aligned
-                            // buffer (slot = kp_max*NR words, a multiple of 16); the tile rows
-                            // r0..r0+mr, columns jc+j0..+nr lie in the checked C, and no other
-                            // task writes them.
-                            unsafe {
-                                kernel(
-                                    kp,
-                                    asl.as_ptr(),
-                                    bs.as_ptr(),
-                                    cp.0.add(r0 * ldc + jc + j0),
-                                    ldc,
-                                    mr,
-                                    nr,
-                                    e,
-                                )
-                            };
-                        }
-                    }
-                }
-                put_buf(&A_BUF, abuf);
-            };
-            let ntasks = sp.m_blocks * sp.n_groups;
-            if threads > 1 && ntasks > 1 {
-                (0..ntasks).into_par_iter().for_each(task);
-            } else {
-                (0..ntasks).for_each(task);
-            }
-        }
-    }
-    put_buf(&B_BUF, bbuf);
+    drive(&kern, d, alpha, beta, c, ldc, parallel);
 }

@@ -15,11 +15,8 @@
 //!
 //! All `unsafe` here is intrinsics behind [`available`] and the raw C pointer of disjoint tiles.
 
-use super::x86_tile::{
-    floats, mask16, put_buf, store_tile, take_buf, CPtr, Epi, Split, A_BUF, B_BUF,
-};
+use super::x86_tile::{drive, mask16, store_tile, Epi, Packed};
 use super::Dims;
-use rayon::prelude::*;
 use std::arch::x86_64::*;
 
 /// Rows of C per kernel call.
@@ -66,10 +63,10 @@ unsafe fn pack_across_rows(
     kc: usize,
     w: usize,
     strips: usize,
-    out: &mut [f32],
+    out: &mut [u32],
 ) {
     debug_assert!(out.len() >= strips * kc * w);
-    let o = out.as_mut_ptr();
+    let o = out.as_mut_ptr().cast::<f32>();
     for p in 0..kc {
         let row = src.as_ptr().add((k0 + p) * ld + lane0);
         for s in 0..strips {
@@ -120,6 +117,65 @@ unsafe fn kernel(
     store_tile::<MR, NV>(&acc, c, ldc, mr, nr, e);
 }
 
+/// The f32 kernel's operands (A stored `[k, m]`, B `[k, n]`), as the blocking driver sees
+/// them.
+struct F32TnKernel<'a> {
+    a: &'a [f32],
+    lda: usize,
+    b: &'a [f32],
+    ldb: usize,
+}
+
+impl Packed for F32TnKernel<'_> {
+    const MR: usize = MR;
+    const NR: usize = NR;
+    const STEP: usize = 1;
+    const KC: usize = KC;
+    const MC_MAX: usize = MC_MAX;
+    const NC: usize = NC;
+    const NC_DEEP: usize = NC;
+    const KO: usize = KO;
+
+    fn pack_b(&self, j0: usize, nv: usize, k0: usize, kc: usize, out: &mut [u32]) {
+        // SAFETY: avx512f checked (`wins` / the caller of `gemm_tn`); rows k0..k0+kc, columns
+        // j0..j0+nv are inside the checked B; out holds kc*NR words.
+        unsafe { pack_across_rows(self.b, self.ldb, j0, nv, k0, kc, NR, 1, out) };
+    }
+
+    fn pack_a(&self, i0: usize, i1: usize, k0: usize, kc: usize, strips: usize, out: &mut [u32]) {
+        // SAFETY: as for B: columns i0..i1 and rows k0..k0+kc of the stored A^T are inside
+        // the checked A; out holds strips * kc * MR words.
+        unsafe { pack_across_rows(self.a, self.lda, i0, i1 - i0, k0, kc, MR, strips, out) };
+    }
+
+    fn prefetch_a(&self, i0: usize, i1: usize, k0: usize, kc: usize, part: usize, parts: usize) {
+        // Stored rows k0..k0+kc, a run of i1 - i0 floats each, a slice of them per call: the
+        // next sub-block's A arrives in L2 while this one computes, so packing reads from
+        // cache, not memory (the layout's whole problem, see the module docs).
+        let per = kc.div_ceil(parts.max(1));
+        for p in (part * per).min(kc)..((part + 1) * per).min(kc) {
+            let row = &self.a[(k0 + p) * self.lda + i0..][..i1 - i0];
+            for line in row.chunks(16) {
+                // SAFETY: a prefetch never faults; the address is inside `a`.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
+            }
+        }
+    }
+
+    unsafe fn kernel(
+        steps: usize,
+        a: *const u32,
+        b: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+        e: Epi,
+    ) {
+        kernel(steps, a.cast(), b.cast(), c, ldc, mr, nr, e)
+    }
+}
+
 /// `C = alpha * A^T B + beta * C`, A stored `[k, m]` (stride `lda`), B `[k, n]` (stride
 /// `ldb`). Dims and slices were checked by mod.rs; k > 0, alpha != 0; [`available`] is true.
 #[allow(clippy::too_many_arguments)]
@@ -135,109 +191,8 @@ pub(super) fn gemm_tn(
     ldc: usize,
     parallel: bool,
 ) {
-    let threads = if parallel {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
-    let kc_max = KC.min(d.k);
-    let ko_max = (KO / kc_max * kc_max).min(d.k.div_ceil(kc_max) * kc_max);
-    let nc_max = NC.min(d.n.div_ceil(NR) * NR);
-    let slot = kc_max * NR;
-    let mut bbuf = take_buf(&B_BUF, ko_max / kc_max * (nc_max / NR) * slot);
-    let cptr = CPtr(c.as_mut_ptr());
-    for jc in (0..d.n).step_by(nc_max) {
-        let nc = nc_max.min(d.n - jc);
-        let strips = nc.div_ceil(NR);
-        // Row blocks only: m is long here (see `wins`), so there are always enough of them.
-        let sp = Split::new(d.m, MR, MC_MAX, strips, threads);
-        for pco in (0..d.k).step_by(ko_max) {
-            let ko = ko_max.min(d.k - pco);
-            let nkb = ko.div_ceil(kc_max);
-            let sub = |kb: usize| {
-                let k0 = pco + kb * kc_max;
-                (k0, kc_max.min(d.k - k0))
-            };
-            let bfl = &mut floats(&mut bbuf)[..nkb * strips * slot];
-            let pack_b = |(i, out): (usize, &mut [f32])| {
-                let (kb, s) = (i / strips, i % strips);
-                let (k0, kc) = sub(kb);
-                let j0 = jc + s * NR;
-                // SAFETY: avx512f checked (`wins`/caller); rows k0..k0+kc, columns
-                // j0..j0+min(NR, n-j0) are inside the checked B; out holds slot >= kc*NR.
-                unsafe { pack_across_rows(b, ldb, j0, NR.min(d.n - j0), k0, kc, NR, 1, out) };
-            };
-            if threads > 1 {
-                bfl.par_chunks_mut(slot).enumerate().for_each(pack_b);
-            } else {
-                bfl.chunks_mut(slot).enumerate().for_each(pack_b);
-            }
-            let bp: &[f32] = bfl;
-            let task = |ib: usize| {
-                let (i0, i1) = sp.rows(ib, d.m);
-                let a_strips = (i1 - i0).div_ceil(MR);
-                let mut abuf = take_buf(&A_BUF, a_strips * kc_max * MR);
-                for kb in 0..nkb {
-                    let (k0, kc) = sub(kb);
-                    let e = Epi {
-                        alpha,
-                        beta: if k0 == 0 { beta } else { 1.0 },
-                        read_c: k0 > 0 || beta != 0.0,
-                    };
-                    let af = &mut floats(&mut abuf)[..a_strips * kc * MR];
-                    // SAFETY: as for B: columns i0..i1 and rows k0..k0+kc of the stored A^T
-                    // are inside the checked A; af holds a_strips * kc * MR floats.
-                    unsafe { pack_across_rows(a, lda, i0, i1 - i0, k0, kc, MR, a_strips, af) };
-                    // The next sub-block's rows of A, prefetched into L2 a slice per B strip
-                    // while this one computes: the pack then reads from cache, not memory.
-                    let next = (kb + 1 < nkb).then(|| sub(kb + 1));
-                    for s in 0..strips {
-                        if let Some((k1, kc1)) = next {
-                            let per = kc1.div_ceil(strips);
-                            for p in (s * per).min(kc1)..((s + 1) * per).min(kc1) {
-                                let row = &a[(k1 + p) * lda + i0..][..i1 - i0];
-                                for line in row.chunks(16) {
-                                    // SAFETY: a prefetch never faults; the address is in `a`.
-                                    unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
-                                }
-                            }
-                        }
-                        let j0 = s * NR;
-                        let nr = NR.min(nc - j0);
-                        let bs = &bp[(kb * strips + s) * slot..][..kc * NR];
-                        for (ia, asl) in af.chunks(kc * MR).enumerate() {
-                            let r0 = i0 + ia * MR;
-                            let mr = MR.min(d.m - r0);
-                            let cp = cptr;
-                            // SAFETY: avx512f checked; asl/bs hold kc*MR / kc*NR floats, bs at
-                            // a 64-byte boundary (slot is a multiple of 16 floats); rows
-                            // r0..r0+mr, columns jc+j0..+nr lie in the checked C, and only
-                            // this task writes rows i0..i1.
-                            unsafe {
-                                kernel(
-                                    kc,
-                                    asl.as_ptr(),
-                                    bs.as_ptr(),
-                                    cp.0.add(r0 * ldc + jc + j0),
-                                    ldc,
-                                    mr,
-                                    nr,
-                                    e,
-                                )
-                            };
-                        }
-                    }
-                }
-                put_buf(&A_BUF, abuf);
-            };
-            if threads > 1 && sp.m_blocks > 1 {
-                (0..sp.m_blocks).into_par_iter().for_each(task);
-            } else {
-                (0..sp.m_blocks).for_each(task);
-            }
-        }
-    }
-    put_buf(&B_BUF, bbuf);
+    let kern = F32TnKernel { a, lda, b, ldb };
+    drive(&kern, d, alpha, beta, c, ldc, parallel);
 }
 
 #[cfg(test)]

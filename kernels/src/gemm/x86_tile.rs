@@ -5,8 +5,8 @@
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-/// One cache line of packed 32-bit words (bf16 pairs or f32 values); packed buffers are made
-/// of these so they are 64-byte aligned.
+/// One cache line of packed 32-bit words (bf16 pairs, or f32 bit patterns); packed buffers
+/// are made of these so they are 64-byte aligned.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 pub(super) struct Line([u32; 16]);
@@ -42,13 +42,6 @@ pub(super) fn words(v: &mut [Line]) -> &mut [u32] {
     let len = v.len() * 16;
     // SAFETY: Line is repr(C) [u32; 16] with no padding, so the lines are len contiguous u32s.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u32>(), len) }
-}
-
-/// The lines as contiguous f32 values (every bit pattern is a valid f32).
-pub(super) fn floats(v: &mut [Line]) -> &mut [f32] {
-    let len = v.len() * 16;
-    // SAFETY: as in `words`; u32 and f32 have the same size and alignment.
-    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<f32>(), len) }
 }
 
 /// The first `n` of 16 lanes.
@@ -146,4 +139,176 @@ pub(super) unsafe fn store_tile<const MR: usize, const NV: usize>(
             _mm512_mask_storeu_ps(row.add(col), mask, r);
         }
     }
+}
+
+/// One packed kernel: its tile and block sizes, how it packs A and B into 32-bit words, and
+/// its register kernel. [`drive`] runs the blocking around it.
+pub(super) trait Packed: Sync {
+    /// Rows and columns of C per kernel call.
+    const MR: usize;
+    const NR: usize;
+    /// k per packed step (2 for bf16 pairs, 1 for f32).
+    const STEP: usize;
+    /// k per sub-block (a multiple of STEP): the B micro-panel stays in L1.
+    const KC: usize;
+    /// Rows of A per block at most: the A block stays in L2.
+    const MC_MAX: usize;
+    /// Columns of B per panel when k fits one KC block, and when it spans several (then a
+    /// task's `mc x nc` tile of C stays in L2 while it walks the sub-blocks).
+    const NC: usize;
+    const NC_DEEP: usize;
+    /// k per packed B panel (a multiple of KC).
+    const KO: usize;
+
+    /// Packs op(B) columns `j0..j0+nv` (zero up to NR) at depth `k0..k0+kc` into
+    /// `out = [steps][NR]` words.
+    fn pack_b(&self, j0: usize, nv: usize, k0: usize, kc: usize, out: &mut [u32]);
+
+    /// Packs op(A) rows `i0..i1` at depth `k0..k0+kc` into `out = [strips][steps][MR]` words
+    /// (zero past `i1`).
+    fn pack_a(&self, i0: usize, i1: usize, k0: usize, kc: usize, strips: usize, out: &mut [u32]);
+
+    /// Hints slice `part` of `parts` of what `pack_a(i0, i1, k0, kc, ..)` will read into the
+    /// cache (called once per B strip while the previous sub-block computes). None by default.
+    fn prefetch_a(&self, i0: usize, i1: usize, k0: usize, kc: usize, part: usize, parts: usize) {
+        let _ = (i0, i1, k0, kc, part, parts);
+    }
+
+    /// `C[mr, nr] = alpha * A B + beta * C` over `steps` packed steps of `a` (`[steps][MR]`)
+    /// and `b` (`[steps][NR]`).
+    ///
+    /// # Safety
+    /// The kernel's CPU features are available; `a`/`b` hold `steps*MR`/`steps*NR` words with
+    /// `b` 64-byte aligned; `c` is valid for `mr` rows of `nr` floats at stride `ldc`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn kernel(
+        steps: usize,
+        a: *const u32,
+        b: *const u32,
+        c: *mut f32,
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+        e: Epi,
+    );
+}
+
+/// `C = alpha * op(A) op(B) + beta * C` through kernel `K` (dims and slices already checked,
+/// k > 0, alpha != 0, the kernel's features available).
+///
+/// Loops (GotoBLAS/BLIS): B panels of `nc` columns x `ko` depth, packed once and shared by
+/// all threads; in each, one task per row block (or, for short products, per column group)
+/// walks the panel's KC sub-blocks itself, packing its A block per sub-block, so its C tile
+/// stays in L2 across them instead of streaming through memory once per sub-block.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn drive<K: Packed>(
+    kern: &K,
+    d: super::Dims,
+    alpha: f32,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+    parallel: bool,
+) {
+    use rayon::prelude::*;
+    let (mr_, nr_) = (K::MR, K::NR);
+    let threads = if parallel {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    let kc_max = K::KC.min(d.k.div_ceil(K::STEP) * K::STEP);
+    let steps_max = kc_max / K::STEP;
+    let ko_max = (K::KO / kc_max * kc_max).min(d.k.div_ceil(kc_max) * kc_max);
+    let nc_cap = if d.k > K::KC { K::NC_DEEP } else { K::NC };
+    let nc_max = nc_cap.min(d.n.div_ceil(nr_) * nr_);
+    // [sub-block][strip][steps_max][NR] words; a short last sub-block uses a prefix of its slot.
+    let slot = steps_max * nr_;
+    let mut bbuf = take_buf(&B_BUF, ko_max / kc_max * (nc_max / nr_) * slot);
+    let cptr = CPtr(c.as_mut_ptr());
+
+    for jc in (0..d.n).step_by(nc_max) {
+        let nc = nc_max.min(d.n - jc);
+        let strips = nc.div_ceil(nr_);
+        let sp = Split::new(d.m, mr_, K::MC_MAX, strips, threads);
+        for pco in (0..d.k).step_by(ko_max) {
+            let ko = ko_max.min(d.k - pco);
+            let nkb = ko.div_ceil(kc_max);
+            // (k0, kc) of sub-block kb.
+            let sub = |kb: usize| {
+                let k0 = pco + kb * kc_max;
+                (k0, kc_max.min(d.k - k0))
+            };
+            let bwords = &mut words(&mut bbuf)[..nkb * strips * slot];
+            let pack_b = |(i, out): (usize, &mut [u32])| {
+                let (kb, s) = (i / strips, i % strips);
+                let (k0, kc) = sub(kb);
+                let j0 = jc + s * nr_;
+                kern.pack_b(j0, nr_.min(d.n - j0), k0, kc, out);
+            };
+            if threads > 1 {
+                bwords.par_chunks_mut(slot).enumerate().for_each(pack_b);
+            } else {
+                bwords.chunks_mut(slot).enumerate().for_each(pack_b);
+            }
+            let bp: &[u32] = bwords;
+            let task = |t: usize| {
+                let (ib, g) = (t / sp.n_groups, t % sp.n_groups);
+                let (i0, i1) = sp.rows(ib, d.m);
+                let (s0, s1) = (strips * g / sp.n_groups, strips * (g + 1) / sp.n_groups);
+                let a_strips = (i1 - i0).div_ceil(mr_);
+                let mut abuf = take_buf(&A_BUF, a_strips * steps_max * mr_);
+                for kb in 0..nkb {
+                    let (k0, kc) = sub(kb);
+                    let steps = kc.div_ceil(K::STEP);
+                    let e = Epi {
+                        alpha,
+                        beta: if k0 == 0 { beta } else { 1.0 },
+                        read_c: k0 > 0 || beta != 0.0,
+                    };
+                    let aw = &mut words(&mut abuf)[..a_strips * steps * mr_];
+                    kern.pack_a(i0, i1, k0, kc, a_strips, aw);
+                    let next = (kb + 1 < nkb).then(|| sub(kb + 1));
+                    for s in s0..s1 {
+                        if let Some((k1, kc1)) = next {
+                            kern.prefetch_a(i0, i1, k1, kc1, s - s0, s1 - s0);
+                        }
+                        let j0 = s * nr_;
+                        let nr = nr_.min(nc - j0);
+                        let bs = &bp[(kb * strips + s) * slot..][..steps * nr_];
+                        for (ia, asl) in aw.chunks(steps * mr_).enumerate() {
+                            let r0 = i0 + ia * mr_;
+                            let mr = mr_.min(d.m - r0);
+                            let cp = cptr;
+                            // SAFETY: the caller checked the kernel's features; asl/bs hold
+                            // steps*MR / steps*NR words, bs at a 64-byte boundary of the
+                            // aligned buffer (slot is a multiple of 16 words: NR is); the tile
+                            // rows r0..r0+mr, columns jc+j0..+nr lie in the checked C, and no
+                            // other task writes them.
+                            unsafe {
+                                K::kernel(
+                                    steps,
+                                    asl.as_ptr(),
+                                    bs.as_ptr(),
+                                    cp.0.add(r0 * ldc + jc + j0),
+                                    ldc,
+                                    mr,
+                                    nr,
+                                    e,
+                                )
+                            };
+                        }
+                    }
+                }
+                put_buf(&A_BUF, abuf);
+            };
+            let ntasks = sp.m_blocks * sp.n_groups;
+            if threads > 1 && ntasks > 1 {
+                (0..ntasks).into_par_iter().for_each(task);
+            } else {
+                (0..ntasks).for_each(task);
+            }
+        }
+    }
+    put_buf(&B_BUF, bbuf);
 }
