@@ -242,20 +242,8 @@ pub fn gemm_bf16<TA: Bf16Elem, TB: Bf16Elem>(
     c: &mut [f32],
     ldc: usize,
 ) -> Result<()> {
-    check_operands(
-        "gemm_bf16",
-        ta,
-        tb,
-        d,
-        a.len(),
-        lda,
-        b.len(),
-        ldb,
-        c.len(),
-        ldc,
-    )?;
-    cpu::gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc, false);
-    Ok(())
+    let ops = (a, lda, b, ldb, c, ldc);
+    checked_bf16(ta, tb, d, alpha, beta, ops, false)
 }
 
 /// [`gemm_bf16`] without the AVX512-BF16 kernel: the bf16-rounded inputs are widened to f32
@@ -275,6 +263,23 @@ pub fn gemm_bf16_portable<TA: Bf16Elem, TB: Bf16Elem>(
     c: &mut [f32],
     ldc: usize,
 ) -> Result<()> {
+    let ops = (a, lda, b, ldb, c, ldc);
+    checked_bf16(ta, tb, d, alpha, beta, ops, true)
+}
+
+/// The operands of one product: `(a, lda, b, ldb, c, ldc)`.
+type Operands<'a, 'c, TA, TB> = (&'a [TA], usize, &'a [TB], usize, &'c mut [f32], usize);
+
+/// Both bf16 entry points: check the operands, then run the kernel or the portable path.
+fn checked_bf16<TA: Bf16Elem, TB: Bf16Elem>(
+    ta: Trans,
+    tb: Trans,
+    d: Dims,
+    alpha: f32,
+    beta: f32,
+    (a, lda, b, ldb, c, ldc): Operands<'_, '_, TA, TB>,
+    portable: bool,
+) -> Result<()> {
     check_operands(
         "gemm_bf16",
         ta,
@@ -287,7 +292,7 @@ pub fn gemm_bf16_portable<TA: Bf16Elem, TB: Bf16Elem>(
         c.len(),
         ldc,
     )?;
-    cpu::gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc, true);
+    cpu::gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc, portable);
     Ok(())
 }
 
