@@ -16,16 +16,19 @@
 
 pub mod device;
 pub mod error;
+pub mod tensor;
 pub mod testutil;
 
 pub mod adamw;
 pub mod attention;
 pub mod cast;
 pub mod cross_entropy;
+pub mod elementwise;
 pub mod embedding;
 pub mod gelu;
 pub mod gemm;
 pub mod grad_clip;
+pub mod index;
 pub mod linear;
 pub mod patch_embed;
 pub mod rmsnorm;
@@ -33,3 +36,4 @@ pub mod rope;
 pub mod swiglu;
 
 pub use error::{KernelError, Result};
+pub use tensor::Tensor;

@@ -1,0 +1,44 @@
+//! Elementwise arithmetic on whole buffers: the residual add and the products of a gated MLP
+//! whose gate activation has no fused kernel (Pixtral's GELU gate).
+//!
+//! ```text
+//! add_into   y[i] += x[i]
+//! mul        out[i] = a[i] * b[i]
+//! mul_into   y[i] *= x[i]
+//!
+//! x, y, a, b, out: [N]
+//! ```
+//!
+//! Arithmetic is f32; a bf16 result is rounded once on store (nearest even), so for f32 these
+//! are the plain IEEE operations, bit for bit what a host loop `y += x` gives.
+
+mod cpu;
+pub mod device;
+pub mod npu;
+#[cfg(test)]
+mod tests;
+
+use crate::cast::Elem;
+use crate::error::{check_len, Result};
+
+/// `y += x`, elementwise. x, y: [N].
+pub fn add_into<E: Elem>(y: &mut [E], x: &[E]) -> Result<()> {
+    check_len("add_into", "x", x.len(), y.len())?;
+    cpu::add_into(y, x);
+    Ok(())
+}
+
+/// `out = a * b`, elementwise. a, b, out: [N].
+pub fn mul<E: Elem>(out: &mut [E], a: &[E], b: &[E]) -> Result<()> {
+    check_len("mul", "b", b.len(), a.len())?;
+    check_len("mul", "out", out.len(), a.len())?;
+    cpu::mul(out, a, b);
+    Ok(())
+}
+
+/// `y *= x`, elementwise. x, y: [N].
+pub fn mul_into<E: Elem>(y: &mut [E], x: &[E]) -> Result<()> {
+    check_len("mul_into", "x", x.len(), y.len())?;
+    cpu::mul_into(y, x);
+    Ok(())
+}

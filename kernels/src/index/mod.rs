@@ -1,0 +1,131 @@
+//! Row gathers and scatters by a host index list, and the batched transpose: the data
+//! movement of splicing rows into a sequence (image features into the [IMG] positions of the
+//! text) and of regrouping rows (the projector's patch merge), with their backwards.
+//!
+//! ```text
+//! gather_rows       out[i, :]       = src[idx[i], :]          out: [K, D]  src: [R, D]
+//! scatter_rows      dst[idx[i], :]  = src[i, :]               dst: [R, D]  src: [K, D]
+//! scatter_add_rows  dst[idx[i], :] += src[i, :]               (in order of i)
+//! zero_rows         dst[idx[i], :]  = 0
+//! transpose         out[b, c, r]    = x[b, r, c]              x: [B, R, C]  out: [B, C, R]
+//!
+//! idx: [K] host row indices, each < R
+//! ```
+//!
+//! The indices are host data (the kernels' convention for index-like inputs, see
+//! `crate::device`): they are checked on the host, so an index past the buffer is a typed
+//! error and never an out-of-bounds device access; the NPU path uploads them as int64.
+//! Everything but `scatter_add_rows` moves values without arithmetic, so it is exact in any
+//! type; `scatter_add_rows` adds in f32 and rounds once to the element type. With repeated
+//! indices `scatter_rows` keeps the last row written and `scatter_add_rows` sums in index
+//! order.
+
+mod cpu;
+pub mod device;
+pub mod npu;
+#[cfg(test)]
+mod tests;
+
+use crate::cast::Elem;
+use crate::error::{check_len, KernelError, Result};
+use bytemuck::Pod;
+
+/// Checks that `buf` holds whole rows of `dim` and every index is one of them; returns the
+/// number of rows.
+fn check_rows(
+    op: &'static str,
+    what: &str,
+    len: usize,
+    dim: usize,
+    idx: &[usize],
+) -> Result<usize> {
+    if dim == 0 {
+        return Err(KernelError::Shape {
+            op,
+            detail: "row length is 0".into(),
+        });
+    }
+    if len % dim != 0 {
+        return Err(KernelError::Shape {
+            op,
+            detail: format!("{what} has {len} elements, not whole rows of {dim}"),
+        });
+    }
+    let rows = len / dim;
+    if let Some((i, &r)) = idx.iter().enumerate().find(|(_, &r)| r >= rows) {
+        return Err(KernelError::InvalidArgument {
+            op,
+            detail: format!("index {r} at position {i} is past the {rows} rows of {what}"),
+        });
+    }
+    Ok(rows)
+}
+
+/// `out[i] = src[idx[i]]`: rows of `dim` elements. out: [K, D], src: [R, D], idx: [K].
+pub fn gather_rows<T: Pod + Send + Sync>(
+    out: &mut [T],
+    src: &[T],
+    idx: &[usize],
+    dim: usize,
+) -> Result<()> {
+    check_rows("gather_rows", "src", src.len(), dim, idx)?;
+    check_len("gather_rows", "out", out.len(), idx.len() * dim)?;
+    cpu::gather_rows(out, src, idx, dim);
+    Ok(())
+}
+
+/// `dst[idx[i]] = src[i]`. dst: [R, D], src: [K, D], idx: [K].
+pub fn scatter_rows<T: Pod>(dst: &mut [T], src: &[T], idx: &[usize], dim: usize) -> Result<()> {
+    check_rows("scatter_rows", "dst", dst.len(), dim, idx)?;
+    check_len("scatter_rows", "src", src.len(), idx.len() * dim)?;
+    cpu::scatter_rows(dst, src, idx, dim);
+    Ok(())
+}
+
+/// `dst[idx[i]] += src[i]`, in order of i. dst: [R, D], src: [K, D], idx: [K].
+pub fn scatter_add_rows<E: Elem>(
+    dst: &mut [E],
+    src: &[E],
+    idx: &[usize],
+    dim: usize,
+) -> Result<()> {
+    check_rows("scatter_add_rows", "dst", dst.len(), dim, idx)?;
+    check_len("scatter_add_rows", "src", src.len(), idx.len() * dim)?;
+    cpu::scatter_add_rows(dst, src, idx, dim);
+    Ok(())
+}
+
+/// `dst[idx[i]] = 0`. dst: [R, D], idx: [K].
+pub fn zero_rows<T: Pod>(dst: &mut [T], idx: &[usize], dim: usize) -> Result<()> {
+    check_rows("zero_rows", "dst", dst.len(), dim, idx)?;
+    for &r in idx {
+        dst[r * dim..(r + 1) * dim].fill(T::zeroed());
+    }
+    Ok(())
+}
+
+/// The shape of a batched transpose: `batch` matrices of `rows x cols`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransposeDims {
+    pub batch: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl TransposeDims {
+    fn len(&self) -> Option<usize> {
+        self.batch.checked_mul(self.rows)?.checked_mul(self.cols)
+    }
+}
+
+/// `out[b, c, r] = x[b, r, c]`. x: [B, R, C], out: [B, C, R].
+pub fn transpose<T: Pod + Send + Sync>(out: &mut [T], x: &[T], d: TransposeDims) -> Result<()> {
+    let n = d.len().ok_or_else(|| KernelError::Shape {
+        op: "transpose",
+        detail: format!("{d:?} overflows"),
+    })?;
+    check_len("transpose", "x", x.len(), n)?;
+    check_len("transpose", "out", out.len(), n)?;
+    cpu::transpose(out, x, d);
+    Ok(())
+}
