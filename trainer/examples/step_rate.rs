@@ -7,12 +7,15 @@
 //!     [--seq 1024] [--img 224] [--runs 5] [--dtype f32|bf16]
 //! ```
 //!
-//! Prints one JSON line per dtype: median and minimum seconds of forward + backward, tokens/s.
+//! Prints one JSON line per dtype: median and minimum seconds of forward + backward, tokens/s,
+//! and the step's `max_allocated` / `max_reserved` bytes from the model's allocator.
 //! The machine's speed drifts from minute to minute: compare two builds by running them
 //! interleaved, not one after the other.
 
 use cannon_trainer::data::shuffle::SplitMix64;
-use cannon_trainer::model::{Act, Batch, Images, Mistral3, Mistral3Config, ParamLayout, Params};
+use cannon_trainer::model::{
+    Act, Batch, Exec, Images, Mistral3, Mistral3Config, ParamLayout, Params, StepMemory,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -49,13 +52,15 @@ fn parse() -> Args {
     a
 }
 
-/// Random weights: norms 1, everything else uniform in +-0.02 (the config's init range).
-fn random_params(cfg: &Mistral3Config, rng: &mut SplitMix64) -> Params {
-    let mut p = Params::zeros(ParamLayout::new(cfg));
-    for (g, group) in p.layout.groups.iter().enumerate() {
+/// Random weights: norms 1, everything else uniform in +-0.02 (the config's init range),
+/// made on the host and uploaded.
+fn random_params(exec: &Exec, cfg: &Mistral3Config, rng: &mut SplitMix64) -> Params {
+    let layout = ParamLayout::new(cfg);
+    let mut host: Vec<Vec<f32>> = layout.groups.iter().map(|g| vec![0.0; g.len]).collect();
+    for (g, group) in layout.groups.iter().enumerate() {
         for slot in &group.slots {
             let norm = slot.name.contains("norm");
-            for x in &mut p.data[g][slot.range()] {
+            for x in &mut host[g][slot.range()] {
                 *x = if norm {
                     1.0
                 } else {
@@ -64,7 +69,7 @@ fn random_params(cfg: &Mistral3Config, rng: &mut SplitMix64) -> Params {
             }
         }
     }
-    p
+    Params::from_host(exec, layout, &host).expect("upload the weights")
 }
 
 /// One row per image: BOS, the image's [IMG]/[IMG_BREAK]/[IMG_END] tokens, random text.
@@ -114,39 +119,43 @@ fn bench_batch(cfg: &Mistral3Config, a: &Args, rng: &mut SplitMix64) -> Batch {
     }
 }
 
-fn time<A: Act>(model: &Mistral3, batch: &Batch, runs: usize) -> (Vec<f64>, f64) {
-    let mut grads = model.grads(&[cannon_trainer::model::Part::Text]);
+fn time<A: Act>(model: &Mistral3, batch: &Batch, runs: usize) -> (Vec<f64>, f64, StepMemory) {
+    let mut grads = model
+        .grads(&[cannon_trainer::model::Part::Text])
+        .expect("gradients");
     let mut times = Vec::new();
     let mut loss = 0.0;
+    let mut mem = None;
     for i in 0..runs + 1 {
-        grads.zero();
+        grads.zero(model.exec.stream()).expect("zero");
         let t0 = Instant::now();
-        let acts = model.forward::<A>(batch).expect("forward");
-        model
-            .backward::<A>(batch, &acts, &mut grads, None)
-            .expect("backward");
+        let (l, m) = model
+            .measure_step::<A>(batch, &mut grads, None)
+            .expect("forward + backward");
         let dt = t0.elapsed().as_secs_f64();
-        loss = acts.loss();
+        (loss, mem) = (l, Some(m));
         if i > 0 {
             times.push(dt); // the first run warms the caches and the allocator
         }
     }
     times.sort_by(f64::total_cmp);
-    (times, loss)
+    (times, loss, mem.expect("at least one run"))
 }
 
 fn main() {
     let a = parse();
     let cfg = Mistral3Config::from_file(&a.config.join("config.json")).expect("config");
     let mut rng = SplitMix64::new(0);
+    let exec = Exec::cpu();
     let model = Mistral3 {
-        params: random_params(&cfg, &mut rng),
+        params: random_params(&exec, &cfg, &mut rng),
         cfg: cfg.clone(),
         loss_mode: cannon_trainer::model::LossMode::Full,
+        exec,
     };
     let batch = bench_batch(&cfg, &a, &mut rng);
     for dt in &a.dtypes {
-        let (times, loss) = match dt.as_str() {
+        let (times, loss, mem) = match dt.as_str() {
             "f32" => time::<f32>(&model, &batch, a.runs),
             "bf16" => time::<half::bf16>(&model, &batch, a.runs),
             other => panic!("--dtype {other}: f32 or bf16"),
@@ -154,11 +163,14 @@ fn main() {
         let med = times[times.len() / 2];
         println!(
             "{{\"dtype\": \"{dt}\", \"batch\": {}, \"seq\": {}, \"median_fwd_bwd_s\": {med:.4}, \
-             \"min_fwd_bwd_s\": {:.4}, \"tokens_per_s\": {:.1}, \"loss\": {loss:.4}}}",
+             \"min_fwd_bwd_s\": {:.4}, \"tokens_per_s\": {:.1}, \"loss\": {loss:.4}, \
+             \"max_allocated\": {}, \"max_reserved\": {}}}",
             a.batch,
             a.seq,
             times[0],
-            (a.batch * a.seq) as f64 / med
+            (a.batch * a.seq) as f64 / med,
+            mem.max_allocated,
+            mem.max_reserved
         );
     }
 }

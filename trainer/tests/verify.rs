@@ -106,9 +106,12 @@ fn perturbed_weight_fails() {
     let mut model = Mistral3::load(&dir).unwrap();
     let reference = Reference::load(&dir.join("reference.safetensors")).unwrap();
     let name = "model.language_model.layers.0.mlp.down_proj.weight";
-    for w in model.params.get_mut(name).unwrap() {
+    let st = model.exec.stream();
+    let mut w = model.params.read(st, name).unwrap();
+    for w in &mut w {
         *w += 1e-3;
     }
+    model.params.write(st, name, &w).unwrap();
     let report = verify(&model, &reference, Precision::F32, None).unwrap();
     let failed: Vec<&str> = report
         .rows

@@ -1,7 +1,7 @@
 //! Model-level equivalences on the shared tiny fixture's weights: the chunked loss equals the
 //! full one, and a row packing two sequences equals the two sequences as separate rows.
 
-use cannon_trainer::model::{Act, Batch, Grads, LossMode, Mistral3, ModelError, Part};
+use cannon_trainer::model::{Act, Batch, LossMode, Mistral3, ModelError, Part};
 use std::path::{Path, PathBuf};
 
 fn shared_fixture() -> PathBuf {
@@ -27,15 +27,26 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 
 const ALL: [Part; 3] = [Part::Vision, Part::Projector, Part::Text];
 
-/// Loss, every gradient group and the pixel gradient.
-fn loss_and_grads<A: Act>(model: &Mistral3, batch: &Batch) -> (f64, Grads, Vec<f32>) {
+/// Host copies of every gradient group (None: frozen).
+type HostGrads = Vec<Option<Vec<f32>>>;
+
+/// Loss, every gradient group and the pixel gradient (read back to the host).
+fn loss_and_grads<A: Act>(model: &Mistral3, batch: &Batch) -> (f64, HostGrads, Vec<f32>) {
+    let st = model.exec.stream();
     let acts = model.forward::<A>(batch).unwrap();
-    let mut grads = model.grads(&ALL);
-    let mut dpix = vec![0.0; batch.images.pixel_values.len()];
+    let mut grads = model.grads(&ALL).unwrap();
+    let mut dpix = model
+        .exec
+        .zeros(&[batch.images.pixel_values.len()])
+        .unwrap();
     model
         .backward(batch, &acts, &mut grads, Some(&mut dpix))
         .unwrap();
-    (acts.loss(), grads, dpix)
+    (
+        acts.loss(),
+        grads.to_host(st).unwrap(),
+        dpix.to_host(st).unwrap(),
+    )
 }
 
 /// The chunked loss sums the same per-row f64 losses as the full one and feeds the lm_head
@@ -56,7 +67,7 @@ fn chunked_matches_full<A: Act>() {
             (l - loss).abs() <= 1e-6 * loss.abs(),
             "{rows}: {l} vs {loss}"
         );
-        for (i, (a, b)) in g.data.iter().zip(&grads.data).enumerate() {
+        for (i, (a, b)) in g.iter().zip(&grads).enumerate() {
             let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
             let e = rel_l2(a, b);
             assert!(e <= 1e-6, "chunk {rows}, group {i}: rel_l2 {e:e}");
@@ -125,19 +136,23 @@ fn packed_row_equals_separate_rows() {
         seq: 2 * s,
         ..rows.clone()
     };
+    let st = model.exec.stream();
+    let logits =
+        |a: &cannon_trainer::model::ForwardActs<f32>| a.logits().unwrap().to_host(st).unwrap();
     let a = model.forward::<f32>(&rows).unwrap();
     let b = model.forward::<f32>(&packed).unwrap();
     assert_eq!(a.targets, b.targets);
     assert_eq!(b.text.cu_seqlens, vec![s, 2 * s]);
-    assert!(rel_l2(b.logits().unwrap(), a.logits().unwrap()) <= 1e-6);
+    assert!(rel_l2(&logits(&b), &logits(&a)) <= 1e-6);
     assert!((a.loss() - b.loss()).abs() <= 1e-6 * a.loss());
-    let (mut ga, mut gb) = (model.grads(&[Part::Text]), model.grads(&[Part::Text]));
+    let text = [Part::Text];
+    let (mut ga, mut gb) = (model.grads(&text).unwrap(), model.grads(&text).unwrap());
     model.backward(&rows, &a, &mut ga, None).unwrap();
     model.backward(&packed, &b, &mut gb, None).unwrap();
+    let (ga, gb) = (ga.to_host(st).unwrap(), gb.to_host(st).unwrap());
     for (x, y) in gb
-        .data
         .iter()
-        .zip(&ga.data)
+        .zip(&ga)
         .filter_map(|(x, y)| Some((x.as_ref()?, y.as_ref()?)))
     {
         assert!(rel_l2(x, y) <= 1e-6);
@@ -150,7 +165,7 @@ fn packed_row_equals_separate_rows() {
     };
     let c = model.forward::<f32>(&unpacked).unwrap();
     let v = vocab as usize;
-    let (lb, lc) = (b.logits().unwrap(), c.logits().unwrap());
+    let (lb, lc) = (logits(&b), logits(&c));
     assert!(rel_l2(&lc[..s * v], &lb[..s * v]) <= 1e-6);
     assert!(rel_l2(&lc[s * v..], &lb[s * v..]) > 1e-3);
 }

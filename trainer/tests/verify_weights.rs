@@ -3,7 +3,7 @@
 
 use cannon_trainer::model::weights::{legacy_name, load_params};
 use cannon_trainer::model::{
-    Batch, Mistral3, Mistral3Config, ModelError, ParamLayout, Part, Visited, WeightsError,
+    Batch, Exec, Mistral3, Mistral3Config, ModelError, ParamLayout, Part, Visited, WeightsError,
 };
 use safetensors::{serialize, Dtype, View};
 use std::borrow::Cow;
@@ -69,12 +69,13 @@ fn write_checkpoint(tag: &str, tensors: Vec<(String, Raw)>) -> PathBuf {
 
 /// The shared model's tensors, renamed by `name` and stored as `dtype`.
 fn tensors(model: &Mistral3, name: impl Fn(&str) -> String, dtype: Dtype) -> Vec<(String, Raw)> {
+    let host = model.params.to_host(model.exec.stream()).unwrap();
     model
         .params
         .layout
         .slots()
         .map(|(g, s)| {
-            let values = &model.params.data[g][s.range()];
+            let values = &host[g][s.range()];
             let raw = Raw {
                 dtype,
                 shape: s.shape.clone(),
@@ -94,14 +95,16 @@ fn load(dir: &Path) -> Result<Mistral3, ModelError> {
 #[test]
 fn legacy_names_and_half_precision_load() {
     let model = Mistral3::load(&shared_fixture()).unwrap();
+    let st = model.exec.stream();
+    let host = |m: &Mistral3| m.params.to_host(st).unwrap();
     let same = write_checkpoint("legacy", tensors(&model, legacy_name, Dtype::F32));
-    assert_eq!(load(&same).unwrap().params.data, model.params.data);
+    assert_eq!(host(&load(&same).unwrap()), host(&model));
     for (tag, dtype) in [("bf16", Dtype::BF16), ("f16", Dtype::F16)] {
         let dir = write_checkpoint(tag, tensors(&model, |n| n.to_string(), dtype));
-        let loaded = load(&dir).unwrap();
+        let (want_all, got_all) = (host(&model), host(&load(&dir).unwrap()));
         for (g, s) in model.params.layout.slots() {
-            let want = &model.params.data[g][s.range()];
-            let got = &loaded.params.data[g][s.range()];
+            let want = &want_all[g][s.range()];
+            let got = &got_all[g][s.range()];
             for (&w, &x) in want.iter().zip(got) {
                 let r = match dtype {
                     Dtype::BF16 => half::bf16::from_f32(w).to_f32(),
@@ -180,8 +183,12 @@ fn missing_extra_misshaped_and_bad_dtype_tensors_are_named() {
 #[test]
 fn no_checkpoint_is_an_error() {
     let cfg = Mistral3Config::from_file(&shared_fixture().join("config.json")).unwrap();
-    let err = load_params(Path::new("/nonexistent"), ParamLayout::new(&cfg)).unwrap_err();
-    assert!(matches!(err, WeightsError::NoWeights(_)), "{err}");
+    let exec = Exec::cpu();
+    let err = load_params(&exec, Path::new("/nonexistent"), ParamLayout::new(&cfg)).unwrap_err();
+    assert!(
+        matches!(err, ModelError::Weights(WeightsError::NoWeights(_))),
+        "{err}"
+    );
 }
 
 fn shared_batch() -> Batch {
@@ -212,8 +219,12 @@ fn frozen_parts_get_no_gradient_and_run_no_backward() {
     let acts = model.forward::<f32>(&batch).unwrap();
     let layout = &model.params.layout;
     let (lv, lt) = (layout.vision_layers, layout.text_layers);
-    let mut all = model.grads(&[Part::Vision, Part::Projector, Part::Text]);
+    let st = model.exec.stream();
+    let mut all = model
+        .grads(&[Part::Vision, Part::Projector, Part::Text])
+        .unwrap();
     let visited = model.backward(&batch, &acts, &mut all, None).unwrap();
+    let all = all.to_host(st).unwrap();
     let everything = Visited {
         text_layers: lt,
         projector: true,
@@ -223,8 +234,9 @@ fn frozen_parts_get_no_gradient_and_run_no_backward() {
     assert_eq!(visited, everything);
 
     // The default: vision tower and projector frozen. No backward step of theirs runs.
-    let mut text = model.grads(&[Part::Text]);
+    let mut text = model.grads(&[Part::Text]).unwrap();
     let visited = model.backward(&batch, &acts, &mut text, None).unwrap();
+    let text = text.to_host(st).unwrap();
     let text_only = Visited {
         text_layers: lt,
         ..Visited::default()
@@ -232,14 +244,15 @@ fn frozen_parts_get_no_gradient_and_run_no_backward() {
     assert_eq!(visited, text_only);
     for (g, group) in layout.groups.iter().enumerate() {
         match group.part {
-            Part::Text => assert_eq!(text.data[g], all.data[g], "group {g}"),
-            _ => assert!(text.data[g].is_none(), "frozen group {g} has a gradient"),
+            Part::Text => assert_eq!(text[g], all[g], "group {g}"),
+            _ => assert!(text[g].is_none(), "frozen group {g} has a gradient"),
         }
     }
 
     // Only the projector trains: the tower below it is not visited.
-    let mut proj = model.grads(&[Part::Projector]);
+    let mut proj = model.grads(&[Part::Projector]).unwrap();
     let visited = model.backward(&batch, &acts, &mut proj, None).unwrap();
+    let proj = proj.to_host(st).unwrap();
     let to_projector = Visited {
         text_layers: lt,
         projector: true,
@@ -247,19 +260,20 @@ fn frozen_parts_get_no_gradient_and_run_no_backward() {
     };
     assert_eq!(visited, to_projector);
     let g = layout.projector();
-    assert_eq!(proj.data[g], all.data[g]);
+    assert_eq!(proj[g], all[g]);
 
     // Frozen language model, trained vision tower: gradients flow through the frozen text
     // layers into the tower and match the all-trainable run.
-    let mut vision = model.grads(&[Part::Vision]);
+    let mut vision = model.grads(&[Part::Vision]).unwrap();
     let visited = model.backward(&batch, &acts, &mut vision, None).unwrap();
+    let vision = vision.to_host(st).unwrap();
     assert_eq!(visited, everything);
     for g in 0..=lv {
-        assert_eq!(vision.data[g], all.data[g], "vision group {g}");
+        assert_eq!(vision[g], all[g], "vision group {g}");
     }
 
     // Nothing trains and no pixel gradient is asked for: no backward at all below the head.
-    let mut none = model.grads(&[]);
+    let mut none = model.grads(&[]).unwrap();
     let visited = model.backward(&batch, &acts, &mut none, None).unwrap();
     assert_eq!(visited, Visited::default());
 }

@@ -8,7 +8,10 @@
 //! 1e-4; bf16 forward 0.015, gradients and trained parameters 0.04. Independence is exact.
 
 use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use crate::model::{Act, Batch, Images, LossMode, Mistral3, ModelError, Part, Precision};
+use crate::model::{
+    Act, Batch, Images, LossMode, Mistral3, ModelError, Part, Precision, StepMemory,
+};
+use cannon_kernels::Tensor;
 use clap::{Args, ValueEnum};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
@@ -43,6 +46,12 @@ pub enum DeviceArg {
 pub enum DtypeArg {
     F32,
     Bf16,
+}
+
+impl From<cannon_kernels::KernelError> for VerifyError {
+    fn from(e: cannon_kernels::KernelError) -> Self {
+        VerifyError::Model(ModelError::Kernel(e))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -170,6 +179,8 @@ pub struct Row {
 pub struct Report {
     pub rows: Vec<Row>,
     pub notes: Vec<String>,
+    /// The allocator's figures over the checked forward + backward.
+    pub memory: Option<StepMemory>,
 }
 
 impl Report {
@@ -235,6 +246,18 @@ impl Report {
         for n in &self.notes {
             println!("note: {n}");
         }
+        if let Some(m) = &self.memory {
+            let mib = |b: usize| b as f64 / (1 << 20) as f64;
+            println!(
+                "memory: max_allocated {} B ({:.2} MiB), max_reserved {} B ({:.2} MiB), \
+                 {} B allocated before the step",
+                m.max_allocated,
+                mib(m.max_allocated),
+                m.max_reserved,
+                mib(m.max_reserved),
+                m.start_allocated
+            );
+        }
         println!("verify: {} passed, {} failed", self.passed(), self.failed());
     }
 }
@@ -289,29 +312,29 @@ fn verify_as<A: Act>(
     let compute = model;
     let mut report = Report::default();
 
-    // Forward.
+    let st = compute.exec.stream();
+    let host = |t: &Tensor<f32>| t.to_host(st).map_err(ModelError::from);
+
+    // Forward, then backward with everything trainable and the pixel gradient, as the
+    // fixture computed; the allocator's peaks are reset once the gradients exist.
+    let mut grads = compute.grads(&[Part::Vision, Part::Projector, Part::Text])?;
+    let want_pix = !batch.images.is_empty();
+    let mut dpix = compute.exec.zeros(&[batch.images.pixel_values.len()])?;
+    let alloc = compute.exec.allocator();
+    alloc.reset_peak();
+    let start_allocated = alloc.stats().allocated;
     let acts = compute.forward::<A>(&batch)?;
-    if let Some(v) = &acts.vision {
+    if let (Some(v), Some(feats)) = (&acts.vision, acts.image_features()) {
         let (shape, want) = r.get("out.vision_last_hidden")?;
-        report.compare(
-            "out.vision_last_hidden",
-            shape,
-            v.output(),
-            want,
-            tol.forward,
-        );
+        let ours = host(v.output())?;
+        report.compare("out.vision_last_hidden", shape, &ours, want, tol.forward);
         let (shape, want) = r.get("out.image_features")?;
-        report.compare(
-            "out.image_features",
-            shape,
-            acts.image_features(),
-            want,
-            tol.forward,
-        );
+        let ours = host(feats)?;
+        report.compare("out.image_features", shape, &ours, want, tol.forward);
     }
     let (shape, want) = r.get("out.logits")?;
     match acts.logits() {
-        Some(logits) => report.compare("out.logits", shape, logits, want, tol.forward),
+        Some(logits) => report.compare("out.logits", shape, &host(logits)?, want, tol.forward),
         None => report
             .notes
             .push("chunked loss: logits never materialised, not compared".into()),
@@ -319,25 +342,30 @@ fn verify_as<A: Act>(
     let (shape, want) = r.get("out.loss")?;
     report.compare("out.loss", shape, &[acts.loss() as f32], want, tol.forward);
 
-    // Backward with everything trainable and the pixel gradient, as the fixture computed.
-    let mut grads = compute.grads(&[Part::Vision, Part::Projector, Part::Text]);
-    let mut dpix = vec![0.0; batch.images.pixel_values.len()];
-    let want_pix = !batch.images.is_empty();
-    compute.backward(&batch, &acts, &mut grads, want_pix.then_some(&mut dpix[..]))?;
+    compute.backward(&batch, &acts, &mut grads, want_pix.then_some(&mut dpix))?;
+    drop(acts);
+    let stats = alloc.stats();
+    report.memory = Some(StepMemory {
+        start_allocated,
+        max_allocated: stats.peak_allocated,
+        max_reserved: stats.peak_reserved,
+    });
     let layout = &model.params.layout;
     for (name, (shape, want)) in r.tensors.iter() {
         let Some(param) = name.strip_prefix("grad.") else {
             continue;
         };
         if param == "pixel_values" {
-            report.compare(name, shape, &dpix, want, tol.grad);
+            report.compare(name, shape, &host(&dpix)?, want, tol.grad);
             continue;
         }
         let ours = grads.get(layout, param).ok_or_else(|| {
             VerifyError::Unusable(format!("reference gradient {name} names no parameter"))
         })?;
-        report.compare(name, shape, ours, want, tol.grad);
+        let ours = ours.clone_dtoh(st).map_err(ModelError::from)?;
+        report.compare(name, shape, &ours, want, tol.grad);
     }
+    drop((grads, dpix));
 
     independence::<A>(compute, &batch, &mut report)?;
 
@@ -374,7 +402,8 @@ fn verify_as<A: Act>(
             let ours = trained.params.get(param).ok_or_else(|| {
                 VerifyError::Unusable(format!("reference tensor {name} names no parameter"))
             })?;
-            report.compare(name, shape, ours, want, tol.trained);
+            let ours = ours.clone_dtoh(st).map_err(ModelError::from)?;
+            report.compare(name, shape, &ours, want, tol.trained);
         }
     } else {
         report.notes.push(format!(
@@ -400,13 +429,18 @@ fn independence<A: Act>(
         return Ok(());
     }
     let cfg = &model.cfg;
+    let ex = &model.exec;
+    let st = ex.stream();
     let run = |images: &Images| -> Result<_, VerifyError> {
-        let v = crate::model::pixtral::forward::<A>(cfg, &model.params, images)?;
-        let p = crate::model::projector::forward(cfg, &model.params, &v.grid, v.output())
+        let v = crate::model::pixtral::forward::<A>(ex, cfg, &model.params, images)?;
+        let x = v.output().view();
+        let p = crate::model::projector::forward(ex, cfg, &model.params, &v.grid, &x)
             .map_err(ModelError::from)?;
         Ok((v, p))
     };
+    let host = |t: &Tensor<f32>| t.to_host(st).map_err(ModelError::from);
     let (v0, p0) = run(img)?;
+    let (out0, feat0) = (host(v0.output())?, host(&p0.out)?);
     let dv = cfg.vision_config.hidden_size;
     let d = cfg.text_config.hidden_size;
     let patch_ends = v0.grid.cu_seqlens.clone();
@@ -438,26 +472,29 @@ fn independence<A: Act>(
             *x = -*x + 0.5;
         }
         let (v1, p1) = run(&perturbed)?;
+        let (out1, feat1) = (host(v1.output())?, host(&p1.out)?);
         for i in (0..img.len()).filter(|&i| i != j) {
             let s = span(&patch_ends, i);
             let (a, b) = (
-                &v0.output()[s.start * dv..s.end * dv],
-                &v1.output()[s.start * dv..s.end * dv],
+                &out0[s.start * dv..s.end * dv],
+                &out1[s.start * dv..s.end * dv],
             );
             out_diff = out_diff.max(max_diff(a, b));
             let s = span(&feat_ends, i);
             feat_diff = feat_diff.max(max_diff(
-                &p0.out[s.start * d..s.end * d],
-                &p1.out[s.start * d..s.end * d],
+                &feat0[s.start * d..s.end * d],
+                &feat1[s.start * d..s.end * d],
             ));
         }
         // d(sum of image j's features) / d(pixels of the other images) must be exactly 0.
-        let mut dfeat = vec![0.0; p0.out.len()];
+        let mut dfeat = vec![0.0f32; feat0.len()];
         let s = span(&feat_ends, j);
         dfeat[s.start * d..s.end * d].fill(1.0);
-        let mut grads = model.grads(&[]);
-        let mut dpix = vec![0.0; img.pixel_values.len()];
-        model.backward_images(batch, &v0, &p0, &dfeat, &mut grads, Some(&mut dpix))?;
+        let dfeat = ex.upload(&dfeat, p0.out.shape())?;
+        let mut grads = model.grads(&[])?;
+        let mut dpix = ex.zeros(&[img.pixel_values.len()])?;
+        model.backward_images(batch, &v0, &p0, dfeat, &mut grads, Some(&mut dpix))?;
+        let dpix = host(&dpix)?;
         for i in (0..img.len()).filter(|&i| i != j) {
             let other = &dpix[i * img.image_len()..][..img.image_len()];
             grad_leak = grad_leak.max(other.iter().map(|x| x.abs() as f64).fold(0.0, f64::max));
@@ -595,18 +632,20 @@ pub fn train_steps<A: Act>(
         .into_iter()
         .filter(|p| !frozen.contains(p))
         .collect();
-    let mut master = model.clone();
-    let mut grads = master.grads(&trainable);
-    let mut opt = AdamW::new(adamw, &grads);
+    let mut master = model.try_clone()?;
+    let mut grads = master.grads(&trainable)?;
+    let mut opt = AdamW::new(&master.exec, adamw, &grads)?;
     let (mut losses, mut norms) = (Vec::new(), Vec::new());
+    let st = master.exec.stream();
     for _ in 0..steps {
         let acts = master.forward::<A>(batch)?;
-        grads.zero();
+        grads.zero(st)?;
         master.backward(batch, &acts, &mut grads, None)?;
         let kernel = |e| VerifyError::Model(ModelError::Kernel(e));
-        norms.push(clip_grad_norm(&mut grads, max_norm).map_err(kernel)?);
+        norms.push(clip_grad_norm(st, &mut grads, max_norm).map_err(kernel)?);
         losses.push(acts.loss());
-        opt.update(&mut master.params, &grads, adamw.lr)
+        drop(acts);
+        opt.update(st, &mut master.params, &grads, adamw.lr)
             .map_err(kernel)?;
     }
     Ok((losses, norms, master))

@@ -1,5 +1,6 @@
 //! One pre-norm transformer block, shared by Pixtral and Mistral (they differ only in sizes,
-//! the attention mask, the RoPE table and the MLP gate activation), on `cannon_kernels` ops:
+//! the attention mask, the RoPE table and the MLP gate activation), on `cannon_kernels`
+//! device-level ops:
 //!
 //! ```text
 //! ln1 = rmsnorm(x)                                   [T,D]        x: the f32 residual
@@ -11,15 +12,24 @@
 //! out = mid + h Wdown^T                              [T,D]
 //! ```
 //!
-//! Forward saves what backward needs in [`BlockActs`]: the inputs of GEMMs and of the
-//! attention in activation storage `A` (bf16 in a bf16 run), GEMM outputs, residuals and norm
-//! statistics in f32. [`block_backward`] is the same list read bottom-up.
+//! Forward saves what backward needs in [`BlockActs`] (device tensors): the inputs of GEMMs
+//! and of the attention in activation storage `A` (bf16 in a bf16 run), GEMM outputs,
+//! residuals and norm statistics in f32. [`block_backward`] is the same list read bottom-up.
+//! The f32 working tensors of a pass ([`FwdScratch`], [`BwdScratch`]) are sized for T tokens
+//! and reused layer after layer; `memory` sizes all of them.
 
 use super::config::GateAct;
-use super::ops::{self, add_into, linear, linear_back, linear_back_act, store, Act};
-use cannon_kernels::attention::{self, Qkv, QkvGrad, VarlenAttention};
-use cannon_kernels::rope::{self, RopeTable};
-use cannon_kernels::{gelu, rmsnorm, swiglu, KernelError};
+use super::exec::Exec;
+use super::ops::{add_into, copy, linear, linear_back, linear_back_act, store, Act};
+use super::params::GroupGrad;
+use cannon_kernels::attention::device::{QkvBuf, QkvGradBuf};
+use cannon_kernels::attention::VarlenAttention;
+use cannon_kernels::rope::RopeTable;
+use cannon_kernels::{attention, elementwise, gelu, rmsnorm, rope, swiglu, KernelError, Tensor};
+use cannon_runtime::{BufferView, BufferViewMut, Stream};
+use std::ops::Range;
+
+type Result<T> = std::result::Result<T, KernelError>;
 
 /// The sizes and flavour of a block.
 #[derive(Clone, Copy, Debug)]
@@ -35,85 +45,78 @@ pub struct BlockDims {
 }
 
 impl BlockDims {
-    fn dq(&self) -> usize {
+    pub fn dq(&self) -> usize {
         self.q_heads * self.head_dim
     }
 
-    fn dkv(&self) -> usize {
+    pub fn dkv(&self) -> usize {
         self.kv_heads * self.head_dim
     }
 }
 
-/// A block's weights (views into its layer's flat group); shapes `[out, in]`.
-#[derive(Clone, Copy, Debug)]
-pub struct BlockWeights<'a> {
-    pub attn_norm: &'a [f32],
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-    pub o: &'a [f32],
-    pub mlp_norm: &'a [f32],
-    pub gate: &'a [f32],
-    pub up: &'a [f32],
-    pub down: &'a [f32],
+/// A block's nine tensors: weights (`BufferView`s into the layer's group) or their element
+/// ranges in the group (`Range<usize>`, to window the gradient); shapes `[out, in]`.
+#[derive(Clone, Debug)]
+pub struct BlockParams<T> {
+    pub attn_norm: T,
+    pub q: T,
+    pub k: T,
+    pub v: T,
+    pub o: T,
+    pub mlp_norm: T,
+    pub gate: T,
+    pub up: T,
+    pub down: T,
 }
 
-/// Gradient buffers of a block, laid out like [`BlockWeights`] (accumulated into).
-#[derive(Debug)]
-pub struct BlockGrads<'a> {
-    pub attn_norm: &'a mut [f32],
-    pub q: &'a mut [f32],
-    pub k: &'a mut [f32],
-    pub v: &'a mut [f32],
-    pub o: &'a mut [f32],
-    pub mlp_norm: &'a mut [f32],
-    pub gate: &'a mut [f32],
-    pub up: &'a mut [f32],
-    pub down: &'a mut [f32],
-}
+/// A block's weights.
+pub type BlockWeights<'a> = BlockParams<BufferView<'a, f32>>;
+
+/// A block's gradient group (accumulated into), windowed per tensor.
+pub type BlockGrads<'a> = GroupGrad<'a, BlockParams<Range<usize>>>;
 
 /// What the forward of one block saves for T tokens (the block input `x` is the caller's).
-#[derive(Clone, Debug, Default)]
-pub struct BlockActs<A> {
-    pub rstd1: Vec<f32>, // [T]
-    pub ln1: Vec<A>,     // [T,D]
-    pub q: Vec<A>,       // [T,Hq*Hd] after RoPE
-    pub k: Vec<A>,       // [T,Hkv*Hd] after RoPE
-    pub v: Vec<A>,       // [T,Hkv*Hd]
-    pub att: Vec<A>,     // [T,Hq*Hd]
-    pub lse: Vec<f32>,   // [T,Hq]
-    pub mid: Vec<f32>,   // [T,D]
-    pub rstd2: Vec<f32>, // [T]
-    pub ln2: Vec<A>,     // [T,D]
-    pub gate: Vec<f32>,  // [T,I]
-    pub up: Vec<f32>,    // [T,I]
-    pub h: Vec<A>,       // [T,I]
+#[derive(Debug)]
+pub struct BlockActs<A: bytemuck::Pod> {
+    pub rstd1: Tensor<f32>, // [T]
+    pub ln1: Tensor<A>,     // [T,D]
+    pub q: Tensor<A>,       // [T,Hq*Hd] after RoPE
+    pub k: Tensor<A>,       // [T,Hkv*Hd] after RoPE
+    pub v: Tensor<A>,       // [T,Hkv*Hd]
+    pub att: Tensor<A>,     // [T,Hq*Hd]
+    pub lse: Tensor<f32>,   // [T,Hq]
+    pub mid: Tensor<f32>,   // [T,D]
+    pub rstd2: Tensor<f32>, // [T]
+    pub ln2: Tensor<A>,     // [T,D]
+    pub gate: Tensor<f32>,  // [T,I]
+    pub up: Tensor<f32>,    // [T,I]
+    pub h: Tensor<A>,       // [T,I]
 }
 
 impl<A: Act> BlockActs<A> {
-    /// Buffers for `t` tokens, planned from the sizes.
-    pub fn new(dims: &BlockDims, t: usize) -> Self {
-        let z = ops::zeros::<A>;
-        BlockActs {
-            rstd1: vec![0.0; t],
-            ln1: z(t * dims.d),
-            q: z(t * dims.dq()),
-            k: z(t * dims.dkv()),
-            v: z(t * dims.dkv()),
-            att: z(t * dims.dq()),
-            lse: vec![0.0; t * dims.q_heads],
-            mid: vec![0.0; t * dims.d],
-            rstd2: vec![0.0; t],
-            ln2: z(t * dims.d),
-            gate: vec![0.0; t * dims.inter],
-            up: vec![0.0; t * dims.inter],
-            h: z(t * dims.inter),
-        }
+    /// Tensors for `t` tokens, planned from the sizes (the forward overwrites all of them).
+    pub fn new(exec: &Exec, dims: &BlockDims, t: usize) -> Result<Self> {
+        let (d, dq, dkv, i) = (dims.d, dims.dq(), dims.dkv(), dims.inter);
+        Ok(BlockActs {
+            rstd1: exec.empty(&[t])?,
+            ln1: exec.empty(&[t, d])?,
+            q: exec.empty(&[t, dq])?,
+            k: exec.empty(&[t, dkv])?,
+            v: exec.empty(&[t, dkv])?,
+            att: exec.empty(&[t, dq])?,
+            lse: exec.empty(&[t, dims.q_heads])?,
+            mid: exec.empty(&[t, d])?,
+            rstd2: exec.empty(&[t])?,
+            ln2: exec.empty(&[t, d])?,
+            gate: exec.empty(&[t, i])?,
+            up: exec.empty(&[t, i])?,
+            h: exec.empty(&[t, i])?,
+        })
     }
 }
 
 /// What a block's position-dependent parts need: the RoPE table with each token's slot, and
-/// the sequence boundaries.
+/// the sequence boundaries (host data, by the kernels' convention).
 #[derive(Clone, Copy, Debug)]
 pub struct BlockCtx<'a> {
     pub dims: BlockDims,
@@ -139,200 +142,350 @@ impl BlockCtx<'_> {
     }
 }
 
-/// f32 working buffers of a block, sized for T tokens and reused layer after layer by the
-/// forward and the backward; the `A` ones hold the attention's gradients.
-#[derive(Debug, Default)]
-pub struct BlockScratch<A> {
-    dn: Vec<f32>,      // [T,D]     norm output, then its gradient
-    dmid: Vec<f32>,    // [T,D]
-    q: Vec<f32>,       // [T,Hq*Hd] q before storage, then d att
-    k: Vec<f32>,       // [T,Hkv*Hd]
-    v: Vec<f32>,       // [T,Hkv*Hd]
-    h: Vec<f32>,       // [T,I]     h before storage, then d h
-    tmp: Vec<f32>,     // [T,I]     GELU-gate composition
-    dgate: Vec<f32>,   // [T,I]
-    dup: Vec<f32>,     // [T,I]
-    datt: Vec<A>,      // [T,Hq*Hd]
-    dq: Vec<A>,        // [T,Hq*Hd]
-    dk: Vec<A>,        // [T,Hkv*Hd]
-    dv: Vec<A>,        // [T,Hkv*Hd]
-    dw_sink: Vec<f32>, // [D]     norm weight gradient of a frozen block
+/// f32 working tensors of the forward, sized for T tokens and reused by every layer.
+#[derive(Debug)]
+pub struct FwdScratch {
+    n: Tensor<f32>,           // [T,D]     norm output before storage
+    q: Tensor<f32>,           // [T,Hq*Hd]
+    k: Tensor<f32>,           // [T,Hkv*Hd]
+    v: Tensor<f32>,           // [T,Hkv*Hd]
+    h: Tensor<f32>,           // [T,I]     h before storage
+    tmp: Option<Tensor<f32>>, // [T,I]     gelu(gate), GELU gate only
 }
 
-impl<A: Act> BlockScratch<A> {
-    pub fn new(dims: &BlockDims, t: usize) -> Self {
-        let z = |n: usize| vec![0.0f32; n];
-        let (nd, nq, nkv, ni) = (t * dims.d, t * dims.dq(), t * dims.dkv(), t * dims.inter);
-        BlockScratch {
-            dn: z(nd),
-            dmid: z(nd),
-            q: z(nq),
-            k: z(nkv),
-            v: z(nkv),
-            h: z(ni),
-            tmp: z(ni),
-            dgate: z(ni),
-            dup: z(ni),
-            datt: ops::zeros(nq),
-            dq: ops::zeros(nq),
-            dk: ops::zeros(nkv),
-            dv: ops::zeros(nkv),
-            dw_sink: z(dims.d),
-        }
+impl FwdScratch {
+    pub fn new(exec: &Exec, dims: &BlockDims, t: usize) -> Result<Self> {
+        let (d, dq, dkv, i) = (dims.d, dims.dq(), dims.dkv(), dims.inter);
+        Ok(FwdScratch {
+            n: exec.empty(&[t, d])?,
+            q: exec.empty(&[t, dq])?,
+            k: exec.empty(&[t, dkv])?,
+            v: exec.empty(&[t, dkv])?,
+            h: exec.empty(&[t, i])?,
+            tmp: gelu_tmp(exec, dims, t)?,
+        })
+    }
+}
+
+fn gelu_tmp(exec: &Exec, dims: &BlockDims, t: usize) -> Result<Option<Tensor<f32>>> {
+    match dims.act {
+        GateAct::Gelu => Ok(Some(exec.empty(&[t, dims.inter])?)),
+        GateAct::Silu => Ok(None),
+    }
+}
+
+/// Working tensors of the backward, sized for T tokens and reused by every layer; the `A`
+/// ones hold the attention's gradients.
+#[derive(Debug)]
+pub struct BwdScratch<A: bytemuck::Pod> {
+    dn: Tensor<f32>,          // [T,D]      d of a norm output
+    dmid: Tensor<f32>,        // [T,D]
+    datt32: Tensor<f32>,      // [T,Hq*Hd]  d att before storage
+    dh: Tensor<f32>,          // [T,I]
+    dgate: Tensor<f32>,       // [T,I]
+    dup: Tensor<f32>,         // [T,I]
+    tmp: Option<Tensor<f32>>, // [T,I]      GELU gate only
+    datt: Tensor<A>,          // [T,Hq*Hd]
+    dq: Tensor<A>,            // [T,Hq*Hd]
+    dk: Tensor<A>,            // [T,Hkv*Hd]
+    dv: Tensor<A>,            // [T,Hkv*Hd]
+    /// `[D]` norm weight gradient of a frozen block (and of a frozen final norm).
+    pub dw_sink: Tensor<f32>,
+}
+
+impl<A: Act> BwdScratch<A> {
+    pub fn new(exec: &Exec, dims: &BlockDims, t: usize) -> Result<Self> {
+        let (d, dq, dkv, i) = (dims.d, dims.dq(), dims.dkv(), dims.inter);
+        Ok(BwdScratch {
+            dn: exec.empty(&[t, d])?,
+            dmid: exec.empty(&[t, d])?,
+            datt32: exec.empty(&[t, dq])?,
+            dh: exec.empty(&[t, i])?,
+            dgate: exec.empty(&[t, i])?,
+            dup: exec.empty(&[t, i])?,
+            tmp: gelu_tmp(exec, dims, t)?,
+            datt: exec.empty(&[t, dq])?,
+            dq: exec.empty(&[t, dq])?,
+            dk: exec.empty(&[t, dkv])?,
+            dv: exec.empty(&[t, dkv])?,
+            dw_sink: exec.empty(&[d])?,
+        })
+    }
+}
+
+fn missing_tmp() -> KernelError {
+    KernelError::InvalidArgument {
+        op: "block",
+        detail: "GELU gate without its scratch tensor".into(),
     }
 }
 
 /// `out[T,D] = block(x[T,D])`, saving activations in `a`.
 pub fn block_forward<A: Act>(
+    st: &Stream,
     c: &BlockCtx,
     w: &BlockWeights,
     a: &mut BlockActs<A>,
-    s: &mut BlockScratch<A>,
-    x: &[f32],
-    out: &mut [f32],
-) -> Result<(), KernelError> {
+    s: &mut FwdScratch,
+    x: &BufferView<'_, f32>,
+    out: &mut BufferViewMut<'_, f32>,
+) -> Result<()> {
     let d = c.dims;
     let (dm, dq, dkv) = (d.d, d.dq(), d.dkv());
-    rmsnorm::rmsnorm_forward(&mut s.dn, &mut a.rstd1, x, w.attn_norm, dm, d.eps)?;
-    store(&s.dn, &mut a.ln1)?;
-    linear(&mut s.q, &a.ln1, w.q, dm, dq)?;
-    linear(&mut s.k, &a.ln1, w.k, dm, dkv)?;
-    linear(&mut s.v, &a.ln1, w.v, dm, dkv)?;
-    rope::rope_forward(&mut s.q, d.q_heads, c.rope, c.pos)?;
-    rope::rope_forward(&mut s.k, d.kv_heads, c.rope, c.pos)?;
-    store(&s.q, &mut a.q)?;
-    store(&s.k, &mut a.k)?;
-    store(&s.v, &mut a.v)?;
-    let qkv = Qkv {
-        q: &a.q[..],
-        k: &a.k[..],
-        v: &a.v[..],
+    let mut rstd1 = a.rstd1.view_mut();
+    rmsnorm::device::forward(
+        st,
+        &mut s.n.view_mut(),
+        &mut rstd1,
+        x,
+        &w.attn_norm,
+        dm,
+        d.eps,
+    )?;
+    store(st, &s.n.view(), &mut a.ln1.view_mut())?;
+    let ln1 = a.ln1.view();
+    linear(st, &mut s.q.view_mut(), &ln1, &w.q, dm, dq)?;
+    linear(st, &mut s.k.view_mut(), &ln1, &w.k, dm, dkv)?;
+    linear(st, &mut s.v.view_mut(), &ln1, &w.v, dm, dkv)?;
+    rope::device::forward(st, &mut s.q.view_mut(), d.q_heads, c.rope, c.pos)?;
+    rope::device::forward(st, &mut s.k.view_mut(), d.kv_heads, c.rope, c.pos)?;
+    store(st, &s.q.view(), &mut a.q.view_mut())?;
+    store(st, &s.k.view(), &mut a.k.view_mut())?;
+    store(st, &s.v.view(), &mut a.v.view_mut())?;
+    let (q, k, v) = (a.q.view(), a.k.view(), a.v.view());
+    let qkv = QkvBuf {
+        q: &q,
+        k: &k,
+        v: &v,
     };
-    attention::forward(&c.attn(), qkv, &mut a.att, &mut a.lse)?;
-    linear(&mut a.mid, &a.att, w.o, dq, dm)?;
-    add_into(&mut a.mid, x);
+    let (mut att, mut lse) = (a.att.view_mut(), a.lse.view_mut());
+    attention::device::forward(st, &c.attn(), qkv, &mut att, &mut lse)?;
+    linear(st, &mut a.mid.view_mut(), &a.att.view(), &w.o, dq, dm)?;
+    add_into(st, &mut a.mid.view_mut(), x)?;
 
-    rmsnorm::rmsnorm_forward(&mut s.dn, &mut a.rstd2, &a.mid, w.mlp_norm, dm, d.eps)?;
-    store(&s.dn, &mut a.ln2)?;
-    linear(&mut a.gate, &a.ln2, w.gate, dm, d.inter)?;
-    linear(&mut a.up, &a.ln2, w.up, dm, d.inter)?;
-    gated_forward(d.act, &a.gate, &a.up, &mut s.h, &mut s.tmp)?;
-    store(&s.h, &mut a.h)?;
-    linear(out, &a.h, w.down, d.inter, dm)?;
-    add_into(out, &a.mid);
-    Ok(())
+    let (mid, mut rstd2) = (a.mid.view(), a.rstd2.view_mut());
+    rmsnorm::device::forward(
+        st,
+        &mut s.n.view_mut(),
+        &mut rstd2,
+        &mid,
+        &w.mlp_norm,
+        dm,
+        d.eps,
+    )?;
+    store(st, &s.n.view(), &mut a.ln2.view_mut())?;
+    let ln2 = a.ln2.view();
+    linear(st, &mut a.gate.view_mut(), &ln2, &w.gate, dm, d.inter)?;
+    linear(st, &mut a.up.view_mut(), &ln2, &w.up, dm, d.inter)?;
+    gated_forward(st, d.act, &a.gate, &a.up, &mut s.h, s.tmp.as_mut())?;
+    store(st, &s.h.view(), &mut a.h.view_mut())?;
+    linear(st, out, &a.h.view(), &w.down, d.inter, dm)?;
+    add_into(st, out, &a.mid.view())
 }
 
 /// `h[T,I] = act(gate) * up` in f32 (overwrites h). SiLU is the swiglu kernel; the GELU gate
-/// (Pixtral's default `hidden_act`) is composed from the gelu kernel and a product.
+/// (Pixtral's default `hidden_act`) is the gelu kernel and an elementwise product.
 fn gated_forward(
+    st: &Stream,
     act: GateAct,
-    gate: &[f32],
-    up: &[f32],
-    h: &mut [f32],
-    tmp: &mut [f32],
-) -> Result<(), KernelError> {
+    gate: &Tensor<f32>,
+    up: &Tensor<f32>,
+    h: &mut Tensor<f32>,
+    tmp: Option<&mut Tensor<f32>>,
+) -> Result<()> {
     match act {
-        GateAct::Silu => swiglu::swiglu_forward(h, gate, up),
+        GateAct::Silu => swiglu::device::forward(st, &mut h.view_mut(), &gate.view(), &up.view()),
         GateAct::Gelu => {
-            gelu::gelu_forward(tmp, gate)?;
-            for ((h, &g), &u) in h.iter_mut().zip(tmp.iter()).zip(up) {
-                *h = g * u;
-            }
-            Ok(())
+            let tmp = tmp.ok_or_else(missing_tmp)?;
+            gelu::device::forward(st, &mut tmp.view_mut(), &gate.view())?;
+            elementwise::device::product(st, &mut h.view_mut(), &tmp.view(), &up.view())
         }
     }
 }
 
 /// Backward of [`gated_forward`]: OVERWRITES `dgate`, `dup` from `dh`.
 fn gated_backward(
+    st: &Stream,
     act: GateAct,
-    gate: &[f32],
-    up: &[f32],
-    dh: &[f32],
-    s: (&mut [f32], &mut [f32], &mut [f32]),
-) -> Result<(), KernelError> {
-    let (dgate, dup, tmp) = s;
-    dgate.fill(0.0);
-    dup.fill(0.0);
+    (gate, up, dh): (&Tensor<f32>, &Tensor<f32>, &Tensor<f32>),
+    dgate: &mut Tensor<f32>,
+    dup: &mut Tensor<f32>,
+    tmp: Option<&mut Tensor<f32>>,
+) -> Result<()> {
+    dgate.zero(st)?;
     match act {
-        GateAct::Silu => swiglu::swiglu_backward(dgate, dup, dh, gate, up),
+        GateAct::Silu => {
+            dup.zero(st)?;
+            let (mut dg, mut du) = (dgate.view_mut(), dup.view_mut());
+            swiglu::device::backward(st, &mut dg, &mut du, &dh.view(), &gate.view(), &up.view())
+        }
         GateAct::Gelu => {
-            // d up = dh gelu(gate);  d gate = gelu'(gate) (dh up)
-            gelu::gelu_forward(dup, gate)?;
-            for (((du, t), &g), &u) in dup.iter_mut().zip(tmp.iter_mut()).zip(dh).zip(up) {
-                *du *= g;
-                *t = g * u;
-            }
-            gelu::gelu_backward(dgate, tmp, gate)
+            // d up = gelu(gate) dh;  d gate = gelu'(gate) (dh up)
+            let tmp = tmp.ok_or_else(missing_tmp)?;
+            gelu::device::forward(st, &mut dup.view_mut(), &gate.view())?;
+            elementwise::device::scale_by(st, &mut dup.view_mut(), &dh.view())?;
+            elementwise::device::product(st, &mut tmp.view_mut(), &dh.view(), &up.view())?;
+            gelu::device::backward(st, &mut dgate.view_mut(), &tmp.view(), &gate.view())
         }
     }
+}
+
+/// The window of `g` that `pick` names, or `sink` for a frozen block.
+fn norm_grad<'a>(
+    g: Option<&'a mut BlockGrads<'_>>,
+    pick: fn(&BlockParams<Range<usize>>) -> &Range<usize>,
+    sink: &'a mut Tensor<f32>,
+) -> Result<BufferViewMut<'a, f32>> {
+    match g {
+        Some(g) => g.win(pick),
+        None => Ok(sink.view_mut()),
+    }
+}
+
+/// The window of `g` that `pick` names (None for a frozen block).
+fn weight_grad<'a>(
+    g: &'a mut Option<BlockGrads<'_>>,
+    pick: fn(&BlockParams<Range<usize>>) -> &Range<usize>,
+) -> Result<Option<BufferViewMut<'a, f32>>> {
+    g.as_mut().map(|g| g.win(pick)).transpose()
 }
 
 /// Backward of [`block_forward`]: from `dout[T,D]` OVERWRITES `dx[T,D]` and accumulates the
 /// weight gradients into `g` (None: a frozen block, only `dx` is computed).
 #[allow(clippy::too_many_arguments)]
 pub fn block_backward<A: Act>(
+    st: &Stream,
     c: &BlockCtx,
     w: &BlockWeights,
     mut g: Option<BlockGrads>,
     a: &BlockActs<A>,
-    s: &mut BlockScratch<A>,
-    x: &[f32],
-    dout: &[f32],
-    dx: &mut [f32],
-) -> Result<(), KernelError> {
+    s: &mut BwdScratch<A>,
+    x: &BufferView<'_, f32>,
+    dout: &BufferView<'_, f32>,
+    dx: &mut BufferViewMut<'_, f32>,
+) -> Result<()> {
     let d = c.dims;
     let (dm, dq, dkv, di) = (d.d, d.dq(), d.dkv(), d.inter);
     // out = mid + h Wdown^T
-    s.h.fill(0.0);
-    let gw = g.as_mut().map(|g| &mut *g.down);
-    linear_back(Some(&mut s.h), gw, dout, &a.h, w.down, di, dm)?;
+    s.dh.zero(st)?;
+    let gw = weight_grad(&mut g, |r| &r.down)?;
+    linear_back(
+        st,
+        Some(s.dh.view_mut()),
+        gw,
+        dout,
+        &a.h.view(),
+        &w.down,
+        di,
+        dm,
+    )?;
     // h = act(gate) * up;  gate, up = ln2 Wgate^T, ln2 Wup^T
-    let tmp = (&mut s.dgate[..], &mut s.dup[..], &mut s.tmp[..]);
-    gated_backward(d.act, &a.gate, &a.up, &s.h, tmp)?;
-    s.dn.fill(0.0);
-    let gw = g.as_mut().map(|g| &mut *g.gate);
-    linear_back(Some(&mut s.dn), gw, &s.dgate, &a.ln2, w.gate, dm, di)?;
-    let gw = g.as_mut().map(|g| &mut *g.up);
-    linear_back(Some(&mut s.dn), gw, &s.dup, &a.ln2, w.up, dm, di)?;
+    let saved = (&a.gate, &a.up, &s.dh);
+    gated_backward(st, d.act, saved, &mut s.dgate, &mut s.dup, s.tmp.as_mut())?;
+    s.dn.zero(st)?;
+    let ln2 = a.ln2.view();
+    let gw = weight_grad(&mut g, |r| &r.gate)?;
+    linear_back(
+        st,
+        Some(s.dn.view_mut()),
+        gw,
+        &s.dgate.view(),
+        &ln2,
+        &w.gate,
+        dm,
+        di,
+    )?;
+    let gw = weight_grad(&mut g, |r| &r.up)?;
+    linear_back(
+        st,
+        Some(s.dn.view_mut()),
+        gw,
+        &s.dup.view(),
+        &ln2,
+        &w.up,
+        dm,
+        di,
+    )?;
     // ln2 = rmsnorm(mid)
-    s.dmid.copy_from_slice(dout);
-    let gw = g.as_mut().map_or(&mut s.dw_sink[..], |g| &mut *g.mlp_norm);
-    rmsnorm::rmsnorm_backward(&mut s.dmid, gw, &s.dn, &a.mid, w.mlp_norm, &a.rstd2, dm)?;
+    copy(st, &mut s.dmid.view_mut(), dout)?;
+    let mut gw = norm_grad(g.as_mut(), |r| &r.mlp_norm, &mut s.dw_sink)?;
+    let (dn, mid, rstd2) = (s.dn.view(), a.mid.view(), a.rstd2.view());
+    let mut dmid = s.dmid.view_mut();
+    rmsnorm::device::backward(st, &mut dmid, &mut gw, &dn, &mid, &w.mlp_norm, &rstd2, dm)?;
 
     // mid = x + att Wo^T
-    s.q.fill(0.0);
-    let gw = g.as_mut().map(|g| &mut *g.o);
-    linear_back(Some(&mut s.q), gw, &s.dmid, &a.att, w.o, dq, dm)?;
-    store(&s.q, &mut s.datt)?;
+    s.datt32.zero(st)?;
+    let gw = weight_grad(&mut g, |r| &r.o)?;
+    let dmid = s.dmid.view();
+    linear_back(
+        st,
+        Some(s.datt32.view_mut()),
+        gw,
+        &dmid,
+        &a.att.view(),
+        &w.o,
+        dq,
+        dm,
+    )?;
+    store(st, &s.datt32.view(), &mut s.datt.view_mut())?;
     // att = attention(rope(q), rope(k), v)
-    let qkv = Qkv {
-        q: &a.q[..],
-        k: &a.k[..],
-        v: &a.v[..],
+    let (q, k, v) = (a.q.view(), a.k.view(), a.v.view());
+    let qkv = QkvBuf {
+        q: &q,
+        k: &k,
+        v: &v,
     };
-    let grads = QkvGrad {
-        dq: &mut s.dq[..],
-        dk: &mut s.dk[..],
-        dv: &mut s.dv[..],
+    let (mut gq, mut gk, mut gv) = (s.dq.view_mut(), s.dk.view_mut(), s.dv.view_mut());
+    let grads = QkvGradBuf {
+        dq: &mut gq,
+        dk: &mut gk,
+        dv: &mut gv,
     };
-    attention::backward(&c.attn(), qkv, &a.att, &a.lse, &s.datt, grads)?;
-    rope::rope_backward(&mut s.dq, d.q_heads, c.rope, c.pos)?;
-    rope::rope_backward(&mut s.dk, d.kv_heads, c.rope, c.pos)?;
+    let (att, lse, datt) = (a.att.view(), a.lse.view(), s.datt.view());
+    attention::device::backward(st, &c.attn(), qkv, &att, &lse, &datt, grads)?;
+    rope::device::backward(st, &mut s.dq.view_mut(), d.q_heads, c.rope, c.pos)?;
+    rope::device::backward(st, &mut s.dk.view_mut(), d.kv_heads, c.rope, c.pos)?;
     // q, k, v = ln1 W^T
-    s.dn.fill(0.0);
-    let gw = g.as_mut().map(|g| &mut *g.q);
-    linear_back_act(Some(&mut s.dn), gw, &s.dq, &a.ln1, w.q, dm, dq)?;
-    let gw = g.as_mut().map(|g| &mut *g.k);
-    linear_back_act(Some(&mut s.dn), gw, &s.dk, &a.ln1, w.k, dm, dkv)?;
-    let gw = g.as_mut().map(|g| &mut *g.v);
-    linear_back_act(Some(&mut s.dn), gw, &s.dv, &a.ln1, w.v, dm, dkv)?;
+    s.dn.zero(st)?;
+    let ln1 = a.ln1.view();
+    let gw = weight_grad(&mut g, |r| &r.q)?;
+    linear_back_act(
+        st,
+        Some(s.dn.view_mut()),
+        gw,
+        &s.dq.view(),
+        &ln1,
+        &w.q,
+        dm,
+        dq,
+    )?;
+    let gw = weight_grad(&mut g, |r| &r.k)?;
+    linear_back_act(
+        st,
+        Some(s.dn.view_mut()),
+        gw,
+        &s.dk.view(),
+        &ln1,
+        &w.k,
+        dm,
+        dkv,
+    )?;
+    let gw = weight_grad(&mut g, |r| &r.v)?;
+    linear_back_act(
+        st,
+        Some(s.dn.view_mut()),
+        gw,
+        &s.dv.view(),
+        &ln1,
+        &w.v,
+        dm,
+        dkv,
+    )?;
     // ln1 = rmsnorm(x)
-    dx.copy_from_slice(&s.dmid);
-    let gw = g.as_mut().map_or(&mut s.dw_sink[..], |g| &mut *g.attn_norm);
-    rmsnorm::rmsnorm_backward(dx, gw, &s.dn, x, w.attn_norm, &a.rstd1, dm)?;
-    Ok(())
+    copy(st, dx, &s.dmid.view())?;
+    let mut gw = norm_grad(g.as_mut(), |r| &r.attn_norm, &mut s.dw_sink)?;
+    let (dn, rstd1) = (s.dn.view(), a.rstd1.view());
+    rmsnorm::device::backward(st, dx, &mut gw, &dn, x, &w.attn_norm, &rstd1, dm)
 }
 
 #[cfg(test)]
@@ -344,18 +497,23 @@ mod tests {
     /// differences with step 1e-2 on O(1) inputs are good to ~1e-4 relative; the bar is 1e-3.
     #[test]
     fn gated_backward_matches_finite_differences() {
+        let exec = Exec::cpu();
+        let st = exec.stream();
         let n = 64;
         let val = |i: usize, k: f32| (i as f32 * k).sin() * 2.5;
         let gate: Vec<f32> = (0..n).map(|i| val(i, 0.37)).collect();
         let up: Vec<f32> = (0..n).map(|i| val(i, 0.71)).collect();
         let dh: Vec<f32> = (0..n).map(|i| val(i, 1.13)).collect();
+        let t = |v: &[f32]| exec.upload(v, &[v.len()]).unwrap();
+        let (gt, ut, dht) = (t(&gate), t(&up), t(&dh));
         for act in [GateAct::Silu, GateAct::Gelu] {
-            let (mut dg, mut du, mut tmp) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
-            gated_backward(act, &gate, &up, &dh, (&mut dg, &mut du, &mut tmp)).unwrap();
+            let (mut dg, mut du, mut tmp) = (t(&[0.0; 64]), t(&[0.0; 64]), t(&[0.0; 64]));
+            gated_backward(st, act, (&gt, &ut, &dht), &mut dg, &mut du, Some(&mut tmp)).unwrap();
+            let (dg, du) = (dg.to_host(st).unwrap(), du.to_host(st).unwrap());
             let h = |g: f32, u: f32| {
-                let (mut h, mut t) = ([0.0f32], [0.0f32]);
-                gated_forward(act, &[g], &[u], &mut h, &mut t).unwrap();
-                h[0]
+                let (mut h, mut tmp) = (t(&[0.0]), t(&[0.0]));
+                gated_forward(st, act, &t(&[g]), &t(&[u]), &mut h, Some(&mut tmp)).unwrap();
+                h.to_host(st).unwrap()[0]
             };
             let eps = 1e-2;
             for i in 0..n {

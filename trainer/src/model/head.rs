@@ -1,4 +1,4 @@
-//! The lm_head and the loss, full or chunked.
+//! The lm_head and the loss, full or chunked, on device tensors.
 //!
 //! ```text
 //! logits[T,V] = xf[T,D] lm_head[V,D]^T
@@ -6,18 +6,25 @@
 //! ```
 //!
 //! Full ([`LossMode::Full`]): the forward materialises the logits and writes d loss / d logits
-//! with the loss (`cannon_kernels::cross_entropy`); the backward is the lm_head's linear
-//! backward. Chunked ([`LossMode::Chunked`]): no `[T,V]` buffer ever exists. The forward runs
-//! `cross_entropy_chunked` without gradient over `rows` at a time (the lm_head GEMM per chunk);
-//! the backward runs it again with the gradient and hands each chunk's d logits straight to
-//! the lm_head backward (`dxf[rows] += dl W`, `dW += dl^T xf[rows]`): one more lm_head GEMM
-//! for at most `rows x V` floats instead of `T x V`.
+//! with the loss (`cannon_kernels::cross_entropy::device::full`); the backward is the
+//! lm_head's linear backward. Chunked ([`LossMode::Chunked`]): no `[T,V]` tensor ever exists.
+//! The forward makes the logits of `rows` tokens at a time into one `[rows,V]` tensor (the
+//! lm_head GEMM per chunk) and takes their loss without gradient; the backward makes them
+//! again, overwrites them with their gradient (`cross_entropy::device::in_place`) and hands
+//! it straight to the lm_head backward (`dxf[rows] += dl W`, `dW += dl^T xf[rows]`): one more
+//! lm_head GEMM for at most `rows x V` floats instead of `T x V`. Both divide by the count of
+//! the whole batch's targets, and skip chunks whose targets are all ignored, as the kernels'
+//! `cross_entropy_chunked` does.
 
+use super::exec::Exec;
 use super::ops::{dims, Act};
-use cannon_kernels::cross_entropy::{self, ChunkedLogits, LossNorm};
-use cannon_kernels::linear::LinearGrads;
-use cannon_kernels::KernelError;
+use cannon_kernels::cross_entropy::{self, LossNorm, IGNORE_INDEX};
+use cannon_kernels::linear::device::Grads as LinearGrads;
+use cannon_kernels::{KernelError, Tensor};
+use cannon_runtime::BufferView;
 use std::ops::Range;
+
+type Result<T> = std::result::Result<T, KernelError>;
 
 /// How the loss is computed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,100 +37,91 @@ pub enum LossMode {
 }
 
 /// What the head's forward keeps.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct HeadActs {
     /// `[T,V]` logits (full mode only).
-    pub logits: Option<Vec<f32>>,
+    pub logits: Option<Tensor<f32>>,
     /// `[T,V]` d loss / d logits (full mode only).
-    pub dlogits: Option<Vec<f32>>,
+    pub dlogits: Option<Tensor<f32>>,
     /// Mean loss over the targets.
     pub loss: f64,
     /// Targets that count in the mean.
     pub targets: usize,
 }
 
-/// The lm_head as a [`ChunkedLogits`] producer over `xf [T,D]`.
-struct LmHead<'a, A> {
-    xf: &'a [A],
-    w: &'a [f32],
-    d: usize,
-    v: usize,
-    dxf: Option<&'a mut [f32]>,
-    dw: Option<&'a mut [f32]>,
+/// The row chunks of `targets` that hold a trained target, `rows` at a time.
+fn chunks(targets: &[i32], rows: usize) -> impl Iterator<Item = Range<usize>> + '_ {
+    let n = targets.len();
+    (0..n)
+        .step_by(rows.max(1))
+        .map(move |r0| r0..(r0 + rows).min(n))
+        .filter(|r| targets[r.clone()].iter().any(|&l| l != IGNORE_INDEX))
 }
 
-impl<A: Act> ChunkedLogits for LmHead<'_, A> {
-    type Error = KernelError;
-
-    fn logits(&mut self, rows: Range<usize>, out: &mut [f32]) -> Result<(), KernelError> {
-        let x = &self.xf[rows.start * self.d..rows.end * self.d];
-        A::linear(out, x, self.w, dims(x.len(), self.d, self.v))
-    }
-
-    fn backward(&mut self, rows: Range<usize>, dl: &[f32]) -> Result<(), KernelError> {
-        let x = &self.xf[rows.start * self.d..rows.end * self.d];
-        let g = LinearGrads {
-            dx: self
-                .dxf
-                .as_deref_mut()
-                .map(|dx| &mut dx[rows.start * self.d..rows.end * self.d]),
-            dw: self.dw.as_deref_mut(),
-            db: None,
-        };
-        A::linear_back(g, dl, x, self.w, dims(x.len(), self.d, self.v))
-    }
+/// The number of trained targets (the divisor of the mean), checked like the kernels do.
+fn count(targets: &[i32]) -> usize {
+    targets.iter().filter(|&&l| l != IGNORE_INDEX).count()
 }
 
 /// Logits and loss of `xf [T,D]` against `targets [T]` (-100 = ignored).
 pub fn forward<A: Act>(
+    exec: &Exec,
     mode: LossMode,
-    xf: &[A],
-    w: &[f32],
+    xf: &Tensor<A>,
+    w: &BufferView<'_, f32>,
     targets: &[i32],
-    d: usize,
-    v: usize,
-) -> Result<HeadActs, KernelError> {
+    (d, v): (usize, usize),
+) -> Result<HeadActs> {
+    let st = exec.stream();
+    let t = targets.len();
     match mode {
         LossMode::Full => {
-            let mut logits = vec![0.0; targets.len() * v];
-            A::linear(&mut logits, xf, w, dims(xf.len(), d, v))?;
-            let mut dlogits = vec![0.0; logits.len()];
-            let st = cross_entropy::cross_entropy(
-                &logits,
+            let mut logits = exec.empty(&[t, v])?;
+            A::linear(
+                st,
+                &mut logits.view_mut(),
+                &xf.view(),
+                w,
+                dims(xf.numel(), d, v),
+            )?;
+            let mut dlogits = exec.empty(&[t, v])?;
+            let mut dl = dlogits.view_mut();
+            let ce = cross_entropy::device::full(
+                st,
+                &logits.view(),
                 targets,
                 v,
-                Some(&mut dlogits),
+                Some(&mut dl),
                 LossNorm::Mean,
             )?;
             Ok(HeadActs {
                 logits: Some(logits),
                 dlogits: Some(dlogits),
-                loss: st.loss,
-                targets: st.count,
+                loss: ce.loss,
+                targets: ce.count,
             })
         }
         LossMode::Chunked(rows) => {
-            let mut head = LmHead {
-                xf,
-                w,
-                d,
-                v,
-                dxf: None,
-                dw: None,
-            };
-            let st = cross_entropy::cross_entropy_chunked(
-                &mut head,
-                targets,
-                v,
-                rows,
-                LossNorm::Mean,
-                false,
-            )?;
+            let n = count(targets);
+            let mut sum = 0.0;
+            if n > 0 {
+                let mut buf = exec.empty::<f32>(&[rows.min(t), v])?;
+                for r in chunks(targets, rows) {
+                    let mut logits = buf.rows_mut(0..r.len())?;
+                    let x = xf.rows(r.clone())?;
+                    A::linear(st, &mut logits, &x, w, dims(x.len(), d, v))?;
+                    let norm = LossNorm::Divisor(n as f64);
+                    let lab = &targets[r];
+                    let ce =
+                        cross_entropy::device::full(st, &logits.as_view(), lab, v, None, norm)?;
+                    sum += ce.sum;
+                }
+            }
             Ok(HeadActs {
                 logits: None,
                 dlogits: None,
-                loss: st.loss,
-                targets: st.count,
+                loss: if n > 0 { sum / n as f64 } else { 0.0 },
+                targets: n,
             })
         }
     }
@@ -133,42 +131,49 @@ pub fn forward<A: Act>(
 /// `dw [V,D] += d loss / d lm_head`.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<A: Act>(
+    exec: &Exec,
     mode: LossMode,
     h: &HeadActs,
-    xf: &[A],
-    w: &[f32],
+    xf: &Tensor<A>,
+    w: &BufferView<'_, f32>,
     targets: &[i32],
-    d: usize,
-    v: usize,
-    dxf: &mut [f32],
-    dw: Option<&mut [f32]>,
-) -> Result<(), KernelError> {
+    (d, v): (usize, usize),
+    dxf: &mut Tensor<f32>,
+    mut dw: Option<cannon_runtime::BufferViewMut<'_, f32>>,
+) -> Result<()> {
+    let st = exec.stream();
     match (mode, &h.dlogits) {
         (LossMode::Full, Some(dl)) => {
             let g = LinearGrads {
-                dx: Some(dxf),
+                dx: Some(dxf.view_mut()),
                 dw,
                 db: None,
             };
-            A::linear_back(g, dl, xf, w, dims(xf.len(), d, v))
+            A::linear_back(st, g, &dl.view(), &xf.view(), w, dims(xf.numel(), d, v))
         }
         (LossMode::Chunked(rows), _) => {
-            let mut head = LmHead {
-                xf,
-                w,
-                d,
-                v,
-                dxf: Some(dxf),
-                dw,
-            };
-            cross_entropy::cross_entropy_chunked(
-                &mut head,
-                targets,
-                v,
-                rows,
-                LossNorm::Mean,
-                true,
-            )?;
+            let n = count(targets);
+            if n == 0 {
+                return Ok(());
+            }
+            let mut buf = exec.empty::<f32>(&[rows.min(targets.len()), v])?;
+            for r in chunks(targets, rows) {
+                let mut logits = buf.rows_mut(0..r.len())?;
+                let x = xf.rows(r.clone())?;
+                let ld = dims(x.len(), d, v);
+                A::linear(st, &mut logits, &x, w, ld)?;
+                let norm = LossNorm::Divisor(n as f64);
+                cross_entropy::device::in_place(st, &mut logits, &targets[r.clone()], v, norm)?;
+                let g = LinearGrads {
+                    dx: Some(dxf.rows_mut(r)?),
+                    dw: dw
+                        .as_mut()
+                        .map(|dw| dw.slice_mut(0..dw.len()))
+                        .transpose()?,
+                    db: None,
+                };
+                A::linear_back(st, g, &logits.as_view(), &x, w, ld)?;
+            }
             Ok(())
         }
         (LossMode::Full, None) => Err(KernelError::InvalidArgument {

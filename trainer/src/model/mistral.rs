@@ -15,28 +15,51 @@
 //! sequences' ends, so no token sees another sequence.
 
 use super::block::{
-    block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockGrads, BlockScratch,
-    BlockWeights,
+    block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockParams, BwdScratch,
+    FwdScratch,
 };
 use super::config::{GateAct, Mistral3Config};
-use super::ops::{self, store, Act};
-use super::params::{Grads, Params, TextEmbed, TextHead, TextLayer};
+use super::exec::Exec;
+use super::ops::{store, Act};
+use super::params::{Grads, Params, TextHead, TextLayer};
 use super::ModelError;
 use cannon_kernels::rope::RopeTable;
-use cannon_kernels::{embedding, rmsnorm};
+use cannon_kernels::{embedding, index, rmsnorm, Tensor};
+use cannon_runtime::BufferViewMut;
 
-/// Everything the text forward saves.
-#[derive(Clone, Debug)]
-pub struct TextActs<A> {
+/// Everything the text forward saves (device tensors; positions, RoPE table and sequence
+/// ends are host data the kernels take as such).
+#[derive(Debug)]
+pub struct TextActs<A: bytemuck::Pod> {
     pub rope: RopeTable,
     /// `[T]` position id of every token (its RoPE slot).
     pub pos: Vec<u32>,
     /// Ends of the packed sequences: tokens never attend across them.
     pub cu_seqlens: Vec<usize>,
-    pub resid: Vec<Vec<f32>>, // L+1 x [T,D]: resid[0] = spliced embeddings
+    pub x0: Tensor<f32>, // [T,D] spliced embeddings, the first block's input
+    pub outs: Vec<Tensor<f32>>, // L x [T,D]: block l's output
     pub blocks: Vec<BlockActs<A>>,
-    pub rstd_f: Vec<f32>, // [T]
-    pub xf: Vec<A>,       // [T,D] final norm output (the lm_head's input)
+    pub rstd_f: Tensor<f32>, // [T]
+    pub xf: Tensor<A>,       // [T,D] final norm output (the lm_head's input)
+}
+
+impl<A: bytemuck::Pod> TextActs<A> {
+    /// The decoder's last hidden state (the final norm's input).
+    pub fn last(&self) -> &Tensor<f32> {
+        self.outs.last().unwrap_or(&self.x0)
+    }
+
+    /// Tokens of the batch.
+    pub fn tokens(&self) -> usize {
+        self.pos.len()
+    }
+
+    fn input(&self, l: usize) -> &Tensor<f32> {
+        match l {
+            0 => &self.x0,
+            _ => &self.outs[l - 1],
+        }
+    }
 }
 
 pub(crate) fn dims(cfg: &Mistral3Config) -> BlockDims {
@@ -53,25 +76,10 @@ pub(crate) fn dims(cfg: &Mistral3Config) -> BlockDims {
     }
 }
 
-impl<'a> TextLayer<&'a [f32]> {
-    pub fn block(&self) -> BlockWeights<'a> {
-        BlockWeights {
-            attn_norm: self.attn_norm,
-            q: self.q,
-            k: self.k,
-            v: self.v,
-            o: self.o,
-            mlp_norm: self.mlp_norm,
-            gate: self.gate,
-            up: self.up,
-            down: self.down,
-        }
-    }
-}
-
-impl<'a> TextLayer<&'a mut [f32]> {
-    pub fn block(self) -> BlockGrads<'a> {
-        BlockGrads {
+impl<T> TextLayer<T> {
+    /// The layer's tensors in block order.
+    pub fn block(self) -> BlockParams<T> {
+        BlockParams {
             attn_norm: self.attn_norm,
             q: self.q,
             k: self.k,
@@ -100,54 +108,60 @@ pub fn packed_cu_seqlens(pos: &[u32], seq: usize) -> Vec<usize> {
     ends
 }
 
-/// `x0 [T,D]`: token embeddings with the image features spliced into the [IMG] positions.
+/// The rows of the [IMG] tokens, in order (where the image features go).
+pub fn image_slots(cfg: &Mistral3Config, ids: &[u32]) -> Vec<usize> {
+    let img = cfg.image_token_index;
+    (0..ids.len()).filter(|&t| ids[t] == img).collect()
+}
+
+/// `x0 [T,D]`: token embeddings with the image features `[M,D]` spliced into the [IMG]
+/// positions (a row scatter on the device).
 pub fn embed(
+    exec: &Exec,
     cfg: &Mistral3Config,
     params: &Params,
     ids: &[u32],
-    image_features: &[f32],
-) -> Result<Vec<f32>, ModelError> {
+    image_features: Option<&Tensor<f32>>,
+) -> Result<Tensor<f32>, ModelError> {
+    let st = exec.stream();
     let d = cfg.text_config.hidden_size;
-    let img = cfg.image_token_index;
-    let slots = ids.iter().filter(|&&id| id == img).count();
-    let features = image_features.len() / d;
-    if slots != features {
+    let slots = image_slots(cfg, ids);
+    let features = image_features.map_or(0, |f| f.numel() / d.max(1));
+    if slots.len() != features {
         return Err(ModelError::ImageTokens {
-            tokens: slots,
+            tokens: slots.len(),
             features,
         });
     }
-    let mut x = vec![0.0; ids.len() * d];
-    embedding::embedding_forward(&mut x, ids, params.text_embed().embed, d)?;
-    let rows = x.chunks_exact_mut(d).zip(ids).filter(|(_, &id)| id == img);
-    for ((row, _), feat) in rows.zip(image_features.chunks_exact(d)) {
-        row.copy_from_slice(feat);
+    let mut x = exec.empty(&[ids.len(), d])?;
+    let table = params.text_embed()?.embed;
+    embedding::device::forward(st, &mut x.view_mut(), ids, &table, d)?;
+    if let Some(f) = image_features.filter(|_| !slots.is_empty()) {
+        index::device::scatter(st, &mut x.view_mut(), &f.view(), &slots, d)?;
     }
     Ok(x)
 }
 
-/// Backward of [`embed`]: takes the [IMG] rows out of `dx0 [T,D]` as the gradient of the image
-/// features `[M,D]` (returned, in [IMG] order) and, if the embedding trains, scatter-adds the
-/// text rows into its gradient (the [IMG] rows, zeroed, add nothing).
+/// Backward of [`embed`]: gathers the [IMG] rows of `dx0 [T,D]` as the gradient of the image
+/// features `[M,D]` (returned, in [IMG] order), zeroes them, and if the embedding trains
+/// (`dembed` given) scatter-adds the text rows into its gradient.
 pub fn embed_backward(
+    exec: &Exec,
     cfg: &Mistral3Config,
     ids: &[u32],
-    dx0: &mut [f32],
-    dembed: Option<&mut [f32]>,
-) -> Result<Vec<f32>, ModelError> {
+    dx0: &mut Tensor<f32>,
+    dembed: Option<BufferViewMut<'_, f32>>,
+) -> Result<Tensor<f32>, ModelError> {
+    let st = exec.stream();
     let d = cfg.text_config.hidden_size;
-    let img = cfg.image_token_index;
-    let mut dfeat = Vec::new();
-    for (row, _) in dx0
-        .chunks_exact_mut(d)
-        .zip(ids)
-        .filter(|(_, &id)| id == img)
-    {
-        dfeat.extend_from_slice(row);
-        row.fill(0.0);
+    let slots = image_slots(cfg, ids);
+    let mut dfeat = exec.empty(&[slots.len(), d])?;
+    if !slots.is_empty() {
+        index::device::gather(st, &mut dfeat.view_mut(), &dx0.view(), &slots, d)?;
+        index::device::zero(st, &mut dx0.view_mut(), &slots, d)?;
     }
-    if let Some(de) = dembed {
-        embedding::embedding_backward(de, dx0, ids, d)?;
+    if let Some(mut de) = dembed {
+        embedding::device::backward(st, &mut de, &dx0.view(), ids, d)?;
     }
     Ok(dfeat)
 }
@@ -155,12 +169,14 @@ pub fn embed_backward(
 /// Decoder forward from `x0 [T,D]` (tokens at position ids `pos`, rows of `seq`) to the final
 /// norm's output.
 pub fn forward<A: Act>(
+    exec: &Exec,
     cfg: &Mistral3Config,
     params: &Params,
-    x0: Vec<f32>,
+    x0: Tensor<f32>,
     pos: Vec<u32>,
     seq: usize,
 ) -> Result<TextActs<A>, ModelError> {
+    let st = exec.stream();
     let t = &cfg.text_config;
     let cu_seqlens = packed_cu_seqlens(&pos, seq);
     if let Some(w) = t.sliding_window {
@@ -188,8 +204,8 @@ pub fn forward<A: Act>(
         )));
     }
     let rope = RopeTable::text(t.head_dim(), t.rope_theta(), max_pos)?;
-    let mut scratch = BlockScratch::<A>::new(&dims, n);
-    let mut resid = vec![x0];
+    let mut scratch = FwdScratch::new(exec, &dims, n)?;
+    let mut outs: Vec<Tensor<f32>> = Vec::with_capacity(t.num_hidden_layers);
     let mut blocks = Vec::with_capacity(t.num_hidden_layers);
     for l in 0..t.num_hidden_layers {
         let ctx = BlockCtx {
@@ -198,25 +214,45 @@ pub fn forward<A: Act>(
             pos: &pos,
             cu_seqlens: &cu_seqlens,
         };
-        let mut acts = BlockActs::new(&dims, n);
-        let mut out = vec![0.0; n * d];
-        let w = params.text_layer(l).block();
-        block_forward(&ctx, &w, &mut acts, &mut scratch, &resid[l], &mut out)?;
-        resid.push(out);
+        let mut acts = BlockActs::new(exec, &dims, n)?;
+        let mut out = exec.empty(&[n, d])?;
+        let w = params.text_layer(l)?.block();
+        let x = outs.last().unwrap_or(&x0).view();
+        block_forward(
+            st,
+            &ctx,
+            &w,
+            &mut acts,
+            &mut scratch,
+            &x,
+            &mut out.view_mut(),
+        )?;
+        outs.push(out);
         blocks.push(acts);
     }
-    let head = params.text_head();
-    let mut xf32 = vec![0.0; n * d];
-    let mut rstd_f = vec![0.0; n];
-    let last = resid.last().map(Vec::as_slice).unwrap_or(&[]);
-    rmsnorm::rmsnorm_forward(&mut xf32, &mut rstd_f, last, head.norm, d, dims.eps)?;
-    let mut xf = ops::zeros::<A>(n * d);
-    store(&xf32, &mut xf)?;
+    drop(scratch);
+    let head = params.text_head()?;
+    let mut rstd_f = exec.empty(&[n])?;
+    let mut xf = exec.empty(&[n, d])?;
+    let mut xf32 = exec.empty::<f32>(&[n, d])?;
+    let last = outs.last().unwrap_or(&x0).view();
+    let mut rv = rstd_f.view_mut();
+    rmsnorm::device::forward(
+        st,
+        &mut xf32.view_mut(),
+        &mut rv,
+        &last,
+        &head.norm,
+        d,
+        dims.eps,
+    )?;
+    store(st, &xf32.view(), &mut xf.view_mut())?;
     Ok(TextActs {
         rope,
         pos,
         cu_seqlens,
-        resid,
+        x0,
+        outs,
         blocks,
         rstd_f,
         xf,
@@ -230,38 +266,45 @@ pub struct TextVisit {
     pub layers: usize,
 }
 
-/// Decoder backward from `dxf [T,D]` (the gradient of the final norm's output): accumulates
-/// into the text groups that train and, when `want_dx0`, returns the gradient of `x0`. Layers
-/// below the lowest trained one are not visited when `x0` needs no gradient.
+/// Decoder backward from `dxf [T,D]` (the gradient of the final norm's output, consumed: it
+/// becomes a working tensor): accumulates into the text groups that train and, when
+/// `want_dx0`, returns the gradient of `x0`. Layers below the lowest trained one are not
+/// visited when `x0` needs no gradient.
 pub fn backward<A: Act>(
+    exec: &Exec,
     cfg: &Mistral3Config,
     params: &Params,
     a: &TextActs<A>,
-    dxf: &[f32],
+    dxf: Tensor<f32>,
     grads: &mut Grads,
     want_dx0: bool,
-) -> Result<(Option<Vec<f32>>, TextVisit), ModelError> {
+) -> Result<(Option<Tensor<f32>>, TextVisit), ModelError> {
+    let st = exec.stream();
     let t = &cfg.text_config;
     let d = t.hidden_size;
-    let n = a.rstd_f.len();
+    let n = a.tokens();
     let layout = &params.layout;
-    let head = params.text_head();
+    let head = params.text_head()?;
     let hg = layout.text_head();
     let dims = dims(cfg);
-    let mut dx = vec![0.0; n * d];
-    let mut sink = vec![0.0; d];
-    let gnorm = grads
-        .group_mut(hg)
-        .map(|buf| TextHead::split_mut(buf, &layout.groups[hg]).norm)
-        .unwrap_or(&mut sink[..]);
-    let last = a.resid.last().map(Vec::as_slice).unwrap_or(&[]);
-    rmsnorm::rmsnorm_backward(&mut dx, gnorm, dxf, last, head.norm, &a.rstd_f, d)?;
+    let mut scratch = BwdScratch::<A>::new(exec, &dims, n)?;
+    let mut dx = exec.zeros(&[n, d])?;
+    {
+        let mut head_grad = grads.group(hg, TextHead::ranges(&layout.groups[hg]));
+        let mut gnorm = match head_grad.as_mut() {
+            Some(g) => g.win(|r| &r.norm)?,
+            None => scratch.dw_sink.view_mut(),
+        };
+        let (last, rstd, dxf) = (a.last().view(), a.rstd_f.view(), dxf.view());
+        let mut dxv = dx.view_mut();
+        rmsnorm::device::backward(st, &mut dxv, &mut gnorm, &dxf, &last, &head.norm, &rstd, d)?;
+    }
 
-    let mut scratch = BlockScratch::<A>::new(&dims, n);
-    let mut dprev = vec![0.0; n * d];
+    // dxf is spent: it holds each layer's input gradient in turn.
+    let mut dprev = dxf;
     let mut visit = TextVisit::default();
     for l in (0..a.blocks.len()).rev() {
-        let below_trains = (0..=l).any(|k| grads.data[layout.text_layer(k)].is_some());
+        let below_trains = (0..=l).any(|k| grads.has(layout.text_layer(k)));
         if !below_trains && !want_dx0 {
             return Ok((None, visit));
         }
@@ -272,12 +315,21 @@ pub fn backward<A: Act>(
             cu_seqlens: &a.cu_seqlens,
         };
         let g = layout.text_layer(l);
-        let gl = grads
-            .group_mut(g)
-            .map(|buf| TextLayer::split_mut(buf, &layout.groups[g]).block());
-        let w = params.text_layer(l).block();
-        let x = &a.resid[l];
-        block_backward(&ctx, &w, gl, &a.blocks[l], &mut scratch, x, &dx, &mut dprev)?;
+        let gl = grads.group(g, TextLayer::ranges(&layout.groups[g]).block());
+        let w = params.text_layer(l)?.block();
+        let (x, dout) = (a.input(l).view(), dx.view());
+        let mut dxl = dprev.view_mut();
+        block_backward(
+            st,
+            &ctx,
+            &w,
+            gl,
+            &a.blocks[l],
+            &mut scratch,
+            &x,
+            &dout,
+            &mut dxl,
+        )?;
         std::mem::swap(&mut dx, &mut dprev);
         visit.layers += 1;
     }
@@ -285,10 +337,6 @@ pub fn backward<A: Act>(
 }
 
 /// The embedding gradient view of `grads`, if the embedding trains.
-pub fn embed_grad<'a>(params: &Params, grads: &'a mut Grads) -> Option<&'a mut [f32]> {
-    let g = params.layout.text_embed();
-    let layout = &params.layout.groups[g];
-    grads
-        .group_mut(g)
-        .map(|buf| TextEmbed::split_mut(buf, layout).embed)
+pub fn embed_grad<'a>(params: &Params, grads: &'a mut Grads) -> Option<BufferViewMut<'a, f32>> {
+    grads.group_mut(params.layout.text_embed())
 }

@@ -12,15 +12,24 @@
 //! head::forward      xf -> logits, loss         head::backward      (full or chunked loss)
 //! ```
 //!
-//! Every op is a `cannon_kernels` op; [`ops`] holds the precision policy (`f32`, or bf16
-//! mixed precision with the activations stored as bf16: the type parameter `A: Act`).
+//! The model lives on a device ([`Exec`]: a stream and the caching allocator its tensors come
+//! from): parameters (one flat f32 tensor per layer group, the master weights), gradients,
+//! AdamW moments and every activation the forward saves are `cannon_kernels::Tensor`s, and
+//! every op is a `cannon_kernels` device-level op on the model's stream. The host only
+//! uploads the batch (ids, labels, positions, pixels, and the index-like data the kernels take
+//! as host slices: RoPE tables and slots, cu_seqlens, splice and merge row indices) and reads
+//! back the loss. [`memory`] gives the bytes each part saves and the peak of a step, which a
+//! test checks against the allocator's figures. [`ops`] holds the precision policy (`f32`,
+//! or bf16 mixed precision with the activations stored as bf16: the type parameter `A: Act`).
 //! Frozen parts (by default the vision tower and the projector, [`Part`]) have no gradient
 //! buffer, and their backward is not run at all unless something below them needs it
 //! ([`Visited`] reports what ran).
 
 pub mod block;
 pub mod config;
+pub mod exec;
 pub mod head;
+pub mod memory;
 pub mod mistral;
 pub mod ops;
 pub mod optim;
@@ -30,12 +39,15 @@ pub mod projector;
 pub mod weights;
 
 pub use config::{ConfigError, Mistral3Config};
+pub use exec::Exec;
 pub use head::LossMode;
 pub use ops::{Act, Precision};
 pub use params::{Grads, ParamLayout, Params, Part};
 pub use pixtral::Images;
 pub use weights::WeightsError;
 
+use cannon_kernels::{KernelError, Tensor};
+use cannon_runtime::MemoryStats;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +64,13 @@ pub enum ModelError {
     #[error("bad input: {0}")]
     Input(String),
     #[error(transparent)]
-    Kernel(#[from] cannon_kernels::KernelError),
+    Kernel(#[from] KernelError),
+}
+
+impl From<cannon_runtime::Error> for ModelError {
+    fn from(e: cannon_runtime::Error) -> Self {
+        ModelError::Kernel(KernelError::Runtime(e))
+    }
 }
 
 /// One training batch: `rows` rows of `seq` tokens, and the images they refer to.
@@ -128,21 +146,21 @@ impl Batch {
     }
 }
 
-/// What the whole forward saves (activations stored as `A`).
-#[derive(Clone, Debug)]
-pub struct ForwardActs<A> {
+/// What the whole forward saves (activations stored as `A`), on the model's device.
+#[derive(Debug)]
+pub struct ForwardActs<A: bytemuck::Pod> {
     pub vision: Option<pixtral::PixtralActs<A>>,
     pub projector: Option<projector::ProjectorActs<A>>,
     pub text: mistral::TextActs<A>,
     pub head: head::HeadActs,
-    /// `[T]` next-token targets (-100 = ignored).
+    /// `[T]` next-token targets (-100 = ignored), host data.
     pub targets: Vec<i32>,
 }
 
-impl<A> ForwardActs<A> {
-    /// Projector output `[M, D]` (empty without images).
-    pub fn image_features(&self) -> &[f32] {
-        self.projector.as_ref().map_or(&[], |p| &p.out)
+impl<A: bytemuck::Pod> ForwardActs<A> {
+    /// Projector output `[M, D]` (None without images).
+    pub fn image_features(&self) -> Option<&Tensor<f32>> {
+        self.projector.as_ref().map(|p| &p.out)
     }
 
     /// Mean loss over the targets.
@@ -151,8 +169,8 @@ impl<A> ForwardActs<A> {
     }
 
     /// `[T, V]` logits (full loss mode only).
-    pub fn logits(&self) -> Option<&[f32]> {
-        self.head.logits.as_deref()
+    pub fn logits(&self) -> Option<&Tensor<f32>> {
+        self.head.logits.as_ref()
     }
 }
 
@@ -165,34 +183,89 @@ pub struct Visited {
     pub patch_embed: bool,
 }
 
-/// The model: its config, its parameters (f32 master copy) and how it computes the loss.
-#[derive(Clone, Debug)]
+/// The model: its config, its parameters (f32 master copy, on `exec`'s device), how it
+/// computes the loss, and where it runs.
+#[derive(Debug)]
 pub struct Mistral3 {
     pub cfg: Mistral3Config,
     pub params: Params,
     pub loss_mode: LossMode,
+    pub exec: Exec,
+}
+
+/// The allocator's figures over one forward + backward (see [`Mistral3::measure_step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepMemory {
+    /// Bytes allocated when the step began (parameters, gradients, optimizer state, ...).
+    pub start_allocated: usize,
+    /// torch's `max_memory_allocated` / `max_memory_reserved` over the step.
+    pub max_allocated: usize,
+    pub max_reserved: usize,
 }
 
 impl Mistral3 {
-    /// Reads `dir/config.json` and the checkpoint in `dir`.
+    /// Reads `dir/config.json` and the checkpoint in `dir` onto the host device.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        Self::load_on(dir, Exec::cpu())
+    }
+
+    /// Reads `dir/config.json` and the checkpoint in `dir` onto `exec`'s device.
+    pub fn load_on(dir: &Path, exec: Exec) -> Result<Self, ModelError> {
         let cfg = Mistral3Config::from_file(&dir.join("config.json"))?;
-        let params = weights::load_params(dir, ParamLayout::new(&cfg))?;
+        let params = weights::load_params(&exec, dir, ParamLayout::new(&cfg))?;
         Ok(Mistral3 {
             cfg,
             params,
             loss_mode: LossMode::Full,
+            exec,
         })
     }
 
-    /// Gradient buffers for the given trainable parts.
-    pub fn grads(&self, trainable: &[Part]) -> Grads {
-        Grads::new(&self.params.layout, trainable)
+    /// A copy of the model (parameters copied on the device, same stream and allocator).
+    pub fn try_clone(&self) -> Result<Self, ModelError> {
+        Ok(Mistral3 {
+            cfg: self.cfg.clone(),
+            params: self.params.try_clone(self.exec.stream())?,
+            loss_mode: self.loss_mode,
+            exec: self.exec.clone(),
+        })
+    }
+
+    /// Zeroed gradient tensors for the given trainable parts.
+    pub fn grads(&self, trainable: &[Part]) -> Result<Grads, ModelError> {
+        Grads::new(&self.exec, &self.params.layout, trainable)
+    }
+
+    /// Forward + backward of `batch` into `grads` between a reset of the allocator's peaks and
+    /// their reading: the step's `max_allocated` / `max_reserved`. Returns the loss too.
+    pub fn measure_step<A: Act>(
+        &self,
+        batch: &Batch,
+        grads: &mut Grads,
+        dpixels: Option<&mut Tensor<f32>>,
+    ) -> Result<(f64, StepMemory), ModelError> {
+        let alloc = self.exec.allocator();
+        alloc.reset_peak();
+        let start_allocated = alloc.stats().allocated;
+        let acts = self.forward::<A>(batch)?;
+        self.backward(batch, &acts, grads, dpixels)?;
+        let loss = acts.loss();
+        drop(acts);
+        let s: MemoryStats = alloc.stats();
+        Ok((
+            loss,
+            StepMemory {
+                start_allocated,
+                max_allocated: s.peak_allocated,
+                max_reserved: s.peak_reserved,
+            },
+        ))
     }
 
     /// Forward through vision, projector, splice, decoder, lm_head and the loss.
     pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
         let cfg = &self.cfg;
+        let ex = &self.exec;
         let t = &cfg.text_config;
         batch.validate(t.vocab_size)?;
         if let LossMode::Chunked(0) = self.loss_mode {
@@ -201,17 +274,18 @@ impl Mistral3 {
         let (vision, projector) = if batch.images.is_empty() {
             (None, None)
         } else {
-            let v = pixtral::forward::<A>(cfg, &self.params, &batch.images)?;
-            let p = projector::forward(cfg, &self.params, &v.grid, v.output())?;
+            let v = pixtral::forward::<A>(ex, cfg, &self.params, &batch.images)?;
+            let x = v.output().view();
+            let p = projector::forward(ex, cfg, &self.params, &v.grid, &x)?;
             (Some(v), Some(p))
         };
-        let feats = projector.as_ref().map_or(&[][..], |p| &p.out);
-        let x0 = mistral::embed(cfg, &self.params, &batch.input_ids, feats)?;
-        let text = mistral::forward(cfg, &self.params, x0, batch.positions(), batch.seq)?;
+        let feats = projector.as_ref().map(|p| &p.out);
+        let x0 = mistral::embed(ex, cfg, &self.params, &batch.input_ids, feats)?;
+        let text = mistral::forward(ex, cfg, &self.params, x0, batch.positions(), batch.seq)?;
         let targets = batch.targets();
-        let w = self.params.text_head().lm_head;
-        let (d, v) = (t.hidden_size, t.vocab_size);
-        let head = head::forward(self.loss_mode, &text.xf, w, &targets, d, v)?;
+        let w = self.params.text_head()?.lm_head;
+        let dv = (t.hidden_size, t.vocab_size);
+        let head = head::forward(ex, self.loss_mode, &text.xf, &w, &targets, dv)?;
         Ok(ForwardActs {
             vision,
             projector,
@@ -222,16 +296,17 @@ impl Mistral3 {
     }
 
     /// Backward of the mean loss: accumulates into the groups of `grads` that exist and, if
-    /// `dpixels` is given, into the gradient of `pixel_values`. Parts that neither train nor
-    /// lead to something that needs a gradient are not visited.
+    /// `dpixels` (`[N, C, H, W]`) is given, into the gradient of `pixel_values`. Parts that
+    /// neither train nor lead to something that needs a gradient are not visited.
     pub fn backward<A: Act>(
         &self,
         batch: &Batch,
         a: &ForwardActs<A>,
         grads: &mut Grads,
-        dpixels: Option<&mut [f32]>,
+        dpixels: Option<&mut Tensor<f32>>,
     ) -> Result<Visited, ModelError> {
         let cfg = &self.cfg;
+        let ex = &self.exec;
         let t = &cfg.text_config;
         let layout = &self.params.layout;
         let trains = |part: Part| {
@@ -243,22 +318,34 @@ impl Mistral3 {
         };
         let vision_needed = trains(Part::Vision) || dpixels.is_some();
         let image_needed = a.projector.is_some() && (trains(Part::Projector) || vision_needed);
-        let embed_trains = grads.data[layout.text_embed()].is_some();
+        let embed_trains = grads.has(layout.text_embed());
         let want_dx0 = embed_trains || image_needed;
         if !want_dx0 && grads.data.iter().all(Option::is_none) {
             return Ok(Visited::default());
         }
 
-        let (d, v) = (t.hidden_size, t.vocab_size);
-        let mut dxf = vec![0.0; a.text.rstd_f.len() * d];
-        let hg = layout.text_head();
-        let dw = grads
-            .group_mut(hg)
-            .map(|buf| params::TextHead::split_mut(buf, &layout.groups[hg]).lm_head);
-        let w = self.params.text_head().lm_head;
-        let (xf, targets) = (&a.text.xf, &a.targets);
-        head::backward(self.loss_mode, &a.head, xf, w, targets, d, v, &mut dxf, dw)?;
-        let (dx0, text) = mistral::backward(cfg, &self.params, &a.text, &dxf, grads, want_dx0)?;
+        let dv = (t.hidden_size, t.vocab_size);
+        let mut dxf = ex.zeros(&[a.text.tokens(), t.hidden_size])?;
+        let w = self.params.text_head()?.lm_head;
+        {
+            let hg = layout.text_head();
+            let at = params::TextHead::ranges(&layout.groups[hg]);
+            let mut hgrad = grads.group(hg, at);
+            let dw = hgrad.as_mut().map(|g| g.win(|r| &r.lm_head)).transpose()?;
+            let (xf, targets) = (&a.text.xf, &a.targets);
+            head::backward(
+                ex,
+                self.loss_mode,
+                &a.head,
+                xf,
+                &w,
+                targets,
+                dv,
+                &mut dxf,
+                dw,
+            )?;
+        }
+        let (dx0, text) = mistral::backward(ex, cfg, &self.params, &a.text, dxf, grads, want_dx0)?;
         let mut visited = Visited {
             text_layers: text.layers,
             ..Visited::default()
@@ -267,44 +354,50 @@ impl Mistral3 {
             return Ok(visited);
         };
         let dembed = mistral::embed_grad(&self.params, grads);
-        let dfeat = mistral::embed_backward(cfg, &batch.input_ids, &mut dx0, dembed)?;
+        let dfeat = mistral::embed_backward(ex, cfg, &batch.input_ids, &mut dx0, dembed)?;
+        drop(dx0);
         let (Some(v), Some(p)) = (&a.vision, &a.projector) else {
             return Ok(visited);
         };
         if !image_needed {
             return Ok(visited);
         }
-        let images = self.backward_images(batch, v, p, &dfeat, grads, dpixels)?;
+        let images = self.backward_images(batch, v, p, dfeat, grads, dpixels)?;
         visited.projector = images.projector;
         visited.vision_layers = images.vision_layers;
         visited.patch_embed = images.patch_embed;
         Ok(visited)
     }
 
-    /// Projector + vision backward from the gradient of the image features `[M, D]`.
+    /// Projector + vision backward from the gradient of the image features `[M, D]`
+    /// (consumed).
     pub fn backward_images<A: Act>(
         &self,
         batch: &Batch,
         v: &pixtral::PixtralActs<A>,
         p: &projector::ProjectorActs<A>,
-        dfeat: &[f32],
+        dfeat: Tensor<f32>,
         grads: &mut Grads,
-        dpixels: Option<&mut [f32]>,
+        dpixels: Option<&mut Tensor<f32>>,
     ) -> Result<Visited, ModelError> {
         let cfg = &self.cfg;
+        let ex = &self.exec;
         let layout = &self.params.layout;
-        let vision_trains = (0..=layout.vision_layers).any(|g| grads.data[g].is_some());
+        let vision_trains = (0..=layout.vision_layers).any(|g| grads.has(g));
         let vision_needed = vision_trains || dpixels.is_some();
-        let mut dvis = vision_needed.then(|| vec![0.0; v.output().len()]);
         let x = v.output();
-        projector::backward(cfg, &self.params, p, x, dfeat, grads, dvis.as_deref_mut())?;
+        let mut dvis = vision_needed.then(|| ex.zeros(x.shape())).transpose()?;
+        let dvis_view = dvis.as_mut().map(Tensor::view_mut);
+        let (xv, dfv) = (x.view(), dfeat.view());
+        projector::backward(ex, cfg, &self.params, p, &xv, &dfv, grads, dvis_view)?;
+        drop(dfeat);
         let mut visited = Visited {
             projector: true,
             ..Visited::default()
         };
         if let Some(dvis) = dvis {
             let images = &batch.images;
-            let vv = pixtral::backward(cfg, &self.params, v, images, &dvis, grads, dpixels)?;
+            let vv = pixtral::backward(ex, cfg, &self.params, v, images, dvis, grads, dpixels)?;
             visited.vision_layers = vv.layers;
             visited.patch_embed = vv.patch_embed;
         }

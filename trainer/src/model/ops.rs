@@ -1,8 +1,9 @@
 //! The precision policy of a run, and the few kernel calls whose flavour depends on it.
 //!
-//! Every op of the model is a `cannon_kernels` op; this module only decides, per precision,
-//! which kernel entry point a GEMM calls and in which type the activations that feed GEMMs and
-//! the attention are stored.
+//! Every op of the model is a `cannon_kernels` device-level op (`op::device::*` on a
+//! [`Stream`], over runtime buffers); this module only decides, per precision, which kernel
+//! entry point a GEMM calls and in which type the activations that feed GEMMs and the
+//! attention are stored, and names the few elementwise calls the layers share.
 //!
 //! Mixed precision follows `torch.autocast(dtype=bfloat16)` over f32 master weights:
 //!
@@ -37,10 +38,13 @@
 use cannon_kernels::attention::Element;
 use cannon_kernels::cast::{self, Elem};
 use cannon_kernels::gemm::Bf16Elem;
-use cannon_kernels::linear::{self, LinearDims, LinearGrads};
-use cannon_kernels::patch_embed::{self, PatchEmbedGrads, PatchGeom};
-use cannon_kernels::KernelError;
+use cannon_kernels::linear::{self, device::Grads as LinearGrads, LinearDims};
+use cannon_kernels::patch_embed::{self, device::Grads as PatchEmbedGrads, PatchGeom};
+use cannon_kernels::{elementwise, KernelError};
+use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use half::bf16;
+
+type Result<T> = std::result::Result<T, KernelError>;
 
 /// Numeric precision of a run (see the module docs for what each one rounds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,147 +53,187 @@ pub enum Precision {
     Bf16,
 }
 
+impl Precision {
+    /// Bytes of one stored activation.
+    pub fn act_bytes(self) -> usize {
+        match self {
+            Precision::F32 => 4,
+            Precision::Bf16 => 2,
+        }
+    }
+}
+
 /// The storage type of the activations that feed GEMMs and the attention: `f32` for an f32
 /// run, `bf16` for mixed precision. GEMMs always read f32 master weights and write f32.
-pub trait Act: Elem + Element + Bf16Elem {
+pub trait Act: Elem + Element + Bf16Elem + bytemuck::Pod {
     const PRECISION: Precision;
 
     /// `y[T,O] = x[T,I] w[O,I]^T` (overwrites y).
-    fn linear(y: &mut [f32], x: &[Self], w: &[f32], d: LinearDims) -> Result<(), KernelError>;
+    fn linear(
+        s: &Stream,
+        y: &mut BufferViewMut<'_, f32>,
+        x: &BufferView<'_, Self>,
+        w: &BufferView<'_, f32>,
+        d: LinearDims,
+    ) -> Result<()>;
 
     /// `dx[T,I] += dy w`, `dw[O,I] += dy^T x` (either optional), from an f32 `dy[T,O]`.
     fn linear_back(
-        g: LinearGrads,
-        dy: &[f32],
-        x: &[Self],
-        w: &[f32],
+        s: &Stream,
+        g: LinearGrads<'_>,
+        dy: &BufferView<'_, f32>,
+        x: &BufferView<'_, Self>,
+        w: &BufferView<'_, f32>,
         d: LinearDims,
-    ) -> Result<(), KernelError>;
+    ) -> Result<()>;
 
     /// As [`Act::linear_back`] with `dy` in activation storage (the attention's q/k/v grads).
     fn linear_back_act(
-        g: LinearGrads,
-        dy: &[Self],
-        x: &[Self],
-        w: &[f32],
+        s: &Stream,
+        g: LinearGrads<'_>,
+        dy: &BufferView<'_, Self>,
+        x: &BufferView<'_, Self>,
+        w: &BufferView<'_, f32>,
         d: LinearDims,
-    ) -> Result<(), KernelError>;
+    ) -> Result<()>;
 
     /// Pixtral's patch conv on one image: `out[Np,D] = im2col(pixels) w^T`.
     fn patch_embed(
-        out: &mut [f32],
-        pixels: &[f32],
-        w: &[f32],
+        s: &Stream,
+        out: &mut BufferViewMut<'_, f32>,
+        pixels: &BufferView<'_, f32>,
+        w: &BufferView<'_, f32>,
         g: PatchGeom,
         d: usize,
-    ) -> Result<(), KernelError>;
+    ) -> Result<()>;
 
     /// Its backward: `dw += dout^T im2col(pixels)`, `dpixels += col2im(dout w)`.
     fn patch_embed_back(
-        grads: PatchEmbedGrads,
-        dout: &[f32],
-        pixels: &[f32],
-        w: &[f32],
+        s: &Stream,
+        grads: PatchEmbedGrads<'_>,
+        dout: &BufferView<'_, f32>,
+        pixels: &BufferView<'_, f32>,
+        w: &BufferView<'_, f32>,
         g: PatchGeom,
         d: usize,
-    ) -> Result<(), KernelError>;
+    ) -> Result<()>;
 }
 
 impl Act for f32 {
     const PRECISION: Precision = Precision::F32;
 
-    fn linear(y: &mut [f32], x: &[f32], w: &[f32], d: LinearDims) -> Result<(), KernelError> {
-        linear::linear_forward(y, x, w, None, d)
+    fn linear(
+        s: &Stream,
+        y: &mut BufferViewMut<'_, f32>,
+        x: &BufferView<'_, f32>,
+        w: &BufferView<'_, f32>,
+        d: LinearDims,
+    ) -> Result<()> {
+        linear::device::forward(s, y, x, w, None, d)
     }
 
     fn linear_back(
-        g: LinearGrads,
-        dy: &[f32],
-        x: &[f32],
-        w: &[f32],
+        s: &Stream,
+        g: LinearGrads<'_>,
+        dy: &BufferView<'_, f32>,
+        x: &BufferView<'_, f32>,
+        w: &BufferView<'_, f32>,
         d: LinearDims,
-    ) -> Result<(), KernelError> {
-        linear::linear_backward(g, dy, x, w, d)
+    ) -> Result<()> {
+        linear::device::backward(s, g, dy, x, w, d)
     }
 
     fn linear_back_act(
-        g: LinearGrads,
-        dy: &[f32],
-        x: &[f32],
-        w: &[f32],
+        s: &Stream,
+        g: LinearGrads<'_>,
+        dy: &BufferView<'_, f32>,
+        x: &BufferView<'_, f32>,
+        w: &BufferView<'_, f32>,
         d: LinearDims,
-    ) -> Result<(), KernelError> {
-        linear::linear_backward(g, dy, x, w, d)
+    ) -> Result<()> {
+        linear::device::backward(s, g, dy, x, w, d)
     }
 
     fn patch_embed(
-        out: &mut [f32],
-        pixels: &[f32],
-        w: &[f32],
+        s: &Stream,
+        out: &mut BufferViewMut<'_, f32>,
+        pixels: &BufferView<'_, f32>,
+        w: &BufferView<'_, f32>,
         g: PatchGeom,
         d: usize,
-    ) -> Result<(), KernelError> {
-        patch_embed::patch_embed_forward(out, pixels, w, g, d)
+    ) -> Result<()> {
+        patch_embed::device::forward(s, out, pixels, w, g, d)
     }
 
     fn patch_embed_back(
-        grads: PatchEmbedGrads,
-        dout: &[f32],
-        pixels: &[f32],
-        w: &[f32],
+        s: &Stream,
+        grads: PatchEmbedGrads<'_>,
+        dout: &BufferView<'_, f32>,
+        pixels: &BufferView<'_, f32>,
+        w: &BufferView<'_, f32>,
         g: PatchGeom,
         d: usize,
-    ) -> Result<(), KernelError> {
-        patch_embed::patch_embed_backward(grads, dout, pixels, w, g, d)
+    ) -> Result<()> {
+        patch_embed::device::backward(s, grads, dout, pixels, w, g, d)
     }
 }
 
 impl Act for bf16 {
     const PRECISION: Precision = Precision::Bf16;
 
-    fn linear(y: &mut [f32], x: &[bf16], w: &[f32], d: LinearDims) -> Result<(), KernelError> {
-        linear::linear_forward_bf16(y, x, w, None, d)
+    fn linear(
+        s: &Stream,
+        y: &mut BufferViewMut<'_, f32>,
+        x: &BufferView<'_, bf16>,
+        w: &BufferView<'_, f32>,
+        d: LinearDims,
+    ) -> Result<()> {
+        linear::device::forward_bf16(s, y, x, w, None, d)
     }
 
     fn linear_back(
-        g: LinearGrads,
-        dy: &[f32],
-        x: &[bf16],
-        w: &[f32],
+        s: &Stream,
+        g: LinearGrads<'_>,
+        dy: &BufferView<'_, f32>,
+        x: &BufferView<'_, bf16>,
+        w: &BufferView<'_, f32>,
         d: LinearDims,
-    ) -> Result<(), KernelError> {
-        linear::linear_backward_bf16(g, dy, x, w, d)
+    ) -> Result<()> {
+        linear::device::backward_bf16(s, g, dy, x, w, d)
     }
 
     fn linear_back_act(
-        g: LinearGrads,
-        dy: &[bf16],
-        x: &[bf16],
-        w: &[f32],
+        s: &Stream,
+        g: LinearGrads<'_>,
+        dy: &BufferView<'_, bf16>,
+        x: &BufferView<'_, bf16>,
+        w: &BufferView<'_, f32>,
         d: LinearDims,
-    ) -> Result<(), KernelError> {
-        linear::linear_backward_bf16(g, dy, x, w, d)
+    ) -> Result<()> {
+        linear::device::backward_bf16(s, g, dy, x, w, d)
     }
 
     fn patch_embed(
-        out: &mut [f32],
-        pixels: &[f32],
-        w: &[f32],
+        s: &Stream,
+        out: &mut BufferViewMut<'_, f32>,
+        pixels: &BufferView<'_, f32>,
+        w: &BufferView<'_, f32>,
         g: PatchGeom,
         d: usize,
-    ) -> Result<(), KernelError> {
-        patch_embed::patch_embed_forward_bf16(out, pixels, w, g, d)
+    ) -> Result<()> {
+        patch_embed::device::forward_bf16(s, out, pixels, w, g, d)
     }
 
     fn patch_embed_back(
-        grads: PatchEmbedGrads,
-        dout: &[f32],
-        pixels: &[f32],
-        w: &[f32],
+        s: &Stream,
+        grads: PatchEmbedGrads<'_>,
+        dout: &BufferView<'_, f32>,
+        pixels: &BufferView<'_, f32>,
+        w: &BufferView<'_, f32>,
         g: PatchGeom,
         d: usize,
-    ) -> Result<(), KernelError> {
-        patch_embed::patch_embed_backward_bf16(grads, dout, pixels, w, g, d)
+    ) -> Result<()> {
+        patch_embed::device::backward_bf16(s, grads, dout, pixels, w, g, d)
     }
 }
 
@@ -204,61 +248,63 @@ pub fn dims(x_len: usize, din: usize, dout: usize) -> LinearDims {
 
 /// `y[T,dout] = x[T,din] w^T` in the run's precision.
 pub fn linear<A: Act>(
-    y: &mut [f32],
-    x: &[A],
-    w: &[f32],
+    s: &Stream,
+    y: &mut BufferViewMut<'_, f32>,
+    x: &BufferView<'_, A>,
+    w: &BufferView<'_, f32>,
     din: usize,
     dout: usize,
-) -> Result<(), KernelError> {
-    A::linear(y, x, w, dims(x.len(), din, dout))
+) -> Result<()> {
+    A::linear(s, y, x, w, dims(x.len(), din, dout))
 }
 
 /// `dx += dy w`, `dw += dy^T x` (each if given) in the run's precision, `dy` f32.
+#[allow(clippy::too_many_arguments)]
 pub fn linear_back<A: Act>(
-    dx: Option<&mut [f32]>,
-    dw: Option<&mut [f32]>,
-    dy: &[f32],
-    x: &[A],
-    w: &[f32],
+    s: &Stream,
+    dx: Option<BufferViewMut<'_, f32>>,
+    dw: Option<BufferViewMut<'_, f32>>,
+    dy: &BufferView<'_, f32>,
+    x: &BufferView<'_, A>,
+    w: &BufferView<'_, f32>,
     din: usize,
     dout: usize,
-) -> Result<(), KernelError> {
+) -> Result<()> {
     let g = LinearGrads { dx, dw, db: None };
-    A::linear_back(g, dy, x, w, dims(x.len(), din, dout))
+    A::linear_back(s, g, dy, x, w, dims(x.len(), din, dout))
 }
 
 /// As [`linear_back`] with `dy` in activation storage.
+#[allow(clippy::too_many_arguments)]
 pub fn linear_back_act<A: Act>(
-    dx: Option<&mut [f32]>,
-    dw: Option<&mut [f32]>,
-    dy: &[A],
-    x: &[A],
-    w: &[f32],
+    s: &Stream,
+    dx: Option<BufferViewMut<'_, f32>>,
+    dw: Option<BufferViewMut<'_, f32>>,
+    dy: &BufferView<'_, A>,
+    x: &BufferView<'_, A>,
+    w: &BufferView<'_, f32>,
     din: usize,
     dout: usize,
-) -> Result<(), KernelError> {
+) -> Result<()> {
     let g = LinearGrads { dx, dw, db: None };
-    A::linear_back_act(g, dy, x, w, dims(x.len(), din, dout))
+    A::linear_back_act(s, g, dy, x, w, dims(x.len(), din, dout))
 }
 
 /// Stores f32 values as activations (rounding to bf16 in a bf16 run; a copy in f32).
-pub fn store<A: Act>(src: &[f32], dst: &mut [A]) -> Result<(), KernelError> {
-    cast::cast(src, dst)
-}
-
-/// Widens stored activations back to f32 (exact).
-pub fn widen<A: Act>(src: &[A], dst: &mut [f32]) -> Result<(), KernelError> {
-    cast::cast(src, dst)
-}
-
-/// `len` zeroed activations.
-pub fn zeros<A: Act>(len: usize) -> Vec<A> {
-    vec![A::default(); len]
+pub fn store<A: Act>(
+    s: &Stream,
+    src: &BufferView<'_, f32>,
+    dst: &mut BufferViewMut<'_, A>,
+) -> Result<()> {
+    cast::device::convert(s, src, dst)
 }
 
 /// `y += x`, elementwise (residual adds).
-pub fn add_into(y: &mut [f32], x: &[f32]) {
-    for (a, &b) in y.iter_mut().zip(x) {
-        *a += b;
-    }
+pub fn add_into(s: &Stream, y: &mut BufferViewMut<'_, f32>, x: &BufferView<'_, f32>) -> Result<()> {
+    elementwise::device::add(s, y, x)
+}
+
+/// Copies `src` into `dst` on the device (same length).
+pub fn copy(s: &Stream, dst: &mut BufferViewMut<'_, f32>, src: &BufferView<'_, f32>) -> Result<()> {
+    Ok(dst.memcpy_dtod(s, src)?)
 }

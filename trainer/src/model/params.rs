@@ -13,17 +13,25 @@
 //! last         text head      model.language_model.norm, lm_head
 //! ```
 //!
-//! Tensor names are transformers 5.x names; shapes are HF's `[out, in]`.
+//! Tensor names are transformers 5.x names; shapes are HF's `[out, in]`. Every group is one
+//! `[len]` f32 [`Tensor`] on the model's device (the master weights), and so is every
+//! gradient group; the host holds only the layout.
 
 use super::config::Mistral3Config;
+use super::exec::Exec;
+use super::ModelError;
+use cannon_kernels::{KernelError, Tensor};
+use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use std::ops::Range;
 
 /// Declares a typed view over one flat group: one field per tensor, in buffer order, with the
-/// tensor's HF name suffix. `split`/`split_mut` carve a group's buffer into the fields.
+/// tensor's HF name suffix. `ranges` gives each tensor's element range in the group, `split`
+/// carves a group's buffer into read-only views (gradients are windowed one tensor at a time
+/// through the ranges: a device buffer lends one mutable view at a time).
 macro_rules! flat_group {
     ($(#[$m:meta])* $name:ident { $($field:ident : $hf:literal),* $(,)? }) => {
         $(#[$m])*
-        #[derive(Debug)]
+        #[derive(Clone, Debug)]
         pub struct $name<T> {
             $(pub $field: T,)*
         }
@@ -37,28 +45,20 @@ macro_rules! flat_group {
             }
         }
 
-        impl<'a> $name<&'a [f32]> {
-            /// Views `buf` (laid out by `g`) as the named tensors.
-            pub fn split(buf: &'a [f32], g: &GroupLayout) -> Self {
+        impl $name<Range<usize>> {
+            /// Each tensor's element range in a group laid out by `g`.
+            pub fn ranges(g: &GroupLayout) -> Self {
                 let mut slots = g.slots.iter();
-                $(let $field = &buf[slots.next().map(Slot::range).unwrap_or(0..0)];)*
+                $(let $field = slots.next().map(Slot::range).unwrap_or(0..0);)*
                 $name { $($field),* }
             }
         }
 
-        impl<'a> $name<&'a mut [f32]> {
-            /// Mutable view of `buf` (laid out by `g`) as the named tensors.
-            pub fn split_mut(buf: &'a mut [f32], g: &GroupLayout) -> Self {
-                let mut rest = buf;
-                let mut slots = g.slots.iter();
-                $(
-                    let n = slots.next().map(Slot::len).unwrap_or(0);
-                    let (head, tail) = std::mem::take(&mut rest).split_at_mut(n);
-                    rest = tail;
-                    let $field = head;
-                )*
-                let _ = rest;
-                $name { $($field),* }
+        impl<'a> $name<BufferView<'a, f32>> {
+            /// Views `buf` (laid out by `g`) as the named tensors.
+            pub fn split(buf: BufferView<'a, f32>, g: &GroupLayout) -> Result<Self, KernelError> {
+                let r = $name::ranges(g);
+                Ok($name { $($field: buf.slice(r.$field)?),* })
             }
         }
     };
@@ -324,94 +324,209 @@ impl ParamLayout {
     }
 }
 
-/// One flat f32 buffer per group, laid out by a [`ParamLayout`].
-#[derive(Clone, Debug)]
+/// One flat f32 tensor per group, laid out by a [`ParamLayout`], on the model's device.
+#[derive(Debug)]
 pub struct Params {
     pub layout: ParamLayout,
-    pub data: Vec<Vec<f32>>,
+    pub data: Vec<Tensor<f32>>,
+}
+
+fn unknown(name: &str) -> ModelError {
+    ModelError::Input(format!("{name} is not a parameter of this model"))
 }
 
 impl Params {
-    pub fn zeros(layout: ParamLayout) -> Self {
-        let data = layout.groups.iter().map(|g| vec![0.0; g.len]).collect();
-        Params { layout, data }
-    }
-
-    pub fn vision_embed(&self) -> VisionEmbed<&[f32]> {
-        let g = ParamLayout::VISION_EMBED;
-        VisionEmbed::split(&self.data[g], &self.layout.groups[g])
-    }
-
-    pub fn vision_layer(&self, i: usize) -> VisionLayer<&[f32]> {
-        let g = self.layout.vision_layer(i);
-        VisionLayer::split(&self.data[g], &self.layout.groups[g])
-    }
-
-    pub fn projector(&self) -> Projector<&[f32]> {
-        let g = self.layout.projector();
-        Projector::split(&self.data[g], &self.layout.groups[g])
-    }
-
-    pub fn text_embed(&self) -> TextEmbed<&[f32]> {
-        let g = self.layout.text_embed();
-        TextEmbed::split(&self.data[g], &self.layout.groups[g])
-    }
-
-    pub fn text_layer(&self, i: usize) -> TextLayer<&[f32]> {
-        let g = self.layout.text_layer(i);
-        TextLayer::split(&self.data[g], &self.layout.groups[g])
-    }
-
-    pub fn text_head(&self) -> TextHead<&[f32]> {
-        let g = self.layout.text_head();
-        TextHead::split(&self.data[g], &self.layout.groups[g])
-    }
-
-    /// A tensor by its 5.x name.
-    pub fn get(&self, name: &str) -> Option<&[f32]> {
-        let (g, s) = self.layout.find(name)?;
-        Some(&self.data[g][self.layout.groups[g].slots[s].range()])
-    }
-
-    pub fn get_mut(&mut self, name: &str) -> Option<&mut [f32]> {
-        let (g, s) = self.layout.find(name)?;
-        let range = self.layout.groups[g].slots[s].range();
-        Some(&mut self.data[g][range])
-    }
-}
-
-/// Gradient buffers shaped like [`Params`], allocated only for the groups that train: a frozen
-/// group has no buffer, so no backward step can write (or compute) its gradient.
-#[derive(Clone, Debug)]
-pub struct Grads {
-    pub data: Vec<Option<Vec<f32>>>,
-}
-
-impl Grads {
-    /// Zeroed buffers for the groups whose part is in `trainable`.
-    pub fn new(layout: &ParamLayout, trainable: &[Part]) -> Self {
+    /// Zeroed groups on `exec`'s device.
+    pub fn zeros(exec: &Exec, layout: ParamLayout) -> Result<Self, ModelError> {
         let data = layout
             .groups
             .iter()
-            .map(|g| trainable.contains(&g.part).then(|| vec![0.0; g.len]))
-            .collect();
-        Grads { data }
+            .map(|g| exec.zeros(&[g.len]))
+            .collect::<Result<_, _>>()?;
+        Ok(Params { layout, data })
     }
 
-    pub fn zero(&mut self) {
-        for g in self.data.iter_mut().flatten() {
-            g.fill(0.0);
+    /// Uploads host groups (one `Vec` per group, each of the group's length).
+    pub fn from_host(
+        exec: &Exec,
+        layout: ParamLayout,
+        host: &[Vec<f32>],
+    ) -> Result<Self, ModelError> {
+        if host.len() != layout.groups.len() {
+            return Err(ModelError::Input(format!(
+                "{} host groups for a layout of {}",
+                host.len(),
+                layout.groups.len()
+            )));
         }
+        let data = layout
+            .groups
+            .iter()
+            .zip(host)
+            .map(|(g, h)| exec.upload(h, &[g.len]))
+            .collect::<Result<_, _>>()?;
+        Ok(Params { layout, data })
     }
 
-    pub fn group_mut(&mut self, g: usize) -> Option<&mut [f32]> {
-        self.data.get_mut(g)?.as_deref_mut()
+    /// A copy on the same device (same allocator).
+    pub fn try_clone(&self, stream: &Stream) -> Result<Self, ModelError> {
+        let data = self
+            .data
+            .iter()
+            .map(|t| t.try_clone(stream))
+            .collect::<Result<_, _>>()?;
+        Ok(Params {
+            layout: self.layout.clone(),
+            data,
+        })
+    }
+
+    fn view(&self, g: usize) -> BufferView<'_, f32> {
+        self.data[g].view()
+    }
+
+    pub fn vision_embed(&self) -> Result<VisionEmbed<BufferView<'_, f32>>, KernelError> {
+        let g = ParamLayout::VISION_EMBED;
+        VisionEmbed::split(self.view(g), &self.layout.groups[g])
+    }
+
+    pub fn vision_layer(&self, i: usize) -> Result<VisionLayer<BufferView<'_, f32>>, KernelError> {
+        let g = self.layout.vision_layer(i);
+        VisionLayer::split(self.view(g), &self.layout.groups[g])
+    }
+
+    pub fn projector(&self) -> Result<Projector<BufferView<'_, f32>>, KernelError> {
+        let g = self.layout.projector();
+        Projector::split(self.view(g), &self.layout.groups[g])
+    }
+
+    pub fn text_embed(&self) -> Result<TextEmbed<BufferView<'_, f32>>, KernelError> {
+        let g = self.layout.text_embed();
+        TextEmbed::split(self.view(g), &self.layout.groups[g])
+    }
+
+    pub fn text_layer(&self, i: usize) -> Result<TextLayer<BufferView<'_, f32>>, KernelError> {
+        let g = self.layout.text_layer(i);
+        TextLayer::split(self.view(g), &self.layout.groups[g])
+    }
+
+    pub fn text_head(&self) -> Result<TextHead<BufferView<'_, f32>>, KernelError> {
+        let g = self.layout.text_head();
+        TextHead::split(self.view(g), &self.layout.groups[g])
+    }
+
+    /// A tensor by its 5.x name.
+    pub fn get(&self, name: &str) -> Option<BufferView<'_, f32>> {
+        let (g, s) = self.layout.find(name)?;
+        self.data[g]
+            .view()
+            .slice(self.layout.groups[g].slots[s].range())
+            .ok()
+    }
+
+    /// A host copy of a tensor, by its 5.x name.
+    pub fn read(&self, stream: &Stream, name: &str) -> Result<Vec<f32>, ModelError> {
+        let view = self.get(name).ok_or_else(|| unknown(name))?;
+        Ok(view.clone_dtoh(stream)?)
+    }
+
+    /// Overwrites a tensor, by its 5.x name, with host values of its length.
+    pub fn write(&mut self, stream: &Stream, name: &str, values: &[f32]) -> Result<(), ModelError> {
+        let (g, s) = self.layout.find(name).ok_or_else(|| unknown(name))?;
+        let range = self.layout.groups[g].slots[s].range();
+        let mut view = self.data[g].buffer_mut().slice_mut(range)?;
+        Ok(view.memcpy_htod(stream, values)?)
+    }
+
+    /// Host copies of every group.
+    pub fn to_host(&self, stream: &Stream) -> Result<Vec<Vec<f32>>, ModelError> {
+        Ok(self
+            .data
+            .iter()
+            .map(|t| t.to_host(stream))
+            .collect::<Result<_, _>>()?)
+    }
+}
+
+/// Gradient tensors shaped like [`Params`], allocated only for the groups that train: a
+/// frozen group has no tensor, so no backward step can write (or compute) its gradient.
+#[derive(Debug)]
+pub struct Grads {
+    pub data: Vec<Option<Tensor<f32>>>,
+}
+
+impl Grads {
+    /// Zeroed tensors for the groups whose part is in `trainable`.
+    pub fn new(exec: &Exec, layout: &ParamLayout, trainable: &[Part]) -> Result<Self, ModelError> {
+        let data = layout
+            .groups
+            .iter()
+            .map(|g| {
+                trainable
+                    .contains(&g.part)
+                    .then(|| exec.zeros(&[g.len]))
+                    .transpose()
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Grads { data })
+    }
+
+    pub fn zero(&mut self, stream: &Stream) -> Result<(), ModelError> {
+        for g in self.data.iter_mut().flatten() {
+            g.zero(stream)?;
+        }
+        Ok(())
+    }
+
+    /// Whether group `g` trains (has a gradient).
+    pub fn has(&self, g: usize) -> bool {
+        self.data.get(g).is_some_and(Option::is_some)
+    }
+
+    /// The whole gradient of group `g`, if it trains.
+    pub fn group_mut(&mut self, g: usize) -> Option<BufferViewMut<'_, f32>> {
+        self.data.get_mut(g)?.as_mut().map(Tensor::view_mut)
     }
 
     /// A gradient tensor by its 5.x name (None if unknown or frozen).
-    pub fn get<'a>(&'a self, layout: &ParamLayout, name: &str) -> Option<&'a [f32]> {
+    pub fn get<'a>(&'a self, layout: &ParamLayout, name: &str) -> Option<BufferView<'a, f32>> {
         let (g, s) = layout.find(name)?;
-        let buf = self.data[g].as_deref()?;
-        Some(&buf[layout.groups[g].slots[s].range()])
+        let t = self.data[g].as_ref()?;
+        t.view().slice(layout.groups[g].slots[s].range()).ok()
+    }
+
+    /// Host copies of every group (None for frozen ones).
+    pub fn to_host(&self, stream: &Stream) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        Ok(self
+            .data
+            .iter()
+            .map(|t| t.as_ref().map(|t| t.to_host(stream)).transpose())
+            .collect::<Result<_, _>>()?)
+    }
+}
+
+/// A gradient group lent mutably, windowed one tensor at a time by the ranges of its typed
+/// view (`S`, e.g. `TextLayer<Range<usize>>`).
+#[derive(Debug)]
+pub struct GroupGrad<'a, S> {
+    pub buf: BufferViewMut<'a, f32>,
+    pub at: S,
+}
+
+impl<S> GroupGrad<'_, S> {
+    /// The gradient of the tensor `pick` names, e.g. `g.win(|r| &r.q)`.
+    pub fn win(
+        &mut self,
+        pick: impl Fn(&S) -> &Range<usize>,
+    ) -> Result<BufferViewMut<'_, f32>, KernelError> {
+        let r = pick(&self.at).clone();
+        Ok(self.buf.slice_mut(r)?)
+    }
+}
+
+impl Grads {
+    /// Group `g`'s gradient with the ranges of its typed view, if it trains.
+    pub fn group<S>(&mut self, g: usize, at: S) -> Option<GroupGrad<'_, S>> {
+        self.group_mut(g).map(|buf| GroupGrad { buf, at })
     }
 }

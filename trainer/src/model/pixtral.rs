@@ -10,22 +10,25 @@
 //! out    = x_L                                          L = layers used (vision_feature_layer)
 //! ```
 //!
-//! The image boundaries (`cu_seqlens`, cumulative patch counts) and the 2-D RoPE positions
+//! The pixels are uploaded once and saved (the patch conv's backward reads them); every
+//! activation is a device tensor. The image boundaries (`cu_seqlens`, cumulative patch counts) and the 2-D RoPE positions
 //! (row, col inside each image) come from `image_sizes` alone, before any patch merging, so
 //! no token of one image ever meets a token of another.
 
 use super::block::{
-    block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockGrads, BlockScratch,
-    BlockWeights,
+    block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockGrads, BlockParams,
+    BlockWeights, BwdScratch, FwdScratch,
 };
 use super::config::{Mistral3Config, VISION_RMS_EPS};
+use super::exec::Exec;
 use super::ops::Act;
 use super::params::{Grads, ParamLayout, Params, VisionEmbed, VisionLayer};
 use super::ModelError;
-use cannon_kernels::patch_embed::{PatchEmbedGrads, PatchGeom};
+use cannon_kernels::patch_embed::{device::Grads as PatchEmbedGrads, PatchGeom};
 use cannon_kernels::rmsnorm;
 use cannon_kernels::rope::RopeTable;
-use cannon_kernels::KernelError;
+use cannon_kernels::{KernelError, Tensor};
+use std::ops::Range;
 
 /// A batch of images: `pixel_values [N, C, H, W]` zero padded to the largest image, and each
 /// image's `(height, width)` in pixels.
@@ -136,32 +139,43 @@ impl PatchGrid {
     }
 
     /// Patch range of image `i`.
-    fn span(&self, i: usize) -> std::ops::Range<usize> {
+    fn span(&self, i: usize) -> Range<usize> {
         let start = if i == 0 { 0 } else { self.cu_seqlens[i - 1] };
         start..self.cu_seqlens[i]
     }
 }
 
-/// Everything the vision forward saves.
-#[derive(Clone, Debug)]
-pub struct PixtralActs<A> {
+/// Everything the vision forward saves (device tensors; the grid, RoPE table and slots are
+/// host data the kernels take as such).
+#[derive(Debug)]
+pub struct PixtralActs<A: bytemuck::Pod> {
     pub grid: PatchGrid,
     pub rope: RopeTable,
-    pub pos: Vec<u32>,        // [P] RoPE slot of each patch
-    pub embed: Vec<f32>,      // [P, Dv] patch conv output
-    pub rstd_pre: Vec<f32>,   // [P]
-    pub resid: Vec<Vec<f32>>, // L+1 x [P, Dv]: resid[0] = ln_pre out, resid[l+1] = block l out
+    pub pos: Vec<u32>,          // [P] RoPE slot of each patch
+    pub pixels: Tensor<f32>,    // [N, C, H, W] the uploaded pixel_values
+    pub embed: Tensor<f32>,     // [P, Dv] patch conv output
+    pub rstd_pre: Tensor<f32>,  // [P]
+    pub x0: Tensor<f32>,        // [P, Dv] ln_pre output, the first block's input
+    pub outs: Vec<Tensor<f32>>, // L x [P, Dv]: block l's output
     pub blocks: Vec<BlockActs<A>>,
 }
 
-impl<A> PixtralActs<A> {
+impl<A: bytemuck::Pod> PixtralActs<A> {
     /// The tower's output `[P, Dv]` (the hidden state `vision_feature_layer` selects).
-    pub fn output(&self) -> &[f32] {
-        self.resid.last().map(Vec::as_slice).unwrap_or(&[])
+    pub fn output(&self) -> &Tensor<f32> {
+        self.outs.last().unwrap_or(&self.x0)
+    }
+
+    /// The input of block `l`.
+    fn input(&self, l: usize) -> &Tensor<f32> {
+        match l {
+            0 => &self.x0,
+            _ => &self.outs[l - 1],
+        }
     }
 }
 
-fn dims(cfg: &Mistral3Config) -> BlockDims {
+pub(crate) fn dims(cfg: &Mistral3Config) -> BlockDims {
     let v = &cfg.vision_config;
     BlockDims {
         d: v.hidden_size,
@@ -175,25 +189,10 @@ fn dims(cfg: &Mistral3Config) -> BlockDims {
     }
 }
 
-impl<'a> VisionLayer<&'a [f32]> {
-    pub fn block(&self) -> BlockWeights<'a> {
-        BlockWeights {
-            attn_norm: self.attn_norm,
-            q: self.q,
-            k: self.k,
-            v: self.v,
-            o: self.o,
-            mlp_norm: self.ffn_norm,
-            gate: self.gate,
-            up: self.up,
-            down: self.down,
-        }
-    }
-}
-
-impl<'a> VisionLayer<&'a mut [f32]> {
-    pub fn block(self) -> BlockGrads<'a> {
-        BlockGrads {
+impl<T> VisionLayer<T> {
+    /// The layer's tensors in block order.
+    pub fn block(self) -> BlockParams<T> {
+        BlockParams {
             attn_norm: self.attn_norm,
             q: self.q,
             k: self.k,
@@ -209,36 +208,42 @@ impl<'a> VisionLayer<&'a mut [f32]> {
 
 /// Pixtral forward over all images of the batch.
 pub fn forward<A: Act>(
+    exec: &Exec,
     cfg: &Mistral3Config,
     params: &Params,
     img: &Images,
 ) -> Result<PixtralActs<A>, ModelError> {
+    let st = exec.stream();
     let v = &cfg.vision_config;
     let grid = PatchGrid::new(cfg, img)?;
     let dv = v.hidden_size;
     let n = grid.patches();
     let dims = dims(cfg);
-    let e = params.vision_embed();
-    let mut embed = vec![0.0; n * dv];
+    let e = params.vision_embed()?;
+    let shape = [img.len(), img.channels, img.height, img.width];
+    let pixels = exec.upload(&img.pixel_values, &shape)?;
+    let mut embed = exec.empty(&[n, dv])?;
     for i in 0..img.len() {
-        let pixels = &img.pixel_values[i * img.image_len()..][..img.image_len()];
-        let out = &mut embed[grid.span(i).start * dv..grid.span(i).end * dv];
+        let mut out = embed.rows_mut(grid.span(i))?;
+        let geom = grid.geom(img, i, v.patch_size);
         A::patch_embed(
-            out,
-            pixels,
-            e.patch_conv,
-            grid.geom(img, i, v.patch_size),
+            st,
+            &mut out,
+            &pixels.rows(i..i + 1)?,
+            &e.patch_conv,
+            geom,
             dv,
         )?;
     }
-    let mut x0 = vec![0.0; n * dv];
-    let mut rstd_pre = vec![0.0; n];
-    rmsnorm::rmsnorm_forward(&mut x0, &mut rstd_pre, &embed, e.ln_pre, dv, dims.eps)?;
+    let mut x0 = exec.empty(&[n, dv])?;
+    let mut rstd_pre = exec.empty(&[n])?;
+    let (mut xv, mut rv) = (x0.view_mut(), rstd_pre.view_mut());
+    rmsnorm::device::forward(st, &mut xv, &mut rv, &embed.view(), &e.ln_pre, dv, dims.eps)?;
 
     let (rope, pos) = grid.rope(v.head_dim(), v.rope_theta())?;
     let layers = cfg.vision_layers_used();
-    let mut scratch = BlockScratch::<A>::new(&dims, n);
-    let mut resid = vec![x0];
+    let mut scratch = FwdScratch::new(exec, &dims, n)?;
+    let mut outs: Vec<Tensor<f32>> = Vec::with_capacity(layers);
     let mut blocks = Vec::with_capacity(layers);
     for l in 0..layers {
         let ctx = BlockCtx {
@@ -247,20 +252,31 @@ pub fn forward<A: Act>(
             pos: &pos,
             cu_seqlens: &grid.cu_seqlens,
         };
-        let mut acts = BlockActs::new(&dims, n);
-        let mut out = vec![0.0; n * dv];
-        let w = params.vision_layer(l).block();
-        block_forward(&ctx, &w, &mut acts, &mut scratch, &resid[l], &mut out)?;
-        resid.push(out);
+        let mut acts = BlockActs::new(exec, &dims, n)?;
+        let mut out = exec.empty(&[n, dv])?;
+        let w = params.vision_layer(l)?.block();
+        let x = outs.last().unwrap_or(&x0).view();
+        block_forward(
+            st,
+            &ctx,
+            &w,
+            &mut acts,
+            &mut scratch,
+            &x,
+            &mut out.view_mut(),
+        )?;
+        outs.push(out);
         blocks.push(acts);
     }
     Ok(PixtralActs {
         grid,
         rope,
         pos,
+        pixels,
         embed,
         rstd_pre,
-        resid,
+        x0,
+        outs,
         blocks,
     })
 }
@@ -274,26 +290,39 @@ pub struct VisionVisit {
     pub patch_embed: bool,
 }
 
-/// Pixtral backward from `dout [P, Dv]` (the gradient of [`PixtralActs::output`]): accumulates
-/// into the vision groups of `grads` that exist (frozen ones are skipped) and, when
-/// `dpixels` is given, into the pixel gradient `[N, C, H, W]` (padding gets none).
+/// Pixtral backward from `dout [P, Dv]` (the gradient of [`PixtralActs::output`], consumed):
+/// accumulates into the vision groups of `grads` that exist (frozen ones are skipped) and,
+/// when `dpixels` is given, into the pixel gradient `[N, C, H, W]` (padding gets none).
+#[allow(clippy::too_many_arguments)]
 pub fn backward<A: Act>(
+    exec: &Exec,
     cfg: &Mistral3Config,
     params: &Params,
     a: &PixtralActs<A>,
     img: &Images,
-    dout: &[f32],
+    dout: Tensor<f32>,
     grads: &mut Grads,
-    mut dpixels: Option<&mut [f32]>,
+    mut dpixels: Option<&mut Tensor<f32>>,
 ) -> Result<VisionVisit, ModelError> {
+    let st = exec.stream();
     let v = &cfg.vision_config;
     let dv = v.hidden_size;
     let n = a.grid.patches();
     let dims = dims(cfg);
     let layout: &ParamLayout = &params.layout;
-    let mut scratch = BlockScratch::<A>::new(&dims, n);
-    let mut d = dout.to_vec();
-    let mut dprev = vec![0.0; n * dv];
+    let image_len = img.image_len();
+    if let Some(dp) = &dpixels {
+        if dp.numel() != img.len() * image_len {
+            return Err(ModelError::Input(format!(
+                "the pixel gradient holds {} values, pixel_values {}",
+                dp.numel(),
+                img.len() * image_len
+            )));
+        }
+    }
+    let mut scratch = BwdScratch::<A>::new(exec, &dims, n)?;
+    let mut d = dout;
+    let mut dprev = exec.empty(&[n, dv])?;
     let mut visit = VisionVisit::default();
     for l in (0..a.blocks.len()).rev() {
         let ctx = BlockCtx {
@@ -303,46 +332,59 @@ pub fn backward<A: Act>(
             cu_seqlens: &a.grid.cu_seqlens,
         };
         let g = layout.vision_layer(l);
-        let gl = grads
-            .group_mut(g)
-            .map(|buf| VisionLayer::split_mut(buf, &layout.groups[g]).block());
-        let w = params.vision_layer(l).block();
-        let x = &a.resid[l];
-        block_backward(&ctx, &w, gl, &a.blocks[l], &mut scratch, x, &d, &mut dprev)?;
+        let at = VisionLayer::ranges(&layout.groups[g]).block();
+        let gl: Option<BlockGrads> = grads.group(g, at);
+        let w: BlockWeights = params.vision_layer(l)?.block();
+        let (x, dv_) = (a.input(l).view(), d.view());
+        let mut dx = dprev.view_mut();
+        block_backward(
+            st,
+            &ctx,
+            &w,
+            gl,
+            &a.blocks[l],
+            &mut scratch,
+            &x,
+            &dv_,
+            &mut dx,
+        )?;
         std::mem::swap(&mut d, &mut dprev);
         visit.layers += 1;
     }
     // x0 = ln_pre(embed); embed = patch_conv(pixels)
-    let e = params.vision_embed();
+    let e = params.vision_embed()?;
     let g = ParamLayout::VISION_EMBED;
-    let mut ge = grads
-        .group_mut(g)
-        .map(|buf| VisionEmbed::split_mut(buf, &layout.groups[g]));
+    let at = VisionEmbed::ranges(&layout.groups[g]);
+    let mut ge = grads.group(g, at);
     if ge.is_none() && dpixels.is_none() {
         return Ok(visit);
     }
-    let mut dembed = vec![0.0; n * dv];
-    let mut sink = vec![0.0; dv];
-    let gln = ge.as_mut().map_or(&mut sink[..], |g| &mut *g.ln_pre);
-    rmsnorm::rmsnorm_backward(&mut dembed, gln, &d, &a.embed, e.ln_pre, &a.rstd_pre, dv)?;
-    let mut gconv = ge.map(|g| g.patch_conv);
+    drop(dprev);
+    let mut dembed = exec.zeros(&[n, dv])?;
+    let mut gln = match ge.as_mut() {
+        Some(ge) => ge.win(|r| &r.ln_pre)?,
+        None => scratch.dw_sink.view_mut(),
+    };
+    let (dd, embed, rstd) = (d.view(), a.embed.view(), a.rstd_pre.view());
+    let mut de = dembed.view_mut();
+    rmsnorm::device::backward(st, &mut de, &mut gln, &dd, &embed, &e.ln_pre, &rstd, dv)?;
+    drop(gln);
     for i in 0..img.len() {
         let span = a.grid.span(i);
-        let range = i * img.image_len()..(i + 1) * img.image_len();
         let grads = PatchEmbedGrads {
-            dweight: gconv.as_deref_mut(),
-            dpixels: dpixels.as_deref_mut().map(|dp| &mut dp[range.clone()]),
+            dweight: ge.as_mut().map(|g| g.win(|r| &r.patch_conv)).transpose()?,
+            dpixels: dpixels
+                .as_deref_mut()
+                .map(|dp| {
+                    dp.buffer_mut()
+                        .slice_mut(i * image_len..(i + 1) * image_len)
+                })
+                .transpose()?,
         };
-        let dout = &dembed[span.start * dv..span.end * dv];
+        let dout = dembed.rows(span)?;
         let geom = a.grid.geom(img, i, v.patch_size);
-        A::patch_embed_back(
-            grads,
-            dout,
-            &img.pixel_values[range],
-            e.patch_conv,
-            geom,
-            dv,
-        )?;
+        let pixels = a.pixels.rows(i..i + 1)?; // [C, H, W]
+        A::patch_embed_back(st, grads, &dout, &pixels, &e.patch_conv, geom, dv)?;
     }
     visit.patch_embed = true;
     Ok(visit)

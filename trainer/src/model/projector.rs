@@ -10,24 +10,32 @@
 //! h1      = h0 W1^T             [M, D]
 //! out     = gelu(h1) W2^T       [M, D]   one row per [IMG] token, images in order
 //! ```
+//!
+//! The merge is two data-movement ops on the device: a row gather of the normed patches in
+//! merge order (`[M*m*m, Dv]`, `sources` below, a host index list) and a batched transpose of
+//! each token's `[m*m, Dv]` block to `[Dv, m*m]`; its backward is the transpose back and a
+//! row scatter-add (dropped odd rows/cols get 0).
 
 use super::config::Mistral3Config;
-use super::ops::{self, linear, linear_back, store, Act};
+use super::exec::Exec;
+use super::ops::{linear, linear_back, store, Act};
 use super::params::{Grads, Params, Projector};
 use super::pixtral::PatchGrid;
-use cannon_kernels::{gelu, rmsnorm, KernelError};
+use cannon_kernels::index::{self, TransposeDims};
+use cannon_kernels::{gelu, rmsnorm, KernelError, Tensor};
+use cannon_runtime::{BufferView, BufferViewMut};
 
 /// Everything the projector forward saves.
-#[derive(Clone, Debug)]
-pub struct ProjectorActs<A> {
+#[derive(Debug)]
+pub struct ProjectorActs<A: bytemuck::Pod> {
     /// `sources[t*m*m + di*m + dj]` = the patch merged into token t at block offset (di, dj).
     pub sources: Vec<usize>,
-    pub rstd: Vec<f32>, // [P]
-    pub merged: Vec<A>, // [M, Dv*m*m]  norm output, gathered
-    pub h0: Vec<A>,     // [M, Dv]
-    pub h1: Vec<f32>,   // [M, D]
-    pub act: Vec<A>,    // [M, D]  gelu(h1)
-    pub out: Vec<f32>,  // [M, D]
+    pub rstd: Tensor<f32>, // [P]
+    pub merged: Tensor<A>, // [M, Dv*m*m]  norm output, gathered
+    pub h0: Tensor<A>,     // [M, Dv]
+    pub h1: Tensor<f32>,   // [M, D]
+    pub act: Tensor<A>,    // [M, D]  gelu(h1)
+    pub out: Tensor<f32>,  // [M, D]
 }
 
 /// Merged tokens per image, in order (`(rows/m) * (cols/m)`).
@@ -54,133 +62,175 @@ fn merge_sources(grid: &PatchGrid, m: usize) -> Vec<usize> {
     sources
 }
 
+/// The merge's transpose of each token's `[m*m, Dv]` block of gathered rows to `[Dv, m*m]`.
+fn merge_dims(tokens: usize, dv: usize, mm: usize) -> TransposeDims {
+    TransposeDims {
+        batch: tokens,
+        rows: mm,
+        cols: dv,
+    }
+}
+
 /// Projector forward from the vision output `x [P, Dv]`.
 pub fn forward<A: Act>(
+    exec: &Exec,
     cfg: &Mistral3Config,
     params: &Params,
     grid: &PatchGrid,
-    x: &[f32],
+    x: &BufferView<'_, f32>,
 ) -> Result<ProjectorActs<A>, KernelError> {
+    let st = exec.stream();
     let dv = cfg.vision_config.hidden_size;
     let d = cfg.text_config.hidden_size;
     let m = cfg.spatial_merge_size;
     let mm = m * m;
-    let w = params.projector();
+    let w = params.projector()?;
     let p = x.len() / dv.max(1);
     let eps = cfg.text_config.rms_norm_eps as f32;
-    let mut rstd = vec![0.0; p];
-    let mut xn = vec![0.0; p * dv];
-    rmsnorm::rmsnorm_forward(&mut xn, &mut rstd, x, w.norm, dv, eps)?;
-
     let sources = merge_sources(grid, m);
-    let tokens = sources.len() / mm;
-    let mut merged32 = vec![0.0; tokens * dv * mm];
-    for (row, src) in merged32
-        .chunks_exact_mut(dv * mm)
-        .zip(sources.chunks_exact(mm))
-    {
-        for (q, &s) in src.iter().enumerate() {
-            for (c, &v) in xn[s * dv..][..dv].iter().enumerate() {
-                row[c * mm + q] = v;
-            }
-        }
-    }
-    let mut merged = ops::zeros::<A>(merged32.len());
-    store(&merged32, &mut merged)?;
-    let mut h = vec![0.0; tokens * dv];
-    linear(&mut h, &merged, w.merge, dv * mm, dv)?;
-    let mut h0 = ops::zeros::<A>(h.len());
-    store(&h, &mut h0)?;
-    let mut h1 = vec![0.0; tokens * d];
-    linear(&mut h1, &h0, w.linear_1, dv, d)?;
-    let mut g = vec![0.0; tokens * d];
-    gelu::gelu_forward(&mut g, &h1)?;
-    let mut act = ops::zeros::<A>(g.len());
-    store(&g, &mut act)?;
-    let mut out = vec![0.0; tokens * d];
-    linear(&mut out, &act, w.linear_2, d, d)?;
-    Ok(ProjectorActs {
+    let tokens = sources.len() / mm.max(1);
+    let mut a = ProjectorActs {
+        rstd: exec.empty(&[p])?,
+        merged: exec.empty(&[tokens, dv * mm])?,
+        h0: exec.empty(&[tokens, dv])?,
+        h1: exec.empty(&[tokens, d])?,
+        act: exec.empty(&[tokens, d])?,
+        out: exec.empty(&[tokens, d])?,
         sources,
-        rstd,
-        merged,
-        h0,
-        h1,
-        act,
-        out,
-    })
+    };
+    // f32 working tensors, freed on return.
+    let mut xn = exec.empty::<f32>(&[p, dv])?;
+    let mut gathered = exec.empty::<f32>(&[tokens * mm, dv])?;
+    let mut merged32 = exec.empty::<f32>(&[tokens, dv * mm])?;
+    let mut h = exec.empty::<f32>(&[tokens, dv])?;
+    let mut g = exec.empty::<f32>(&[tokens, d])?;
+
+    rmsnorm::device::forward(
+        st,
+        &mut xn.view_mut(),
+        &mut a.rstd.view_mut(),
+        x,
+        &w.norm,
+        dv,
+        eps,
+    )?;
+    index::device::gather(st, &mut gathered.view_mut(), &xn.view(), &a.sources, dv)?;
+    let md = merge_dims(tokens, dv, mm);
+    index::device::transposed(st, &mut merged32.view_mut(), &gathered.view(), md)?;
+    store(st, &merged32.view(), &mut a.merged.view_mut())?;
+    linear(
+        st,
+        &mut h.view_mut(),
+        &a.merged.view(),
+        &w.merge,
+        dv * mm,
+        dv,
+    )?;
+    store(st, &h.view(), &mut a.h0.view_mut())?;
+    linear(st, &mut a.h1.view_mut(), &a.h0.view(), &w.linear_1, dv, d)?;
+    gelu::device::forward(st, &mut g.view_mut(), &a.h1.view())?;
+    store(st, &g.view(), &mut a.act.view_mut())?;
+    linear(st, &mut a.out.view_mut(), &a.act.view(), &w.linear_2, d, d)?;
+    Ok(a)
 }
 
 /// Projector backward from `dout [M, D]`: accumulates the projector's weight gradients if its
-/// group trains, and when `dx` is given accumulates the gradient of the vision output into it.
+/// group trains, and when `dx` is given accumulates the gradient of the vision output
+/// `x [P, Dv]` into it.
+#[allow(clippy::too_many_arguments)]
 pub fn backward<A: Act>(
+    exec: &Exec,
     cfg: &Mistral3Config,
     params: &Params,
     a: &ProjectorActs<A>,
-    x: &[f32],
-    dout: &[f32],
+    x: &BufferView<'_, f32>,
+    dout: &BufferView<'_, f32>,
     grads: &mut Grads,
-    dx: Option<&mut [f32]>,
+    dx: Option<BufferViewMut<'_, f32>>,
 ) -> Result<(), KernelError> {
+    let st = exec.stream();
     let dv = cfg.vision_config.hidden_size;
     let d = cfg.text_config.hidden_size;
     let mm = cfg.spatial_merge_size * cfg.spatial_merge_size;
     let tokens = a.sources.len() / mm.max(1);
-    let w = params.projector();
+    let p = x.len() / dv.max(1);
+    let w = params.projector()?;
     let gi = params.layout.projector();
-    let mut g = grads
-        .group_mut(gi)
-        .map(|buf| Projector::split_mut(buf, &params.layout.groups[gi]));
+    let mut g = grads.group(gi, Projector::ranges(&params.layout.groups[gi]));
+    // Working tensors, freed on return: the gradients of every saved activation, back to
+    // the norm's input (a throwaway one when nothing below the projector needs it: the norm
+    // weight's gradient needs the same pass).
+    let mut dact = exec.zeros::<f32>(&[tokens, d])?;
+    let mut dh1 = exec.zeros::<f32>(&[tokens, d])?;
+    let mut dh0 = exec.zeros::<f32>(&[tokens, dv])?;
+    let mut dmerged = exec.zeros::<f32>(&[tokens, dv * mm])?;
+    let mut dgathered = exec.empty::<f32>(&[tokens * mm, dv])?;
+    let mut dxn = exec.zeros::<f32>(&[p, dv])?;
+    let mut norm_sink = exec.empty::<f32>(&[dv])?;
+    let mut x_sink = match dx {
+        Some(_) => None,
+        None => Some(exec.zeros::<f32>(&[p, dv])?),
+    };
 
-    let mut dact = vec![0.0; tokens * d];
-    let g2 = g.as_mut().map(|g| &mut *g.linear_2);
-    linear_back(Some(&mut dact), g2, dout, &a.act, w.linear_2, d, d)?;
-    let mut dh1 = vec![0.0; tokens * d];
-    gelu::gelu_backward(&mut dh1, &dact, &a.h1)?;
-    let mut dh0 = vec![0.0; tokens * dv];
-    let g1 = g.as_mut().map(|g| &mut *g.linear_1);
-    linear_back(Some(&mut dh0), g1, &dh1, &a.h0, w.linear_1, dv, d)?;
-    let gm = g.as_mut().map(|g| &mut *g.merge);
-    let mut dmerged = vec![0.0; tokens * dv * mm];
+    let g2 = g.as_mut().map(|g| g.win(|r| &r.linear_2)).transpose()?;
     linear_back(
-        Some(&mut dmerged),
+        st,
+        Some(dact.view_mut()),
+        g2,
+        dout,
+        &a.act.view(),
+        &w.linear_2,
+        d,
+        d,
+    )?;
+    gelu::device::backward(st, &mut dh1.view_mut(), &dact.view(), &a.h1.view())?;
+    let g1 = g.as_mut().map(|g| g.win(|r| &r.linear_1)).transpose()?;
+    linear_back(
+        st,
+        Some(dh0.view_mut()),
+        g1,
+        &dh1.view(),
+        &a.h0.view(),
+        &w.linear_1,
+        dv,
+        d,
+    )?;
+    let gm = g.as_mut().map(|g| g.win(|r| &r.merge)).transpose()?;
+    let merged = a.merged.view();
+    linear_back(
+        st,
+        Some(dmerged.view_mut()),
         gm,
-        &dh0,
-        &a.merged,
-        w.merge,
+        &dh0.view(),
+        &merged,
+        &w.merge,
         dv * mm,
         dv,
     )?;
-    let dxn = scatter_merged(&dmerged, &a.sources, dv, mm, x.len());
-    // The norm's input gradient is only needed below the projector; its weight gradient
-    // needs the same pass, so a frozen tower still gets a throwaway buffer.
-    let mut sink = Vec::new();
-    let dx = match dx {
-        Some(dx) => dx,
-        None => {
-            sink.resize(x.len(), 0.0);
-            &mut sink[..]
-        }
+    // The transpose of the merge gather: [M, Dv, m*m] -> [M, m*m, Dv] -> rows of [P, Dv].
+    let back = TransposeDims {
+        batch: tokens,
+        rows: dv,
+        cols: mm,
     };
-    let mut norm_sink = vec![0.0; dv];
-    let gn = g.map_or(&mut norm_sink[..], |g| g.norm);
-    rmsnorm::rmsnorm_backward(dx, gn, &dxn, x, w.norm, &a.rstd, dv)
+    index::device::transposed(st, &mut dgathered.view_mut(), &dmerged.view(), back)?;
+    index::device::scatter_add(st, &mut dxn.view_mut(), &dgathered.view(), &a.sources, dv)?;
+    let mut dx = match (dx, x_sink.as_mut()) {
+        (Some(dx), _) => dx,
+        (None, Some(sink)) => sink.view_mut(),
+        (None, None) => return Err(missing("projector x gradient")),
+    };
+    let mut gn = match g.as_mut() {
+        Some(g) => g.win(|r| &r.norm)?,
+        None => norm_sink.view_mut(),
+    };
+    let (dxn, rstd) = (dxn.view(), a.rstd.view());
+    rmsnorm::device::backward(st, &mut dx, &mut gn, &dxn, x, &w.norm, &rstd, dv)
 }
 
-/// The transpose of the merge gather: `[M, Dv*m*m]` back to `[P, Dv]` (dropped patches get 0).
-fn scatter_merged(
-    dmerged: &[f32],
-    sources: &[usize],
-    dv: usize,
-    mm: usize,
-    len: usize,
-) -> Vec<f32> {
-    let mut dxn = vec![0.0; len];
-    for (row, src) in dmerged.chunks_exact(dv * mm).zip(sources.chunks_exact(mm)) {
-        for (q, &s) in src.iter().enumerate() {
-            for (c, o) in dxn[s * dv..][..dv].iter_mut().enumerate() {
-                *o += row[c * mm + q];
-            }
-        }
+fn missing(what: &str) -> KernelError {
+    KernelError::InvalidArgument {
+        op: "projector",
+        detail: format!("{what} missing"),
     }
-    dxn
 }

@@ -9,7 +9,9 @@
 //! f32, bf16 or f16 and are widened to f32. A tensor the model lacks, one it needs but the
 //! checkpoint lacks, a wrong shape, a duplicate or another dtype is an error naming it.
 
+use super::exec::Exec;
 use super::params::{ParamLayout, Params};
+use super::ModelError;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -134,9 +136,19 @@ fn checkpoint_files(dir: &Path) -> Result<FileList, WeightsError> {
     Err(WeightsError::NoWeights(dir.to_path_buf()))
 }
 
-/// Loads the checkpoint in `dir` into zero-initialised groups laid out by `layout`.
-pub fn load_params(dir: &Path, layout: ParamLayout) -> Result<Params, WeightsError> {
-    let mut params = Params::zeros(layout);
+/// Loads the checkpoint in `dir` into groups laid out by `layout` on `exec`'s device (read
+/// and widened on the host, then uploaded group by group).
+pub fn load_params(exec: &Exec, dir: &Path, layout: ParamLayout) -> Result<Params, ModelError> {
+    let data = load_host(dir, &layout)?;
+    Params::from_host(exec, layout, &data)
+}
+
+/// Loads the checkpoint in `dir` into host groups laid out by `layout`.
+pub fn load_host(dir: &Path, layout: &ParamLayout) -> Result<Vec<Vec<f32>>, WeightsError> {
+    let mut params = HostParams {
+        layout,
+        data: layout.groups.iter().map(|g| vec![0.0; g.len]).collect(),
+    };
     // 5.x name -> the name it was loaded under, to report duplicates.
     let mut loaded: HashMap<String, String> = HashMap::new();
     for (path, expected) in checkpoint_files(dir)? {
@@ -195,7 +207,13 @@ pub fn load_params(dir: &Path, layout: ParamLayout) -> Result<Params, WeightsErr
             more: missing.len() - 1,
         });
     }
-    Ok(params)
+    Ok(params.data)
+}
+
+/// Host groups being filled from a checkpoint.
+struct HostParams<'a> {
+    layout: &'a ParamLayout,
+    data: Vec<Vec<f32>>,
 }
 
 /// Widens little-endian f32/bf16/f16 bytes into `dst`; false for any other dtype.

@@ -1,0 +1,91 @@
+//! Where the model's work runs and where its memory comes from: one stream and the caching
+//! allocator its tensors are taken from.
+//!
+//! By default that is the device's process-wide allocator
+//! ([`CachingAllocator::for_device`]), so the figures a step reports are the device's. A
+//! trainer (or a test) that wants the model's own figures, untouched by other work in the
+//! process, gives it a private allocator with [`Exec::with_allocator`].
+
+use cannon_kernels::{KernelError, Tensor};
+use cannon_runtime::{CachingAllocator, Device, MemoryStats, Stream};
+use std::sync::Arc;
+
+/// A stream and the allocator the model's tensors come from (same device).
+#[derive(Clone, Debug)]
+pub struct Exec {
+    stream: Arc<Stream>,
+    alloc: Arc<CachingAllocator>,
+}
+
+impl Exec {
+    /// The host, with the process-wide CPU allocator.
+    pub fn cpu() -> Self {
+        let alloc = CachingAllocator::for_device(Device::Cpu)
+            .unwrap_or_else(|_| CachingAllocator::new_cpu());
+        Exec {
+            stream: Arc::new(Stream::cpu()),
+            alloc,
+        }
+    }
+
+    /// A new stream on `device` with the device's allocator.
+    pub fn new(device: Device) -> Result<Self, KernelError> {
+        Ok(Exec {
+            stream: Arc::new(Stream::new(device)?),
+            alloc: CachingAllocator::for_device(device)?,
+        })
+    }
+
+    /// A stream with a given allocator; both must be on the same device.
+    pub fn with_allocator(
+        stream: Arc<Stream>,
+        alloc: Arc<CachingAllocator>,
+    ) -> Result<Self, KernelError> {
+        if stream.device() != alloc.device() {
+            return Err(KernelError::Runtime(
+                cannon_runtime::Error::DeviceMismatch {
+                    what: "Exec::with_allocator",
+                    expected: stream.device(),
+                    found: alloc.device(),
+                },
+            ));
+        }
+        Ok(Exec { stream, alloc })
+    }
+
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    pub fn allocator(&self) -> &Arc<CachingAllocator> {
+        &self.alloc
+    }
+
+    pub fn device(&self) -> Device {
+        self.stream.device()
+    }
+
+    /// The allocator's figures now.
+    pub fn memory(&self) -> MemoryStats {
+        self.alloc.stats()
+    }
+
+    /// A tensor whose contents are unspecified (for outputs an op overwrites).
+    pub fn empty<T: bytemuck::Pod>(&self, shape: &[usize]) -> Result<Tensor<T>, KernelError> {
+        Tensor::empty_in(&self.alloc, shape)
+    }
+
+    /// A tensor of zeros (for outputs an op accumulates into).
+    pub fn zeros<T: bytemuck::Pod>(&self, shape: &[usize]) -> Result<Tensor<T>, KernelError> {
+        Tensor::zeros_in(&self.alloc, &self.stream, shape)
+    }
+
+    /// A device copy of host data.
+    pub fn upload<T: bytemuck::Pod>(
+        &self,
+        data: &[T],
+        shape: &[usize],
+    ) -> Result<Tensor<T>, KernelError> {
+        Tensor::from_host_in(&self.alloc, &self.stream, data, shape)
+    }
+}
