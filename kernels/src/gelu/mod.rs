@@ -14,8 +14,7 @@
 //! gradient **accumulates** (`dx +=`).
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 

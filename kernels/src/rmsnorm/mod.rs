@@ -22,8 +22,7 @@
 //! thread counts.
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 

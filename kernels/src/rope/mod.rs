@@ -26,8 +26,7 @@
 //! bf16 tolerance).
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 

@@ -14,8 +14,7 @@
 //! The gradients **accumulate** (`+=`, llm.c's convention): zero them first if needed.
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 

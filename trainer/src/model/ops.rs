@@ -42,12 +42,9 @@ use cannon_kernels::patch_embed::{self, PatchEmbedGrads, PatchGeom};
 use cannon_kernels::KernelError;
 use half::bf16;
 
-/// Numeric precision of a run (see the module docs for what each one rounds).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Precision {
-    F32,
-    Bf16,
-}
+/// Numeric precision of a run (see the module docs for what each one rounds): the kernels'
+/// one [`Precision`], which names the precision of the GEMM products.
+pub use cannon_kernels::Precision;
 
 /// The storage type of the activations that feed GEMMs and the attention: `f32` for an f32
 /// run, `bf16` for mixed precision. GEMMs always read f32 master weights and write f32.
@@ -99,7 +96,7 @@ impl Act for f32 {
     const PRECISION: Precision = Precision::F32;
 
     fn linear(y: &mut [f32], x: &[f32], w: &[f32], d: LinearDims) -> Result<(), KernelError> {
-        linear::linear_forward(y, x, w, None, d)
+        linear::linear_forward(Precision::F32, y, x, w, None, d)
     }
 
     fn linear_back(
@@ -109,7 +106,7 @@ impl Act for f32 {
         w: &[f32],
         d: LinearDims,
     ) -> Result<(), KernelError> {
-        linear::linear_backward(g, dy, x, w, d)
+        linear::linear_backward(Precision::F32, g, dy, x, w, d)
     }
 
     fn linear_back_act(
@@ -119,7 +116,7 @@ impl Act for f32 {
         w: &[f32],
         d: LinearDims,
     ) -> Result<(), KernelError> {
-        linear::linear_backward(g, dy, x, w, d)
+        linear::linear_backward(Precision::F32, g, dy, x, w, d)
     }
 
     fn patch_embed(
@@ -129,7 +126,7 @@ impl Act for f32 {
         g: PatchGeom,
         d: usize,
     ) -> Result<(), KernelError> {
-        patch_embed::patch_embed_forward(out, pixels, w, g, d)
+        patch_embed::patch_embed_forward(Precision::F32, out, pixels, w, g, d)
     }
 
     fn patch_embed_back(
@@ -140,7 +137,7 @@ impl Act for f32 {
         g: PatchGeom,
         d: usize,
     ) -> Result<(), KernelError> {
-        patch_embed::patch_embed_backward(grads, dout, pixels, w, g, d)
+        patch_embed::patch_embed_backward(Precision::F32, grads, dout, pixels, w, g, d)
     }
 }
 
@@ -148,7 +145,7 @@ impl Act for bf16 {
     const PRECISION: Precision = Precision::Bf16;
 
     fn linear(y: &mut [f32], x: &[bf16], w: &[f32], d: LinearDims) -> Result<(), KernelError> {
-        linear::linear_forward_bf16(y, x, w, None, d)
+        linear::linear_forward(Precision::Bf16, y, x, w, None, d)
     }
 
     fn linear_back(
@@ -158,7 +155,7 @@ impl Act for bf16 {
         w: &[f32],
         d: LinearDims,
     ) -> Result<(), KernelError> {
-        linear::linear_backward_bf16(g, dy, x, w, d)
+        linear::linear_backward(Precision::Bf16, g, dy, x, w, d)
     }
 
     fn linear_back_act(
@@ -168,7 +165,7 @@ impl Act for bf16 {
         w: &[f32],
         d: LinearDims,
     ) -> Result<(), KernelError> {
-        linear::linear_backward_bf16(g, dy, x, w, d)
+        linear::linear_backward(Precision::Bf16, g, dy, x, w, d)
     }
 
     fn patch_embed(
@@ -178,7 +175,7 @@ impl Act for bf16 {
         g: PatchGeom,
         d: usize,
     ) -> Result<(), KernelError> {
-        patch_embed::patch_embed_forward_bf16(out, pixels, w, g, d)
+        patch_embed::patch_embed_forward(Precision::Bf16, out, pixels, w, g, d)
     }
 
     fn patch_embed_back(
@@ -189,7 +186,7 @@ impl Act for bf16 {
         g: PatchGeom,
         d: usize,
     ) -> Result<(), KernelError> {
-        patch_embed::patch_embed_backward_bf16(grads, dout, pixels, w, g, d)
+        patch_embed::patch_embed_backward(Precision::Bf16, grads, dout, pixels, w, g, d)
     }
 }
 
