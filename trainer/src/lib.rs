@@ -1,4 +1,5 @@
 //! cannon-trainer: the Mistral3 trainer and the `cannon` binary.
+pub mod batch;
 pub mod cli;
 pub mod data;
 pub mod model;

@@ -129,13 +129,11 @@ impl Reference {
             .map(|s| (s[0] as usize, s[1] as usize))
             .collect();
         let images = match pshape[..] {
-            [n, c, h, w] if n == sizes.len() && !sizes.is_empty() => Images {
-                pixel_values: pix.iter().map(|&x| x as f32).collect(),
-                channels: c,
-                height: h,
-                width: w,
-                sizes,
-            },
+            [n, c, h, w] if n == sizes.len() && !sizes.is_empty() => {
+                let pix: Vec<f32> = pix.iter().map(|&x| x as f32).collect();
+                Images::from_padded(&pix, [n, c, h, w], &sizes)
+                    .map_err(|e| VerifyError::Unusable(format!("input.pixel_values: {e}")))?
+            }
             _ if sizes.is_empty() => Images::default(),
             _ => {
                 return Err(VerifyError::Unusable(format!(
@@ -146,11 +144,11 @@ impl Reference {
         };
         Ok(Batch {
             input_ids: ids.iter().map(|&x| x as u32).collect(),
-            labels: labels.iter().map(|&x| x as i64).collect(),
-            position_ids: Vec::new(),
+            labels: labels.iter().map(|&x| x as i32).collect(),
             rows,
             seq,
             images,
+            ..Batch::default()
         })
     }
 }
@@ -330,6 +328,7 @@ fn verify_as<A: Act>(
             continue;
         };
         if param == "pixel_values" {
+            let (dpix, _) = batch.images.to_padded(&dpix).map_err(ModelError::from)?;
             report.compare(name, shape, &dpix, want, tol.grad);
             continue;
         }
@@ -434,7 +433,7 @@ fn independence<A: Act>(
     };
     for j in 0..img.len() {
         let mut perturbed = img.clone();
-        for x in &mut perturbed.pixel_values[j * img.image_len()..][..img.image_len()] {
+        for x in &mut perturbed.pixel_values[img.range(j)] {
             *x = -*x + 0.5;
         }
         let (v1, p1) = run(&perturbed)?;
@@ -459,7 +458,7 @@ fn independence<A: Act>(
         let mut dpix = vec![0.0; img.pixel_values.len()];
         model.backward_images(batch, &v0, &p0, &dfeat, &mut grads, Some(&mut dpix))?;
         for i in (0..img.len()).filter(|&i| i != j) {
-            let other = &dpix[i * img.image_len()..][..img.image_len()];
+            let other = &dpix[img.range(i)];
             grad_leak = grad_leak.max(other.iter().map(|x| x.abs() as f64).fold(0.0, f64::max));
         }
     }

@@ -14,9 +14,6 @@ use super::{DataError, Result};
 /// The placeholder LLaMA-Factory / MindSpeed-MM use for an image in message text.
 pub const IMAGE_PLACEHOLDER: &str = "<image>";
 
-/// Label of tokens that are not trained (torch's `ignore_index`).
-pub const IGNORE: i32 = -100;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
@@ -106,7 +103,7 @@ pub fn count_placeholders(messages: &[Message]) -> usize {
         .sum()
 }
 
-/// One turn: the prompt part (labels IGNORE) and the answer part (trained).
+/// One turn: the prompt part (labels IGNORE_INDEX) and the answer part (trained).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Turn {
     pub source: Vec<u32>,

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! logits[T,V] = xf[T,D] lm_head[V,D]^T
-//! loss        = mean over targets != -100 of  lse(logits[t]) - logits[t, target[t]]
+//! loss        = mean over targets != IGNORE_INDEX of  lse(logits[t]) - logits[t, target[t]]
 //! ```
 //!
 //! Full ([`LossMode::Full`]): the forward materialises the logits and writes d loss / d logits
@@ -74,7 +74,7 @@ impl<A: Act> ChunkedLogits for LmHead<'_, A> {
     }
 }
 
-/// Logits and loss of `xf [T,D]` against `targets [T]` (-100 = ignored).
+/// Logits and loss of `xf [T,D]` against `targets [T]` (`IGNORE_INDEX` = ignored).
 pub fn forward<A: Act>(
     mode: LossMode,
     xf: &[A],

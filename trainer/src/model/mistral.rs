@@ -12,7 +12,8 @@
 //! Packed sequences: a row may hold several sequences back to back. As transformers 5.x does
 //! for packed input without an attention mask, a new sequence starts at every row start and
 //! wherever `position_ids[t] != position_ids[t-1] + 1`; the attention's `cu_seqlens` are those
-//! sequences' ends, so no token sees another sequence.
+//! sequences' ends (the batch's, [`crate::batch::Batch::sequence_ends`]), so no token sees
+//! another sequence.
 
 use super::block::{
     block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockGrads, BlockScratch,
@@ -85,21 +86,6 @@ impl<'a> TextLayer<&'a mut [f32]> {
     }
 }
 
-/// Cumulative ends of the packed sequences of `rows` rows of `seq` tokens with these
-/// position ids (see the module docs).
-pub fn packed_cu_seqlens(pos: &[u32], seq: usize) -> Vec<usize> {
-    let mut ends = Vec::new();
-    for t in 1..pos.len() {
-        if t % seq.max(1) == 0 || pos[t] != pos[t - 1].wrapping_add(1) {
-            ends.push(t);
-        }
-    }
-    if !pos.is_empty() {
-        ends.push(pos.len());
-    }
-    ends
-}
-
 /// `x0 [T,D]`: token embeddings with the image features spliced into the [IMG] positions.
 pub fn embed(
     cfg: &Mistral3Config,
@@ -152,17 +138,24 @@ pub fn embed_backward(
     Ok(dfeat)
 }
 
-/// Decoder forward from `x0 [T,D]` (tokens at position ids `pos`, rows of `seq`) to the final
-/// norm's output.
+/// Decoder forward from `x0 [T,D]` (tokens at position ids `pos`, packed sequences ending at
+/// `cu_seqlens`, see [`crate::batch::sequence_ends`]) to the final norm's output.
 pub fn forward<A: Act>(
     cfg: &Mistral3Config,
     params: &Params,
     x0: Vec<f32>,
     pos: Vec<u32>,
-    seq: usize,
+    cu_seqlens: Vec<usize>,
 ) -> Result<TextActs<A>, ModelError> {
     let t = &cfg.text_config;
-    let cu_seqlens = packed_cu_seqlens(&pos, seq);
+    if cu_seqlens.last() != Some(&pos.len()) || pos.len() * t.hidden_size != x0.len() {
+        return Err(ModelError::Input(format!(
+            "{} position ids, {} embedding values and sequences ending at {:?} disagree",
+            pos.len(),
+            x0.len(),
+            cu_seqlens.last()
+        )));
+    }
     if let Some(w) = t.sliding_window {
         let mut start = 0;
         for &end in &cu_seqlens {

@@ -1,7 +1,7 @@
 //! Pixtral vision tower, forward and backward.
 //!
 //! ```text
-//! pixel_values [N,C,Hmax,Wmax]            each image cropped to its own size
+//! pixel_values N x [C,h,w]                each image at its own size (`batch::Images`)
 //! embed  = patch_conv(image)              [P,Dv]       per image (patch_embed kernel: im2col
 //!                                                       + GEMM), patches row-major, images
 //!                                                       concatenated
@@ -21,37 +21,11 @@ use super::block::{
 use super::config::{Mistral3Config, VISION_RMS_EPS};
 use super::ops::Act;
 use super::params::{Grads, ParamLayout, Params, VisionEmbed, VisionLayer};
-use super::ModelError;
+use super::{Images, ModelError};
 use cannon_kernels::patch_embed::{PatchEmbedGrads, PatchGeom};
 use cannon_kernels::rmsnorm;
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::KernelError;
-
-/// A batch of images: `pixel_values [N, C, H, W]` zero padded to the largest image, and each
-/// image's `(height, width)` in pixels.
-#[derive(Clone, Debug, Default)]
-pub struct Images {
-    pub pixel_values: Vec<f32>,
-    pub channels: usize,
-    pub height: usize,
-    pub width: usize,
-    pub sizes: Vec<(usize, usize)>,
-}
-
-impl Images {
-    pub fn len(&self) -> usize {
-        self.sizes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.sizes.is_empty()
-    }
-
-    /// Elements of one padded image.
-    pub fn image_len(&self) -> usize {
-        self.channels * self.height * self.width
-    }
-}
 
 /// The patch grid of every image: `(rows, cols)` of patches and the cumulative patch ends.
 #[derive(Clone, Debug)]
@@ -71,26 +45,22 @@ impl PatchGrid {
                 img.channels, v.num_channels
             )));
         }
-        if img.pixel_values.len() != img.len() * img.image_len() {
+        if img.pixel_values.len() != img.expected_len() {
             return Err(ModelError::Input(format!(
-                "pixel_values hold {} values, {} images of [{}, {}, {}] need {}",
+                "pixel_values hold {} values, {} images of {} channels at their sizes need {}",
                 img.pixel_values.len(),
                 img.len(),
                 img.channels,
-                img.height,
-                img.width,
-                img.len() * img.image_len()
+                img.expected_len()
             )));
         }
         let mut grids = Vec::with_capacity(img.len());
         let mut cu_seqlens = Vec::with_capacity(img.len());
         let mut total = 0;
         for (i, &(h, w)) in img.sizes.iter().enumerate() {
-            if h > img.height || w > img.width || h < p || w < p {
+            if h < p || w < p {
                 return Err(ModelError::Input(format!(
-                    "image {i}: size {h}x{w} must be at least one {p}x{p} patch and fit the \
-                     padded {}x{} pixel_values",
-                    img.height, img.width
+                    "image {i}: size {h}x{w} must be at least one {p}x{p} patch"
                 )));
             }
             grids.push((h / p, w / p));
@@ -127,8 +97,8 @@ impl PatchGrid {
         let (h, w) = img.sizes[i];
         PatchGeom {
             channels: img.channels,
-            height: img.height,
-            width: img.width,
+            height: h,
+            width: w,
             h,
             w,
             patch,
@@ -221,7 +191,7 @@ pub fn forward<A: Act>(
     let e = params.vision_embed();
     let mut embed = vec![0.0; n * dv];
     for i in 0..img.len() {
-        let pixels = &img.pixel_values[i * img.image_len()..][..img.image_len()];
+        let pixels = &img.pixel_values[img.range(i)];
         let out = &mut embed[grid.span(i).start * dv..grid.span(i).end * dv];
         A::patch_embed(
             out,
@@ -276,7 +246,7 @@ pub struct VisionVisit {
 
 /// Pixtral backward from `dout [P, Dv]` (the gradient of [`PixtralActs::output`]): accumulates
 /// into the vision groups of `grads` that exist (frozen ones are skipped) and, when
-/// `dpixels` is given, into the pixel gradient `[N, C, H, W]` (padding gets none).
+/// `dpixels` is given, into the pixel gradient (laid out like `Images::pixel_values`).
 pub fn backward<A: Act>(
     cfg: &Mistral3Config,
     params: &Params,
@@ -288,6 +258,15 @@ pub fn backward<A: Act>(
 ) -> Result<VisionVisit, ModelError> {
     let v = &cfg.vision_config;
     let dv = v.hidden_size;
+    if let Some(dp) = dpixels.as_deref() {
+        if dp.len() != img.pixel_values.len() {
+            return Err(ModelError::Input(format!(
+                "the pixel gradient holds {} values, the images {}",
+                dp.len(),
+                img.pixel_values.len()
+            )));
+        }
+    }
     let n = a.grid.patches();
     let dims = dims(cfg);
     let layout: &ParamLayout = &params.layout;
@@ -328,7 +307,7 @@ pub fn backward<A: Act>(
     let mut gconv = ge.map(|g| g.patch_conv);
     for i in 0..img.len() {
         let span = a.grid.span(i);
-        let range = i * img.image_len()..(i + 1) * img.image_len();
+        let range = img.range(i);
         let grads = PatchEmbedGrads {
             dweight: gconv.as_deref_mut(),
             dpixels: dpixels.as_deref_mut().map(|dp| &mut dp[range.clone()]),
