@@ -16,6 +16,7 @@
 
 pub mod device;
 pub mod error;
+pub mod tolerance;
 
 // Deterministic data and comparison helpers for the unit tests, and (through the `testutil`
 // feature, which the crate's own dev-dependency on itself turns on) for its integration
