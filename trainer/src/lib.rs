@@ -2,3 +2,5 @@
 pub mod cli;
 pub mod data;
 pub mod model;
+pub mod train;
+pub mod verify;
