@@ -18,7 +18,7 @@ use super::block::{
     block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockGrads, BlockScratch,
     BlockWeights,
 };
-use super::config::{GateAct, Mistral3Config};
+use super::config::{HiddenAct, Mistral3Config};
 use super::ops::{self, store, Act};
 use super::params::{Grads, Params, TextEmbed, TextHead, TextLayer};
 use super::ModelError;
@@ -48,7 +48,7 @@ pub(crate) fn dims(cfg: &Mistral3Config) -> BlockDims {
         head_dim: t.head_dim(),
         inter: t.intermediate_size,
         causal: true,
-        act: GateAct::Silu,
+        act: HiddenAct::Silu,
         eps: t.rms_norm_eps as f32,
     }
 }
