@@ -1,5 +1,5 @@
 //! AdamW over runtime buffers: the CPU path is [`adamw_step`] on the host slices, the NPU
-//! path [`super::npu`]. params, grads, m, v: [N] f32.
+//! path [`super::npu`]. params, grads, m, v: `[N]` f32.
 
 use super::{adamw_step, npu, AdamW};
 use crate::device::{backend, Backend};

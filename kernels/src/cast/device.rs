@@ -1,5 +1,5 @@
 //! Casts over runtime buffers: the CPU path is [`cast_f32_to_bf16`] / [`cast_bf16_to_f32`] /
-//! [`cast`] on the host slices, the NPU path [`super::npu`]. src, dst: [N].
+//! [`cast`] on the host slices, the NPU path [`super::npu`]. src, dst: `[N]`.
 
 use super::{cast, cast_bf16_to_f32, cast_f32_to_bf16, npu, Elem};
 use crate::device::{backend, Backend};

@@ -1,5 +1,5 @@
 //! GELU (erf form) over runtime buffers: the CPU path is [`gelu_forward`] / [`gelu_backward`]
-//! on the host slices, the NPU path [`super::npu`]. All buffers: [N].
+//! on the host slices, the NPU path [`super::npu`]. All buffers: `[N]`.
 
 use super::{gelu_backward, gelu_forward, npu};
 use crate::cast::Elem;

@@ -1,5 +1,5 @@
 //! SwiGLU's gate activation over runtime buffers: the CPU path is [`swiglu_forward`] /
-//! [`swiglu_backward`] on the host slices, the NPU path [`super::npu`]. All buffers: [N].
+//! [`swiglu_backward`] on the host slices, the NPU path [`super::npu`]. All buffers: `[N]`.
 
 use super::{npu, swiglu_backward, swiglu_forward};
 use crate::cast::Elem;

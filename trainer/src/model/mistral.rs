@@ -1,5 +1,5 @@
 //! The Mistral language model, forward and backward, and the splice of image features into
-//! the [IMG] positions.
+//! the `[IMG]` positions.
 //!
 //! ```text
 //! x0      = embed_tokens[ids]                      [T,D]   T = B*S tokens
@@ -100,7 +100,7 @@ pub fn packed_cu_seqlens(pos: &[u32], seq: usize) -> Vec<usize> {
     ends
 }
 
-/// `x0 [T,D]`: token embeddings with the image features spliced into the [IMG] positions.
+/// `x0 [T,D]`: token embeddings with the image features spliced into the `[IMG]` positions.
 pub fn embed(
     cfg: &Mistral3Config,
     params: &Params,
@@ -126,9 +126,9 @@ pub fn embed(
     Ok(x)
 }
 
-/// Backward of [`embed`]: takes the [IMG] rows out of `dx0 [T,D]` as the gradient of the image
-/// features `[M,D]` (returned, in [IMG] order) and, if the embedding trains, scatter-adds the
-/// text rows into its gradient (the [IMG] rows, zeroed, add nothing).
+/// Backward of [`embed`]: takes the `[IMG]` rows out of `dx0 [T,D]` as the gradient of the image
+/// features `[M,D]` (returned, in `[IMG]` order) and, if the embedding trains, scatter-adds the
+/// text rows into its gradient (the `[IMG]` rows, zeroed, add nothing).
 pub fn embed_backward(
     cfg: &Mistral3Config,
     ids: &[u32],
