@@ -28,6 +28,14 @@
 pub mod backend;
 pub mod error;
 pub mod ops;
+pub mod tolerance;
+
+// Deterministic data and comparison helpers for the unit tests, and (through the `testutil`
+// feature, which the crate's own dev-dependency on itself turns on) for its integration
+// tests, benches and examples and the facade's tests. Not part of the API: hidden from the
+// docs and absent from a normal build.
+#[cfg(any(test, feature = "testutil"))]
+#[doc(hidden)]
 pub mod testutil;
 
 pub mod adamw;

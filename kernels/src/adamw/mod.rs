@@ -98,7 +98,7 @@ impl AdamW {
 }
 
 /// One AdamW step `step` (1-based) on `params` with gradient `grads`, updating the moments
-/// `m` and `v` in place. All four slices: [N].
+/// `m` and `v` in place. All four slices: `[N]`.
 pub fn adamw_step(
     params: &mut [f32],
     grads: &[f32],

@@ -189,7 +189,7 @@ fn check_apply<E>(
     Ok(())
 }
 
-/// Rotates `x` [T, H, D] in place by the angles of each token's slot `pos` [T].
+/// Rotates `x [T, H, D]` in place by the angles of each token's slot `pos [T]`.
 pub fn rope_forward<E: Elem>(
     x: &mut [E],
     n_heads: usize,

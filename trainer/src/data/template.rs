@@ -4,7 +4,7 @@
 //! does: the source (BOS, system, user) is never trained, the target (answer + EOS) is.
 //!
 //! `<image>` placeholders are replaced, in order over the whole conversation, by the token blocks
-//! of the images. Text is always encoded as plain text: a literal "[INST]" typed by a user stays
+//! of the images. Text is always encoded as plain text: a literal `[INST]` typed by a user stays
 //! text (as in mistral-common), so a dataset cannot inject control tokens.
 
 use super::image::ImageTokens;

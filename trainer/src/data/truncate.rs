@@ -58,9 +58,9 @@ pub fn assemble(turns: &[Turn], max_len: usize) -> Assembled {
     }
 }
 
-/// True when the ids hold every image's block whole: the [IMG] count equals the sum of
+/// True when the ids hold every image's block whole: the `[IMG]` count equals the sum of
 /// rows x cols over the images (`grids`, from their sizes, patch and merge size) and there is
-/// one [IMG_END] per image.
+/// one `[IMG_END]` per image.
 pub fn validate_input_ids(input_ids: &[u32], grids: &[(u32, u32)], t: ImageTokens) -> bool {
     let want_img: usize = grids.iter().map(|&(r, c)| (r * c) as usize).sum();
     let want_break: usize = grids

@@ -15,7 +15,7 @@
 //! attention in activation storage `A` (bf16 in a bf16 run), GEMM outputs, residuals and norm
 //! statistics in f32. [`block_backward`] is the same list read bottom-up.
 
-use super::config::GateAct;
+use super::config::HiddenAct;
 use super::ops::{self, add_into, linear, linear_back, linear_back_act, store, Act};
 use cannon_kernels::attention::{self, Qkv, QkvGrad, VarlenAttention};
 use cannon_kernels::rope::{self, RopeTable};
@@ -30,7 +30,7 @@ pub struct BlockDims {
     pub head_dim: usize,
     pub inter: usize,
     pub causal: bool,
-    pub act: GateAct,
+    pub act: HiddenAct,
     pub eps: f32,
 }
 
@@ -226,15 +226,15 @@ pub fn block_forward<A: Act>(
 /// `h[T,I] = act(gate) * up` in f32 (overwrites h). SiLU is the swiglu kernel; the GELU gate
 /// (Pixtral's default `hidden_act`) is composed from the gelu kernel and a product.
 fn gated_forward(
-    act: GateAct,
+    act: HiddenAct,
     gate: &[f32],
     up: &[f32],
     h: &mut [f32],
     tmp: &mut [f32],
 ) -> Result<(), KernelError> {
     match act {
-        GateAct::Silu => swiglu::swiglu_forward(h, gate, up),
-        GateAct::Gelu => {
+        HiddenAct::Silu => swiglu::swiglu_forward(h, gate, up),
+        HiddenAct::Gelu => {
             gelu::gelu_forward(tmp, gate)?;
             for ((h, &g), &u) in h.iter_mut().zip(tmp.iter()).zip(up) {
                 *h = g * u;
@@ -246,7 +246,7 @@ fn gated_forward(
 
 /// Backward of [`gated_forward`]: OVERWRITES `dgate`, `dup` from `dh`.
 fn gated_backward(
-    act: GateAct,
+    act: HiddenAct,
     gate: &[f32],
     up: &[f32],
     dh: &[f32],
@@ -256,8 +256,8 @@ fn gated_backward(
     dgate.fill(0.0);
     dup.fill(0.0);
     match act {
-        GateAct::Silu => swiglu::swiglu_backward(dgate, dup, dh, gate, up),
-        GateAct::Gelu => {
+        HiddenAct::Silu => swiglu::swiglu_backward(dgate, dup, dh, gate, up),
+        HiddenAct::Gelu => {
             // d up = dh gelu(gate);  d gate = gelu'(gate) (dh up)
             gelu::gelu_forward(dup, gate)?;
             for (((du, t), &g), &u) in dup.iter_mut().zip(tmp.iter_mut()).zip(dh).zip(up) {
@@ -349,7 +349,7 @@ mod tests {
         let gate: Vec<f32> = (0..n).map(|i| val(i, 0.37)).collect();
         let up: Vec<f32> = (0..n).map(|i| val(i, 0.71)).collect();
         let dh: Vec<f32> = (0..n).map(|i| val(i, 1.13)).collect();
-        for act in [GateAct::Silu, GateAct::Gelu] {
+        for act in [HiddenAct::Silu, HiddenAct::Gelu] {
             let (mut dg, mut du, mut tmp) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
             gated_backward(act, &gate, &up, &dh, (&mut dg, &mut du, &mut tmp)).unwrap();
             let h = |g: f32, u: f32| {

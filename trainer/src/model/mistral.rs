@@ -1,5 +1,5 @@
 //! The Mistral language model, forward and backward, and the splice of image features into
-//! the [IMG] positions.
+//! the `[IMG]` positions.
 //!
 //! ```text
 //! x0      = embed_tokens[ids]                      [T,D]   T = B*S tokens
@@ -19,7 +19,7 @@ use super::block::{
     block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockGrads, BlockScratch,
     BlockWeights,
 };
-use super::config::{GateAct, Mistral3Config};
+use super::config::{HiddenAct, Mistral3Config};
 use super::ops::{self, store, Act};
 use super::params::{Grads, Params, TextEmbed, TextHead, TextLayer};
 use super::ModelError;
@@ -49,7 +49,7 @@ pub(crate) fn dims(cfg: &Mistral3Config) -> BlockDims {
         head_dim: t.head_dim(),
         inter: t.intermediate_size,
         causal: true,
-        act: GateAct::Silu,
+        act: HiddenAct::Silu,
         eps: t.rms_norm_eps as f32,
     }
 }
@@ -86,7 +86,7 @@ impl<'a> TextLayer<&'a mut [f32]> {
     }
 }
 
-/// `x0 [T,D]`: token embeddings with the image features spliced into the [IMG] positions.
+/// `x0 [T,D]`: token embeddings with the image features spliced into the `[IMG]` positions.
 pub fn embed(
     cfg: &Mistral3Config,
     params: &Params,
@@ -112,9 +112,9 @@ pub fn embed(
     Ok(x)
 }
 
-/// Backward of [`embed`]: takes the [IMG] rows out of `dx0 [T,D]` as the gradient of the image
-/// features `[M,D]` (returned, in [IMG] order) and, if the embedding trains, scatter-adds the
-/// text rows into its gradient (the [IMG] rows, zeroed, add nothing).
+/// Backward of [`embed`]: takes the `[IMG]` rows out of `dx0 [T,D]` as the gradient of the image
+/// features `[M,D]` (returned, in `[IMG]` order) and, if the embedding trains, scatter-adds the
+/// text rows into its gradient (the `[IMG]` rows, zeroed, add nothing).
 pub fn embed_backward(
     cfg: &Mistral3Config,
     ids: &[u32],

@@ -140,7 +140,7 @@ fn dims(cfg: &Mistral3Config) -> BlockDims {
         head_dim: v.head_dim(),
         inter: v.intermediate_size,
         causal: false,
-        act: v.gate_act(),
+        act: v.hidden_act,
         eps: VISION_RMS_EPS as f32,
     }
 }
