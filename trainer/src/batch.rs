@@ -54,7 +54,7 @@ pub enum BatchError {
     RowOverflow { used: usize, seq: usize },
 }
 
-/// The images of a batch, in the order their [IMG] blocks appear in the tokens.
+/// The images of a batch, in the order their `[IMG]` blocks appear in the tokens.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Images {
     pub channels: usize,
@@ -171,7 +171,7 @@ impl Images {
         Ok((out, [self.len(), c, hp, wp]))
     }
 
-    /// [IMG] tokens the images stand for: one per `merge x merge` patches of `patch` pixels
+    /// `[IMG]` tokens the images stand for: one per `merge x merge` patches of `patch` pixels
     /// (floor, as the patch merger drops odd rows and columns).
     pub fn image_tokens(&self, patch: usize, merge: usize) -> usize {
         let (p, m) = (patch.max(1), merge.max(1));
@@ -260,7 +260,7 @@ impl Batch {
     }
 
     /// Checks that the parts agree: token counts, positions, cu_seqlens, label values and
-    /// image pixel counts. Vocabulary bounds and [IMG] counts need the model's config and are
+    /// image pixel counts. Vocabulary bounds and `[IMG]` counts need the model's config and are
     /// checked by the model.
     pub fn check(&self) -> Result<(), BatchError> {
         let n = self.tokens();

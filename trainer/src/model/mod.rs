@@ -119,7 +119,7 @@ impl Mistral3 {
         Grads::new(&self.params.layout, trainable)
     }
 
-    /// What the batch alone cannot check: labels inside the vocabulary and as many [IMG]
+    /// What the batch alone cannot check: labels inside the vocabulary and as many `[IMG]`
     /// tokens as the images make (before any vision compute is spent on a bad batch).
     pub fn check_batch(&self, batch: &Batch) -> Result<(), ModelError> {
         batch.check()?;
