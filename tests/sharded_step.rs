@@ -10,6 +10,7 @@ use cannon::kernels::adamw::{adamw_step, AdamW};
 use cannon::kernels::cross_entropy::{cross_entropy, LossNorm, IGNORE_INDEX};
 use cannon::kernels::linear::{linear_backward, linear_forward, LinearDims, LinearGrads};
 use cannon::kernels::testutil::{rel_l2, Rng};
+use cannon::kernels::Precision;
 use cannon::runtime::comm::{even_counts, CpuWorld, ReduceOp};
 use cannon::runtime::{CachingAllocator, DeviceBuffer};
 use std::time::Duration;
@@ -66,7 +67,7 @@ fn partial_grad(
     };
     let x = &p.x[rows.start * D..rows.end * D];
     let mut logits = vec![0.0; t * V];
-    linear_forward(&mut logits, x, w, None, d).unwrap();
+    linear_forward(Precision::F32, &mut logits, x, w, None, d).unwrap();
     let mut dlogits = vec![0.0; t * V];
     let stats = cross_entropy(
         &logits,
@@ -78,6 +79,7 @@ fn partial_grad(
     .unwrap();
     let mut dw = vec![0.0; V * D];
     linear_backward(
+        Precision::F32,
         LinearGrads {
             dx: None,
             dw: Some(&mut dw),

@@ -3,20 +3,40 @@
 //!
 //! One directory per op (as dfdx does): `mod.rs` holds the slice-level API, its shapes and
 //! checks; `cpu.rs` the CPU kernel (fast: threaded with rayon, vectorised, cache-blocked);
-//! `device.rs` the same calls over runtime buffers, dispatched by [`device::backend`] to the CPU
-//! kernel on host slices or to `npu.rs`, the NPU entry points naming the aclnn calls they make
-//! (their bodies land with the NPU issue; until then they return a typed `NotCompiled` /
-//! `Unsupported` error, never a host fallback); `tests.rs` the checks against a naive float64
-//! implementation written for clarity, plus finite differences on tiny shapes.
+//! `npu.rs` the op's aclnn body (until the NPU issue lands them, a typed `NotCompiled` /
+//! `Unsupported` error naming the aclnn call, never a host fallback); `tests.rs` the checks
+//! against a naive float64 implementation written for clarity, plus finite differences on
+//! tiny shapes.
+//!
+//! Two levels of API:
+//! - slice level (`rmsnorm::rmsnorm_forward(&mut [E], ...)`): the CPU kernels on host memory;
+//! - device level, [`ops`] (`ops::rmsnorm_forward(&Stream, &mut BufferViewMut<E>, ...)`): the
+//!   same calls over runtime buffers. Every one passes the single backend boundary,
+//!   [`backend`]: it checks that each operand lives on the stream's device and runs the op's
+//!   method of the [`backend::Backend`] trait on the [`backend::Cpu`] backend (the slice-level
+//!   kernel on the buffers' host slices) or the [`backend::Npu`] one (the op's `npu.rs`). The
+//!   module docs of [`backend`] say why it is shaped like candle's `BackendStorage`.
+//!
+//! One [`Precision`] (f32 or bf16 products) is taken by the GEMM-based ops (`gemm`, `linear`,
+//! `patch_embed`); the other ops are generic over the storage type (f32 or bf16).
 //!
 //! Conventions (llm.c): backward *accumulates* into gradient buffers (`dW += ...`), so callers
 //! zero them once per step (exceptions, documented per op: attention overwrites dq/dk/dv, RoPE's
 //! backward rotates in place, cross-entropy writes d_logits); shapes are given in comments with B = batch, T = tokens,
 //! D = hidden, H = heads, Hd = head_dim, V = vocab.
 
-pub mod device;
+pub mod backend;
 pub mod error;
+pub mod ops;
 pub mod tensor;
+pub mod tolerance;
+
+// Deterministic data and comparison helpers for the unit tests, and (through the `testutil`
+// feature, which the crate's own dev-dependency on itself turns on) for its integration
+// tests, benches and examples and the facade's tests. Not part of the API: hidden from the
+// docs and absent from a normal build.
+#[cfg(any(test, feature = "testutil"))]
+#[doc(hidden)]
 pub mod testutil;
 
 pub mod adamw;
@@ -36,4 +56,5 @@ pub mod rope;
 pub mod swiglu;
 
 pub use error::{KernelError, Result};
+pub use gemm::Precision;
 pub use tensor::Tensor;

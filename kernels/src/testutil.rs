@@ -3,32 +3,33 @@
 //! Tests compare a kernel against a naive float64 implementation with the relative L2 error
 //! `||a - r|| / max(||r||, 1e-10)`, the measure DESIGN.md fixes for every tensor.
 
-/// A small deterministic generator (splitmix64): tests must not depend on a crate's RNG
-/// stream changing between versions.
+use cannon_runtime::rng::{SplitMix64, GOLDEN_GAMMA};
+
+/// A small deterministic generator over the workspace's SplitMix64 (tests must not depend on a
+/// crate's RNG stream changing between versions), with the distributions tests draw from.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+        // The seed is scrambled once so that nearby seeds start apart (as it always was here).
+        Rng(SplitMix64::new(seed ^ GOLDEN_GAMMA))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [0, 1).
     pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        self.0.unit_f64()
     }
 
     /// Uniform integer in [0, n).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n.max(1) as u64) as usize
+        // Rejection rejects with probability n / 2^64: the draws equal the plain modulo ones
+        // tests were written with.
+        self.0.below(n.max(1) as u64) as usize
     }
 
     /// Standard normal (Box-Muller).

@@ -1,5 +1,5 @@
-//! Device-level entry points (`<op>::device::*`) against the slice-level kernels, and the
-//! dispatch rules for NPU operands.
+//! The device-level entry points (`cannon_kernels::ops`, the one dispatch point) against the
+//! slice-level kernels, and the dispatch rules for NPU operands.
 //!
 //! On CPU buffers a device-level call runs the slice-level kernel on the buffers' host slices,
 //! so its results must be bit-identical to the slice-level call on the same data: these tests
@@ -9,9 +9,7 @@
 //! unwritten output or a lost accumulation changes the bits.
 //!
 //! NPU buffers cannot be allocated without CANN, so the NPU side is checked through
-//! `backend_on` (device lists, no stream needed) and by calling each op's NPU entry point,
-//! which until the NPU bodies land must return `NotCompiled` (built without `npu`) or
-//! `Unsupported` naming its aclnn op (built with it), never panic.
+//! `select_on` (device lists, no stream needed).
 
 use bytemuck::Pod;
 use cannon_kernels::cast::Elem;
@@ -22,14 +20,14 @@ use cannon_kernels::patch_embed::{PatchEmbedGrads, PatchGeom};
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::testutil::Rng;
 use cannon_kernels::{
-    adamw, cast, cross_entropy, embedding, gelu, gemm, grad_clip, linear, patch_embed, rmsnorm,
-    rope, swiglu, KernelError,
+    adamw, cast, cross_entropy, embedding, gelu, gemm, grad_clip, linear, ops, patch_embed,
+    rmsnorm, rope, swiglu, KernelError, Precision,
 };
 use cannon_runtime::{DeviceBuffer, Stream};
 use half::bf16;
 use std::ops::Range;
 
-/// NPU operands: dispatch rules and the pending NPU entry points.
+/// NPU operands: the dispatch rules.
 #[path = "device_dispatch/npu.rs"]
 mod npu;
 
@@ -79,7 +77,7 @@ fn rmsnorm_case<E: Elem + Pod>(seed: u64) {
     rmsnorm::rmsnorm_forward(&mut out, &mut rstd, &x, &w, d, eps).unwrap();
     let (mut out_b, mut rstd_b) = (buf(&s, &out0), buf(&s, &rstd0));
     let (xb, wb) = (buf(&s, &x), buf(&s, &w));
-    rmsnorm::device::forward(
+    ops::rmsnorm_forward(
         &s,
         &mut out_b.view_mut(),
         &mut rstd_b.view_mut(),
@@ -97,7 +95,7 @@ fn rmsnorm_case<E: Elem + Pod>(seed: u64) {
     let (mut dx, mut dw) = (dx0.clone(), dw0.clone());
     rmsnorm::rmsnorm_backward(&mut dx, &mut dw, &dout, &x, &w, &rstd, d).unwrap();
     let (mut dx_b, mut dw_b) = (buf(&s, &dx0), buf(&s, &dw0));
-    rmsnorm::device::backward(
+    ops::rmsnorm_backward(
         &s,
         &mut dx_b.view_mut(),
         &mut dw_b.view_mut(),
@@ -132,14 +130,14 @@ fn swiglu_gelu_case<E: Elem + Pod>(seed: u64) {
     let mut h = h0.clone();
     swiglu::swiglu_forward(&mut h, &gate, &up).unwrap();
     let mut h_b = buf(&s, &h0);
-    swiglu::device::forward(&s, &mut h_b.view_mut(), &gb.view(), &ub.view()).unwrap();
+    ops::swiglu_forward(&s, &mut h_b.view_mut(), &gb.view(), &ub.view()).unwrap();
     assert_same("swiglu h", &host(&s, &h_b), &h, &h0);
 
     let (dg0, du0) = (elems::<E>(&mut rng, n), elems::<E>(&mut rng, n));
     let (mut dg, mut du) = (dg0.clone(), du0.clone());
     swiglu::swiglu_backward(&mut dg, &mut du, &dh, &gate, &up).unwrap();
     let (mut dg_b, mut du_b) = (buf(&s, &dg0), buf(&s, &du0));
-    swiglu::device::backward(
+    ops::swiglu_backward(
         &s,
         &mut dg_b.view_mut(),
         &mut du_b.view_mut(),
@@ -155,12 +153,12 @@ fn swiglu_gelu_case<E: Elem + Pod>(seed: u64) {
     let mut y = h0.clone();
     gelu::gelu_forward(&mut y, &gate).unwrap();
     let mut y_b = buf(&s, &h0);
-    gelu::device::forward(&s, &mut y_b.view_mut(), &gb.view()).unwrap();
+    ops::gelu_forward(&s, &mut y_b.view_mut(), &gb.view()).unwrap();
     assert_same("gelu y", &host(&s, &y_b), &y, &h0);
     let mut dx = dg0.clone();
     gelu::gelu_backward(&mut dx, &dh, &gate).unwrap();
     let mut dx_b = buf(&s, &dg0);
-    gelu::device::backward(&s, &mut dx_b.view_mut(), &dhb.view(), &gb.view()).unwrap();
+    ops::gelu_backward(&s, &mut dx_b.view_mut(), &dhb.view(), &gb.view()).unwrap();
     assert_same("gelu dx", &host(&s, &dx_b), &dx, &dg0);
 }
 
@@ -179,20 +177,20 @@ fn casts_device_match_slice() {
     let mut dst = dst0.clone();
     cast::cast_f32_to_bf16(&src, &mut dst).unwrap();
     let mut dst_b = buf(&s, &dst0);
-    cast::device::f32_to_bf16(&s, &buf(&s, &src).view(), &mut dst_b.view_mut()).unwrap();
+    ops::cast(&s, &buf(&s, &src).view(), &mut dst_b.view_mut()).unwrap();
     assert_same("cast_f32_to_bf16", &host(&s, &dst_b), &dst, &dst0);
 
     let wide0 = rng.normal_vec(n, 1.0);
     let mut wide = wide0.clone();
     cast::cast_bf16_to_f32(&dst, &mut wide).unwrap();
     let mut wide_b = buf(&s, &wide0);
-    cast::device::bf16_to_f32(&s, &buf(&s, &dst).view(), &mut wide_b.view_mut()).unwrap();
+    ops::cast(&s, &buf(&s, &dst).view(), &mut wide_b.view_mut()).unwrap();
     assert_same("cast_bf16_to_f32", &host(&s, &wide_b), &wide, &wide0);
 
     let mut conv = dst0.clone();
     cast::cast::<f32, bf16>(&src, &mut conv).unwrap();
     let mut conv_b = buf(&s, &dst0);
-    cast::device::convert(&s, &buf(&s, &src).view(), &mut conv_b.view_mut()).unwrap();
+    ops::cast(&s, &buf(&s, &src).view(), &mut conv_b.view_mut()).unwrap();
     assert_same("cast<f32, bf16>", &host(&s, &conv_b), &conv, &dst0);
 }
 
@@ -211,7 +209,7 @@ fn adamw_device_matches_slice() {
     for step in 1..=2 {
         let g = rng.normal_vec(n, 1.0);
         adamw::adamw_step(&mut p, &g, &mut m, &mut v, step, &hp).unwrap();
-        adamw::device::step(
+        ops::adamw_step(
             &s,
             &mut pb.view_mut(),
             &buf(&s, &g).view(),
@@ -236,7 +234,7 @@ fn embedding_case<E: Elem + Pod>(seed: u64) {
     let mut out = out0.clone();
     embedding::embedding_forward(&mut out, &ids, &w, d).unwrap();
     let mut out_b = buf(&s, &out0);
-    embedding::device::forward(&s, &mut out_b.view_mut(), &ids, &buf(&s, &w).view(), d).unwrap();
+    ops::embedding_forward(&s, &mut out_b.view_mut(), &ids, &buf(&s, &w).view(), d).unwrap();
     assert_same("embedding out", &host(&s, &out_b), &out, &out0);
 
     let dout = elems::<E>(&mut rng, t * d);
@@ -244,7 +242,7 @@ fn embedding_case<E: Elem + Pod>(seed: u64) {
     let mut dw = dw0.clone();
     embedding::embedding_backward(&mut dw, &dout, &ids, d).unwrap();
     let mut dw_b = buf(&s, &dw0);
-    embedding::device::backward(&s, &mut dw_b.view_mut(), &buf(&s, &dout).view(), &ids, d).unwrap();
+    ops::embedding_backward(&s, &mut dw_b.view_mut(), &buf(&s, &dout).view(), &ids, d).unwrap();
     assert_same("embedding dweight", &host(&s, &dw_b), &dw, &dw0);
 }
 
@@ -269,8 +267,9 @@ fn gemm_device_matches_slice() {
     gemm::gemm_f32(ta, tb, d, alpha, &a, lda, &b, ldb, beta, &mut c, ldc).unwrap();
     let (ab, bb, mut cb) = (buf(&s, &a), buf(&s, &b), buf(&s, &c0));
     let (av, bv) = (ab.view(), bb.view());
-    gemm::device::f32(
+    ops::gemm(
         &s,
+        Precision::F32,
         ta,
         tb,
         d,
@@ -292,8 +291,9 @@ fn gemm_device_matches_slice() {
     gemm::gemm_bf16(ta, tb, d, alpha, &a16, lda, &b, ldb, beta, &mut c, ldc).unwrap();
     let (a16b, mut cb) = (buf(&s, &a16), buf(&s, &c0));
     let a16v = a16b.view();
-    gemm::device::bf16(
+    ops::gemm(
         &s,
+        Precision::Bf16,
         ta,
         tb,
         d,
@@ -327,10 +327,19 @@ fn linear_device_matches_slice() {
     let y0 = rng.normal_vec(d.t * d.d_out, 1.0);
 
     let mut y = y0.clone();
-    linear::linear_forward(&mut y, &x, &w, Some(&b), d).unwrap();
+    linear::linear_forward(Precision::F32, &mut y, &x, &w, Some(&b), d).unwrap();
     let mut yb = buf(&s, &y0);
     let bv = bb.view();
-    linear::device::forward(&s, &mut yb.view_mut(), &xb.view(), &wb.view(), Some(&bv), d).unwrap();
+    ops::linear_forward(
+        &s,
+        Precision::F32,
+        &mut yb.view_mut(),
+        &xb.view(),
+        &wb.view(),
+        Some(&bv),
+        d,
+    )
+    .unwrap();
     assert_same("linear y", &host(&s, &yb), &y, &y0);
 
     // dW lands in a window of a larger flat gradient buffer: the rest must stay untouched.
@@ -347,14 +356,23 @@ fn linear_device_matches_slice() {
         dw: Some(&mut flat[win.clone()]),
         db: Some(&mut db),
     };
-    linear::linear_backward(g, &dy, &x, &w, d).unwrap();
+    linear::linear_backward(Precision::F32, g, &dy, &x, &w, d).unwrap();
     let (mut dxb, mut flatb, mut dbb) = (buf(&s, &dx0), buf(&s, &flat0), buf(&s, &db0));
-    let g = linear::device::Grads {
+    let g = linear::LinearGradBufs {
         dx: Some(dxb.view_mut()),
         dw: Some(flatb.slice_mut(win).unwrap()),
         db: Some(dbb.view_mut()),
     };
-    linear::device::backward(&s, g, &buf(&s, &dy).view(), &xb.view(), &wb.view(), d).unwrap();
+    ops::linear_backward(
+        &s,
+        Precision::F32,
+        g,
+        &buf(&s, &dy).view(),
+        &xb.view(),
+        &wb.view(),
+        d,
+    )
+    .unwrap();
     assert_same("linear dx", &host(&s, &dxb), &dx, &dx0);
     assert_same("linear dw (window)", &host(&s, &flatb), &flat, &flat0);
     assert_same("linear db", &host(&s, &dbb), &db, &db0);
@@ -376,18 +394,35 @@ fn linear_bf16_device_matches_slice() {
 
     let y0 = rng.normal_vec(d.t * d.d_out, 1.0);
     let mut y = y0.clone();
-    linear::linear_forward_bf16(&mut y, &x, &w, Some(&b), d).unwrap();
+    linear::linear_forward(Precision::Bf16, &mut y, &x, &w, Some(&b), d).unwrap();
     let mut yb = buf(&s, &y0);
-    linear::device::forward_bf16(&s, &mut yb.view_mut(), &xb.view(), &wb.view(), Some(&bv), d)
-        .unwrap();
+    ops::linear_forward(
+        &s,
+        Precision::Bf16,
+        &mut yb.view_mut(),
+        &xb.view(),
+        &wb.view(),
+        Some(&bv),
+        d,
+    )
+    .unwrap();
     assert_same("linear_bf16 y", &host(&s, &yb), &y, &y0);
 
     let y0 = elems::<bf16>(&mut rng, d.t * d.d_out);
     let mut y = y0.clone();
-    linear::linear_forward_bf16_to_bf16(&mut y, &x, &w, Some(&b), d).unwrap();
+    linear::linear_forward(Precision::Bf16, &mut y, &x, &w, Some(&b), d).unwrap();
     let mut yb = buf(&s, &y0);
     let (xv, wv) = (xb.view(), wb.view());
-    linear::device::forward_bf16_to_bf16(&s, &mut yb.view_mut(), &xv, &wv, Some(&bv), d).unwrap();
+    ops::linear_forward(
+        &s,
+        Precision::Bf16,
+        &mut yb.view_mut(),
+        &xv,
+        &wv,
+        Some(&bv),
+        d,
+    )
+    .unwrap();
     assert_same("linear_bf16_to_bf16 y", &host(&s, &yb), &y, &y0);
 
     // f32 dY (rounded in the products), dX and dW only.
@@ -402,14 +437,14 @@ fn linear_bf16_device_matches_slice() {
         dw: Some(&mut dw),
         db: None,
     };
-    linear::linear_backward_bf16(g, &dy, &x, &w, d).unwrap();
+    linear::linear_backward(Precision::Bf16, g, &dy, &x, &w, d).unwrap();
     let (mut dxb, mut dwb) = (buf(&s, &dx0), buf(&s, &dw0));
-    let g = linear::device::Grads {
+    let g = linear::LinearGradBufs {
         dx: Some(dxb.view_mut()),
         dw: Some(dwb.view_mut()),
         db: None,
     };
-    linear::device::backward_bf16(&s, g, &buf(&s, &dy).view(), &xv, &wv, d).unwrap();
+    ops::linear_backward(&s, Precision::Bf16, g, &buf(&s, &dy).view(), &xv, &wv, d).unwrap();
     assert_same("linear_bf16 dx", &host(&s, &dxb), &dx, &dx0);
     assert_same("linear_bf16 dw", &host(&s, &dwb), &dw, &dw0);
 }
@@ -436,9 +471,18 @@ fn patch_embed_device_matches_slice() {
     let out0 = rng.normal_vec(g.num_patches() * dm, 1.0);
 
     let mut out = out0.clone();
-    patch_embed::patch_embed_forward(&mut out, &px, &w, g, dm).unwrap();
+    patch_embed::patch_embed_forward(Precision::F32, &mut out, &px, &w, g, dm).unwrap();
     let mut outb = buf(&s, &out0);
-    patch_embed::device::forward(&s, &mut outb.view_mut(), &pxb.view(), &wb.view(), g, dm).unwrap();
+    ops::patch_embed_forward(
+        &s,
+        Precision::F32,
+        &mut outb.view_mut(),
+        &pxb.view(),
+        &wb.view(),
+        g,
+        dm,
+    )
+    .unwrap();
     assert_same("patch_embed out", &host(&s, &outb), &out, &out0);
 
     let dout = rng.normal_vec(g.num_patches() * dm, 1.0);
@@ -448,14 +492,24 @@ fn patch_embed_device_matches_slice() {
         dweight: Some(&mut dw),
         dpixels: Some(&mut dp),
     };
-    patch_embed::patch_embed_backward(gr, &dout, &px, &w, g, dm).unwrap();
+    patch_embed::patch_embed_backward(Precision::F32, gr, &dout, &px, &w, g, dm).unwrap();
     let (mut dwb, mut dpb) = (buf(&s, &dw0), buf(&s, &dp0));
-    let gr = patch_embed::device::Grads {
+    let gr = patch_embed::PatchEmbedGradBufs {
         dweight: Some(dwb.view_mut()),
         dpixels: Some(dpb.view_mut()),
     };
     let doutb = buf(&s, &dout);
-    patch_embed::device::backward(&s, gr, &doutb.view(), &pxb.view(), &wb.view(), g, dm).unwrap();
+    ops::patch_embed_backward(
+        &s,
+        Precision::F32,
+        gr,
+        &doutb.view(),
+        &pxb.view(),
+        &wb.view(),
+        g,
+        dm,
+    )
+    .unwrap();
     assert_same("patch_embed dweight", &host(&s, &dwb), &dw, &dw0);
     assert_same("patch_embed dpixels", &host(&s, &dpb), &dp, &dp0);
 
@@ -464,10 +518,10 @@ fn patch_embed_device_matches_slice() {
     let w16 = elems::<bf16>(&mut rng, w.len());
     let (px16b, w16b) = (buf(&s, &px16), buf(&s, &w16));
     let mut out = out0.clone();
-    patch_embed::patch_embed_forward_bf16(&mut out, &px16, &w16, g, dm).unwrap();
+    patch_embed::patch_embed_forward(Precision::Bf16, &mut out, &px16, &w16, g, dm).unwrap();
     let mut outb = buf(&s, &out0);
     let (pv, wv) = (px16b.view(), w16b.view());
-    patch_embed::device::forward_bf16(&s, &mut outb.view_mut(), &pv, &wv, g, dm).unwrap();
+    ops::patch_embed_forward(&s, Precision::Bf16, &mut outb.view_mut(), &pv, &wv, g, dm).unwrap();
     assert_same("patch_embed_bf16 out", &host(&s, &outb), &out, &out0);
 
     let mut dw = dw0.clone();
@@ -475,13 +529,13 @@ fn patch_embed_device_matches_slice() {
         dweight: Some(&mut dw),
         dpixels: None,
     };
-    patch_embed::patch_embed_backward_bf16(gr, &dout, &px16, &w16, g, dm).unwrap();
+    patch_embed::patch_embed_backward(Precision::Bf16, gr, &dout, &px16, &w16, g, dm).unwrap();
     let mut dwb = buf(&s, &dw0);
-    let gr = patch_embed::device::Grads {
+    let gr = patch_embed::PatchEmbedGradBufs {
         dweight: Some(dwb.view_mut()),
         dpixels: None,
     };
-    patch_embed::device::backward_bf16(&s, gr, &doutb.view(), &pv, &wv, g, dm).unwrap();
+    ops::patch_embed_backward(&s, Precision::Bf16, gr, &doutb.view(), &pv, &wv, g, dm).unwrap();
     assert_same("patch_embed_bf16 dweight", &host(&s, &dwb), &dw, &dw0);
 }
 
@@ -496,13 +550,13 @@ fn rope_case<E: Elem + Pod>(seed: u64, table: &RopeTable) {
     let mut x = x0.clone();
     rope::rope_forward(&mut x, heads, table, &pos).unwrap();
     let mut xb = buf(&s, &x0);
-    rope::device::forward(&s, &mut xb.view_mut(), heads, table, &pos).unwrap();
+    ops::rope_forward(&s, &mut xb.view_mut(), heads, table, &pos).unwrap();
     assert_same("rope x", &host(&s, &xb), &x, &x0);
 
     let mut dx = x0.clone();
     rope::rope_backward(&mut dx, heads, table, &pos).unwrap();
     let mut dxb = buf(&s, &x0);
-    rope::device::backward(&s, &mut dxb.view_mut(), heads, table, &pos).unwrap();
+    ops::rope_backward(&s, &mut dxb.view_mut(), heads, table, &pos).unwrap();
     assert_same("rope dx", &host(&s, &dxb), &dx, &x0);
 }
 
@@ -525,7 +579,7 @@ fn cross_entropy_full_device_matches_slice() {
     let lb = buf(&s, &logits);
     for norm in [LossNorm::Mean, LossNorm::Divisor(13.0)] {
         let st = cross_entropy::cross_entropy(&logits, &labels, vocab, None, norm).unwrap();
-        let dv = cross_entropy::device::full(&s, &lb.view(), &labels, vocab, None, norm).unwrap();
+        let dv = ops::cross_entropy(&s, &lb.view(), &labels, vocab, None, norm).unwrap();
         assert_eq!(dv, st, "loss without gradient, {norm:?}");
 
         let d0 = rng.normal_vec(n * vocab, 1.0);
@@ -534,16 +588,14 @@ fn cross_entropy_full_device_matches_slice() {
         let mut db = buf(&s, &d0);
         let mut dv_view = db.view_mut();
         let dv =
-            cross_entropy::device::full(&s, &lb.view(), &labels, vocab, Some(&mut dv_view), norm)
-                .unwrap();
+            ops::cross_entropy(&s, &lb.view(), &labels, vocab, Some(&mut dv_view), norm).unwrap();
         assert_eq!(dv, st, "loss with gradient, {norm:?}");
         assert_same("cross_entropy d_logits", &host(&s, &db), &d, &d0);
 
         let mut inplace = logits.clone();
         let st = cross_entropy::cross_entropy_in_place(&mut inplace, &labels, vocab, norm).unwrap();
         let mut ib = buf(&s, &logits);
-        let dv =
-            cross_entropy::device::in_place(&s, &mut ib.view_mut(), &labels, vocab, norm).unwrap();
+        let dv = ops::cross_entropy_in_place(&s, &mut ib.view_mut(), &labels, vocab, norm).unwrap();
         assert_eq!(dv, st, "in-place loss, {norm:?}");
         assert_same("cross_entropy in place", &host(&s, &ib), &inplace, &logits);
     }
@@ -570,6 +622,7 @@ impl ChunkedLogits for RefLmHead<'_> {
             d_out: self.vocab,
         };
         linear::linear_forward(
+            Precision::F32,
             out,
             &self.h[rows.start * dm..rows.end * dm],
             self.w,
@@ -592,7 +645,7 @@ impl ChunkedLogits for RefLmHead<'_> {
             dw: Some(&mut *self.dw),
             db: None,
         };
-        linear::linear_backward(g, dl, &self.h[r], self.w, d)
+        linear::linear_backward(Precision::F32, g, dl, &self.h[r], self.w, d)
     }
 }
 
@@ -622,25 +675,21 @@ fn cross_entropy_chunked_lm_head_device_matches_slice() {
         let st = cross_entropy::cross_entropy_chunked(&mut p, &labels, vocab, chunk, norm, true)
             .unwrap();
         let (mut dhb, mut dwb) = (buf(&s, &dh0), buf(&s, &dw0));
-        let grads = cross_entropy::device::LmHeadGrads {
+        let grads = cross_entropy::LmHeadGrads {
             dh: Some(dhb.view_mut()),
             dw: Some(dwb.view_mut()),
         };
         let (hv, wv) = (hb.view(), wb.view());
-        let dv = cross_entropy::device::chunked_lm_head(
-            &s, &hv, &wv, &labels, dm, vocab, chunk, norm, grads,
-        )
-        .unwrap();
+        let dv = ops::cross_entropy_lm_head(&s, &hv, &wv, &labels, dm, vocab, chunk, norm, grads)
+            .unwrap();
         assert_eq!(dv, st, "chunked loss, {norm:?}");
         assert_same("chunked dh", &host(&s, &dhb), &dh, &dh0);
         assert_same("chunked dw", &host(&s, &dwb), &dw, &dw0);
 
         // Without gradients: the loss alone (the producer's backward is never called).
-        let nograd = cross_entropy::device::LmHeadGrads { dh: None, dw: None };
-        let dv = cross_entropy::device::chunked_lm_head(
-            &s, &hv, &wv, &labels, dm, vocab, chunk, norm, nograd,
-        )
-        .unwrap();
+        let nograd = cross_entropy::LmHeadGrads { dh: None, dw: None };
+        let dv = ops::cross_entropy_lm_head(&s, &hv, &wv, &labels, dm, vocab, chunk, norm, nograd)
+            .unwrap();
         assert_eq!(dv, st, "chunked loss without gradient, {norm:?}");
     }
 }
@@ -655,7 +704,7 @@ fn grad_clip_device_matches_slice() {
     let ss = grad_clip::grad_sum_squares(&g0);
     let b = bufs();
     let views: Vec<_> = b.iter().map(|b| b.view()).collect();
-    let dv = grad_clip::device::grad_sum_squares(&s, &views).unwrap();
+    let dv = ops::grad_sum_squares(&s, &views).unwrap();
     assert_eq!(dv.to_bits(), ss.to_bits(), "sum of squares");
 
     let check = |what: &str, b: &[DeviceBuffer<f32>], want: &[Vec<f32>]| {
@@ -668,7 +717,7 @@ fn grad_clip_device_matches_slice() {
     grad_clip::scale_grads(&mut g, 0.25);
     let mut b = bufs();
     let mut views: Vec<_> = b.iter_mut().map(|b| b.view_mut()).collect();
-    grad_clip::device::scale_grads(&s, &mut views, 0.25).unwrap();
+    ops::scale_grads(&s, &mut views, 0.25).unwrap();
     check("scale_grads", &b, &g);
 
     // max_norm well below the norm (~7.6), so both calls clip.
@@ -676,7 +725,7 @@ fn grad_clip_device_matches_slice() {
     let norm = grad_clip::clip_with_sum_squares(&mut g, ss * 4.0, 1.0).unwrap();
     let mut b = bufs();
     let mut views: Vec<_> = b.iter_mut().map(|b| b.view_mut()).collect();
-    let dv = grad_clip::device::clip_with_sum_squares(&s, &mut views, ss * 4.0, 1.0).unwrap();
+    let dv = ops::clip_with_sum_squares(&s, &mut views, ss * 4.0, 1.0).unwrap();
     assert_eq!(dv.to_bits(), norm.to_bits(), "clip_with_sum_squares norm");
     check("clip_with_sum_squares", &b, &g);
 
@@ -684,7 +733,7 @@ fn grad_clip_device_matches_slice() {
     let norm = grad_clip::clip_grad_norm(&mut g, 1.0).unwrap();
     let mut b = bufs();
     let mut views: Vec<_> = b.iter_mut().map(|b| b.view_mut()).collect();
-    let dv = grad_clip::device::clip_grad_norm(&s, &mut views, 1.0).unwrap();
+    let dv = ops::clip_grad_norm(&s, &mut views, 1.0).unwrap();
     assert_eq!(dv.to_bits(), norm.to_bits(), "clip_grad_norm norm");
     check("clip_grad_norm", &b, &g);
 }
@@ -695,7 +744,7 @@ fn device_level_errors_are_typed() {
     let (s, mut rng) = (Stream::cpu(), Rng::new(19));
     let x = buf(&s, &rng.normal_vec(12, 1.0));
     let mut y = buf(&s, &rng.normal_vec(11, 1.0));
-    let e = gelu::device::forward(&s, &mut y.view_mut(), &x.view()).unwrap_err();
+    let e = ops::gelu_forward(&s, &mut y.view_mut(), &x.view()).unwrap_err();
     assert!(
         matches!(
             e,
@@ -709,7 +758,7 @@ fn device_level_errors_are_typed() {
 
     let w = buf(&s, &rng.normal_vec(4 * 3, 1.0));
     let mut out = buf(&s, &rng.normal_vec(2 * 3, 1.0));
-    let e = embedding::device::forward(&s, &mut out.view_mut(), &[1, 4], &w.view(), 3).unwrap_err();
+    let e = ops::embedding_forward(&s, &mut out.view_mut(), &[1, 4], &w.view(), 3).unwrap_err();
     assert!(
         matches!(
             e,
@@ -723,8 +772,8 @@ fn device_level_errors_are_typed() {
 
     // h shorter than labels x D: rejected before any chunk is produced.
     let (h, wv) = (buf(&s, &[0.0f32; 5]), buf(&s, &[0.0f32; 6]));
-    let nograd = cross_entropy::device::LmHeadGrads { dh: None, dw: None };
-    let e = cross_entropy::device::chunked_lm_head(
+    let nograd = cross_entropy::LmHeadGrads { dh: None, dw: None };
+    let e = ops::cross_entropy_lm_head(
         &s,
         &h.view(),
         &wv.view(),

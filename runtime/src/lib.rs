@@ -12,6 +12,7 @@ pub mod buffer;
 pub mod comm;
 pub mod device;
 pub mod error;
+pub mod rng;
 pub mod stream;
 
 #[cfg(feature = "npu")]

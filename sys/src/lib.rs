@@ -3,9 +3,10 @@
 //! - [`loader`]: finds `libascendcl.so`, `libnnopbase.so`, the aclnn op libraries and
 //!   `libhccl.so` (`$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`, then the default
 //!   dlopen path) and resolves symbols once each. Always compiled.
-//! - [`acl`], [`aclnn`], [`hccl`] (feature `npu`): bindgen output over the CANN headers, with
-//!   every C function turned into an `unsafe fn` that resolves itself through the loader and
-//!   returns `Result<c_return_type, Error>`. See sys/README.md.
+//! - `acl`, `aclnn`, `hccl` (feature `npu`; not links, so that a default doc build resolves):
+//!   bindgen output over the CANN headers, with every C function turned into an `unsafe fn`
+//!   that resolves itself through the loader and returns `Result<c_return_type, Error>`. See
+//!   sys/README.md.
 //! - [`codes`]: names of aclError / aclnnStatus / HcclResult codes.
 //!
 //! Nothing here links against CANN: a missing library or symbol is an [`Error`], never a panic

@@ -12,6 +12,7 @@
 //! The machine's speed drifts from minute to minute: compare two builds by running them
 //! interleaved, not one after the other.
 
+use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_trainer::data::shuffle::SplitMix64;
 use cannon_trainer::model::{
     Act, Batch, Exec, Images, Mistral3, Mistral3Config, ParamLayout, Params, StepMemory,
@@ -94,7 +95,7 @@ fn bench_batch(cfg: &Mistral3Config, a: &Args, rng: &mut SplitMix64) -> Batch {
         labels.extend(
             row.iter()
                 .enumerate()
-                .map(|(i, &t)| if i < prompt { -100 } else { t as i64 }),
+                .map(|(i, &t)| if i < prompt { IGNORE_INDEX } else { t as i32 }),
         );
         ids.extend(row);
     }
@@ -107,15 +108,15 @@ fn bench_batch(cfg: &Mistral3Config, a: &Args, rng: &mut SplitMix64) -> Batch {
         input_ids: ids,
         labels,
         position_ids: Vec::new(),
+        cu_seqlens: Vec::new(),
         rows: a.batch,
         seq: a.seq,
         images: Images {
             pixel_values,
             channels: c,
-            height: a.img,
-            width: a.img,
             sizes: vec![(a.img, a.img); a.batch],
         },
+        samples_per_row: Vec::new(),
     }
 }
 

@@ -1,4 +1,19 @@
-//! cannon-trainer: the Mistral3 trainer and the `cannon` binary.
+//! cannon-trainer: the Mistral3 model and the `cannon` binary.
+//!
+//! - [`model`]: Mistral3 (Pixtral + projector + Mistral) forward and backward on the CPU, read
+//!   from an HF `config.json` and safetensors weights; global-norm clipping and AdamW.
+//! - [`data`]: the data pipeline (Tekken tokenizer, chat template, Pixtral images, batches).
+//! - [`train`]: K optimizer steps on one batch (what `cannon verify` checks; `cannon train`
+//!   will grow from it).
+//! - [`verify`]: parity against an eager float64 reference fixture.
+//! - [`batch`]: the one training batch, what the data loader produces and the model takes.
+//! - [`cli`]: the `cannon` subcommands that exist: `doctor`, `data`, `verify`.
+//!
+//! Not here yet: the `train`, `bench` and `export` subcommands, sharded or context-parallel
+//! training, the model on NPUs, checkpoint saving.
+pub mod batch;
 pub mod cli;
 pub mod data;
 pub mod model;
+pub mod train;
+pub mod verify;

@@ -1,11 +1,13 @@
 //! The sample pipeline: template and labels, bad lines, truncation filter, padding, packing,
 //! resumable shuffling and the synthetic dataset.
 
-use cannon_trainer::data::batch::{pad_batch, PackedBatch, Sample};
+use cannon_kernels::cross_entropy::IGNORE_INDEX as IGNORE;
+use cannon_trainer::batch::BatchError;
+use cannon_trainer::data::batch::{pad_batch, RowBuilder, Sample};
 use cannon_trainer::data::dataset::{DataSet, SampleSettings};
 use cannon_trainer::data::image::{image_block, ImageConfig, PixtralImage};
 use cannon_trainer::data::shuffle::{epoch_order, Position, Shuffler};
-use cannon_trainer::data::template::{encode_turns, Message, Role, SpecialIds, IGNORE};
+use cannon_trainer::data::template::{encode_turns, Message, Role, SpecialIds};
 use cannon_trainer::data::truncate::{assemble, infer_seqlen, validate_input_ids};
 use cannon_trainer::data::{synth, Batch, DataConfig, DataError, Loader, Tekken};
 use std::path::{Path, PathBuf};
@@ -315,49 +317,76 @@ fn fake(len: usize, n_img: usize, tag: u32) -> Sample {
 }
 
 #[test]
-fn padded_batches_mask_and_round_up() {
-    let b = pad_batch(&[fake(5, 1, 1), fake(10, 0, 2), fake(3, 2, 3)], 11, 8);
-    assert_eq!((b.batch, b.seq_len), (3, 16));
-    for v in [
-        b.input_ids.len(),
-        b.labels.len(),
-        b.attention_mask.len(),
-        b.position_ids.len(),
-    ] {
+fn padded_batches_round_up_and_pad_as_a_sequence_of_their_own() {
+    let b = pad_batch(&[fake(5, 1, 1), fake(10, 0, 2), fake(3, 2, 3)], 11, 8).unwrap();
+    assert_eq!((b.rows, b.seq), (3, 16));
+    for v in [b.input_ids.len(), b.labels.len(), b.position_ids.len()] {
         assert_eq!(v, 48);
     }
     assert_eq!(&b.input_ids[..6], &[1100, 1101, 1102, 1103, 1104, 11]);
-    assert_eq!(&b.attention_mask[..6], &[1, 1, 1, 1, 1, 0]);
-    assert_eq!(
-        b.attention_mask.iter().map(|&m| m as usize).sum::<usize>(),
-        18
-    );
+    assert_eq!(b.input_ids.iter().filter(|&&t| t != 11).count(), 18);
     assert!(b.labels[5..16].iter().all(|&l| l == IGNORE));
-    assert_eq!(&b.position_ids[16..27], &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0]);
-    assert_eq!(b.image_sizes, [[28, 28], [28, 28], [28, 56]]);
-    assert_eq!(b.pixel_values[2].pixels[0], 3.0);
+    // Row 1: the sample's 0..10, then the padding's own 0..6.
+    assert_eq!(
+        &b.position_ids[16..32],
+        &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5]
+    );
+    assert_eq!(b.cu_seqlens, [5, 16, 26, 32, 35, 48]);
+    assert_eq!(b.samples_per_row, [1, 1, 1]);
+    assert_eq!(b.images.sizes, [(28, 28), (28, 28), (28, 56)]);
+    assert_eq!(b.images.pixel_values[b.images.range(2)][0], 3.0);
+    // cu_seqlens say what the positions say: the model accepts the batch as it is.
+    b.check().unwrap();
+    assert_eq!(b.sequence_ends().as_ref(), b.cu_seqlens.as_slice());
 }
 
 #[test]
 fn packed_rows_restart_positions_and_carry_cu_seqlens() {
-    let mut b = PackedBatch::new(16);
-    b.push_row(&[fake(5, 1, 1), fake(7, 2, 2)], 11);
-    b.push_row(&[fake(16, 0, 3)], 11);
-    assert_eq!(b.batch, 2);
+    let mut r = RowBuilder::new(16, 11);
+    r.push_row(&[fake(5, 1, 1), fake(7, 2, 2)]).unwrap();
+    r.push_row(&[fake(16, 0, 3)]).unwrap();
+    // A row that overflows is an error and leaves the batch as it was.
+    let err = r.push_row(&[fake(9, 0, 4), fake(8, 0, 5)]).unwrap_err();
+    assert_eq!(err, BatchError::RowOverflow { used: 17, seq: 16 });
+    let b = r.finish();
+    assert_eq!(b.rows, 2);
     assert_eq!(b.input_ids.len(), 32);
     assert_eq!(b.labels.len(), 32);
     assert_eq!(b.position_ids.len(), 32);
     assert_eq!(
         &b.position_ids[..16],
-        &[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 0, 0, 0, 0]
+        &[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3]
     );
-    assert_eq!(b.cu_seqlens, [vec![0, 5, 12, 16], vec![0, 16]]);
+    assert_eq!(b.cu_seqlens, [5, 12, 16, 32]);
     assert_eq!(b.samples_per_row, [2, 1]);
     assert_eq!(&b.input_ids[12..16], &[11; 4]);
     assert!(b.labels[12..16].iter().all(|&l| l == IGNORE));
     assert_eq!(&b.labels[5..7], &[IGNORE, IGNORE]);
-    assert_eq!(b.image_sizes, [[28, 28], [28, 28], [28, 56]]);
-    assert_eq!(b.pixel_values[1].pixels[0], 2.0);
+    assert_eq!(b.images.sizes, [(28, 28), (28, 28), (28, 56)]);
+    assert_eq!(b.images.pixel_values[b.images.range(1)][0], 2.0);
+    b.check().unwrap();
+    assert_eq!(b.sequence_ends().as_ref(), b.cu_seqlens.as_slice());
+    // No target crosses a sample boundary or reaches into the padding.
+    let t = b.targets();
+    assert_eq!(t[4], IGNORE);
+    assert_eq!(t[11], IGNORE);
+    assert_eq!(t[3], b.labels[4]);
+}
+
+#[test]
+fn a_sample_whose_ids_and_labels_disagree_is_an_error() {
+    let mut s = fake(5, 0, 1);
+    s.labels.pop();
+    assert!(matches!(
+        pad_batch(&[s], 11, 8),
+        Err(BatchError::Tokens { .. })
+    ));
+    let mut s = fake(5, 1, 1);
+    s.images[0].pixels.pop();
+    assert!(matches!(
+        RowBuilder::new(8, 11).push_row(&[s]),
+        Err(BatchError::Image { .. })
+    ));
 }
 
 #[test]
@@ -414,11 +443,15 @@ fn loader_resumes_exactly_from_a_position() {
         // Position survives a round trip through a checkpoint's JSON.
         let json = serde_json::to_string(&pos).unwrap();
         assert_eq!(serde_json::from_str::<Position>(&json).unwrap(), pos);
-        if let Batch::Packed(p) = &tail[0] {
-            assert_eq!(p.input_ids.len(), 2 * 128);
-            assert!(p.samples_per_row.iter().all(|&n| n >= 2));
-            let imgs: usize = p.image_sizes.len();
-            assert_eq!(imgs, p.pixel_values.len());
+        for b in &tail {
+            b.check().unwrap();
+            if pack {
+                assert_eq!(b.input_ids.len(), 2 * 128);
+                assert!(b.samples_per_row.iter().all(|&n| n >= 2));
+            } else {
+                assert_eq!(b.samples_per_row, [1, 1]);
+            }
+            assert!(!b.images.is_empty());
         }
     }
     std::fs::remove_dir_all(&d).ok();

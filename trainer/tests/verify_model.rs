@@ -10,7 +10,7 @@ fn shared_fixture() -> PathBuf {
 
 fn shared_batch() -> Batch {
     let dir = shared_fixture();
-    let r = cannon_trainer::cli::verify::Reference::load(&dir.join("reference.safetensors"));
+    let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors"));
     r.unwrap().batch().unwrap()
 }
 
@@ -99,7 +99,7 @@ fn zero_chunk_size_is_an_input_error() {
 
 /// Two text-only sequences of `s` tokens: ids from a fixed LCG avoiding the special ids, every
 /// label trained.
-fn two_sequences(vocab: u32, s: usize) -> (Vec<u32>, Vec<i64>) {
+fn two_sequences(vocab: u32, s: usize) -> (Vec<u32>, Vec<i32>) {
     let mut x = 12345u64;
     let ids: Vec<u32> = (0..2 * s)
         .map(|_| {
@@ -109,7 +109,7 @@ fn two_sequences(vocab: u32, s: usize) -> (Vec<u32>, Vec<i64>) {
             16 + ((x >> 33) as u32) % (vocab - 16)
         })
         .collect();
-    let labels = ids.iter().map(|&i| i as i64).collect();
+    let labels = ids.iter().map(|&i| i as i32).collect();
     (ids, labels)
 }
 
@@ -184,7 +184,7 @@ fn bad_position_ids_are_an_input_error() {
         ..Batch::default()
     };
     let err = model.forward::<f32>(&batch).map(|_| ()).unwrap_err();
-    assert!(matches!(err, ModelError::Input(_)), "{err}");
+    assert!(matches!(err, ModelError::Batch(_)), "{err}");
 }
 
 #[test]

@@ -16,8 +16,7 @@
 //! rayon, each one vectorised loop. For a sharded optimizer call it on the local shard.
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
@@ -99,7 +98,7 @@ impl AdamW {
 }
 
 /// One AdamW step `step` (1-based) on `params` with gradient `grads`, updating the moments
-/// `m` and `v` in place. All four slices: [N].
+/// `m` and `v` in place. All four slices: `[N]`.
 pub fn adamw_step(
     params: &mut [f32],
     grads: &[f32],

@@ -2,7 +2,7 @@
 //! [`npu_pending`]: `NotCompiled` without `--features npu`, `Unsupported` with it).
 
 use super::AdamW;
-use crate::device::npu_pending;
+use crate::backend::npu_pending;
 use crate::error::Result;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 

@@ -59,9 +59,9 @@
 
 mod bwd;
 mod cpu;
-pub mod device;
 mod fwd;
-pub mod npu;
+pub(crate) mod npu;
+pub use npu::lse_len_npu;
 mod pack;
 mod simd;
 
@@ -71,6 +71,7 @@ mod reference;
 mod tests;
 
 use crate::error::{check_len, KernelError, Result};
+use cannon_runtime::{BufferView, BufferViewMut};
 
 const OP_FWD: &str = "attention_forward";
 const OP_BWD: &str = "attention_backward";
@@ -218,6 +219,34 @@ impl<'a> VarlenAttention<'a> {
             prev = end;
         }
         out
+    }
+}
+
+/// q, k, v on a device (the operands of [`crate::ops::attention_forward`]).
+#[derive(Clone, Copy, Debug)]
+pub struct QkvBuf<'a, E: bytemuck::Pod> {
+    pub q: &'a BufferView<'a, E>,
+    pub k: &'a BufferView<'a, E>,
+    pub v: &'a BufferView<'a, E>,
+}
+
+impl<E: bytemuck::Pod> crate::backend::OnDevice for QkvBuf<'_, E> {
+    fn devices(&self, out: &mut Vec<cannon_runtime::Device>) {
+        out.extend([self.q.device(), self.k.device(), self.v.device()]);
+    }
+}
+
+/// Gradients of q, k, v on a device (overwritten by [`crate::ops::attention_backward`]).
+#[derive(Debug)]
+pub struct QkvGradBuf<'a, 'b, E: bytemuck::Pod> {
+    pub dq: &'a mut BufferViewMut<'b, E>,
+    pub dk: &'a mut BufferViewMut<'b, E>,
+    pub dv: &'a mut BufferViewMut<'b, E>,
+}
+
+impl<E: bytemuck::Pod> crate::backend::OnDevice for QkvGradBuf<'_, '_, E> {
+    fn devices(&self, out: &mut Vec<cannon_runtime::Device>) {
+        out.extend([self.dq.device(), self.dk.device(), self.dv.device()]);
     }
 }
 

@@ -10,9 +10,8 @@
 //! its own opaque forward-to-backward state: on the NPU the `lse` buffer holds them (the
 //! caller sizes it with [`lse_len_npu`]) and only the NPU backward reads them.
 
-use super::device::{QkvBuf, QkvGradBuf};
-use super::{Element, VarlenAttention};
-use crate::device::npu_pending;
+use super::{Element, QkvBuf, QkvGradBuf, VarlenAttention};
+use crate::backend::npu_pending;
 use crate::error::Result;
 use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};

@@ -3,17 +3,17 @@
 
 use super::Elem;
 use crate::testutil::{max_abs, rel_l2, Rng};
+use crate::tolerance::Tolerances;
 
-/// Relative L2 bounds from DESIGN.md, per storage type: (forward, backward).
+/// Relative L2 bounds from DESIGN.md (the crate's [`Tolerances`] table), per storage type:
+/// (forward, backward).
 pub(crate) fn tolerances<E: Elem>() -> (f64, f64) {
-    // f32: forward 1e-5, gradients 1e-4 (f32 rounding of O(D)-term sums stays near 1e-7
-    // relative, far inside). bf16: 0.015 / 0.04 (the NPU acceptance numbers; one bf16
-    // rounding is 2^-9 = 0.002 relative per element).
-    if E::NAME == "f32" {
-        (1e-5, 1e-4)
+    let t = if E::NAME == "f32" {
+        Tolerances::F32
     } else {
-        (0.015, 0.04)
-    }
+        Tolerances::BF16
+    };
+    (t.forward, t.grad)
 }
 
 /// `n` normal samples scaled by `scale`, stored as `E` (so bf16 data is exactly representable

@@ -14,8 +14,7 @@
 //! every computation done in f32 and one rounding on store.
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 pub(crate) mod simd;
 
 #[cfg(test)]
@@ -33,10 +32,26 @@ pub trait Elem: Copy + Default + Send + Sync + 'static + sealed::Sealed {
     const NAME: &'static str;
     fn to_f32(self) -> f32;
     fn from_f32(x: f32) -> Self;
+    /// The values as f32 when the type is f32 (entry points generic over the storage type
+    /// use it to reach the f32-only kernels; `None` for bf16).
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
+    /// Mutable [`Elem::as_f32`].
+    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]>;
+    /// The values as bf16 when the type is bf16 (`None` for f32).
+    fn as_bf16_mut(s: &mut [Self]) -> Option<&mut [bf16]>;
 }
 
 impl Elem for f32 {
     const NAME: &'static str = "f32";
+    fn as_f32(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+    fn as_f32_mut(s: &mut [f32]) -> Option<&mut [f32]> {
+        Some(s)
+    }
+    fn as_bf16_mut(_: &mut [f32]) -> Option<&mut [bf16]> {
+        None
+    }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -49,6 +64,15 @@ impl Elem for f32 {
 
 impl Elem for bf16 {
     const NAME: &'static str = "bf16";
+    fn as_f32(_: &[bf16]) -> Option<&[f32]> {
+        None
+    }
+    fn as_f32_mut(_: &mut [bf16]) -> Option<&mut [f32]> {
+        None
+    }
+    fn as_bf16_mut(s: &mut [bf16]) -> Option<&mut [bf16]> {
+        Some(s)
+    }
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from_bits((self.to_bits() as u32) << 16)
@@ -85,21 +109,21 @@ pub fn round_to<E: Elem>(x: f32) -> f32 {
     E::from_f32(x).to_f32()
 }
 
-/// `dst[i] = bf16(src[i])`. src, dst: [N].
+/// `dst[i] = bf16(src[i])`. src, dst: `[N]`.
 pub fn cast_f32_to_bf16(src: &[f32], dst: &mut [bf16]) -> Result<()> {
     check_len("cast_f32_to_bf16", "dst", dst.len(), src.len())?;
     cpu::convert(src, dst);
     Ok(())
 }
 
-/// `dst[i] = f32(src[i])` (exact). src, dst: [N].
+/// `dst[i] = f32(src[i])` (exact). src, dst: `[N]`.
 pub fn cast_bf16_to_f32(src: &[bf16], dst: &mut [f32]) -> Result<()> {
     check_len("cast_bf16_to_f32", "dst", dst.len(), src.len())?;
     cpu::convert(src, dst);
     Ok(())
 }
 
-/// Converts between any two storage types (f32 -> f32 is a parallel copy). src, dst: [N].
+/// Converts between any two storage types (f32 -> f32 is a parallel copy). src, dst: `[N]`.
 pub fn cast<A: Elem, B: Elem>(src: &[A], dst: &mut [B]) -> Result<()> {
     check_len("cast", "dst", dst.len(), src.len())?;
     cpu::convert(src, dst);

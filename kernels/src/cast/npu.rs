@@ -6,33 +6,13 @@
 //! inputs (ties, overflow to infinity, NaN).
 
 use super::Elem;
-use crate::device::npu_pending;
+use crate::backend::npu_pending;
 use crate::error::Result;
 use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
-use half::bf16;
 
-/// `aclnnCast(self = src, dtype = ACL_BF16, out = dst)`.
-pub fn f32_to_bf16(
-    ordinal: u32,
-    _stream: &Stream,
-    _src: &BufferView<'_, f32>,
-    _dst: &mut BufferViewMut<'_, bf16>,
-) -> Result<()> {
-    Err(npu_pending("cast_f32_to_bf16", ordinal, "aclnnCast"))
-}
-
-/// `aclnnCast(self = src, dtype = ACL_FLOAT, out = dst)`.
-pub fn bf16_to_f32(
-    ordinal: u32,
-    _stream: &Stream,
-    _src: &BufferView<'_, bf16>,
-    _dst: &mut BufferViewMut<'_, f32>,
-) -> Result<()> {
-    Err(npu_pending("cast_bf16_to_f32", ordinal, "aclnnCast"))
-}
-
-/// `aclnnCast` to `B`'s dtype; when `A` and `B` are the same type, a device copy
+/// `aclnnCast(self = src, dtype = B's aclDataType, out = dst)` (ACL_BF16 rounds to nearest
+/// even, ACL_FLOAT widens exactly); when `A` and `B` are the same type, a device copy
 /// (`memcpy_dtod`) instead.
 pub fn convert<A: Elem + Pod, B: Elem + Pod>(
     ordinal: u32,

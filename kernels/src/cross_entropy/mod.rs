@@ -27,13 +27,16 @@
 //!   Both paths sum the per-row losses in row order in f64, so they agree bit for bit.
 
 mod cpu;
-pub mod device;
-pub mod npu;
+mod lm_head;
+pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
 use crate::error::{check_len, KernelError, Result};
 use std::ops::Range;
+
+pub(crate) use lm_head::LmHeadCpu;
+pub use lm_head::LmHeadGrads;
 
 /// The label value whose rows carry no loss (torch's default `ignore_index`).
 pub const IGNORE_INDEX: i32 = -100;

@@ -12,9 +12,8 @@
 //!                   labels, reduction "none", ignoreIndex -100)   (ignored rows get 0)
 //! ```
 
-use super::device::LmHeadGrads;
-use super::{CeStats, LossNorm};
-use crate::device::npu_pending;
+use super::{CeStats, LmHeadGrads, LossNorm};
+use crate::backend::npu_pending;
 use crate::error::Result;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 

@@ -13,7 +13,6 @@
 //! are the plain IEEE operations, bit for bit what a host loop `y += x` gives.
 
 mod cpu;
-pub mod device;
 pub mod npu;
 #[cfg(test)]
 mod tests;

@@ -5,8 +5,8 @@
 //! other = x, alpha = 1)`, `aclnnMul(self = a, other = b, out)`, `aclnnInplaceMul(self = y,
 //! other = x)`. bf16 operands compute in f32 and round once on store, as on the CPU.
 
+use crate::backend::npu_pending;
 use crate::cast::Elem;
-use crate::device::npu_pending;
 use crate::error::Result;
 use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};

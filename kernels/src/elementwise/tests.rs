@@ -74,17 +74,17 @@ fn device_level_matches_slice_level() {
     let (a, b) = (data(1000, 3), data(1000, 4));
     let mut y = DeviceBuffer::clone_htod(&s, &a).unwrap();
     let x = DeviceBuffer::clone_htod(&s, &b).unwrap();
-    device::add(&s, &mut y.view_mut(), &x.view()).unwrap();
+    crate::ops::add_into(&s, &mut y.view_mut(), &x.view()).unwrap();
     let mut want = a.clone();
     add_into(&mut want, &b).unwrap();
     assert_eq!(y.clone_dtoh(&s).unwrap(), want);
 
     let mut out = DeviceBuffer::<f32>::alloc(&s, 1000).unwrap();
     let ya = DeviceBuffer::clone_htod(&s, &a).unwrap();
-    device::product(&s, &mut out.view_mut(), &ya.view(), &x.view()).unwrap();
+    crate::ops::mul(&s, &mut out.view_mut(), &ya.view(), &x.view()).unwrap();
     mul(&mut want, &a, &b).unwrap();
     assert_eq!(out.clone_dtoh(&s).unwrap(), want);
-    device::scale_by(&s, &mut out.view_mut(), &x.view()).unwrap();
+    crate::ops::mul_into(&s, &mut out.view_mut(), &x.view()).unwrap();
     mul_into(&mut want, &b).unwrap();
     assert_eq!(out.clone_dtoh(&s).unwrap(), want);
 }

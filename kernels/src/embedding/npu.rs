@@ -4,8 +4,8 @@
 //! Both bodies first check the ids on the host as the slice-level calls do, then upload them
 //! as int32 (aclnn indices are int32/int64; ids below V < 2^31 fit).
 
+use crate::backend::npu_pending;
 use crate::cast::Elem;
-use crate::device::npu_pending;
 use crate::error::Result;
 use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};

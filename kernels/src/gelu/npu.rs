@@ -9,8 +9,8 @@
 //! aclnnExp: `Phi = (1 + erf(x / sqrt 2)) / 2`, `y = x Phi`,
 //! `dx += dy (Phi + x e^(-x^2/2) / sqrt(2 pi))` with aclnnMul / aclnnMuls / aclnnAdd.
 
+use crate::backend::npu_pending;
 use crate::cast::Elem;
-use crate::device::npu_pending;
 use crate::error::Result;
 use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};

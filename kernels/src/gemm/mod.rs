@@ -52,8 +52,7 @@
 //! matmul reaches 305-396 here).
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 // AVX-512 intrinsics are stable since 1.89, above the workspace rust-version.
 #[cfg(target_arch = "x86_64")]
 #[clippy::msrv = "1.89"]
@@ -121,10 +120,36 @@ mod sealed {
     impl Sealed for f32 {}
 }
 
-/// A product's precision as a type, so that layer code (linear, patch embedding) is written
-/// once for both: [`F32`] runs [`gemm_f32`], [`Bf16`] runs [`gemm_bf16`] (inputs rounded to
-/// bf16, f32 accumulation). Both write f32.
-pub trait Precision<A, B> {
+/// The precision of a layer's products, the one `Precision` of the workspace: the trainer's
+/// run precision (f32, or bf16 autocast) picks it, and `linear` / `patch_embed` take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// f32 operands, f32 products ([`gemm_f32`]).
+    F32,
+    /// Operands rounded to bf16 (nearest even), f32 accumulation and output ([`gemm_bf16`]).
+    Bf16,
+}
+
+impl Precision {
+    /// `"f32"` or `"bf16"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A [`Precision`] as a type, so that layer code (linear, patch embedding) is written once
+/// for both and monomorphised: [`F32`] runs [`gemm_f32`], [`Bf16`] runs [`gemm_bf16`].
+/// Both write f32.
+pub(crate) trait Products<A, B> {
     /// `C = alpha * op(A) op(B) + beta * C` in this precision.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
@@ -144,13 +169,13 @@ pub trait Precision<A, B> {
 
 /// f32 products ([`gemm_f32`]).
 #[derive(Clone, Copy, Debug)]
-pub struct F32;
+pub(crate) struct F32;
 
 /// bf16 products with f32 accumulation ([`gemm_bf16`]).
 #[derive(Clone, Copy, Debug)]
-pub struct Bf16;
+pub(crate) struct Bf16;
 
-impl Precision<f32, f32> for F32 {
+impl Products<f32, f32> for F32 {
     fn gemm(
         ta: Trans,
         tb: Trans,
@@ -168,7 +193,7 @@ impl Precision<f32, f32> for F32 {
     }
 }
 
-impl<A: Bf16Elem, B: Bf16Elem> Precision<A, B> for Bf16 {
+impl<A: Bf16Elem, B: Bf16Elem> Products<A, B> for Bf16 {
     fn gemm(
         ta: Trans,
         tb: Trans,

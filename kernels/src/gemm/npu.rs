@@ -7,57 +7,42 @@
 //! and the body finishes with `aclnnInplaceMuls(C, beta)` (skipped for beta = 1) and
 //! `aclnnInplaceAdd(C, P, alpha)`, which is how the backward passes accumulate.
 
-use super::{Bf16Elem, Dims, Trans};
-use crate::device::npu_pending;
+use super::{Bf16Elem, Dims, Precision, Trans};
+use crate::backend::npu_pending;
+use crate::cast::Elem;
 use crate::error::Result;
 use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
-/// `aclnnMatmul(self = op(A), mat2 = op(B), out, cubeMathType = 0 KEEP_DTYPE)` in f32
-/// (KEEP_DTYPE, not HF32, so the products stay f32 as on the CPU; some parts reject f32 with
-/// KEEP_DTYPE, which the body reports as `Unsupported`), plus the alpha/beta epilogue.
+/// `aclnnMatmul(self = op(A), mat2 = op(B), out)` plus the alpha/beta epilogue.
+///
+/// `F32`: `cubeMathType = 0 KEEP_DTYPE`, not HF32, so the products stay f32 as on the CPU
+/// (some parts reject f32 with KEEP_DTYPE, which the body reports as `Unsupported`). `Bf16`:
+/// bf16 operands (an f32 operand is rounded first with `aclnnCast`, the CPU's ties-to-even
+/// rounding) accumulating in f32 into f32 C; whether a part writes f32 out of bf16 operands
+/// directly is to be confirmed on hardware; a bf16 result would not match the CPU's f32
+/// output and is not an acceptable substitute.
 #[allow(clippy::too_many_arguments)]
-pub fn f32(
+pub fn gemm<A: Elem + Bf16Elem + Pod, B: Elem + Bf16Elem + Pod>(
     ordinal: u32,
     _stream: &Stream,
+    p: Precision,
     _ta: Trans,
     _tb: Trans,
     _d: Dims,
     _alpha: f32,
-    _a: &BufferView<'_, f32>,
+    _a: &BufferView<'_, A>,
     _lda: usize,
-    _b: &BufferView<'_, f32>,
+    _b: &BufferView<'_, B>,
     _ldb: usize,
     _beta: f32,
     _c: &mut BufferViewMut<'_, f32>,
     _ldc: usize,
 ) -> Result<()> {
-    Err(npu_pending("gemm_f32", ordinal, "aclnnMatmul"))
-}
-
-/// `aclnnMatmul` on bf16 operands (an f32 operand is rounded first with `aclnnCast`, the
-/// CPU's ties-to-even rounding) accumulating in f32 into f32 C, plus the alpha/beta epilogue.
-/// Whether a part writes f32 out of bf16 operands directly is to be confirmed on hardware; a
-/// bf16 result would not match the CPU's f32 output and is not an acceptable substitute.
-#[allow(clippy::too_many_arguments)]
-pub fn bf16<TA: Bf16Elem + Pod, TB: Bf16Elem + Pod>(
-    ordinal: u32,
-    _stream: &Stream,
-    _ta: Trans,
-    _tb: Trans,
-    _d: Dims,
-    _alpha: f32,
-    _a: &BufferView<'_, TA>,
-    _lda: usize,
-    _b: &BufferView<'_, TB>,
-    _ldb: usize,
-    _beta: f32,
-    _c: &mut BufferViewMut<'_, f32>,
-    _ldc: usize,
-) -> Result<()> {
-    Err(npu_pending(
-        "gemm_bf16",
-        ordinal,
-        "aclnnMatmul (+ aclnnCast of f32 operands)",
-    ))
+    Err(match p {
+        Precision::F32 => npu_pending("gemm", ordinal, "aclnnMatmul"),
+        Precision::Bf16 => {
+            npu_pending("gemm", ordinal, "aclnnMatmul (+ aclnnCast of f32 operands)")
+        }
+    })
 }

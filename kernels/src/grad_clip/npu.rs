@@ -5,7 +5,7 @@
 //! of a sum of squares per view and a scaling by a host scalar; the norm, the coefficient and
 //! the cross-rank all-reduce of the sum stay on the host exactly as in the CPU path.
 
-use crate::device::npu_pending;
+use crate::backend::npu_pending;
 use crate::error::Result;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 

@@ -13,7 +13,7 @@
 //! ```
 //!
 //! The indices are host data (the kernels' convention for index-like inputs, see
-//! `crate::device`): they are checked on the host, so an index past the buffer is a typed
+//! `crate::backend`): they are checked on the host, so an index past the buffer is a typed
 //! error and never an out-of-bounds device access; the NPU path uploads them as int64.
 //! Everything but `scatter_add_rows` moves values without arithmetic, so it is exact in any
 //! type; `scatter_add_rows` adds in f32 and rounds once to the element type. With repeated
@@ -21,7 +21,6 @@
 //! order.
 
 mod cpu;
-pub mod device;
 pub mod npu;
 #[cfg(test)]
 mod tests;

@@ -9,8 +9,8 @@
 //! aclnnPermute (dims [0, 2, 1]) into the output for the transpose.
 
 use super::TransposeDims;
+use crate::backend::npu_pending;
 use crate::cast::Elem;
-use crate::device::npu_pending;
 use crate::error::Result;
 use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};

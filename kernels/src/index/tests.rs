@@ -131,20 +131,20 @@ fn device_level_matches_slice_level() {
     let idx = vec![8, 0, 3, 3, 5];
     let xb = DeviceBuffer::clone_htod(&s, &x).unwrap();
     let mut out = DeviceBuffer::<f32>::alloc(&s, idx.len() * d).unwrap();
-    device::gather(&s, &mut out.view_mut(), &xb.view(), &idx, d).unwrap();
+    crate::ops::gather_rows(&s, &mut out.view_mut(), &xb.view(), &idx, d).unwrap();
     let mut want = vec![0.0; idx.len() * d];
     gather_rows(&mut want, &x, &idx, d).unwrap();
     assert_eq!(out.clone_dtoh(&s).unwrap(), want);
 
     let mut dst = DeviceBuffer::<f32>::alloc_zeros(&s, r * d).unwrap();
-    device::scatter_add(&s, &mut dst.view_mut(), &out.view(), &idx, d).unwrap();
+    crate::ops::scatter_add_rows(&s, &mut dst.view_mut(), &out.view(), &idx, d).unwrap();
     let mut want_add = vec![0.0; r * d];
     scatter_add_rows(&mut want_add, &want, &idx, d).unwrap();
     assert_eq!(dst.clone_dtoh(&s).unwrap(), want_add);
-    device::scatter(&s, &mut dst.view_mut(), &out.view(), &idx, d).unwrap();
+    crate::ops::scatter_rows(&s, &mut dst.view_mut(), &out.view(), &idx, d).unwrap();
     scatter_rows(&mut want_add, &want, &idx, d).unwrap();
     assert_eq!(dst.clone_dtoh(&s).unwrap(), want_add);
-    device::zero(&s, &mut dst.view_mut(), &idx, d).unwrap();
+    crate::ops::zero_rows(&s, &mut dst.view_mut(), &idx, d).unwrap();
     zero_rows(&mut want_add, &idx, d).unwrap();
     assert_eq!(dst.clone_dtoh(&s).unwrap(), want_add);
 
@@ -154,7 +154,7 @@ fn device_level_matches_slice_level() {
         cols: 4,
     };
     let mut t = DeviceBuffer::<f32>::alloc(&s, 36).unwrap();
-    device::transposed(&s, &mut t.view_mut(), &xb.view(), dims).unwrap();
+    crate::ops::transpose(&s, &mut t.view_mut(), &xb.view(), dims).unwrap();
     let mut want_t = vec![0.0; 36];
     transpose(&mut want_t, &x, dims).unwrap();
     assert_eq!(t.clone_dtoh(&s).unwrap(), want_t);

@@ -3,7 +3,7 @@
 
 use super::{LinearDims, LinearGrads};
 use crate::error::Result;
-use crate::gemm::{gemm_bf16, Bf16Elem, Dims, Precision, Trans};
+use crate::gemm::{gemm_bf16, Bf16Elem, Dims, Products, Trans};
 use rayon::prelude::*;
 
 /// Columns of db per rayon task: wide enough that a task is worth scheduling.
@@ -47,7 +47,7 @@ fn gemm_dims(m: usize, n: usize, k: usize) -> Dims {
 }
 
 /// `Y[T,O] = X W^T (+ b)` in precision `P`.
-pub(super) fn forward<P: Precision<X, W>, X, W: Bf16Elem>(
+pub(super) fn forward<P: Products<X, W>, X, W: Bf16Elem>(
     y: &mut [f32],
     x: &[X],
     w: &[W],
@@ -86,12 +86,12 @@ pub(super) fn backward<P, G: Bf16Elem, X, W>(
     d: LinearDims,
 ) -> Result<()>
 where
-    P: Precision<G, W> + Precision<G, X>,
+    P: Products<G, W> + Products<G, X>,
 {
     if let Some(dx) = g.dx {
         // dX[T,I] += dY[T,O] W[O,I]
         let gd = gemm_dims(d.t, d.d_in, d.d_out);
-        <P as Precision<G, W>>::gemm(
+        <P as Products<G, W>>::gemm(
             Trans::N,
             Trans::N,
             gd,
@@ -108,7 +108,7 @@ where
     if let Some(dw) = g.dw {
         // dW[O,I] += dY[T,O]^T X[T,I]
         let gd = gemm_dims(d.d_out, d.d_in, d.t);
-        <P as Precision<G, X>>::gemm(
+        <P as Products<G, X>>::gemm(
             Trans::T,
             Trans::N,
             gd,

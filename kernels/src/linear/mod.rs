@@ -12,24 +12,25 @@
 //! `&mut [f32]` window of exactly O*I elements, typically a slice of a layer's flat gradient
 //! buffer; `None` skips a gradient (`dX` of the first layer, `dW` of a frozen weight).
 //!
-//! Two precisions:
-//! - f32: everything f32.
-//! - bf16: X, W, b and dY are [`Bf16Elem`]s (bf16 storage, or f32 rounded to bf16 as the GEMM
-//!   packs them, so f32 activation gradients can feed the bf16 products directly); products
-//!   accumulate in f32; Y is written as f32 ([`linear_forward_bf16`]) or bf16
-//!   ([`linear_forward_bf16_to_bf16`]); gradients are f32. The bias is added in f32 after the
-//!   product, and db sums dY's own values in f32 (no bf16 rounding).
+//! One forward and one backward, generic over the storage types and taking the
+//! [`Precision`] of the products:
+//! - `F32`: everything f32 (a bf16 operand is a typed error, not a silent widening).
+//! - `Bf16`: X, W, b and dY are [`Bf16Elem`]s (bf16 storage, or f32 rounded to bf16 as the
+//!   GEMM packs them, so f32 activation gradients can feed the bf16 products directly);
+//!   products accumulate in f32; Y is written as f32 or rounded once to bf16, by its type;
+//!   gradients are f32. The bias is added in f32 after the product, and db sums dY's own
+//!   values in f32 (no bf16 rounding).
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 
 #[cfg(test)]
 mod tests;
 
-use crate::error::{check_len, Result};
-use crate::gemm::{Bf16, Bf16Elem, F32};
-use half::bf16;
+use crate::cast::Elem;
+use crate::error::{check_len, KernelError, Result};
+use crate::gemm::{Bf16, Bf16Elem, Precision, F32};
+use cannon_runtime::BufferViewMut;
 
 /// The dims of one linear layer applied to `t` tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +53,41 @@ pub struct LinearGrads<'a> {
     pub db: Option<&'a mut [f32]>,
 }
 
+/// The gradients a device-level backward ([`crate::ops::linear_backward`]) accumulates
+/// into; `None` skips one.
+pub struct LinearGradBufs<'a> {
+    /// `[T, I]`
+    pub dx: Option<BufferViewMut<'a, f32>>,
+    /// `[O, I]`, e.g. a window of a layer's flat gradient buffer.
+    pub dw: Option<BufferViewMut<'a, f32>>,
+    /// `[O]`
+    pub db: Option<BufferViewMut<'a, f32>>,
+}
+
+impl crate::backend::OnDevice for LinearGradBufs<'_> {
+    fn devices(&self, out: &mut Vec<cannon_runtime::Device>) {
+        for g in [&self.dx, &self.dw, &self.db] {
+            g.devices(out);
+        }
+    }
+}
+
+impl LinearGradBufs<'_> {
+    /// The slice-level gradients over the same (host) memory.
+    pub(crate) fn host(&mut self) -> Result<LinearGrads<'_>> {
+        Ok(LinearGrads {
+            dx: host_opt(&mut self.dx)?,
+            dw: host_opt(&mut self.dw)?,
+            db: host_opt(&mut self.db)?,
+        })
+    }
+}
+
+/// The host slice of an optional CPU gradient view.
+fn host_opt<'s>(v: &'s mut Option<BufferViewMut<'_, f32>>) -> Result<Option<&'s mut [f32]>> {
+    Ok(v.as_mut().map(|v| v.as_host_slice_mut()).transpose()?)
+}
+
 fn check_forward(op: &'static str, d: LinearDims, y: usize, x: usize, w: usize) -> Result<()> {
     check_len(op, "y", y, d.t * d.d_out)?;
     check_len(op, "x", x, d.t * d.d_in)?;
@@ -72,77 +108,73 @@ fn check_backward(op: &'static str, d: LinearDims, g: &LinearGrads, dy: usize) -
     Ok(())
 }
 
-/// `Y[T,O] = X[T,I] W[O,I]^T (+ b[O])`, f32.
-pub fn linear_forward(
-    y: &mut [f32],
-    x: &[f32],
-    w: &[f32],
-    b: Option<&[f32]>,
-    d: LinearDims,
-) -> Result<()> {
-    check_forward("linear_forward", d, y.len(), x.len(), w.len())?;
-    if let Some(b) = b {
-        check_len("linear_forward", "b", b.len(), d.d_out)?;
+/// An f32-precision call with a bf16 operand: f32 products need f32 storage.
+fn not_f32(op: &'static str, what: &str) -> KernelError {
+    KernelError::InvalidArgument {
+        op,
+        detail: format!("{what} is bf16; Precision::F32 needs f32 operands (use Precision::Bf16)"),
     }
-    cpu::forward::<F32, _, _>(y, x, w, b, d)
 }
 
-/// Accumulates `dX += dY W`, `dW += dY^T X`, `db += sum_t dY` (each if present), f32.
-/// `x` and `w` are the forward's inputs: `[T, I]` and `[O, I]`; `dy` is `[T, O]`.
-pub fn linear_backward(
-    g: LinearGrads,
-    dy: &[f32],
-    x: &[f32],
-    w: &[f32],
-    d: LinearDims,
-) -> Result<()> {
-    check_backward("linear_backward", d, &g, dy.len())?;
-    check_len("linear_backward", "x", x.len(), d.t * d.d_in)?;
-    check_len("linear_backward", "w", w.len(), d.d_out * d.d_in)?;
-    cpu::backward::<F32, _, _, _>(g, dy, x, w, d)
-}
-
-/// `Y[T,O] = X[T,I] W[O,I]^T (+ b[O])` with bf16 inputs, f32 accumulation, f32 Y.
-pub fn linear_forward_bf16<X: Bf16Elem, W: Bf16Elem>(
-    y: &mut [f32],
+/// `Y[T,O] = X[T,I] W[O,I]^T (+ b[O])` in precision `p`.
+///
+/// `F32`: X, W, b and Y must be f32. `Bf16`: X, W, b are bf16 or f32 (rounded to bf16 in the
+/// product), products accumulate in f32, the bias is added in f32, and Y is written as f32
+/// or rounded once to bf16 (nearest even), by Y's type.
+pub fn linear_forward<Y: Elem, X: Elem + Bf16Elem, W: Elem + Bf16Elem>(
+    p: Precision,
+    y: &mut [Y],
     x: &[X],
     w: &[W],
     b: Option<&[W]>,
     d: LinearDims,
 ) -> Result<()> {
-    check_forward("linear_forward_bf16", d, y.len(), x.len(), w.len())?;
+    let op = "linear_forward";
+    check_forward(op, d, y.len(), x.len(), w.len())?;
     if let Some(b) = b {
-        check_len("linear_forward_bf16", "b", b.len(), d.d_out)?;
+        check_len(op, "b", b.len(), d.d_out)?;
     }
-    cpu::forward::<Bf16, _, _>(y, x, w, b, d)
+    match p {
+        Precision::F32 => {
+            let y = Y::as_f32_mut(y).ok_or_else(|| not_f32(op, "y"))?;
+            let x = X::as_f32(x).ok_or_else(|| not_f32(op, "x"))?;
+            let w = W::as_f32(w).ok_or_else(|| not_f32(op, "w"))?;
+            let b = b.map(|b| W::as_f32(b).ok_or_else(|| not_f32(op, "b")));
+            cpu::forward::<F32, _, _>(y, x, w, b.transpose()?, d)
+        }
+        Precision::Bf16 => match Y::as_bf16_mut(y) {
+            Some(y) => cpu::forward_bf16_to_bf16(y, x, w, b, d),
+            None => {
+                let y = Y::as_f32_mut(y).ok_or_else(|| not_f32(op, "y"))?;
+                cpu::forward::<Bf16, _, _>(y, x, w, b, d)
+            }
+        },
+    }
 }
 
-/// As [`linear_forward_bf16`], with Y stored as bf16 (rounded to nearest even from f32).
-pub fn linear_forward_bf16_to_bf16<X: Bf16Elem, W: Bf16Elem>(
-    y: &mut [bf16],
-    x: &[X],
-    w: &[W],
-    b: Option<&[W]>,
-    d: LinearDims,
-) -> Result<()> {
-    check_forward("linear_forward_bf16", d, y.len(), x.len(), w.len())?;
-    if let Some(b) = b {
-        check_len("linear_forward_bf16", "b", b.len(), d.d_out)?;
-    }
-    cpu::forward_bf16_to_bf16(y, x, w, b, d)
-}
-
-/// [`linear_backward`] with bf16 inputs (dY, X, W as bf16 or f32 rounded to bf16 in the
-/// products), f32 accumulation and f32 gradients.
-pub fn linear_backward_bf16<G: Bf16Elem, X: Bf16Elem, W: Bf16Elem>(
+/// Accumulates `dX += dY W`, `dW += dY^T X`, `db += sum_t dY` (each if present) in precision
+/// `p`; `x` and `w` are the forward's inputs: `[T, I]` and `[O, I]`; `dy` is `[T, O]`.
+/// Gradients are f32 in both precisions; under `Bf16` dY, X, W may be bf16 or f32 (rounded
+/// to bf16 in the products) and db sums dY's own values in f32.
+pub fn linear_backward<G: Elem + Bf16Elem, X: Elem + Bf16Elem, W: Elem + Bf16Elem>(
+    p: Precision,
     g: LinearGrads,
     dy: &[G],
     x: &[X],
     w: &[W],
     d: LinearDims,
 ) -> Result<()> {
-    check_backward("linear_backward_bf16", d, &g, dy.len())?;
-    check_len("linear_backward_bf16", "x", x.len(), d.t * d.d_in)?;
-    check_len("linear_backward_bf16", "w", w.len(), d.d_out * d.d_in)?;
-    cpu::backward::<Bf16, _, _, _>(g, dy, x, w, d)
+    let op = "linear_backward";
+    check_backward(op, d, &g, dy.len())?;
+    check_len(op, "x", x.len(), d.t * d.d_in)?;
+    check_len(op, "w", w.len(), d.d_out * d.d_in)?;
+    match p {
+        Precision::F32 => {
+            let dy = G::as_f32(dy).ok_or_else(|| not_f32(op, "dy"))?;
+            let x = X::as_f32(x).ok_or_else(|| not_f32(op, "x"))?;
+            let w = W::as_f32(w).ok_or_else(|| not_f32(op, "w"))?;
+            cpu::backward::<F32, _, _, _>(g, dy, x, w, d)
+        }
+        Precision::Bf16 => cpu::backward::<Bf16, _, _, _>(g, dy, x, w, d),
+    }
 }

@@ -11,101 +11,53 @@
 //!           db[O]   += aclnnMatmul(ones[1,T], dY)   (the column sum, without a ReduceSum)
 //! ```
 //!
-//! bf16 variants: f32 operands are rounded to bf16 with aclnnCast first (the CPU's
+//! Under `Precision::Bf16`: f32 operands are rounded to bf16 with aclnnCast first (the CPU's
 //! ties-to-even), products accumulate in f32; the bias is added in f32 and db sums dY's own
 //! (unrounded) values, as on the CPU.
 
-use super::device::Grads;
-use super::LinearDims;
-use crate::device::npu_pending;
+use super::{LinearDims, LinearGradBufs};
+use crate::backend::npu_pending;
+use crate::cast::Elem;
 use crate::error::Result;
-use crate::gemm::Bf16Elem;
+use crate::gemm::{Bf16Elem, Precision};
 use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
-use half::bf16;
 
-/// `Y = aclnnMatmul(X, W^T)` (+ `aclnnInplaceAdd` of b), f32.
-pub fn forward(
+/// `Y = aclnnMatmul(X, W^T)` (+ `aclnnInplaceAdd` of b); under `Bf16` f32 operands are cast
+/// first and a bf16 Y is the aclnnCast of the f32 result (the CPU's single rounding).
+#[allow(clippy::too_many_arguments)]
+pub fn forward<Y: Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
     ordinal: u32,
     _stream: &Stream,
-    _y: &mut BufferViewMut<'_, f32>,
-    _x: &BufferView<'_, f32>,
-    _w: &BufferView<'_, f32>,
-    _b: Option<&BufferView<'_, f32>>,
+    _p: Precision,
+    _y: &mut BufferViewMut<'_, Y>,
+    _x: &BufferView<'_, X>,
+    _w: &BufferView<'_, W>,
+    _b: Option<&BufferView<'_, W>>,
     _d: LinearDims,
 ) -> Result<()> {
     Err(npu_pending(
         "linear_forward",
         ordinal,
-        "aclnnMatmul (+ aclnnInplaceAdd for the bias)",
+        "aclnnMatmul (+ aclnnCast, aclnnInplaceAdd for the bias)",
     ))
 }
 
-/// `dX += dY W`, `dW += dY^T X`, `db += ones^T dY`: aclnnMatmul + aclnnInplaceAdd, f32.
-pub fn backward(
+/// `dX += dY W`, `dW += dY^T X`, `db += ones^T dY`: aclnnMatmul + aclnnInplaceAdd.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<G: Elem + Bf16Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
     ordinal: u32,
     _stream: &Stream,
-    _g: Grads<'_>,
-    _dy: &BufferView<'_, f32>,
-    _x: &BufferView<'_, f32>,
-    _w: &BufferView<'_, f32>,
-    _d: LinearDims,
-) -> Result<()> {
-    Err(npu_pending(
-        "linear_backward",
-        ordinal,
-        "aclnnMatmul + aclnnInplaceAdd",
-    ))
-}
-
-/// As [`forward`] on bf16 operands, f32 Y.
-pub fn forward_bf16<X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
-    ordinal: u32,
-    _stream: &Stream,
-    _y: &mut BufferViewMut<'_, f32>,
-    _x: &BufferView<'_, X>,
-    _w: &BufferView<'_, W>,
-    _b: Option<&BufferView<'_, W>>,
-    _d: LinearDims,
-) -> Result<()> {
-    Err(npu_pending(
-        "linear_forward_bf16",
-        ordinal,
-        "aclnnMatmul (bf16, + aclnnCast, aclnnInplaceAdd for the bias)",
-    ))
-}
-
-/// As [`forward`] on bf16 operands, Y rounded to bf16 (aclnnCast of the f32 result, the
-/// CPU's single rounding).
-pub fn forward_bf16_to_bf16<X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
-    ordinal: u32,
-    _stream: &Stream,
-    _y: &mut BufferViewMut<'_, bf16>,
-    _x: &BufferView<'_, X>,
-    _w: &BufferView<'_, W>,
-    _b: Option<&BufferView<'_, W>>,
-    _d: LinearDims,
-) -> Result<()> {
-    Err(npu_pending(
-        "linear_forward_bf16",
-        ordinal,
-        "aclnnMatmul (bf16) + aclnnCast to bf16",
-    ))
-}
-
-/// As [`backward`] on bf16 operands, f32 gradients.
-pub fn backward_bf16<G: Bf16Elem + Pod, X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
-    ordinal: u32,
-    _stream: &Stream,
-    _g: Grads<'_>,
+    _p: Precision,
+    _g: LinearGradBufs<'_>,
     _dy: &BufferView<'_, G>,
     _x: &BufferView<'_, X>,
     _w: &BufferView<'_, W>,
     _d: LinearDims,
 ) -> Result<()> {
     Err(npu_pending(
-        "linear_backward_bf16",
+        "linear_backward",
         ordinal,
-        "aclnnMatmul (bf16) + aclnnInplaceAdd",
+        "aclnnMatmul + aclnnInplaceAdd",
     ))
 }

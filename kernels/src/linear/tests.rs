@@ -4,7 +4,9 @@
 
 use super::*;
 use crate::error::KernelError;
+use crate::gemm::Precision;
 use crate::testutil::{rel_l2, Rng};
+use half::bf16;
 
 /// Float64 forward, element by element: `y[t][o] = sum_i x[t][i] w[o][i] + b[o]`.
 fn forward_f64(x: &[f64], w: &[f64], b: Option<&[f64]>, d: LinearDims) -> Vec<f64> {
@@ -99,7 +101,7 @@ fn f32_forward_and_backward_match_f64() {
         for with_bias in [false, true] {
             let mut y = vec![f32::NAN; d.t * d.d_out];
             let b = with_bias.then_some(v.b.as_slice());
-            linear_forward(&mut y, &v.x, &v.w, b, d).unwrap();
+            linear_forward(Precision::F32, &mut y, &v.x, &v.w, b, d).unwrap();
             let b64 = f64s(&v.b);
             let r = forward_f64(&f64s(&v.x), &f64s(&v.w), with_bias.then_some(&b64[..]), d);
             let e = rel_l2(&y, &r);
@@ -111,7 +113,7 @@ fn f32_forward_and_backward_match_f64() {
             dw: Some(&mut dw),
             db: Some(&mut db),
         };
-        linear_backward(g, &v.dy, &v.x, &v.w, d).unwrap();
+        linear_backward(Precision::F32, g, &v.dy, &v.x, &v.w, d).unwrap();
         let r = backward_f64(&f64s(&v.dy), &f64s(&v.x), &f64s(&v.w), d, &start64(&v));
         for (name, got, want) in [("dx", &dx, &r.dx), ("dw", &dw, &r.dw), ("db", &db, &r.db)] {
             let e = rel_l2(got, want);
@@ -169,7 +171,7 @@ fn gradient_formulas_match_finite_differences() {
         dw: Some(&mut dw),
         db: Some(&mut db),
     };
-    linear_backward(g, &v.dy, &v.x, &v.w, d).unwrap();
+    linear_backward(Precision::F32, g, &v.dy, &v.x, &v.w, d).unwrap();
     assert!(rel_l2(&dx, &an.dx) <= 1e-6);
     assert!(rel_l2(&dw, &an.dw) <= 1e-6);
     assert!(rel_l2(&db, &an.db) <= 1e-6);
@@ -192,7 +194,7 @@ fn dw_window_of_flat_buffer_and_optional_grads() {
         dw: Some(&mut flat[7..7 + d.d_out * d.d_in]),
         db: None,
     };
-    linear_backward(g, &v.dy, &v.x, &v.w, d).unwrap();
+    linear_backward(Precision::F32, g, &v.dy, &v.x, &v.w, d).unwrap();
     assert!(flat[..7].iter().chain(&flat[7 + 120..]).all(|&x| x == 1.5));
     let zero = Grads64 {
         dx: vec![0.0; d.t * d.d_in],
@@ -207,7 +209,7 @@ fn dw_window_of_flat_buffer_and_optional_grads() {
         dw: None,
         db: None,
     };
-    linear_backward(none, &v.dy, &v.x, &v.w, d).unwrap();
+    linear_backward(Precision::F32, none, &v.dy, &v.x, &v.w, d).unwrap();
 }
 
 fn to_bf16(v: &[f32]) -> Vec<bf16> {
@@ -229,7 +231,7 @@ fn bf16_forward_and_backward_match_f64() {
         let v = data(&mut rng, d);
         let (xh, wh, bh) = (to_bf16(&v.x), to_bf16(&v.w), to_bf16(&v.b));
         let mut y = vec![0.0f32; d.t * d.d_out];
-        linear_forward_bf16(&mut y, &xh, &wh, Some(&bh), d).unwrap();
+        linear_forward(Precision::Bf16, &mut y, &xh, &wh, Some(&bh), d).unwrap();
         let (rb, fb) = (rounded64(&v.b), f64s(&v.b));
         let exact = forward_f64(&f64s(&v.x), &f64s(&v.w), Some(&fb), d);
         let rounded = forward_f64(&rounded64(&v.x), &rounded64(&v.w), Some(&rb), d);
@@ -243,7 +245,7 @@ fn bf16_forward_and_backward_match_f64() {
 
         // bf16 Y: the f32 Y rounded once.
         let mut yh = vec![bf16::ZERO; y.len()];
-        linear_forward_bf16_to_bf16(&mut yh, &xh, &wh, Some(&bh), d).unwrap();
+        linear_forward(Precision::Bf16, &mut yh, &xh, &wh, Some(&bh), d).unwrap();
         assert!(yh.iter().zip(&y).all(|(a, &b)| *a == bf16::from_f32(b)));
 
         let exact = backward_f64(&f64s(&v.dy), &f64s(&v.x), &f64s(&v.w), d, &start64(&v));
@@ -256,9 +258,9 @@ fn bf16_forward_and_backward_match_f64() {
                 db: Some(&mut db),
             };
             if dy_bf16 {
-                linear_backward_bf16(g, &dyh, &xh, &wh, d).unwrap();
+                linear_backward(Precision::Bf16, g, &dyh, &xh, &wh, d).unwrap();
             } else {
-                linear_backward_bf16(g, &v.dy, &xh, &wh, d).unwrap();
+                linear_backward(Precision::Bf16, g, &v.dy, &xh, &wh, d).unwrap();
             }
             for (name, got, want) in [("dx", &dx, &exact.dx), ("dw", &dw, &exact.dw)] {
                 let e = rel_l2(got, want);
@@ -283,7 +285,7 @@ fn bf16_forward_and_backward_match_f64() {
             dw: Some(&mut dw),
             db: None,
         };
-        linear_backward_bf16(g, &v.dy, &xh, &wh, d).unwrap();
+        linear_backward(Precision::Bf16, g, &v.dy, &xh, &wh, d).unwrap();
         assert!(rel_l2(&dx, &rounded.dx) <= 1e-5, "{d:?} dx vs rounded");
         assert!(rel_l2(&dw, &rounded.dw) <= 1e-5, "{d:?} dw vs rounded");
     }
@@ -302,9 +304,9 @@ fn bf16_output_tiles_equal_rounded_f32_output() {
     let v = data(&mut rng, d);
     let (xh, wh, bh) = (to_bf16(&v.x), to_bf16(&v.w), to_bf16(&v.b));
     let mut y = vec![0.0f32; d.t * d.d_out];
-    linear_forward_bf16(&mut y, &xh, &wh, Some(&bh), d).unwrap();
+    linear_forward(Precision::Bf16, &mut y, &xh, &wh, Some(&bh), d).unwrap();
     let mut yh = vec![bf16::ZERO; y.len()];
-    linear_forward_bf16_to_bf16(&mut yh, &xh, &wh, Some(&bh), d).unwrap();
+    linear_forward(Precision::Bf16, &mut yh, &xh, &wh, Some(&bh), d).unwrap();
     assert!(yh.iter().zip(&y).all(|(a, &b)| *a == bf16::from_f32(b)));
 }
 
@@ -316,10 +318,10 @@ fn bad_lengths_are_shape_errors() {
         d_out: 4,
     };
     let (x, w, mut y) = (vec![0.0f32; 6], vec![0.0f32; 12], vec![0.0f32; 8]);
-    assert!(linear_forward(&mut y, &x, &w, None, d).is_ok());
-    let short = linear_forward(&mut y, &x[..5], &w, None, d);
+    assert!(linear_forward(Precision::F32, &mut y, &x, &w, None, d).is_ok());
+    let short = linear_forward(Precision::F32, &mut y, &x[..5], &w, None, d);
     assert!(matches!(short, Err(KernelError::Shape { .. })));
-    let bias = linear_forward(&mut y, &x, &w, Some(&[0.0; 3]), d);
+    let bias = linear_forward(Precision::F32, &mut y, &x, &w, Some(&[0.0; 3]), d);
     assert!(matches!(bias, Err(KernelError::Shape { .. })));
     let mut dw = vec![0.0f32; 11];
     let g = LinearGrads {
@@ -327,9 +329,33 @@ fn bad_lengths_are_shape_errors() {
         dw: Some(&mut dw),
         db: None,
     };
-    let r = linear_backward(g, &y, &x, &w, d);
+    let r = linear_backward(Precision::F32, g, &y, &x, &w, d);
     assert!(matches!(r, Err(KernelError::Shape { .. })));
     let mut yh = vec![bf16::ZERO; 7];
-    let r = linear_forward_bf16_to_bf16(&mut yh, &x, &w, None, d);
+    let r = linear_forward(Precision::Bf16, &mut yh, &x, &w, None, d);
     assert!(matches!(r, Err(KernelError::Shape { .. })));
+}
+
+/// F32 products on a bf16 operand would silently widen it: a typed error naming the operand.
+#[test]
+fn f32_precision_rejects_bf16_operands() {
+    let d = LinearDims {
+        t: 2,
+        d_in: 3,
+        d_out: 4,
+    };
+    let (x, w) = (vec![bf16::ONE; 6], vec![0.5f32; 12]);
+    let mut y = vec![0.0f32; 8];
+    let e = linear_forward(Precision::F32, &mut y, &x, &w, None, d).unwrap_err();
+    assert!(
+        matches!(&e, KernelError::InvalidArgument { op: "linear_forward", detail } if detail.contains("x is bf16")),
+        "{e}"
+    );
+    let mut yh = vec![bf16::ZERO; 8];
+    let xf = vec![1.0f32; 6];
+    let e = linear_forward(Precision::F32, &mut yh, &xf, &w, None, d).unwrap_err();
+    assert!(e.to_string().contains("y is bf16"), "{e}");
+    // The same operands under Bf16 products are accepted.
+    linear_forward(Precision::Bf16, &mut y, &x, &w, None, d).unwrap();
+    assert!(y.iter().all(|&v| v == 1.5), "{y:?}");
 }

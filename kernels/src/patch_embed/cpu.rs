@@ -4,7 +4,7 @@
 
 use super::{PatchEmbedGrads, PatchGeom};
 use crate::error::Result;
-use crate::gemm::{Dims, Precision, Trans};
+use crate::gemm::{Dims, Products, Trans};
 use rayon::prelude::*;
 
 /// `P[Np, K]` with `P[py*gw + px][(c*p + ky)*p + kx] = pixels[c][py*p + ky][px*p + kx]`.
@@ -63,7 +63,7 @@ fn col2im_add(dpixels: &mut [f32], dp: &[f32], g: PatchGeom) {
 }
 
 /// `out[Np, D] = P[Np, K] W[D, K]^T` in precision `Pr`.
-pub(super) fn forward<Pr: Precision<P, W>, P: Copy + Send + Sync, W>(
+pub(super) fn forward<Pr: Products<P, W>, P: Copy + Send + Sync, W>(
     out: &mut [f32],
     pixels: &[P],
     weight: &[W],
@@ -102,7 +102,7 @@ pub(super) fn backward<Pr, G, P: Copy + Send + Sync, W>(
     d_model: usize,
 ) -> Result<()>
 where
-    Pr: Precision<G, P> + Precision<G, W>,
+    Pr: Products<G, P> + Products<G, W>,
 {
     let (np, k) = (g.num_patches(), g.patch_len());
     if let Some(dw) = grads.dweight {
@@ -113,7 +113,7 @@ where
             n: k,
             k: np,
         };
-        <Pr as Precision<G, P>>::gemm(
+        <Pr as Products<G, P>>::gemm(
             Trans::T,
             Trans::N,
             d,
@@ -135,7 +135,7 @@ where
             n: k,
             k: d_model,
         };
-        <Pr as Precision<G, W>>::gemm(
+        <Pr as Products<G, W>>::gemm(
             Trans::N,
             Trans::N,
             d,

@@ -17,14 +17,15 @@
 //! rounded in the product), f32 accumulation and f32 outputs and gradients.
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 
 #[cfg(test)]
 mod tests;
 
+use crate::cast::Elem;
 use crate::error::{check_len, KernelError, Result};
-use crate::gemm::{Bf16, Bf16Elem, F32};
+use crate::gemm::{Bf16, Bf16Elem, Precision, F32};
+use cannon_runtime::BufferViewMut;
 
 /// The image and patch geometry of one image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +98,37 @@ pub struct PatchEmbedGrads<'a> {
     pub dpixels: Option<&'a mut [f32]>,
 }
 
+/// The gradients a device-level backward ([`crate::ops::patch_embed_backward`])
+/// accumulates into; `None` skips one.
+pub struct PatchEmbedGradBufs<'a> {
+    /// `[D, C, p, p]`
+    pub dweight: Option<BufferViewMut<'a, f32>>,
+    /// `[C, H, W]` (only the cropped region is touched)
+    pub dpixels: Option<BufferViewMut<'a, f32>>,
+}
+
+impl crate::backend::OnDevice for PatchEmbedGradBufs<'_> {
+    fn devices(&self, out: &mut Vec<cannon_runtime::Device>) {
+        self.dweight.devices(out);
+        self.dpixels.devices(out);
+    }
+}
+
+impl PatchEmbedGradBufs<'_> {
+    /// The slice-level gradients over the same (host) memory.
+    pub(crate) fn host(&mut self) -> Result<PatchEmbedGrads<'_>> {
+        Ok(PatchEmbedGrads {
+            dweight: host_opt(&mut self.dweight)?,
+            dpixels: host_opt(&mut self.dpixels)?,
+        })
+    }
+}
+
+/// The host slice of an optional CPU gradient view.
+fn host_opt<'s>(v: &'s mut Option<BufferViewMut<'_, f32>>) -> Result<Option<&'s mut [f32]>> {
+    Ok(v.as_mut().map(|v| v.as_host_slice_mut()).transpose()?)
+}
+
 fn check_grads(
     op: &'static str,
     g: &PatchGeom,
@@ -114,51 +146,41 @@ fn check_grads(
     Ok(())
 }
 
-/// `out[Np, D] = im2col(pixels) W^T`, f32.
-pub fn patch_embed_forward(
-    out: &mut [f32],
-    pixels: &[f32],
-    weight: &[f32],
-    g: PatchGeom,
-    d_model: usize,
-) -> Result<()> {
-    let op = "patch_embed_forward";
-    check_common(op, &g, d_model, pixels.len(), weight.len())?;
-    check_len(op, "out", out.len(), g.num_patches() * d_model)?;
-    cpu::forward::<F32, _, _>(out, pixels, weight, g, d_model)
+/// An f32-precision call with a bf16 operand: f32 products need f32 storage.
+fn not_f32(op: &'static str, what: &str) -> KernelError {
+    KernelError::InvalidArgument {
+        op,
+        detail: format!("{what} is bf16; Precision::F32 needs f32 operands (use Precision::Bf16)"),
+    }
 }
 
-/// Accumulates `dW += dOut^T P` and `dpixels += col2im(dOut W)` (each if present), f32.
-pub fn patch_embed_backward(
-    grads: PatchEmbedGrads,
-    dout: &[f32],
-    pixels: &[f32],
-    weight: &[f32],
-    g: PatchGeom,
-    d_model: usize,
-) -> Result<()> {
-    let op = "patch_embed_backward";
-    check_common(op, &g, d_model, pixels.len(), weight.len())?;
-    check_grads(op, &g, d_model, &grads, dout.len())?;
-    cpu::backward::<F32, _, _, _>(grads, dout, pixels, weight, g, d_model)
-}
-
-/// [`patch_embed_forward`] with bf16 inputs, f32 accumulation and f32 output.
-pub fn patch_embed_forward_bf16<P: Bf16Elem, W: Bf16Elem>(
+/// `out[Np, D] = im2col(pixels) W^T` in precision `p` (f32 output; under `Bf16` pixels and
+/// weight are bf16 or f32 rounded to bf16 in the product, with f32 accumulation).
+pub fn patch_embed_forward<P: Elem + Bf16Elem, W: Elem + Bf16Elem>(
+    p: Precision,
     out: &mut [f32],
     pixels: &[P],
     weight: &[W],
     g: PatchGeom,
     d_model: usize,
 ) -> Result<()> {
-    let op = "patch_embed_forward_bf16";
+    let op = "patch_embed_forward";
     check_common(op, &g, d_model, pixels.len(), weight.len())?;
     check_len(op, "out", out.len(), g.num_patches() * d_model)?;
-    cpu::forward::<Bf16, _, _>(out, pixels, weight, g, d_model)
+    match p {
+        Precision::F32 => {
+            let pixels = P::as_f32(pixels).ok_or_else(|| not_f32(op, "pixels"))?;
+            let weight = W::as_f32(weight).ok_or_else(|| not_f32(op, "weight"))?;
+            cpu::forward::<F32, _, _>(out, pixels, weight, g, d_model)
+        }
+        Precision::Bf16 => cpu::forward::<Bf16, _, _>(out, pixels, weight, g, d_model),
+    }
 }
 
-/// [`patch_embed_backward`] with bf16 inputs (dOut, pixels, weight), f32 gradients.
-pub fn patch_embed_backward_bf16<G: Bf16Elem, P: Bf16Elem, W: Bf16Elem>(
+/// Accumulates `dW += dOut^T P` and `dpixels += col2im(dOut W)` (each if present) in
+/// precision `p`; gradients are f32 in both.
+pub fn patch_embed_backward<G: Elem + Bf16Elem, P: Elem + Bf16Elem, W: Elem + Bf16Elem>(
+    p: Precision,
     grads: PatchEmbedGrads,
     dout: &[G],
     pixels: &[P],
@@ -166,8 +188,16 @@ pub fn patch_embed_backward_bf16<G: Bf16Elem, P: Bf16Elem, W: Bf16Elem>(
     g: PatchGeom,
     d_model: usize,
 ) -> Result<()> {
-    let op = "patch_embed_backward_bf16";
+    let op = "patch_embed_backward";
     check_common(op, &g, d_model, pixels.len(), weight.len())?;
     check_grads(op, &g, d_model, &grads, dout.len())?;
-    cpu::backward::<Bf16, _, _, _>(grads, dout, pixels, weight, g, d_model)
+    match p {
+        Precision::F32 => {
+            let dout = G::as_f32(dout).ok_or_else(|| not_f32(op, "dout"))?;
+            let pixels = P::as_f32(pixels).ok_or_else(|| not_f32(op, "pixels"))?;
+            let weight = W::as_f32(weight).ok_or_else(|| not_f32(op, "weight"))?;
+            cpu::backward::<F32, _, _, _>(grads, dout, pixels, weight, g, d_model)
+        }
+        Precision::Bf16 => cpu::backward::<Bf16, _, _, _>(grads, dout, pixels, weight, g, d_model),
+    }
 }

@@ -17,54 +17,20 @@
 //! bound and its backward writes rather than accumulates.) bf16: f32 operands are rounded with
 //! aclnnCast first, products accumulate in f32.
 
-use super::device::Grads;
-use super::PatchGeom;
-use crate::device::npu_pending;
+use super::{PatchEmbedGradBufs, PatchGeom};
+use crate::backend::npu_pending;
+use crate::cast::Elem;
 use crate::error::Result;
-use crate::gemm::Bf16Elem;
+use crate::gemm::{Bf16Elem, Precision};
 use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
-/// `out = aclnnMatmul(im2col view of pixels, W^T view)`, f32.
-pub fn forward(
-    ordinal: u32,
-    _stream: &Stream,
-    _out: &mut BufferViewMut<'_, f32>,
-    _pixels: &BufferView<'_, f32>,
-    _weight: &BufferView<'_, f32>,
-    _g: PatchGeom,
-    _d_model: usize,
-) -> Result<()> {
-    Err(npu_pending(
-        "patch_embed_forward",
-        ordinal,
-        "aclnnMatmul on the im2col view",
-    ))
-}
-
-/// `dW += dOut^T P`, `dpixels += col2im(dOut W)`: aclnnMatmul + aclnnInplaceAdd, f32.
+/// `out = aclnnMatmul(im2col view of pixels, W^T view)`.
 #[allow(clippy::too_many_arguments)]
-pub fn backward(
+pub fn forward<P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
     ordinal: u32,
     _stream: &Stream,
-    _grads: Grads<'_>,
-    _dout: &BufferView<'_, f32>,
-    _pixels: &BufferView<'_, f32>,
-    _weight: &BufferView<'_, f32>,
-    _g: PatchGeom,
-    _d_model: usize,
-) -> Result<()> {
-    Err(npu_pending(
-        "patch_embed_backward",
-        ordinal,
-        "aclnnMatmul + aclnnInplaceAdd (col2im view)",
-    ))
-}
-
-/// As [`forward`] on bf16 operands, f32 out.
-pub fn forward_bf16<P: Bf16Elem + Pod, W: Bf16Elem + Pod>(
-    ordinal: u32,
-    _stream: &Stream,
+    _p: Precision,
     _out: &mut BufferViewMut<'_, f32>,
     _pixels: &BufferView<'_, P>,
     _weight: &BufferView<'_, W>,
@@ -72,18 +38,19 @@ pub fn forward_bf16<P: Bf16Elem + Pod, W: Bf16Elem + Pod>(
     _d_model: usize,
 ) -> Result<()> {
     Err(npu_pending(
-        "patch_embed_forward_bf16",
+        "patch_embed_forward",
         ordinal,
-        "aclnnMatmul (bf16) on the im2col view",
+        "aclnnMatmul over the im2col view (+ aclnnCast under bf16)",
     ))
 }
 
-/// As [`backward`] on bf16 operands, f32 gradients.
+/// `dW += aclnnMatmul(dOut^T, P)`, `dpixels += col2im(aclnnMatmul(dOut, W))`.
 #[allow(clippy::too_many_arguments)]
-pub fn backward_bf16<G: Bf16Elem + Pod, P: Bf16Elem + Pod, W: Bf16Elem + Pod>(
+pub fn backward<G: Elem + Bf16Elem + Pod, P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
     ordinal: u32,
     _stream: &Stream,
-    _grads: Grads<'_>,
+    _p: Precision,
+    _grads: PatchEmbedGradBufs<'_>,
     _dout: &BufferView<'_, G>,
     _pixels: &BufferView<'_, P>,
     _weight: &BufferView<'_, W>,
@@ -91,8 +58,8 @@ pub fn backward_bf16<G: Bf16Elem + Pod, P: Bf16Elem + Pod, W: Bf16Elem + Pod>(
     _d_model: usize,
 ) -> Result<()> {
     Err(npu_pending(
-        "patch_embed_backward_bf16",
+        "patch_embed_backward",
         ordinal,
-        "aclnnMatmul (bf16) + aclnnInplaceAdd (col2im view)",
+        "aclnnMatmul + aclnnInplaceAdd",
     ))
 }

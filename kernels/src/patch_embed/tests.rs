@@ -2,6 +2,7 @@
 //! float64 forward, crop/padding behaviour and the bf16 paths.
 
 use super::*;
+use crate::gemm::Precision;
 use crate::testutil::{rel_l2, Rng};
 use half::bf16;
 
@@ -114,7 +115,7 @@ fn f32_forward_and_backward_match_f64_conv() {
     for (g, dm) in geoms() {
         let v = data(&mut rng, g, dm);
         let mut out = vec![f32::NAN; g.num_patches() * dm];
-        patch_embed_forward(&mut out, &v.pix, &v.w, g, dm).unwrap();
+        patch_embed_forward(Precision::F32, &mut out, &v.pix, &v.w, g, dm).unwrap();
         let r = conv_f64(&f64s(&v.pix), &f64s(&v.w), g, dm);
         let e = rel_l2(&out, &r);
         assert!(e <= 1e-5, "{g:?}: forward rel_l2 {e:e}");
@@ -124,7 +125,7 @@ fn f32_forward_and_backward_match_f64_conv() {
             dweight: Some(&mut dw),
             dpixels: Some(&mut dp),
         };
-        patch_embed_backward(grads, &v.dout, &v.pix, &v.w, g, dm).unwrap();
+        patch_embed_backward(Precision::F32, grads, &v.dout, &v.pix, &v.w, g, dm).unwrap();
         let (rw, rp) = conv_backward_f64(
             &f64s(&v.dout),
             &f64s(&v.pix),
@@ -168,15 +169,15 @@ fn padding_is_ignored_and_gets_no_gradient() {
         }
     }
     let (mut o1, mut o2) = (vec![0.0; gh * gw * dm], vec![0.0; gh * gw * dm]);
-    patch_embed_forward(&mut o1, &v.pix, &v.w, g, dm).unwrap();
-    patch_embed_forward(&mut o2, &pix2, &v.w, g, dm).unwrap();
+    patch_embed_forward(Precision::F32, &mut o1, &v.pix, &v.w, g, dm).unwrap();
+    patch_embed_forward(Precision::F32, &mut o2, &pix2, &v.w, g, dm).unwrap();
     assert_eq!(o1, o2);
     let mut dp = vec![0.0f32; v.pix.len()];
     let grads = PatchEmbedGrads {
         dweight: None,
         dpixels: Some(&mut dp),
     };
-    patch_embed_backward(grads, &v.dout, &v.pix, &v.w, g, dm).unwrap();
+    patch_embed_backward(Precision::F32, grads, &v.dout, &v.pix, &v.w, g, dm).unwrap();
     assert!(dp.iter().enumerate().all(|(i, &d)| inside(i) || d == 0.0));
     assert!(dp.iter().any(|&d| d != 0.0));
 }
@@ -229,7 +230,7 @@ fn gradient_formulas_match_finite_differences() {
         dweight: Some(&mut dw),
         dpixels: Some(&mut dp),
     };
-    patch_embed_backward(grads, &v.dout, &v.pix, &v.w, g, dm).unwrap();
+    patch_embed_backward(Precision::F32, grads, &v.dout, &v.pix, &v.w, g, dm).unwrap();
     assert!(rel_l2(&dw, &aw) <= 1e-6);
     assert!(rel_l2(&dp, &ap) <= 1e-6);
 }
@@ -251,7 +252,7 @@ fn bf16_forward_and_backward_match_f64_conv() {
         let ph: Vec<bf16> = v.pix.iter().map(|&x| bf16::from_f32(x)).collect();
         let wh: Vec<bf16> = v.w.iter().map(|&x| bf16::from_f32(x)).collect();
         let mut out = vec![0.0f32; g.num_patches() * dm];
-        patch_embed_forward_bf16(&mut out, &ph, &wh, g, dm).unwrap();
+        patch_embed_forward(Precision::Bf16, &mut out, &ph, &wh, g, dm).unwrap();
         let exact = conv_f64(&f64s(&v.pix), &f64s(&v.w), g, dm);
         let rounded = conv_f64(&rounded64(&v.pix), &rounded64(&v.w), g, dm);
         let e = rel_l2(&out, &exact);
@@ -264,7 +265,7 @@ fn bf16_forward_and_backward_match_f64_conv() {
             dweight: Some(&mut dw),
             dpixels: Some(&mut dp),
         };
-        patch_embed_backward_bf16(grads, &v.dout, &ph, &wh, g, dm).unwrap();
+        patch_embed_backward(Precision::Bf16, grads, &v.dout, &ph, &wh, g, dm).unwrap();
         let (f, f0w, f0p) = (f64s(&v.dout), f64s(&v.dw0), f64s(&v.dp0));
         let (ew, ep) = conv_backward_f64(&f, &f64s(&v.pix), &f64s(&v.w), g, dm, &f0w, &f0p);
         let e = rel_l2(&dw, &ew);
@@ -296,22 +297,22 @@ fn bad_geometry_and_lengths_are_errors() {
         patch: 2,
     };
     let (pix, w, mut out) = (vec![0.0f32; 48], vec![0.0f32; 5 * 12], vec![0.0f32; 4 * 5]);
-    assert!(patch_embed_forward(&mut out, &pix, &w, g, 5).is_ok());
-    let r = patch_embed_forward(&mut out, &pix[..47], &w, g, 5);
+    assert!(patch_embed_forward(Precision::F32, &mut out, &pix, &w, g, 5).is_ok());
+    let r = patch_embed_forward(Precision::F32, &mut out, &pix[..47], &w, g, 5);
     assert!(matches!(r, Err(KernelError::Shape { .. })));
-    let r = patch_embed_forward(&mut out[..19], &pix, &w, g, 5);
+    let r = patch_embed_forward(Precision::F32, &mut out[..19], &pix, &w, g, 5);
     assert!(matches!(r, Err(KernelError::Shape { .. })));
     let too_big = PatchGeom { h: 5, ..g };
-    let r = patch_embed_forward(&mut out, &pix, &w, too_big, 5);
+    let r = patch_embed_forward(Precision::F32, &mut out, &pix, &w, too_big, 5);
     assert!(matches!(r, Err(KernelError::InvalidArgument { .. })));
     let zero_patch = PatchGeom { patch: 0, ..g };
-    let r = patch_embed_forward(&mut out, &pix, &w, zero_patch, 5);
+    let r = patch_embed_forward(Precision::F32, &mut out, &pix, &w, zero_patch, 5);
     assert!(matches!(r, Err(KernelError::InvalidArgument { .. })));
     let mut dp = vec![0.0f32; 47];
     let grads = PatchEmbedGrads {
         dweight: None,
         dpixels: Some(&mut dp),
     };
-    let r = patch_embed_backward(grads, &out, &pix, &w, g, 5);
+    let r = patch_embed_backward(Precision::F32, grads, &out, &pix, &w, g, 5);
     assert!(matches!(r, Err(KernelError::Shape { .. })));
 }

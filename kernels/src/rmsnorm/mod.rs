@@ -22,8 +22,7 @@
 //! thread counts.
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
@@ -44,8 +43,8 @@ fn rows(op: &'static str, len: usize, dim: usize) -> Result<usize> {
     Ok(len / dim)
 }
 
-/// Normalises each row of `x` [T, D] and scales it by `weight` [D] into `out` [T, D]; saves
-/// `rstd` [T] for the backward.
+/// Normalises each row of `x [T, D]` and scales it by `weight [D]` into `out [T, D]`; saves
+/// `rstd [T]` for the backward.
 pub fn rmsnorm_forward<E: Elem>(
     out: &mut [E],
     rstd: &mut [f32],
@@ -63,7 +62,7 @@ pub fn rmsnorm_forward<E: Elem>(
 }
 
 /// Accumulates the gradients of [`rmsnorm_forward`]: `dx` [T, D] += d out/d x . `dout`, and
-/// `dweight` [D] += sum over rows of `dout * n`. `rstd` [T] is the forward's.
+/// `dweight [D]` += sum over rows of `dout * n`. `rstd [T]` is the forward's.
 pub fn rmsnorm_backward<E: Elem>(
     dx: &mut [E],
     dweight: &mut [f32],

@@ -5,8 +5,8 @@
 //! to bf16 before multiplying by the weight (transformers' order); aclnnRmsNorm's rounding
 //! order must be compared against the same fixtures.
 
+use crate::backend::npu_pending;
 use crate::cast::Elem;
-use crate::device::npu_pending;
 use crate::error::Result;
 use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};

@@ -26,8 +26,7 @@
 //! bf16 tolerance).
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
@@ -190,7 +189,7 @@ fn check_apply<E>(
     Ok(())
 }
 
-/// Rotates `x` [T, H, D] in place by the angles of each token's slot `pos` [T].
+/// Rotates `x [T, H, D]` in place by the angles of each token's slot `pos [T]`.
 pub fn rope_forward<E: Elem>(
     x: &mut [E],
     n_heads: usize,

@@ -11,8 +11,8 @@
 //! composition is `x cos + rotate_half(x) sin` with aclnnMul / aclnnAdd over the half views.
 
 use super::RopeTable;
+use crate::backend::npu_pending;
 use crate::cast::Elem;
-use crate::device::npu_pending;
 use crate::error::Result;
 use bytemuck::Pod;
 use cannon_runtime::{BufferViewMut, Stream};

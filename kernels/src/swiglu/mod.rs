@@ -14,15 +14,14 @@
 //! The gradients **accumulate** (`+=`, llm.c's convention): zero them first if needed.
 
 mod cpu;
-pub mod device;
-pub mod npu;
+pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
 use crate::cast::Elem;
 use crate::error::{check_len, Result};
 
-/// `h = silu(gate) * up`, elementwise. gate, up, h: [N].
+/// `h = silu(gate) * up`, elementwise. gate, up, h: `[N]`.
 pub fn swiglu_forward<E: Elem>(h: &mut [E], gate: &[E], up: &[E]) -> Result<()> {
     check_len("swiglu_forward", "up", up.len(), gate.len())?;
     check_len("swiglu_forward", "h", h.len(), gate.len())?;
@@ -30,7 +29,7 @@ pub fn swiglu_forward<E: Elem>(h: &mut [E], gate: &[E], up: &[E]) -> Result<()> 
     Ok(())
 }
 
-/// Accumulates the gradients of [`swiglu_forward`] into `d_gate` and `d_up`. All: [N].
+/// Accumulates the gradients of [`swiglu_forward`] into `d_gate` and `d_up`. All: `[N]`.
 pub fn swiglu_backward<E: Elem>(
     d_gate: &mut [E],
     d_up: &mut [E],

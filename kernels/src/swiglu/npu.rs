@@ -7,8 +7,8 @@
 //! `[2, N]` scratch first. For bf16 the CPU kernel rounds silu(gate) to bf16 before the
 //! product (transformers' order); aclnnSwiGlu's rounding must be checked against it.
 
+use crate::backend::npu_pending;
 use crate::cast::Elem;
-use crate::device::npu_pending;
 use crate::error::Result;
 use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};

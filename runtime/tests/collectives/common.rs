@@ -5,6 +5,7 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use cannon_runtime::comm::{CommElem, Communicator, CpuWorld, ReduceOp};
+use cannon_runtime::rng::SplitMix64;
 use half::bf16;
 
 /// Runs `f` on every rank (one thread each) and returns the results in rank order.
@@ -23,11 +24,9 @@ pub fn run_world<R: Send>(
 /// Long enough never to fire in a passing test, short enough not to hang a failing one.
 pub const GENEROUS: Duration = Duration::from_secs(20);
 
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
+/// One SplitMix64 step from state `x`: a stateless hash for per-element inputs.
+fn splitmix(x: u64) -> u64 {
+    SplitMix64::new(x).next_u64()
 }
 
 /// Element types under test: a deterministic generator and the sequential reference reduction.

@@ -1,4 +1,6 @@
 //! The `cannon` command line. Each subcommand lives in its own module with its own args struct.
+//! Only the subcommands below exist; `train`, `bench` and `export` are planned and are not
+//! accepted until they do.
 
 pub mod data;
 pub mod doctor;
@@ -11,7 +13,10 @@ use std::process::ExitCode;
 #[command(
     name = "cannon",
     version,
-    about = "Mistral3 training on Ascend NPUs and CPUs"
+    about = "Mistral3 (Pixtral + Mistral) model tools: check the machine, prepare data, verify \
+             the model against a reference",
+    after_help = "Planned, not yet available: train, bench, export. The model runs on the CPU; \
+                  its NPU path is not implemented yet."
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -42,7 +42,7 @@ pub struct DatasetStats {
     pub samples: usize,
     /// Tokens of the kept samples.
     pub tokens: usize,
-    /// Trained tokens (labels != IGNORE) of the kept samples.
+    /// Trained tokens (labels != IGNORE_INDEX) of the kept samples.
     pub label_tokens: usize,
     /// Images of the kept samples.
     pub images: usize,

@@ -52,6 +52,8 @@ pub enum DataError {
     },
     #[error("invalid data config: {0}")]
     Config(String),
+    #[error(transparent)]
+    Batch(#[from] crate::batch::BatchError),
 }
 
 pub type Result<T> = std::result::Result<T, DataError>;

@@ -29,7 +29,7 @@ pub struct ImageConfig {
     pub longest_edge: u32,
     /// Vision patch size (14 for Mistral3).
     pub patch_size: u32,
-    /// Patch merger factor (2): one [IMG] token per merge x merge patches.
+    /// Patch merger factor (2): one `[IMG]` token per merge x merge patches.
     pub merge_size: u32,
     /// Round sides up to patch_size x merge_size (`PixtralProcessor.__call__`, mistral-common)
     /// instead of patch_size (the image processor called directly, as LLaMA-Factory does).
@@ -82,7 +82,7 @@ impl ImageConfig {
         (h.div_ceil(p) * p, w.div_ceil(p) * p)
     }
 
-    /// (rows, cols) of [IMG] tokens of a resized image: one per merged patch, floor.
+    /// (rows, cols) of `[IMG]` tokens of a resized image: one per merged patch, floor.
     pub fn token_grid(&self, h: u32, w: u32) -> (u32, u32) {
         let m = (self.patch_size * self.merge_size).max(1);
         (h / m, w / m)
@@ -281,8 +281,8 @@ pub struct ImageTokens {
     pub img_end: u32,
 }
 
-/// The token block of a resized `h` x `w` image: per row `cols` x [IMG] then [IMG_BREAK], the
-/// last [IMG_BREAK] replaced by [IMG_END]. Empty when the image is smaller than one token.
+/// The token block of a resized `h` x `w` image: per row `cols` x `[IMG]` then `[IMG_BREAK]`, the
+/// last `[IMG_BREAK]` replaced by `[IMG_END]`. Empty when the image is smaller than one token.
 pub fn image_block(h: u32, w: u32, cfg: &ImageConfig, t: ImageTokens) -> Vec<u32> {
     let (rows, cols) = cfg.token_grid(h, w);
     if rows == 0 || cols == 0 {

@@ -1,11 +1,11 @@
 //! The stream of batches the trainer consumes: a read dataset, a resumable shuffled order, and
 //! padding or packing.
 
-use super::batch::{pad_batch, PackedBatch, PaddedBatch, Sample};
+use super::batch::{pad_batch, RowBuilder, Sample};
 use super::dataset::{DataSet, DatasetStats, SampleSettings};
 use super::image::{self, ImageConfig};
 use super::shuffle::{Position, Shuffler};
-use super::{DataError, Result, Tekken};
+use super::{Batch, DataError, Result, Tekken};
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -59,13 +59,6 @@ impl DataConfig {
             image: &self.image,
         }
     }
-}
-
-/// A batch in one of the two layouts.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Batch {
-    Padded(PaddedBatch),
-    Packed(PackedBatch),
 }
 
 /// Endless, deterministic batches over a dataset; restartable from [`Loader::position`].
@@ -142,9 +135,9 @@ impl Loader {
     pub fn next_batch(&mut self) -> Result<Batch> {
         let saved = self.order.clone();
         let r = if self.cfg.pack {
-            self.next_packed().map(Batch::Packed)
+            self.next_packed()
         } else {
-            self.next_padded().map(Batch::Padded)
+            self.next_padded()
         };
         if r.is_err() {
             self.order = saved;
@@ -152,7 +145,7 @@ impl Loader {
         r
     }
 
-    fn next_padded(&mut self) -> Result<PaddedBatch> {
+    fn next_padded(&mut self) -> Result<Batch> {
         let mut samples = Vec::with_capacity(self.cfg.batch_size);
         for _ in 0..self.cfg.batch_size {
             let i = self.order.next().ok_or_else(empty)?;
@@ -162,13 +155,13 @@ impl Loader {
             &samples,
             self.pad_id,
             self.cfg.pad_to_multiple_of,
-        ))
+        )?)
     }
 
     /// Fills each row in stream order: a sample that does not fit closes the row and starts
     /// the next one, so the stream position alone says where packing resumes.
-    fn next_packed(&mut self) -> Result<PackedBatch> {
-        let mut b = PackedBatch::new(self.cfg.max_len);
+    fn next_packed(&mut self) -> Result<Batch> {
+        let mut b = RowBuilder::new(self.cfg.max_len, self.pad_id);
         for _ in 0..self.cfg.batch_size {
             let mut row: Vec<Sample> = Vec::new();
             let mut used = 0;
@@ -182,9 +175,11 @@ impl Loader {
                 row.push(self.sample(i)?);
                 used += len;
             }
-            b.push_row(&row, self.pad_id);
+            // A sample longer than max_len (never read so, but a bad dataset must not panic)
+            // is an error here.
+            b.push_row(&row)?;
         }
-        Ok(b)
+        Ok(b.finish())
     }
 }
 

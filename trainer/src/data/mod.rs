@@ -3,7 +3,7 @@
 //!
 //! Flow: [`dataset::DataSet::read`] (JSONL -> checked, tokenized, truncated samples, bad lines
 //! counted) -> [`loader::Loader`] (shuffled resumable order -> padded or packed batches with
-//! processed images).
+//! processed images). The batches are [`crate::batch::Batch`], the model's own input.
 
 pub mod batch;
 pub mod dataset;
@@ -17,7 +17,8 @@ pub mod tekken;
 pub mod template;
 pub mod truncate;
 
+pub use crate::batch::Batch;
 pub use error::{DataError, Result};
-pub use loader::{Batch, DataConfig, Loader};
+pub use loader::{DataConfig, Loader};
 pub use shuffle::Position;
 pub use tekken::Tekken;

@@ -4,7 +4,7 @@
 //! does: the source (BOS, system, user) is never trained, the target (answer + EOS) is.
 //!
 //! `<image>` placeholders are replaced, in order over the whole conversation, by the token blocks
-//! of the images. Text is always encoded as plain text: a literal "[INST]" typed by a user stays
+//! of the images. Text is always encoded as plain text: a literal `[INST]` typed by a user stays
 //! text (as in mistral-common), so a dataset cannot inject control tokens.
 
 use super::image::ImageTokens;
@@ -13,9 +13,6 @@ use super::{DataError, Result};
 
 /// The placeholder LLaMA-Factory / MindSpeed-MM use for an image in message text.
 pub const IMAGE_PLACEHOLDER: &str = "<image>";
-
-/// Label of tokens that are not trained (torch's `ignore_index`).
-pub const IGNORE: i32 = -100;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -106,7 +103,7 @@ pub fn count_placeholders(messages: &[Message]) -> usize {
         .sum()
 }
 
-/// One turn: the prompt part (labels IGNORE) and the answer part (trained).
+/// One turn: the prompt part (labels IGNORE_INDEX) and the answer part (trained).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Turn {
     pub source: Vec<u32>,

@@ -2,7 +2,8 @@
 //! samples whose image token blocks were cut.
 
 use super::image::ImageTokens;
-use super::template::{Turn, IGNORE};
+use super::template::Turn;
+use cannon_kernels::cross_entropy::IGNORE_INDEX;
 
 /// LLaMA-Factory `infer_seqlen`: how much of a (source, target) pair fits in `cutoff`.
 /// A short target is kept whole; else a short source is; else both shrink proportionally.
@@ -28,7 +29,7 @@ pub struct Assembled {
     pub truncated: bool,
 }
 
-/// Concatenates the turns (source labels IGNORE, target labels = ids). A sample that fits in
+/// Concatenates the turns (source labels IGNORE_INDEX, target labels = ids). A sample that fits in
 /// `max_len` is never modified; a longer one is cut turn by turn as LLaMA-Factory does (each
 /// part keeps its head), which can cut an image block: see [`validate_input_ids`].
 pub fn assemble(turns: &[Turn], max_len: usize) -> Assembled {
@@ -46,7 +47,7 @@ pub fn assemble(turns: &[Turn], max_len: usize) -> Assembled {
             infer_seqlen(t.source.len(), t.target.len(), max_len - input_ids.len())
         };
         input_ids.extend_from_slice(&t.source[..s]);
-        labels.extend(std::iter::repeat_n(IGNORE, s));
+        labels.extend(std::iter::repeat_n(IGNORE_INDEX, s));
         input_ids.extend_from_slice(&t.target[..g]);
         labels.extend(t.target[..g].iter().map(|&x| x as i32));
     }
@@ -57,9 +58,9 @@ pub fn assemble(turns: &[Turn], max_len: usize) -> Assembled {
     }
 }
 
-/// True when the ids hold every image's block whole: the [IMG] count equals the sum of
+/// True when the ids hold every image's block whole: the `[IMG]` count equals the sum of
 /// rows x cols over the images (`grids`, from their sizes, patch and merge size) and there is
-/// one [IMG_END] per image.
+/// one `[IMG_END]` per image.
 pub fn validate_input_ids(input_ids: &[u32], grids: &[(u32, u32)], t: ImageTokens) -> bool {
     let want_img: usize = grids.iter().map(|&(r, c)| (r * c) as usize).sum();
     let want_break: usize = grids

@@ -18,14 +18,13 @@
 //! The f32 working tensors of a pass ([`FwdScratch`], [`BwdScratch`]) are sized for T tokens
 //! and reused layer after layer; `memory` sizes all of them.
 
-use super::config::GateAct;
+use super::config::HiddenAct;
 use super::exec::Exec;
-use super::ops::{add_into, copy, linear, linear_back, linear_back_act, store, Act};
+use super::ops::{add_into, copy, linear, linear_back, store, Act};
 use super::params::GroupGrad;
-use cannon_kernels::attention::device::{QkvBuf, QkvGradBuf};
-use cannon_kernels::attention::VarlenAttention;
+use cannon_kernels::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
 use cannon_kernels::rope::RopeTable;
-use cannon_kernels::{attention, elementwise, gelu, rmsnorm, rope, swiglu, KernelError, Tensor};
+use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use std::ops::Range;
 
@@ -40,7 +39,7 @@ pub struct BlockDims {
     pub head_dim: usize,
     pub inter: usize,
     pub causal: bool,
-    pub act: GateAct,
+    pub act: HiddenAct,
     pub eps: f32,
 }
 
@@ -169,8 +168,8 @@ impl FwdScratch {
 
 fn gelu_tmp(exec: &Exec, dims: &BlockDims, t: usize) -> Result<Option<Tensor<f32>>> {
     match dims.act {
-        GateAct::Gelu => Ok(Some(exec.empty(&[t, dims.inter])?)),
-        GateAct::Silu => Ok(None),
+        HiddenAct::Gelu => Ok(Some(exec.empty(&[t, dims.inter])?)),
+        HiddenAct::Silu => Ok(None),
     }
 }
 
@@ -233,7 +232,7 @@ pub fn block_forward<A: Act>(
     let d = c.dims;
     let (dm, dq, dkv) = (d.d, d.dq(), d.dkv());
     let mut rstd1 = a.rstd1.view_mut();
-    rmsnorm::device::forward(
+    ops::rmsnorm_forward(
         st,
         &mut s.n.view_mut(),
         &mut rstd1,
@@ -247,8 +246,8 @@ pub fn block_forward<A: Act>(
     linear(st, &mut s.q.view_mut(), &ln1, &w.q, dm, dq)?;
     linear(st, &mut s.k.view_mut(), &ln1, &w.k, dm, dkv)?;
     linear(st, &mut s.v.view_mut(), &ln1, &w.v, dm, dkv)?;
-    rope::device::forward(st, &mut s.q.view_mut(), d.q_heads, c.rope, c.pos)?;
-    rope::device::forward(st, &mut s.k.view_mut(), d.kv_heads, c.rope, c.pos)?;
+    ops::rope_forward(st, &mut s.q.view_mut(), d.q_heads, c.rope, c.pos)?;
+    ops::rope_forward(st, &mut s.k.view_mut(), d.kv_heads, c.rope, c.pos)?;
     store(st, &s.q.view(), &mut a.q.view_mut())?;
     store(st, &s.k.view(), &mut a.k.view_mut())?;
     store(st, &s.v.view(), &mut a.v.view_mut())?;
@@ -259,12 +258,12 @@ pub fn block_forward<A: Act>(
         v: &v,
     };
     let (mut att, mut lse) = (a.att.view_mut(), a.lse.view_mut());
-    attention::device::forward(st, &c.attn(), qkv, &mut att, &mut lse)?;
+    ops::attention_forward(st, &c.attn(), qkv, &mut att, &mut lse)?;
     linear(st, &mut a.mid.view_mut(), &a.att.view(), &w.o, dq, dm)?;
     add_into(st, &mut a.mid.view_mut(), x)?;
 
     let (mid, mut rstd2) = (a.mid.view(), a.rstd2.view_mut());
-    rmsnorm::device::forward(
+    ops::rmsnorm_forward(
         st,
         &mut s.n.view_mut(),
         &mut rstd2,
@@ -287,18 +286,18 @@ pub fn block_forward<A: Act>(
 /// (Pixtral's default `hidden_act`) is the gelu kernel and an elementwise product.
 fn gated_forward(
     st: &Stream,
-    act: GateAct,
+    act: HiddenAct,
     gate: &Tensor<f32>,
     up: &Tensor<f32>,
     h: &mut Tensor<f32>,
     tmp: Option<&mut Tensor<f32>>,
 ) -> Result<()> {
     match act {
-        GateAct::Silu => swiglu::device::forward(st, &mut h.view_mut(), &gate.view(), &up.view()),
-        GateAct::Gelu => {
+        HiddenAct::Silu => ops::swiglu_forward(st, &mut h.view_mut(), &gate.view(), &up.view()),
+        HiddenAct::Gelu => {
             let tmp = tmp.ok_or_else(missing_tmp)?;
-            gelu::device::forward(st, &mut tmp.view_mut(), &gate.view())?;
-            elementwise::device::product(st, &mut h.view_mut(), &tmp.view(), &up.view())
+            ops::gelu_forward(st, &mut tmp.view_mut(), &gate.view())?;
+            ops::mul(st, &mut h.view_mut(), &tmp.view(), &up.view())
         }
     }
 }
@@ -306,7 +305,7 @@ fn gated_forward(
 /// Backward of [`gated_forward`]: OVERWRITES `dgate`, `dup` from `dh`.
 fn gated_backward(
     st: &Stream,
-    act: GateAct,
+    act: HiddenAct,
     (gate, up, dh): (&Tensor<f32>, &Tensor<f32>, &Tensor<f32>),
     dgate: &mut Tensor<f32>,
     dup: &mut Tensor<f32>,
@@ -314,18 +313,18 @@ fn gated_backward(
 ) -> Result<()> {
     dgate.zero(st)?;
     match act {
-        GateAct::Silu => {
+        HiddenAct::Silu => {
             dup.zero(st)?;
             let (mut dg, mut du) = (dgate.view_mut(), dup.view_mut());
-            swiglu::device::backward(st, &mut dg, &mut du, &dh.view(), &gate.view(), &up.view())
+            ops::swiglu_backward(st, &mut dg, &mut du, &dh.view(), &gate.view(), &up.view())
         }
-        GateAct::Gelu => {
+        HiddenAct::Gelu => {
             // d up = gelu(gate) dh;  d gate = gelu'(gate) (dh up)
             let tmp = tmp.ok_or_else(missing_tmp)?;
-            gelu::device::forward(st, &mut dup.view_mut(), &gate.view())?;
-            elementwise::device::scale_by(st, &mut dup.view_mut(), &dh.view())?;
-            elementwise::device::product(st, &mut tmp.view_mut(), &dh.view(), &up.view())?;
-            gelu::device::backward(st, &mut dgate.view_mut(), &tmp.view(), &gate.view())
+            ops::gelu_forward(st, &mut dup.view_mut(), &gate.view())?;
+            ops::mul_into(st, &mut dup.view_mut(), &dh.view())?;
+            ops::mul(st, &mut tmp.view_mut(), &dh.view(), &up.view())?;
+            ops::gelu_backward(st, &mut dgate.view_mut(), &tmp.view(), &gate.view())
         }
     }
 }
@@ -411,7 +410,7 @@ pub fn block_backward<A: Act>(
     let mut gw = norm_grad(g.as_mut(), |r| &r.mlp_norm, &mut s.dw_sink)?;
     let (dn, mid, rstd2) = (s.dn.view(), a.mid.view(), a.rstd2.view());
     let mut dmid = s.dmid.view_mut();
-    rmsnorm::device::backward(st, &mut dmid, &mut gw, &dn, &mid, &w.mlp_norm, &rstd2, dm)?;
+    ops::rmsnorm_backward(st, &mut dmid, &mut gw, &dn, &mid, &w.mlp_norm, &rstd2, dm)?;
 
     // mid = x + att Wo^T
     s.datt32.zero(st)?;
@@ -442,14 +441,14 @@ pub fn block_backward<A: Act>(
         dv: &mut gv,
     };
     let (att, lse, datt) = (a.att.view(), a.lse.view(), s.datt.view());
-    attention::device::backward(st, &c.attn(), qkv, &att, &lse, &datt, grads)?;
-    rope::device::backward(st, &mut s.dq.view_mut(), d.q_heads, c.rope, c.pos)?;
-    rope::device::backward(st, &mut s.dk.view_mut(), d.kv_heads, c.rope, c.pos)?;
+    ops::attention_backward(st, &c.attn(), qkv, &att, &lse, &datt, grads)?;
+    ops::rope_backward(st, &mut s.dq.view_mut(), d.q_heads, c.rope, c.pos)?;
+    ops::rope_backward(st, &mut s.dk.view_mut(), d.kv_heads, c.rope, c.pos)?;
     // q, k, v = ln1 W^T
     s.dn.zero(st)?;
     let ln1 = a.ln1.view();
     let gw = weight_grad(&mut g, |r| &r.q)?;
-    linear_back_act(
+    linear_back(
         st,
         Some(s.dn.view_mut()),
         gw,
@@ -460,7 +459,7 @@ pub fn block_backward<A: Act>(
         dq,
     )?;
     let gw = weight_grad(&mut g, |r| &r.k)?;
-    linear_back_act(
+    linear_back(
         st,
         Some(s.dn.view_mut()),
         gw,
@@ -471,7 +470,7 @@ pub fn block_backward<A: Act>(
         dkv,
     )?;
     let gw = weight_grad(&mut g, |r| &r.v)?;
-    linear_back_act(
+    linear_back(
         st,
         Some(s.dn.view_mut()),
         gw,
@@ -485,7 +484,7 @@ pub fn block_backward<A: Act>(
     copy(st, dx, &s.dmid.view())?;
     let mut gw = norm_grad(g.as_mut(), |r| &r.attn_norm, &mut s.dw_sink)?;
     let (dn, rstd1) = (s.dn.view(), a.rstd1.view());
-    rmsnorm::device::backward(st, dx, &mut gw, &dn, x, &w.attn_norm, &rstd1, dm)
+    ops::rmsnorm_backward(st, dx, &mut gw, &dn, x, &w.attn_norm, &rstd1, dm)
 }
 
 #[cfg(test)]
@@ -506,7 +505,7 @@ mod tests {
         let dh: Vec<f32> = (0..n).map(|i| val(i, 1.13)).collect();
         let t = |v: &[f32]| exec.upload(v, &[v.len()]).unwrap();
         let (gt, ut, dht) = (t(&gate), t(&up), t(&dh));
-        for act in [GateAct::Silu, GateAct::Gelu] {
+        for act in [HiddenAct::Silu, HiddenAct::Gelu] {
             let (mut dg, mut du, mut tmp) = (t(&[0.0; 64]), t(&[0.0; 64]), t(&[0.0; 64]));
             gated_backward(st, act, (&gt, &ut, &dht), &mut dg, &mut du, Some(&mut tmp)).unwrap();
             let (dg, du) = (dg.to_host(st).unwrap(), du.to_host(st).unwrap());

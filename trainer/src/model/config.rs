@@ -6,9 +6,10 @@
 //! `rope_theta` inside the text/vision config, 5.x files write
 //! `rope_parameters: {rope_theta, rope_type}`. [`Mistral3Config::validate`] turns everything
 //! this implementation cannot run (another model type, a non-SiLU text MLP, RoPE scaling,
-//! inconsistent head counts) into a [`ConfigError`] that names the field.
+//! inconsistent head counts) into a [`ConfigError`] that names the field; an activation name
+//! it does not compute at all (see [`HiddenAct`]) already fails to parse, naming the field.
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -63,8 +64,8 @@ pub struct TextConfig {
     /// `None` (absent or null) means `hidden_size / num_attention_heads`, as transformers does.
     #[serde(default)]
     pub head_dim: Option<usize>,
-    #[serde(default = "d::silu")]
-    pub hidden_act: String,
+    #[serde(default = "d::silu", deserialize_with = "act::text")]
+    pub hidden_act: HiddenAct,
     #[serde(default = "d::t_eps")]
     pub rms_norm_eps: f64,
     /// 4.x spelling.
@@ -104,9 +105,10 @@ pub struct VisionConfig {
     pub image_size: usize,
     #[serde(default = "d::v_patch")]
     pub patch_size: usize,
-    /// Pixtral's class default is `gelu`; the Mistral3-24B checkpoints say `silu`.
-    #[serde(default = "d::gelu")]
-    pub hidden_act: String,
+    /// The MLP gate's activation. Pixtral's class default is `gelu`; the Mistral3-24B
+    /// checkpoints say `silu`.
+    #[serde(default = "d::gelu", deserialize_with = "act::vision")]
+    pub hidden_act: HiddenAct,
     #[serde(default)]
     pub rope_theta: Option<f64>,
     #[serde(default)]
@@ -123,8 +125,8 @@ pub struct Mistral3Config {
     pub image_token_index: u32,
     #[serde(default = "d::merge")]
     pub spatial_merge_size: usize,
-    #[serde(default = "d::gelu")]
-    pub projector_hidden_act: String,
+    #[serde(default = "d::gelu", deserialize_with = "act::projector")]
+    pub projector_hidden_act: HiddenAct,
     #[serde(default)]
     pub multimodal_projector_bias: bool,
     /// An integer layer index (a list of layers is not supported).
@@ -140,11 +142,12 @@ mod d {
     pub fn pixtral() -> String {
         "pixtral".into()
     }
-    pub fn silu() -> String {
-        "silu".into()
+    use super::HiddenAct;
+    pub fn silu() -> HiddenAct {
+        HiddenAct::Silu
     }
-    pub fn gelu() -> String {
-        "gelu".into()
+    pub fn gelu() -> HiddenAct {
+        HiddenAct::Gelu
     }
     pub fn t_vocab() -> usize {
         32000
@@ -205,12 +208,68 @@ mod d {
     }
 }
 
-/// Activation of the vision MLP's gate (`down(act(gate(x)) * up(x))`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GateAct {
+/// An activation named by `hidden_act` (the gated MLPs, `down(act(gate(x)) * up(x))`) or
+/// `projector_hidden_act`, in transformers' spelling (its `ACT2FN` keys).
+///
+/// Only the activations this implementation computes are variants. Any other name, including
+/// the tanh approximations of GELU (`gelu_pytorch_tanh`, `gelu_new`, `gelu_fast`), which are
+/// different functions, fails when the config is read, with an error naming the field and the
+/// value: running the model with a substitute would silently train a different model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum HiddenAct {
+    /// `x * sigmoid(x)`: `"silu"`, or `"swish"`, which transformers maps to the same `nn.SiLU`.
+    #[serde(rename = "silu", alias = "swish")]
     Silu,
-    /// Exact (erf) GELU, transformers' `"gelu"`.
+    /// Exact (erf) GELU: `"gelu"`.
+    #[serde(rename = "gelu")]
     Gelu,
+}
+
+impl HiddenAct {
+    /// transformers' spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            HiddenAct::Silu => "silu",
+            HiddenAct::Gelu => "gelu",
+        }
+    }
+}
+
+impl std::fmt::Display for HiddenAct {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Per-field readers of [`HiddenAct`]: serde's own error for an unknown variant names the
+/// value but not the field (serde_json reports only a line and column), so each field adds
+/// its dotted name.
+mod act {
+    use super::{Deserialize, Deserializer, HiddenAct};
+    use serde::de::{Error, IntoDeserializer};
+
+    fn read<'de, D: Deserializer<'de>>(d: D, field: &str) -> Result<HiddenAct, D::Error> {
+        let name = String::deserialize(d)?;
+        HiddenAct::deserialize(name.as_str().into_deserializer()).map_err(
+            |e: serde::de::value::Error| {
+                D::Error::custom(format!(
+                    "{field} = {name:?}: {e} (the activations this implementation computes)"
+                ))
+            },
+        )
+    }
+
+    pub fn text<'de, D: Deserializer<'de>>(d: D) -> Result<HiddenAct, D::Error> {
+        read(d, "text_config.hidden_act")
+    }
+
+    pub fn vision<'de, D: Deserializer<'de>>(d: D) -> Result<HiddenAct, D::Error> {
+        read(d, "vision_config.hidden_act")
+    }
+
+    pub fn projector<'de, D: Deserializer<'de>>(d: D) -> Result<HiddenAct, D::Error> {
+        read(d, "projector_hidden_act")
+    }
 }
 
 impl TextConfig {
@@ -233,15 +292,6 @@ impl VisionConfig {
 
     pub fn rope_theta(&self) -> f64 {
         rope_theta(self.rope_theta, &self.rope_parameters)
-    }
-
-    /// Validated by [`Mistral3Config::validate`]; anything else reads as SiLU.
-    pub fn gate_act(&self) -> GateAct {
-        if self.hidden_act == "gelu" {
-            GateAct::Gelu
-        } else {
-            GateAct::Silu
-        }
     }
 }
 
@@ -321,24 +371,18 @@ impl Mistral3Config {
                 "the vision tower must be pixtral",
             );
         }
-        if t.hidden_act != "silu" {
+        // The Pixtral MLP computes every HiddenAct; the other two are fixed in the model.
+        if t.hidden_act != HiddenAct::Silu {
             return unsupported(
                 "text_config.hidden_act",
-                t.hidden_act.clone(),
+                t.hidden_act.to_string(),
                 "the Mistral MLP is implemented as SwiGLU (silu) only",
             );
         }
-        if v.hidden_act != "silu" && v.hidden_act != "gelu" {
-            return unsupported(
-                "vision_config.hidden_act",
-                v.hidden_act.clone(),
-                "the Pixtral MLP supports silu and gelu",
-            );
-        }
-        if self.projector_hidden_act != "gelu" {
+        if self.projector_hidden_act != HiddenAct::Gelu {
             return unsupported(
                 "projector_hidden_act",
-                self.projector_hidden_act.clone(),
+                self.projector_hidden_act.to_string(),
                 "the projector supports the exact (erf) gelu only",
             );
         }

@@ -2,25 +2,24 @@
 //!
 //! ```text
 //! logits[T,V] = xf[T,D] lm_head[V,D]^T
-//! loss        = mean over targets != -100 of  lse(logits[t]) - logits[t, target[t]]
+//! loss        = mean over targets != IGNORE_INDEX of  lse(logits[t]) - logits[t, target[t]]
 //! ```
 //!
 //! Full ([`LossMode::Full`]): the forward materialises the logits and writes d loss / d logits
-//! with the loss (`cannon_kernels::cross_entropy::device::full`); the backward is the
+//! with the loss (`cannon_kernels::ops::cross_entropy`); the backward is the
 //! lm_head's linear backward. Chunked ([`LossMode::Chunked`]): no `[T,V]` tensor ever exists.
 //! The forward makes the logits of `rows` tokens at a time into one `[rows,V]` tensor (the
 //! lm_head GEMM per chunk) and takes their loss without gradient; the backward makes them
-//! again, overwrites them with their gradient (`cross_entropy::device::in_place`) and hands
+//! again, overwrites them with their gradient (`ops::cross_entropy_in_place`) and hands
 //! it straight to the lm_head backward (`dxf[rows] += dl W`, `dW += dl^T xf[rows]`): one more
 //! lm_head GEMM for at most `rows x V` floats instead of `T x V`. Both divide by the count of
 //! the whole batch's targets, and skip chunks whose targets are all ignored, as the kernels'
 //! `cross_entropy_chunked` does.
 
 use super::exec::Exec;
-use super::ops::{dims, Act};
-use cannon_kernels::cross_entropy::{self, LossNorm, IGNORE_INDEX};
-use cannon_kernels::linear::device::Grads as LinearGrads;
-use cannon_kernels::{KernelError, Tensor};
+use super::ops::{linear, linear_back, Act};
+use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
+use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::BufferView;
 use std::ops::Range;
 
@@ -63,7 +62,7 @@ fn count(targets: &[i32]) -> usize {
     targets.iter().filter(|&&l| l != IGNORE_INDEX).count()
 }
 
-/// Logits and loss of `xf [T,D]` against `targets [T]` (-100 = ignored).
+/// Logits and loss of `xf [T,D]` against `targets [T]` (`IGNORE_INDEX` = ignored).
 pub fn forward<A: Act>(
     exec: &Exec,
     mode: LossMode,
@@ -77,16 +76,10 @@ pub fn forward<A: Act>(
     match mode {
         LossMode::Full => {
             let mut logits = exec.empty(&[t, v])?;
-            A::linear(
-                st,
-                &mut logits.view_mut(),
-                &xf.view(),
-                w,
-                dims(xf.numel(), d, v),
-            )?;
+            linear(st, &mut logits.view_mut(), &xf.view(), w, d, v)?;
             let mut dlogits = exec.empty(&[t, v])?;
             let mut dl = dlogits.view_mut();
-            let ce = cross_entropy::device::full(
+            let ce = ops::cross_entropy(
                 st,
                 &logits.view(),
                 targets,
@@ -109,11 +102,10 @@ pub fn forward<A: Act>(
                 for r in chunks(targets, rows) {
                     let mut logits = buf.rows_mut(0..r.len())?;
                     let x = xf.rows(r.clone())?;
-                    A::linear(st, &mut logits, &x, w, dims(x.len(), d, v))?;
+                    linear(st, &mut logits, &x, w, d, v)?;
                     let norm = LossNorm::Divisor(n as f64);
                     let lab = &targets[r];
-                    let ce =
-                        cross_entropy::device::full(st, &logits.as_view(), lab, v, None, norm)?;
+                    let ce = ops::cross_entropy(st, &logits.as_view(), lab, v, None, norm)?;
                     sum += ce.sum;
                 }
             }
@@ -143,14 +135,16 @@ pub fn backward<A: Act>(
 ) -> Result<()> {
     let st = exec.stream();
     match (mode, &h.dlogits) {
-        (LossMode::Full, Some(dl)) => {
-            let g = LinearGrads {
-                dx: Some(dxf.view_mut()),
-                dw,
-                db: None,
-            };
-            A::linear_back(st, g, &dl.view(), &xf.view(), w, dims(xf.numel(), d, v))
-        }
+        (LossMode::Full, Some(dl)) => linear_back(
+            st,
+            Some(dxf.view_mut()),
+            dw,
+            &dl.view(),
+            &xf.view(),
+            w,
+            d,
+            v,
+        ),
         (LossMode::Chunked(rows), _) => {
             let n = count(targets);
             if n == 0 {
@@ -160,19 +154,15 @@ pub fn backward<A: Act>(
             for r in chunks(targets, rows) {
                 let mut logits = buf.rows_mut(0..r.len())?;
                 let x = xf.rows(r.clone())?;
-                let ld = dims(x.len(), d, v);
-                A::linear(st, &mut logits, &x, w, ld)?;
+                linear(st, &mut logits, &x, w, d, v)?;
                 let norm = LossNorm::Divisor(n as f64);
-                cross_entropy::device::in_place(st, &mut logits, &targets[r.clone()], v, norm)?;
-                let g = LinearGrads {
-                    dx: Some(dxf.rows_mut(r)?),
-                    dw: dw
-                        .as_mut()
-                        .map(|dw| dw.slice_mut(0..dw.len()))
-                        .transpose()?,
-                    db: None,
-                };
-                A::linear_back(st, g, &logits.as_view(), &x, w, ld)?;
+                ops::cross_entropy_in_place(st, &mut logits, &targets[r.clone()], v, norm)?;
+                let dx = Some(dxf.rows_mut(r)?);
+                let dwv = dw
+                    .as_mut()
+                    .map(|dw| dw.slice_mut(0..dw.len()))
+                    .transpose()?;
+                linear_back(st, dx, dwv, &logits.as_view(), &x, w, d, v)?;
             }
             Ok(())
         }

@@ -12,19 +12,20 @@
 //! Packed sequences: a row may hold several sequences back to back. As transformers 5.x does
 //! for packed input without an attention mask, a new sequence starts at every row start and
 //! wherever `position_ids[t] != position_ids[t-1] + 1`; the attention's `cu_seqlens` are those
-//! sequences' ends, so no token sees another sequence.
+//! sequences' ends (the batch's, [`crate::batch::Batch::sequence_ends`]), so no token sees
+//! another sequence.
 
 use super::block::{
     block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockParams, BwdScratch,
     FwdScratch,
 };
-use super::config::{GateAct, Mistral3Config};
+use super::config::{HiddenAct, Mistral3Config};
 use super::exec::Exec;
 use super::ops::{store, Act};
 use super::params::{Grads, Params, TextHead, TextLayer};
 use super::ModelError;
 use cannon_kernels::rope::RopeTable;
-use cannon_kernels::{embedding, index, rmsnorm, Tensor};
+use cannon_kernels::{ops, Tensor};
 use cannon_runtime::BufferViewMut;
 
 /// Everything the text forward saves (device tensors; positions, RoPE table and sequence
@@ -71,7 +72,7 @@ pub(crate) fn dims(cfg: &Mistral3Config) -> BlockDims {
         head_dim: t.head_dim(),
         inter: t.intermediate_size,
         causal: true,
-        act: GateAct::Silu,
+        act: HiddenAct::Silu,
         eps: t.rms_norm_eps as f32,
     }
 }
@@ -93,28 +94,13 @@ impl<T> TextLayer<T> {
     }
 }
 
-/// Cumulative ends of the packed sequences of `rows` rows of `seq` tokens with these
-/// position ids (see the module docs).
-pub fn packed_cu_seqlens(pos: &[u32], seq: usize) -> Vec<usize> {
-    let mut ends = Vec::new();
-    for t in 1..pos.len() {
-        if t % seq.max(1) == 0 || pos[t] != pos[t - 1].wrapping_add(1) {
-            ends.push(t);
-        }
-    }
-    if !pos.is_empty() {
-        ends.push(pos.len());
-    }
-    ends
-}
-
-/// The rows of the [IMG] tokens, in order (where the image features go).
+/// The rows of the `[IMG]` tokens, in order (where the image features go).
 pub fn image_slots(cfg: &Mistral3Config, ids: &[u32]) -> Vec<usize> {
     let img = cfg.image_token_index;
     (0..ids.len()).filter(|&t| ids[t] == img).collect()
 }
 
-/// `x0 [T,D]`: token embeddings with the image features `[M,D]` spliced into the [IMG]
+/// `x0 [T,D]`: token embeddings with the image features `[M,D]` spliced into the `[IMG]`
 /// positions (a row scatter on the device).
 pub fn embed(
     exec: &Exec,
@@ -135,15 +121,15 @@ pub fn embed(
     }
     let mut x = exec.empty(&[ids.len(), d])?;
     let table = params.text_embed()?.embed;
-    embedding::device::forward(st, &mut x.view_mut(), ids, &table, d)?;
+    ops::embedding_forward(st, &mut x.view_mut(), ids, &table, d)?;
     if let Some(f) = image_features.filter(|_| !slots.is_empty()) {
-        index::device::scatter(st, &mut x.view_mut(), &f.view(), &slots, d)?;
+        ops::scatter_rows(st, &mut x.view_mut(), &f.view(), &slots, d)?;
     }
     Ok(x)
 }
 
-/// Backward of [`embed`]: gathers the [IMG] rows of `dx0 [T,D]` as the gradient of the image
-/// features `[M,D]` (returned, in [IMG] order), zeroes them, and if the embedding trains
+/// Backward of [`embed`]: gathers the `[IMG]` rows of `dx0 [T,D]` as the gradient of the image
+/// features `[M,D]` (returned, in `[IMG]` order), zeroes them, and if the embedding trains
 /// (`dembed` given) scatter-adds the text rows into its gradient.
 pub fn embed_backward(
     exec: &Exec,
@@ -157,28 +143,35 @@ pub fn embed_backward(
     let slots = image_slots(cfg, ids);
     let mut dfeat = exec.empty(&[slots.len(), d])?;
     if !slots.is_empty() {
-        index::device::gather(st, &mut dfeat.view_mut(), &dx0.view(), &slots, d)?;
-        index::device::zero(st, &mut dx0.view_mut(), &slots, d)?;
+        ops::gather_rows(st, &mut dfeat.view_mut(), &dx0.view(), &slots, d)?;
+        ops::zero_rows(st, &mut dx0.view_mut(), &slots, d)?;
     }
     if let Some(mut de) = dembed {
-        embedding::device::backward(st, &mut de, &dx0.view(), ids, d)?;
+        ops::embedding_backward(st, &mut de, &dx0.view(), ids, d)?;
     }
     Ok(dfeat)
 }
 
-/// Decoder forward from `x0 [T,D]` (tokens at position ids `pos`, rows of `seq`) to the final
-/// norm's output.
+/// Decoder forward from `x0 [T,D]` (tokens at position ids `pos`, packed sequences ending at
+/// `cu_seqlens`, see [`crate::batch::sequence_ends`]) to the final norm's output.
 pub fn forward<A: Act>(
     exec: &Exec,
     cfg: &Mistral3Config,
     params: &Params,
     x0: Tensor<f32>,
     pos: Vec<u32>,
-    seq: usize,
+    cu_seqlens: Vec<usize>,
 ) -> Result<TextActs<A>, ModelError> {
     let st = exec.stream();
     let t = &cfg.text_config;
-    let cu_seqlens = packed_cu_seqlens(&pos, seq);
+    if cu_seqlens.last() != Some(&pos.len()) || pos.len() * t.hidden_size != x0.numel() {
+        return Err(ModelError::Input(format!(
+            "{} position ids, {} embedding values and sequences ending at {:?} disagree",
+            pos.len(),
+            x0.numel(),
+            cu_seqlens.last()
+        )));
+    }
     if let Some(w) = t.sliding_window {
         let mut start = 0;
         for &end in &cu_seqlens {
@@ -237,7 +230,7 @@ pub fn forward<A: Act>(
     let mut xf32 = exec.empty::<f32>(&[n, d])?;
     let last = outs.last().unwrap_or(&x0).view();
     let mut rv = rstd_f.view_mut();
-    rmsnorm::device::forward(
+    ops::rmsnorm_forward(
         st,
         &mut xf32.view_mut(),
         &mut rv,
@@ -297,7 +290,7 @@ pub fn backward<A: Act>(
         };
         let (last, rstd, dxf) = (a.last().view(), a.rstd_f.view(), dxf.view());
         let mut dxv = dx.view_mut();
-        rmsnorm::device::backward(st, &mut dxv, &mut gnorm, &dxf, &last, &head.norm, &rstd, d)?;
+        ops::rmsnorm_backward(st, &mut dxv, &mut gnorm, &dxf, &last, &head.norm, &rstd, d)?;
     }
 
     // dxf is spent: it holds each layer's input gradient in turn.

@@ -38,12 +38,12 @@ pub mod pixtral;
 pub mod projector;
 pub mod weights;
 
+pub use crate::batch::{Batch, BatchError, Images};
 pub use config::{ConfigError, Mistral3Config};
 pub use exec::Exec;
 pub use head::LossMode;
 pub use ops::{Act, Precision};
 pub use params::{Grads, ParamLayout, Params, Part};
-pub use pixtral::Images;
 pub use weights::WeightsError;
 
 use cannon_kernels::{KernelError, Tensor};
@@ -63,6 +63,8 @@ pub enum ModelError {
     ImageTokens { tokens: usize, features: usize },
     #[error("bad input: {0}")]
     Input(String),
+    #[error("bad batch: {0}")]
+    Batch(#[from] BatchError),
     #[error(transparent)]
     Kernel(#[from] KernelError),
 }
@@ -73,79 +75,6 @@ impl From<cannon_runtime::Error> for ModelError {
     }
 }
 
-/// One training batch: `rows` rows of `seq` tokens, and the images they refer to.
-#[derive(Clone, Debug, Default)]
-pub struct Batch {
-    pub input_ids: Vec<u32>, // [rows*seq]
-    pub labels: Vec<i64>,    // [rows*seq], -100 = not trained
-    /// `[rows*seq]` position ids; empty means `0..seq` in every row. A row packing several
-    /// sequences restarts them at 0 for each (see [`mistral::packed_cu_seqlens`]).
-    pub position_ids: Vec<u32>,
-    pub rows: usize,
-    pub seq: usize,
-    pub images: Images,
-}
-
-impl Batch {
-    /// The position ids, `0..seq` per row unless given.
-    pub fn positions(&self) -> Vec<u32> {
-        if !self.position_ids.is_empty() {
-            return self.position_ids.clone();
-        }
-        (0..self.rows).flat_map(|_| 0..self.seq as u32).collect()
-    }
-
-    /// Next-token targets: position t is trained on the label at t+1 when t+1 is in the same
-    /// packed sequence, else ignored (-100), as transformers' ForCausalLMLoss shifts each row.
-    pub fn targets(&self) -> Vec<i32> {
-        let pos = self.positions();
-        let ends = mistral::packed_cu_seqlens(&pos, self.seq);
-        let mut out = vec![cannon_kernels::cross_entropy::IGNORE_INDEX; self.labels.len()];
-        let mut start = 0;
-        for end in ends {
-            // Within [start, end): t predicts t+1; the sequence's last token predicts nothing.
-            // (`get` keeps a batch whose lengths disagree from panicking; forward rejects it.)
-            let (Some(o), Some(l)) = (out.get_mut(start..end), self.labels.get(start + 1..)) else {
-                break;
-            };
-            for (o, &l) in o.iter_mut().zip(l).take(end - start - 1) {
-                *o = l as i32;
-            }
-            start = end;
-        }
-        out
-    }
-
-    fn validate(&self, vocab: usize) -> Result<(), ModelError> {
-        let n = self.rows * self.seq;
-        if self.input_ids.len() != n || self.labels.len() != n || n == 0 {
-            return Err(ModelError::Input(format!(
-                "input_ids ({}) and labels ({}) must both hold rows*seq = {}x{} > 0 tokens",
-                self.input_ids.len(),
-                self.labels.len(),
-                self.rows,
-                self.seq
-            )));
-        }
-        if !self.position_ids.is_empty() && self.position_ids.len() != n {
-            return Err(ModelError::Input(format!(
-                "position_ids hold {} values for {n} tokens",
-                self.position_ids.len()
-            )));
-        }
-        if let Some(l) = self
-            .labels
-            .iter()
-            .find(|&&l| l != -100 && (l < 0 || l as usize >= vocab))
-        {
-            return Err(ModelError::Input(format!(
-                "label {l} is neither -100 nor inside the vocabulary ({vocab})"
-            )));
-        }
-        Ok(())
-    }
-}
-
 /// What the whole forward saves (activations stored as `A`), on the model's device.
 #[derive(Debug)]
 pub struct ForwardActs<A: bytemuck::Pod> {
@@ -153,7 +82,7 @@ pub struct ForwardActs<A: bytemuck::Pod> {
     pub projector: Option<projector::ProjectorActs<A>>,
     pub text: mistral::TextActs<A>,
     pub head: head::HeadActs,
-    /// `[T]` next-token targets (-100 = ignored), host data.
+    /// `[T]` next-token targets (`IGNORE_INDEX` = ignored), host data.
     pub targets: Vec<i32>,
 }
 
@@ -262,12 +191,38 @@ impl Mistral3 {
         ))
     }
 
+    /// What the batch alone cannot check: labels inside the vocabulary and as many `[IMG]`
+    /// tokens as the images make (before any vision compute is spent on a bad batch).
+    pub fn check_batch(&self, batch: &Batch) -> Result<(), ModelError> {
+        batch.check()?;
+        let vocab = self.cfg.text_config.vocab_size;
+        if let Some(l) = batch
+            .labels
+            .iter()
+            .find(|&&l| l >= 0 && l as usize >= vocab)
+        {
+            return Err(ModelError::Input(format!(
+                "label {l} is outside the vocabulary ({vocab})"
+            )));
+        }
+        let img = self.cfg.image_token_index;
+        let tokens = batch.input_ids.iter().filter(|&&id| id == img).count();
+        let patch = self.cfg.vision_config.patch_size;
+        let features = batch
+            .images
+            .image_tokens(patch, self.cfg.spatial_merge_size);
+        if tokens != features {
+            return Err(ModelError::ImageTokens { tokens, features });
+        }
+        Ok(())
+    }
+
     /// Forward through vision, projector, splice, decoder, lm_head and the loss.
     pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
         let cfg = &self.cfg;
         let ex = &self.exec;
         let t = &cfg.text_config;
-        batch.validate(t.vocab_size)?;
+        self.check_batch(batch)?;
         if let LossMode::Chunked(0) = self.loss_mode {
             return Err(ModelError::Input("loss chunk size must be > 0".into()));
         }
@@ -281,7 +236,11 @@ impl Mistral3 {
         };
         let feats = projector.as_ref().map(|p| &p.out);
         let x0 = mistral::embed(ex, cfg, &self.params, &batch.input_ids, feats)?;
-        let text = mistral::forward(ex, cfg, &self.params, x0, batch.positions(), batch.seq)?;
+        let (pos, ends) = (
+            batch.positions().into_owned(),
+            batch.sequence_ends().into_owned(),
+        );
+        let text = mistral::forward(ex, cfg, &self.params, x0, pos, ends)?;
         let targets = batch.targets();
         let w = self.params.text_head()?.lm_head;
         let dv = (t.hidden_size, t.vocab_size);
@@ -296,7 +255,7 @@ impl Mistral3 {
     }
 
     /// Backward of the mean loss: accumulates into the groups of `grads` that exist and, if
-    /// `dpixels` (`[N, C, H, W]`) is given, into the gradient of `pixel_values`. Parts that
+    /// `dpixels` (laid out like `Images::pixel_values`) is given, into its gradient. Parts that
     /// neither train nor lead to something that needs a gradient are not visited.
     pub fn backward<A: Act>(
         &self,

@@ -1,6 +1,6 @@
 //! The precision policy of a run, and the few kernel calls whose flavour depends on it.
 //!
-//! Every op of the model is a `cannon_kernels` device-level op (`op::device::*` on a
+//! Every op of the model is a `cannon_kernels` device-level op (`cannon_kernels::ops::*` on a
 //! [`Stream`], over runtime buffers); this module only decides, per precision, which kernel
 //! entry point a GEMM calls and in which type the activations that feed GEMMs and the
 //! attention are stored, and names the few elementwise calls the layers share.
@@ -36,205 +36,33 @@
 //! nothing measurable. Result: 0.038 / 0.034 (tiny-seed7 0.033, wide 0.019).
 
 use cannon_kernels::attention::Element;
-use cannon_kernels::cast::{self, Elem};
+use cannon_kernels::cast::Elem;
 use cannon_kernels::gemm::Bf16Elem;
-use cannon_kernels::linear::{self, device::Grads as LinearGrads, LinearDims};
-use cannon_kernels::patch_embed::{self, device::Grads as PatchEmbedGrads, PatchGeom};
-use cannon_kernels::{elementwise, KernelError};
+use cannon_kernels::linear::{LinearDims, LinearGradBufs};
+use cannon_kernels::patch_embed::{PatchEmbedGradBufs, PatchGeom};
+use cannon_kernels::{ops, KernelError};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use half::bf16;
 
 type Result<T> = std::result::Result<T, KernelError>;
 
-/// Numeric precision of a run (see the module docs for what each one rounds).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Precision {
-    F32,
-    Bf16,
-}
-
-impl Precision {
-    /// Bytes of one stored activation.
-    pub fn act_bytes(self) -> usize {
-        match self {
-            Precision::F32 => 4,
-            Precision::Bf16 => 2,
-        }
-    }
-}
+/// Numeric precision of a run (see the module docs for what each one rounds): the kernels'
+/// one [`Precision`], which names the precision of the GEMM products.
+pub use cannon_kernels::Precision;
 
 /// The storage type of the activations that feed GEMMs and the attention: `f32` for an f32
-/// run, `bf16` for mixed precision. GEMMs always read f32 master weights and write f32.
+/// run, `bf16` for mixed precision. GEMMs always read f32 master weights and write f32; their
+/// products are taken in [`Act::PRECISION`].
 pub trait Act: Elem + Element + Bf16Elem + bytemuck::Pod {
     const PRECISION: Precision;
-
-    /// `y[T,O] = x[T,I] w[O,I]^T` (overwrites y).
-    fn linear(
-        s: &Stream,
-        y: &mut BufferViewMut<'_, f32>,
-        x: &BufferView<'_, Self>,
-        w: &BufferView<'_, f32>,
-        d: LinearDims,
-    ) -> Result<()>;
-
-    /// `dx[T,I] += dy w`, `dw[O,I] += dy^T x` (either optional), from an f32 `dy[T,O]`.
-    fn linear_back(
-        s: &Stream,
-        g: LinearGrads<'_>,
-        dy: &BufferView<'_, f32>,
-        x: &BufferView<'_, Self>,
-        w: &BufferView<'_, f32>,
-        d: LinearDims,
-    ) -> Result<()>;
-
-    /// As [`Act::linear_back`] with `dy` in activation storage (the attention's q/k/v grads).
-    fn linear_back_act(
-        s: &Stream,
-        g: LinearGrads<'_>,
-        dy: &BufferView<'_, Self>,
-        x: &BufferView<'_, Self>,
-        w: &BufferView<'_, f32>,
-        d: LinearDims,
-    ) -> Result<()>;
-
-    /// Pixtral's patch conv on one image: `out[Np,D] = im2col(pixels) w^T`.
-    fn patch_embed(
-        s: &Stream,
-        out: &mut BufferViewMut<'_, f32>,
-        pixels: &BufferView<'_, f32>,
-        w: &BufferView<'_, f32>,
-        g: PatchGeom,
-        d: usize,
-    ) -> Result<()>;
-
-    /// Its backward: `dw += dout^T im2col(pixels)`, `dpixels += col2im(dout w)`.
-    fn patch_embed_back(
-        s: &Stream,
-        grads: PatchEmbedGrads<'_>,
-        dout: &BufferView<'_, f32>,
-        pixels: &BufferView<'_, f32>,
-        w: &BufferView<'_, f32>,
-        g: PatchGeom,
-        d: usize,
-    ) -> Result<()>;
 }
 
 impl Act for f32 {
     const PRECISION: Precision = Precision::F32;
-
-    fn linear(
-        s: &Stream,
-        y: &mut BufferViewMut<'_, f32>,
-        x: &BufferView<'_, f32>,
-        w: &BufferView<'_, f32>,
-        d: LinearDims,
-    ) -> Result<()> {
-        linear::device::forward(s, y, x, w, None, d)
-    }
-
-    fn linear_back(
-        s: &Stream,
-        g: LinearGrads<'_>,
-        dy: &BufferView<'_, f32>,
-        x: &BufferView<'_, f32>,
-        w: &BufferView<'_, f32>,
-        d: LinearDims,
-    ) -> Result<()> {
-        linear::device::backward(s, g, dy, x, w, d)
-    }
-
-    fn linear_back_act(
-        s: &Stream,
-        g: LinearGrads<'_>,
-        dy: &BufferView<'_, f32>,
-        x: &BufferView<'_, f32>,
-        w: &BufferView<'_, f32>,
-        d: LinearDims,
-    ) -> Result<()> {
-        linear::device::backward(s, g, dy, x, w, d)
-    }
-
-    fn patch_embed(
-        s: &Stream,
-        out: &mut BufferViewMut<'_, f32>,
-        pixels: &BufferView<'_, f32>,
-        w: &BufferView<'_, f32>,
-        g: PatchGeom,
-        d: usize,
-    ) -> Result<()> {
-        patch_embed::device::forward(s, out, pixels, w, g, d)
-    }
-
-    fn patch_embed_back(
-        s: &Stream,
-        grads: PatchEmbedGrads<'_>,
-        dout: &BufferView<'_, f32>,
-        pixels: &BufferView<'_, f32>,
-        w: &BufferView<'_, f32>,
-        g: PatchGeom,
-        d: usize,
-    ) -> Result<()> {
-        patch_embed::device::backward(s, grads, dout, pixels, w, g, d)
-    }
 }
 
 impl Act for bf16 {
     const PRECISION: Precision = Precision::Bf16;
-
-    fn linear(
-        s: &Stream,
-        y: &mut BufferViewMut<'_, f32>,
-        x: &BufferView<'_, bf16>,
-        w: &BufferView<'_, f32>,
-        d: LinearDims,
-    ) -> Result<()> {
-        linear::device::forward_bf16(s, y, x, w, None, d)
-    }
-
-    fn linear_back(
-        s: &Stream,
-        g: LinearGrads<'_>,
-        dy: &BufferView<'_, f32>,
-        x: &BufferView<'_, bf16>,
-        w: &BufferView<'_, f32>,
-        d: LinearDims,
-    ) -> Result<()> {
-        linear::device::backward_bf16(s, g, dy, x, w, d)
-    }
-
-    fn linear_back_act(
-        s: &Stream,
-        g: LinearGrads<'_>,
-        dy: &BufferView<'_, bf16>,
-        x: &BufferView<'_, bf16>,
-        w: &BufferView<'_, f32>,
-        d: LinearDims,
-    ) -> Result<()> {
-        linear::device::backward_bf16(s, g, dy, x, w, d)
-    }
-
-    fn patch_embed(
-        s: &Stream,
-        out: &mut BufferViewMut<'_, f32>,
-        pixels: &BufferView<'_, f32>,
-        w: &BufferView<'_, f32>,
-        g: PatchGeom,
-        d: usize,
-    ) -> Result<()> {
-        patch_embed::device::forward_bf16(s, out, pixels, w, g, d)
-    }
-
-    fn patch_embed_back(
-        s: &Stream,
-        grads: PatchEmbedGrads<'_>,
-        dout: &BufferView<'_, f32>,
-        pixels: &BufferView<'_, f32>,
-        w: &BufferView<'_, f32>,
-        g: PatchGeom,
-        d: usize,
-    ) -> Result<()> {
-        patch_embed::device::backward_bf16(s, grads, dout, pixels, w, g, d)
-    }
 }
 
 /// The dims of a linear layer `[din] -> [dout]` applied to the rows of `x` (`len / din`).
@@ -246,7 +74,7 @@ pub fn dims(x_len: usize, din: usize, dout: usize) -> LinearDims {
     }
 }
 
-/// `y[T,dout] = x[T,din] w^T` in the run's precision.
+/// `y[T,dout] = x[T,din] w^T` in the run's precision (overwrites y).
 pub fn linear<A: Act>(
     s: &Stream,
     y: &mut BufferViewMut<'_, f32>,
@@ -255,39 +83,50 @@ pub fn linear<A: Act>(
     din: usize,
     dout: usize,
 ) -> Result<()> {
-    A::linear(s, y, x, w, dims(x.len(), din, dout))
+    ops::linear_forward(s, A::PRECISION, y, x, w, None, dims(x.len(), din, dout))
 }
 
-/// `dx += dy w`, `dw += dy^T x` (each if given) in the run's precision, `dy` f32.
+/// `dx += dy w`, `dw += dy^T x` (each if given) in the run's precision; `dy` is f32, or the
+/// activation storage type (the attention's q/k/v gradients).
 #[allow(clippy::too_many_arguments)]
-pub fn linear_back<A: Act>(
+pub fn linear_back<A: Act, G: Elem + Bf16Elem + bytemuck::Pod>(
     s: &Stream,
     dx: Option<BufferViewMut<'_, f32>>,
     dw: Option<BufferViewMut<'_, f32>>,
-    dy: &BufferView<'_, f32>,
+    dy: &BufferView<'_, G>,
     x: &BufferView<'_, A>,
     w: &BufferView<'_, f32>,
     din: usize,
     dout: usize,
 ) -> Result<()> {
-    let g = LinearGrads { dx, dw, db: None };
-    A::linear_back(s, g, dy, x, w, dims(x.len(), din, dout))
+    let g = LinearGradBufs { dx, dw, db: None };
+    ops::linear_backward(s, A::PRECISION, g, dy, x, w, dims(x.len(), din, dout))
 }
 
-/// As [`linear_back`] with `dy` in activation storage.
-#[allow(clippy::too_many_arguments)]
-pub fn linear_back_act<A: Act>(
+/// Pixtral's patch conv on one image in the run's precision: `out[Np,D] = im2col(pixels) w^T`.
+pub fn patch_embed<A: Act>(
     s: &Stream,
-    dx: Option<BufferViewMut<'_, f32>>,
-    dw: Option<BufferViewMut<'_, f32>>,
-    dy: &BufferView<'_, A>,
-    x: &BufferView<'_, A>,
+    out: &mut BufferViewMut<'_, f32>,
+    pixels: &BufferView<'_, f32>,
     w: &BufferView<'_, f32>,
-    din: usize,
-    dout: usize,
+    g: PatchGeom,
+    d: usize,
 ) -> Result<()> {
-    let g = LinearGrads { dx, dw, db: None };
-    A::linear_back_act(s, g, dy, x, w, dims(x.len(), din, dout))
+    ops::patch_embed_forward(s, A::PRECISION, out, pixels, w, g, d)
+}
+
+/// Its backward: `dw += dout^T im2col(pixels)`, `dpixels += col2im(dout w)`.
+#[allow(clippy::too_many_arguments)]
+pub fn patch_embed_back<A: Act>(
+    s: &Stream,
+    grads: PatchEmbedGradBufs<'_>,
+    dout: &BufferView<'_, f32>,
+    pixels: &BufferView<'_, f32>,
+    w: &BufferView<'_, f32>,
+    g: PatchGeom,
+    d: usize,
+) -> Result<()> {
+    ops::patch_embed_backward(s, A::PRECISION, grads, dout, pixels, w, g, d)
 }
 
 /// Stores f32 values as activations (rounding to bf16 in a bf16 run; a copy in f32).
@@ -296,12 +135,12 @@ pub fn store<A: Act>(
     src: &BufferView<'_, f32>,
     dst: &mut BufferViewMut<'_, A>,
 ) -> Result<()> {
-    cast::device::convert(s, src, dst)
+    ops::cast(s, src, dst)
 }
 
 /// `y += x`, elementwise (residual adds).
 pub fn add_into(s: &Stream, y: &mut BufferViewMut<'_, f32>, x: &BufferView<'_, f32>) -> Result<()> {
-    elementwise::device::add(s, y, x)
+    ops::add_into(s, y, x)
 }
 
 /// Copies `src` into `dst` on the device (same length).

@@ -8,7 +8,7 @@
 use super::exec::Exec;
 use super::params::{Grads, Params};
 use super::ModelError;
-use cannon_kernels::{adamw, grad_clip, KernelError, Tensor};
+use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// AdamW hyper-parameters (torch.optim.AdamW names).
@@ -29,11 +29,11 @@ pub fn clip_grad_norm(
             .flatten()
             .map(Tensor::view_mut)
             .collect();
-        grad_clip::device::clip_grad_norm(stream, &mut views, max_norm)
+        ops::clip_grad_norm(stream, &mut views, max_norm)
     } else {
         let views: Vec<BufferView<'_, f32>> =
             grads.data.iter().flatten().map(Tensor::view).collect();
-        Ok(grad_clip::device::grad_sum_squares(stream, &views)?.sqrt())
+        Ok(ops::grad_sum_squares(stream, &views)?.sqrt())
     }
 }
 
@@ -82,7 +82,7 @@ impl AdamW {
             .zip(&mut self.v)
         {
             if let (Some(g), Some(m), Some(v)) = (g, m.as_mut(), v.as_mut()) {
-                adamw::device::step(
+                ops::adamw_step(
                     stream,
                     &mut p.view_mut(),
                     &g.view(),

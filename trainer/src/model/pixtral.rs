@@ -1,7 +1,7 @@
 //! Pixtral vision tower, forward and backward.
 //!
 //! ```text
-//! pixel_values [N,C,Hmax,Wmax]            each image cropped to its own size
+//! pixel_values N x [C,h,w]                each image at its own size (`batch::Images`)
 //! embed  = patch_conv(image)              [P,Dv]       per image (patch_embed kernel: im2col
 //!                                                       + GEMM), patches row-major, images
 //!                                                       concatenated
@@ -22,39 +22,13 @@ use super::block::{
 use super::config::{Mistral3Config, VISION_RMS_EPS};
 use super::exec::Exec;
 use super::ops::Act;
+use super::ops::{patch_embed, patch_embed_back};
 use super::params::{Grads, ParamLayout, Params, VisionEmbed, VisionLayer};
-use super::ModelError;
-use cannon_kernels::patch_embed::{device::Grads as PatchEmbedGrads, PatchGeom};
-use cannon_kernels::rmsnorm;
+use super::{Images, ModelError};
+use cannon_kernels::ops;
+use cannon_kernels::patch_embed::{PatchEmbedGradBufs, PatchGeom};
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{KernelError, Tensor};
-use std::ops::Range;
-
-/// A batch of images: `pixel_values [N, C, H, W]` zero padded to the largest image, and each
-/// image's `(height, width)` in pixels.
-#[derive(Clone, Debug, Default)]
-pub struct Images {
-    pub pixel_values: Vec<f32>,
-    pub channels: usize,
-    pub height: usize,
-    pub width: usize,
-    pub sizes: Vec<(usize, usize)>,
-}
-
-impl Images {
-    pub fn len(&self) -> usize {
-        self.sizes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.sizes.is_empty()
-    }
-
-    /// Elements of one padded image.
-    pub fn image_len(&self) -> usize {
-        self.channels * self.height * self.width
-    }
-}
 
 /// The patch grid of every image: `(rows, cols)` of patches and the cumulative patch ends.
 #[derive(Clone, Debug)]
@@ -74,26 +48,22 @@ impl PatchGrid {
                 img.channels, v.num_channels
             )));
         }
-        if img.pixel_values.len() != img.len() * img.image_len() {
+        if img.pixel_values.len() != img.expected_len() {
             return Err(ModelError::Input(format!(
-                "pixel_values hold {} values, {} images of [{}, {}, {}] need {}",
+                "pixel_values hold {} values, {} images of {} channels at their sizes need {}",
                 img.pixel_values.len(),
                 img.len(),
                 img.channels,
-                img.height,
-                img.width,
-                img.len() * img.image_len()
+                img.expected_len()
             )));
         }
         let mut grids = Vec::with_capacity(img.len());
         let mut cu_seqlens = Vec::with_capacity(img.len());
         let mut total = 0;
         for (i, &(h, w)) in img.sizes.iter().enumerate() {
-            if h > img.height || w > img.width || h < p || w < p {
+            if h < p || w < p {
                 return Err(ModelError::Input(format!(
-                    "image {i}: size {h}x{w} must be at least one {p}x{p} patch and fit the \
-                     padded {}x{} pixel_values",
-                    img.height, img.width
+                    "image {i}: size {h}x{w} must be at least one {p}x{p} patch"
                 )));
             }
             grids.push((h / p, w / p));
@@ -130,8 +100,8 @@ impl PatchGrid {
         let (h, w) = img.sizes[i];
         PatchGeom {
             channels: img.channels,
-            height: img.height,
-            width: img.width,
+            height: h,
+            width: w,
             h,
             w,
             patch,
@@ -139,7 +109,7 @@ impl PatchGrid {
     }
 
     /// Patch range of image `i`.
-    fn span(&self, i: usize) -> Range<usize> {
+    fn span(&self, i: usize) -> std::ops::Range<usize> {
         let start = if i == 0 { 0 } else { self.cu_seqlens[i - 1] };
         start..self.cu_seqlens[i]
     }
@@ -184,7 +154,7 @@ pub(crate) fn dims(cfg: &Mistral3Config) -> BlockDims {
         head_dim: v.head_dim(),
         inter: v.intermediate_size,
         causal: false,
-        act: v.gate_act(),
+        act: v.hidden_act,
         eps: VISION_RMS_EPS as f32,
     }
 }
@@ -220,25 +190,18 @@ pub fn forward<A: Act>(
     let n = grid.patches();
     let dims = dims(cfg);
     let e = params.vision_embed()?;
-    let shape = [img.len(), img.channels, img.height, img.width];
-    let pixels = exec.upload(&img.pixel_values, &shape)?;
+    let pixels = exec.upload(&img.pixel_values, &[img.pixel_values.len()])?;
     let mut embed = exec.empty(&[n, dv])?;
     for i in 0..img.len() {
         let mut out = embed.rows_mut(grid.span(i))?;
         let geom = grid.geom(img, i, v.patch_size);
-        A::patch_embed(
-            st,
-            &mut out,
-            &pixels.rows(i..i + 1)?,
-            &e.patch_conv,
-            geom,
-            dv,
-        )?;
+        let px = pixels.view().slice(img.range(i))?; // [C, h, w]
+        patch_embed::<A>(st, &mut out, &px, &e.patch_conv, geom, dv)?;
     }
     let mut x0 = exec.empty(&[n, dv])?;
     let mut rstd_pre = exec.empty(&[n])?;
     let (mut xv, mut rv) = (x0.view_mut(), rstd_pre.view_mut());
-    rmsnorm::device::forward(st, &mut xv, &mut rv, &embed.view(), &e.ln_pre, dv, dims.eps)?;
+    ops::rmsnorm_forward(st, &mut xv, &mut rv, &embed.view(), &e.ln_pre, dv, dims.eps)?;
 
     let (rope, pos) = grid.rope(v.head_dim(), v.rope_theta())?;
     let layers = cfg.vision_layers_used();
@@ -292,7 +255,7 @@ pub struct VisionVisit {
 
 /// Pixtral backward from `dout [P, Dv]` (the gradient of [`PixtralActs::output`], consumed):
 /// accumulates into the vision groups of `grads` that exist (frozen ones are skipped) and,
-/// when `dpixels` is given, into the pixel gradient `[N, C, H, W]` (padding gets none).
+/// when `dpixels` is given, into the pixel gradient (laid out like `Images::pixel_values`).
 #[allow(clippy::too_many_arguments)]
 pub fn backward<A: Act>(
     exec: &Exec,
@@ -310,13 +273,12 @@ pub fn backward<A: Act>(
     let n = a.grid.patches();
     let dims = dims(cfg);
     let layout: &ParamLayout = &params.layout;
-    let image_len = img.image_len();
     if let Some(dp) = &dpixels {
-        if dp.numel() != img.len() * image_len {
+        if dp.numel() != img.pixel_values.len() {
             return Err(ModelError::Input(format!(
-                "the pixel gradient holds {} values, pixel_values {}",
+                "the pixel gradient holds {} values, the images {}",
                 dp.numel(),
-                img.len() * image_len
+                img.pixel_values.len()
             )));
         }
     }
@@ -367,24 +329,21 @@ pub fn backward<A: Act>(
     };
     let (dd, embed, rstd) = (d.view(), a.embed.view(), a.rstd_pre.view());
     let mut de = dembed.view_mut();
-    rmsnorm::device::backward(st, &mut de, &mut gln, &dd, &embed, &e.ln_pre, &rstd, dv)?;
+    ops::rmsnorm_backward(st, &mut de, &mut gln, &dd, &embed, &e.ln_pre, &rstd, dv)?;
     drop(gln);
     for i in 0..img.len() {
         let span = a.grid.span(i);
-        let grads = PatchEmbedGrads {
+        let grads = PatchEmbedGradBufs {
             dweight: ge.as_mut().map(|g| g.win(|r| &r.patch_conv)).transpose()?,
             dpixels: dpixels
                 .as_deref_mut()
-                .map(|dp| {
-                    dp.buffer_mut()
-                        .slice_mut(i * image_len..(i + 1) * image_len)
-                })
+                .map(|dp| dp.buffer_mut().slice_mut(img.range(i)))
                 .transpose()?,
         };
         let dout = dembed.rows(span)?;
         let geom = a.grid.geom(img, i, v.patch_size);
-        let pixels = a.pixels.rows(i..i + 1)?; // [C, H, W]
-        A::patch_embed_back(st, grads, &dout, &pixels, &e.patch_conv, geom, dv)?;
+        let pixels = a.pixels.view().slice(img.range(i))?; // [C, h, w]
+        patch_embed_back::<A>(st, grads, &dout, &pixels, &e.patch_conv, geom, dv)?;
     }
     visit.patch_embed = true;
     Ok(visit)

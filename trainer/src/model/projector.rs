@@ -21,8 +21,8 @@ use super::exec::Exec;
 use super::ops::{linear, linear_back, store, Act};
 use super::params::{Grads, Params, Projector};
 use super::pixtral::PatchGrid;
-use cannon_kernels::index::{self, TransposeDims};
-use cannon_kernels::{gelu, rmsnorm, KernelError, Tensor};
+use cannon_kernels::index::TransposeDims;
+use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut};
 
 /// Everything the projector forward saves.
@@ -105,7 +105,7 @@ pub fn forward<A: Act>(
     let mut h = exec.empty::<f32>(&[tokens, dv])?;
     let mut g = exec.empty::<f32>(&[tokens, d])?;
 
-    rmsnorm::device::forward(
+    ops::rmsnorm_forward(
         st,
         &mut xn.view_mut(),
         &mut a.rstd.view_mut(),
@@ -114,9 +114,9 @@ pub fn forward<A: Act>(
         dv,
         eps,
     )?;
-    index::device::gather(st, &mut gathered.view_mut(), &xn.view(), &a.sources, dv)?;
+    ops::gather_rows(st, &mut gathered.view_mut(), &xn.view(), &a.sources, dv)?;
     let md = merge_dims(tokens, dv, mm);
-    index::device::transposed(st, &mut merged32.view_mut(), &gathered.view(), md)?;
+    ops::transpose(st, &mut merged32.view_mut(), &gathered.view(), md)?;
     store(st, &merged32.view(), &mut a.merged.view_mut())?;
     linear(
         st,
@@ -128,7 +128,7 @@ pub fn forward<A: Act>(
     )?;
     store(st, &h.view(), &mut a.h0.view_mut())?;
     linear(st, &mut a.h1.view_mut(), &a.h0.view(), &w.linear_1, dv, d)?;
-    gelu::device::forward(st, &mut g.view_mut(), &a.h1.view())?;
+    ops::gelu_forward(st, &mut g.view_mut(), &a.h1.view())?;
     store(st, &g.view(), &mut a.act.view_mut())?;
     linear(st, &mut a.out.view_mut(), &a.act.view(), &w.linear_2, d, d)?;
     Ok(a)
@@ -183,7 +183,7 @@ pub fn backward<A: Act>(
         d,
         d,
     )?;
-    gelu::device::backward(st, &mut dh1.view_mut(), &dact.view(), &a.h1.view())?;
+    ops::gelu_backward(st, &mut dh1.view_mut(), &dact.view(), &a.h1.view())?;
     let g1 = g.as_mut().map(|g| g.win(|r| &r.linear_1)).transpose()?;
     linear_back(
         st,
@@ -213,8 +213,8 @@ pub fn backward<A: Act>(
         rows: dv,
         cols: mm,
     };
-    index::device::transposed(st, &mut dgathered.view_mut(), &dmerged.view(), back)?;
-    index::device::scatter_add(st, &mut dxn.view_mut(), &dgathered.view(), &a.sources, dv)?;
+    ops::transpose(st, &mut dgathered.view_mut(), &dmerged.view(), back)?;
+    ops::scatter_add_rows(st, &mut dxn.view_mut(), &dgathered.view(), &a.sources, dv)?;
     let mut dx = match (dx, x_sink.as_mut()) {
         (Some(dx), _) => dx,
         (None, Some(sink)) => sink.view_mut(),
@@ -225,7 +225,7 @@ pub fn backward<A: Act>(
         None => norm_sink.view_mut(),
     };
     let (dxn, rstd) = (dxn.view(), a.rstd.view());
-    rmsnorm::device::backward(st, &mut dx, &mut gn, &dxn, x, &w.norm, &rstd, dv)
+    ops::rmsnorm_backward(st, &mut dx, &mut gn, &dxn, x, &w.norm, &rstd, dv)
 }
 
 fn missing(what: &str) -> KernelError {

@@ -150,7 +150,7 @@ impl Communicator {
     }
 
     /// Uneven all_gather (FSDP flat shards). counts: (world,) identical on all ranks;
-    /// send: (counts[rank],), recv: (sum counts,), packed in rank order.
+    /// send: (`counts[rank]`,), recv: (sum counts,), packed in rank order.
     pub fn all_gather_v<T: CommElem>(
         &self,
         send: &[T],
@@ -188,7 +188,7 @@ impl Communicator {
     }
 
     /// Uneven reduce_scatter (FSDP gradient shards). counts: (world,) identical on all ranks;
-    /// send: (sum counts,) packed in rank order, recv: (counts[rank],).
+    /// send: (sum counts,) packed in rank order, recv: (`counts[rank]`,).
     pub fn reduce_scatter_v<T: CommElem>(
         &self,
         send: &[T],
@@ -230,8 +230,8 @@ impl Communicator {
     }
 
     /// All-to-all with per-peer counts, chunks packed in rank order (displacements are the
-    /// prefix sums of the counts). send_counts[j]: elements for rank j, recv_counts[j]: from
-    /// rank j; rank i's send_counts[j] must equal rank j's recv_counts[i].
+    /// prefix sums of the counts). `send_counts[j]`: elements for rank j, `recv_counts[j]`: from
+    /// rank j; rank i's `send_counts[j]` must equal rank j's `recv_counts[i]`.
     pub fn all_to_all_v<T: CommElem>(
         &self,
         send: &[T],

@@ -434,7 +434,7 @@ impl HcclCommunicator {
             .map_err(runtime("barrier (synchronize)"))
     }
 
-    /// Uneven all_gather through one padded all_gather. counts: (world,), send: (counts[rank],),
+    /// Uneven all_gather through one padded all_gather. counts: (world,), send: (`counts[rank]`,),
     /// recv: (sum counts,).
     pub fn all_gather_v<T: CommElem>(
         &self,
@@ -472,7 +472,7 @@ impl HcclCommunicator {
     }
 
     /// Uneven reduce_scatter through one padded reduce_scatter. counts: (world,), send:
-    /// (sum counts,), recv: (counts[rank],).
+    /// (sum counts,), recv: (`counts[rank]`,).
     pub fn reduce_scatter_v<T: CommElem>(
         &self,
         send: &BufferView<'_, T>,

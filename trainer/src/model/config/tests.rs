@@ -22,7 +22,7 @@ fn shared_fixture_config_reads_5x_rope_parameters() {
     assert_eq!(cfg.text_config.rope_theta(), 1e6);
     assert_eq!(cfg.vision_config.rope_theta(), 1e4);
     assert_eq!(cfg.text_config.head_dim(), 16);
-    assert_eq!(cfg.vision_config.gate_act(), GateAct::Silu);
+    assert_eq!(cfg.vision_config.hidden_act, HiddenAct::Silu);
     assert_eq!(cfg.vision_layers_used(), 2);
     assert_eq!(cfg.text_config.sliding_window, None);
 }
@@ -52,7 +52,7 @@ fn legacy_rope_theta_and_defaults() {
     assert_eq!(cfg.text_config.head_dim(), 48 / 4);
     assert_eq!(cfg.text_config.sliding_window, Some(4096));
     assert_eq!(cfg.text_config.rms_norm_eps, 1e-6);
-    assert_eq!(cfg.vision_config.gate_act(), GateAct::Gelu);
+    assert_eq!(cfg.vision_config.hidden_act, HiddenAct::Gelu);
     assert_eq!(cfg.image_token_index, 11);
 }
 
@@ -93,4 +93,56 @@ fn unsupported_and_inconsistent_configs_are_named_errors() {
     let mut v = shared_json();
     v["text_config"]["vocab_size"] = 8.into();
     expect_err(&v, "image_token_index");
+}
+
+/// An activation the model does not compute fails when the config is read, and the error
+/// names the field and the value (serde alone would give only a line and column).
+#[test]
+fn unknown_activations_fail_at_load_naming_field_and_value() {
+    for (path, value) in [
+        (&["vision_config", "hidden_act"][..], "gelu_pytorch_tanh"),
+        (&["text_config", "hidden_act"][..], "gelu_new"),
+        (&["projector_hidden_act"][..], "relu"),
+        (&["vision_config", "hidden_act"][..], "not_an_activation"),
+    ] {
+        let mut v = shared_json();
+        let mut slot = &mut v;
+        for key in path {
+            slot = &mut slot[*key];
+        }
+        *slot = value.into();
+        let err = parse(&v).unwrap_err();
+        assert!(matches!(err, ConfigError::Json { .. }), "{err:?}");
+        let msg = err.to_string();
+        let field = path.join(".");
+        assert!(msg.contains(&field), "{msg:?} should name {field}");
+        assert!(msg.contains(value), "{msg:?} should name {value}");
+    }
+}
+
+/// A known activation in a place the model fixes to another one is a named Unsupported error;
+/// "swish" is transformers' other name for SiLU.
+#[test]
+fn activations_per_field() {
+    let mut v = shared_json();
+    v["projector_hidden_act"] = "silu".into();
+    let err = parse(&v).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::Unsupported {
+                field: "projector_hidden_act",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+
+    let mut v = shared_json();
+    v["text_config"]["hidden_act"] = "swish".into();
+    v["vision_config"]["hidden_act"] = "gelu".into();
+    let cfg = parse(&v).unwrap();
+    assert_eq!(cfg.text_config.hidden_act, HiddenAct::Silu);
+    assert_eq!(cfg.vision_config.hidden_act, HiddenAct::Gelu);
+    assert_eq!(cfg.projector_hidden_act, HiddenAct::Gelu);
 }

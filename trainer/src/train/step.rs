@@ -1,0 +1,58 @@
+//! The training step: forward, backward, `clip_grad_norm_`, AdamW, as torch does it.
+
+use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
+use crate::model::{Act, Batch, Mistral3, ModelError, Part};
+
+/// What the optimizer steps need besides the model and the batch (constant learning rate).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainSettings {
+    /// torch.optim.AdamW's hyper-parameters; `adamw.lr` is the (constant) learning rate.
+    pub adamw: AdamWConfig,
+    /// Global L2 norm the gradients are clipped to before each update (`<= 0` or infinite
+    /// only measures the norm).
+    pub max_grad_norm: f64,
+    /// Parts that get neither gradients nor optimizer state.
+    pub frozen: Vec<Part>,
+}
+
+/// Per-step records of [`train_steps`], one entry per step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepLog {
+    /// The loss of the forward pass of each step (before that step's update).
+    pub losses: Vec<f64>,
+    /// The total gradient norm of each step, before clipping.
+    pub grad_norms: Vec<f64>,
+}
+
+/// Runs `steps` AdamW steps on `batch`, updating `model` in place: per step, forward at
+/// activation precision `A`, backward into zeroed gradients of the parts not frozen, clip to
+/// `settings.max_grad_norm`, AdamW update of the f32 master weights. Gradients and the
+/// optimizer state live on the model's device; the state starts at zero and lives only for
+/// this call.
+pub fn train_steps<A: Act>(
+    model: &mut Mistral3,
+    batch: &Batch,
+    settings: &TrainSettings,
+    steps: usize,
+) -> Result<StepLog, ModelError> {
+    let trainable: Vec<Part> = [Part::Vision, Part::Projector, Part::Text]
+        .into_iter()
+        .filter(|p| !settings.frozen.contains(p))
+        .collect();
+    let mut grads = model.grads(&trainable)?;
+    let mut opt = AdamW::new(&model.exec, settings.adamw, &grads)?;
+    let mut log = StepLog::default();
+    let exec = model.exec.clone();
+    let st = exec.stream();
+    for _ in 0..steps {
+        let acts = model.forward::<A>(batch)?;
+        grads.zero(st)?;
+        model.backward(batch, &acts, &mut grads, None)?;
+        log.grad_norms
+            .push(clip_grad_norm(st, &mut grads, settings.max_grad_norm)?);
+        log.losses.push(acts.loss());
+        drop(acts);
+        opt.update(st, &mut model.params, &grads, settings.adamw.lr)?;
+    }
+    Ok(log)
+}
