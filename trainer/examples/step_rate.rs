@@ -14,8 +14,9 @@
 
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_trainer::data::shuffle::SplitMix64;
+use cannon_trainer::model::memory::{plan, StepShape};
 use cannon_trainer::model::{
-    Act, Batch, Exec, Images, Mistral3, Mistral3Config, ParamLayout, Params, StepMemory,
+    Act, Batch, Exec, Images, Mistral3, Mistral3Config, ParamLayout, Params, Precision, StepMemory,
 };
 use std::path::PathBuf;
 use std::time::Instant;
@@ -162,15 +163,24 @@ fn main() {
             other => panic!("--dtype {other}: f32 or bf16"),
         };
         let med = times[times.len() / 2];
+        // The memory plan's prediction of max_allocated (model::memory).
+        let prec = match dt.as_str() {
+            "f32" => Precision::F32,
+            _ => Precision::Bf16,
+        };
+        let shape = StepShape::of(&cfg, &batch).expect("batch shape");
+        let text = [cannon_trainer::model::Part::Text];
+        let plan = plan(&cfg, &shape, prec, model.loss_mode, &text, false);
         println!(
             "{{\"dtype\": \"{dt}\", \"batch\": {}, \"seq\": {}, \"median_fwd_bwd_s\": {med:.4}, \
              \"min_fwd_bwd_s\": {:.4}, \"tokens_per_s\": {:.1}, \"loss\": {loss:.4}, \
-             \"max_allocated\": {}, \"max_reserved\": {}}}",
+             \"max_allocated\": {}, \"planned_max_allocated\": {}, \"max_reserved\": {}}}",
             a.batch,
             a.seq,
             times[0],
             (a.batch * a.seq) as f64 / med,
             mem.max_allocated,
+            mem.start_allocated + plan.peak(),
             mem.max_reserved
         );
     }

@@ -1,0 +1,161 @@
+//! The memory of a training step on the device's caching allocator against the formulas of
+//! `model::memory`: the measured `max_allocated` of a forward + backward equals the plan's
+//! peak to the byte (every tensor is one block rounded up to 512 bytes, and the plan rounds
+//! every term the same way), bf16 saved activations lower it, and a second identical step
+//! reserves nothing new.
+//!
+//! Each model gets a private allocator, so tests running in parallel threads (or anything
+//! else in the process) cannot move its figures.
+
+use cannon_kernels::Tensor;
+use cannon_runtime::{CachingAllocator, Stream};
+use cannon_trainer::model::config::HiddenAct;
+use cannon_trainer::model::memory::{plan, MemoryPlan, StepShape};
+use cannon_trainer::model::{Act, Batch, Exec, LossMode, Mistral3, Part, Precision, StepMemory};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn fixture(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    match name {
+        "shared" => root.join("../../shared/reference/mistral3-tiny"),
+        own => root.join("tests/fixtures/model").join(own),
+    }
+}
+
+fn batch(dir: &Path) -> Batch {
+    let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors"));
+    r.unwrap().batch().unwrap()
+}
+
+/// The fixture's model on a private host allocator.
+fn model(dir: &Path) -> Mistral3 {
+    let exec = Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu());
+    Mistral3::load_on(dir, exec.unwrap()).unwrap()
+}
+
+const ALL: [Part; 3] = [Part::Vision, Part::Projector, Part::Text];
+
+/// One measured step (after a warm-up step: the figures must not depend on the cache), with
+/// gradients for `trainable` and the pixel gradient if asked; checks the plan and returns the
+/// figures.
+fn check<A: Act>(
+    model: &Mistral3,
+    batch: &Batch,
+    trainable: &[Part],
+    dpixels: bool,
+    what: &str,
+) -> (StepMemory, MemoryPlan) {
+    let mut grads = model.grads(trainable).unwrap();
+    let mut dpix: Option<Tensor<f32>> = dpixels.then(|| {
+        let n = batch.images.pixel_values.len();
+        model.exec.zeros(&[n]).unwrap()
+    });
+    let alloc = model.exec.allocator();
+    let (_, first) = model
+        .measure_step::<A>(batch, &mut grads, dpix.as_mut())
+        .unwrap();
+    let device_allocs = alloc.stats().num_device_allocs;
+    let (_, mem) = model
+        .measure_step::<A>(batch, &mut grads, dpix.as_mut())
+        .unwrap();
+
+    let shape = StepShape::of(&model.cfg, batch).unwrap();
+    let p = plan(
+        &model.cfg,
+        &shape,
+        A::PRECISION,
+        model.loss_mode,
+        trainable,
+        dpixels,
+    );
+    let dpix_bytes = dpix.as_ref().map_or(0, |_| {
+        cannon_runtime::alloc::round_size(4 * batch.images.pixel_values.len())
+    });
+    assert_eq!(
+        mem.start_allocated,
+        p.params + p.grads + dpix_bytes,
+        "{what}: parameters + gradients + pixel gradient"
+    );
+    assert_eq!(
+        mem.max_allocated - mem.start_allocated,
+        p.peak(),
+        "{what}: measured peak vs the plan (peak phase {}): {p:#?}",
+        p.peak_phase()
+    );
+    assert_eq!(mem, first, "{what}: a second step has other figures");
+    assert_eq!(
+        alloc.stats().num_device_allocs,
+        device_allocs,
+        "{what}: the second step reserved new blocks"
+    );
+    assert!(mem.max_reserved >= mem.max_allocated, "{what}: {mem:?}");
+    (mem, p)
+}
+
+#[test]
+fn step_peak_equals_the_plan_on_every_fixture() {
+    for name in ["shared", "gqa1", "wide", "tiny-seed7-sharded-4x"] {
+        let dir = fixture(name);
+        let (m, b) = (model(&dir), batch(&dir));
+        check::<f32>(&m, &b, &ALL, true, &format!("{name} f32"));
+        check::<half::bf16>(&m, &b, &ALL, true, &format!("{name} bf16"));
+    }
+}
+
+#[test]
+fn step_peak_equals_the_plan_for_frozen_parts_and_chunked_loss() {
+    let dir = fixture("shared");
+    let (mut m, b) = (model(&dir), batch(&dir));
+    // The default: vision tower and projector frozen (no vision or projector backward).
+    check::<f32>(&m, &b, &[Part::Text], false, "text only");
+    // The projector trains, the tower does not (the projector's throwaway input gradient).
+    check::<f32>(&m, &b, &[Part::Projector], false, "projector only");
+    // Nothing trains: no backward below the head, so only the forward phases.
+    check::<f32>(&m, &b, &[], false, "nothing trains");
+    for rows in [7, 1000] {
+        m.loss_mode = LossMode::Chunked(rows);
+        check::<f32>(&m, &b, &ALL, true, &format!("chunked {rows}"));
+        check::<half::bf16>(
+            &m,
+            &b,
+            &[Part::Text],
+            false,
+            &format!("chunked {rows} bf16"),
+        );
+    }
+    // Pixtral's GELU gate keeps one more [P, Iv] product in each pass.
+    m.loss_mode = LossMode::Full;
+    m.cfg.vision_config.hidden_act = HiddenAct::Gelu;
+    check::<f32>(&m, &b, &ALL, true, "gelu gate");
+}
+
+/// bf16 saved activations take half the bytes of f32 ones; the peak drops by about the
+/// difference of the saved activations that are stored as `A` (the f32 ones, the gradients and
+/// the parameters are the same in both runs).
+#[test]
+fn bf16_activations_lower_the_peak() {
+    let dir = fixture("shared");
+    let (m, b) = (model(&dir), batch(&dir));
+    let (f, pf) = check::<f32>(&m, &b, &ALL, true, "f32");
+    let (h, ph) = check::<half::bf16>(&m, &b, &ALL, true, "bf16");
+    // The figures, for `cargo test --test memory -- --nocapture`.
+    for (what, mem, p) in [("f32", &f, &pf), ("bf16", &h, &ph)] {
+        eprintln!(
+            "{what}: max_allocated {} = start {} + plan peak {} ({}), max_reserved {}; saved \
+             {:?}",
+            mem.max_allocated,
+            mem.start_allocated,
+            p.peak(),
+            p.peak_phase(),
+            mem.max_reserved,
+            p.saved
+        );
+    }
+    assert!(h.max_allocated < f.max_allocated, "bf16 {h:?} vs f32 {f:?}");
+    assert!(ph.saved.text_layer < pf.saved.text_layer);
+    assert!(ph.saved.vision_layer < pf.saved.vision_layer);
+    assert_eq!(ph.saved.text_embed, pf.saved.text_embed);
+    assert_eq!((ph.params, ph.grads), (pf.params, pf.grads));
+    assert_eq!(Precision::Bf16, <half::bf16 as Act>::PRECISION);
+}
