@@ -13,7 +13,6 @@
 //! which until the NPU bodies land must return `NotCompiled` (built without `npu`) or
 //! `Unsupported` naming its aclnn op (built with it), never panic.
 
-use bytemuck::Pod;
 use cannon_kernels::cast::Elem;
 use cannon_kernels::cross_entropy::{ChunkedLogits, LossNorm, IGNORE_INDEX};
 use cannon_kernels::gemm::{Dims, Trans};
@@ -40,18 +39,18 @@ fn elems<E: Elem>(rng: &mut Rng, n: usize) -> Vec<E> {
         .collect()
 }
 
-fn buf<T: Pod>(s: &Stream, v: &[T]) -> DeviceBuffer<T> {
+fn buf<T: cannon_runtime::Element>(s: &Stream, v: &[T]) -> DeviceBuffer<T> {
     DeviceBuffer::clone_htod(s, v).unwrap()
 }
 
-fn host<T: Pod>(s: &Stream, b: &DeviceBuffer<T>) -> Vec<T> {
+fn host<T: cannon_runtime::Element>(s: &Stream, b: &DeviceBuffer<T>) -> Vec<T> {
     b.clone_dtoh(s).unwrap()
 }
 
 /// Bit-identical, and not trivially so: the result must differ from the output's contents
 /// before the call (`before`), so a call that wrote nothing cannot pass.
 #[track_caller]
-fn assert_same<T: Pod>(what: &str, device: &[T], slice: &[T], before: &[T]) {
+fn assert_same<T: cannon_runtime::Element>(what: &str, device: &[T], slice: &[T], before: &[T]) {
     let bytes = |v: &[T]| bytemuck::cast_slice::<T, u8>(v).to_vec();
     assert_eq!(
         bytes(device),
@@ -69,7 +68,7 @@ fn assert_same<T: Pod>(what: &str, device: &[T], slice: &[T], before: &[T]) {
 // CPU buffers: device level == slice level
 // ---------------------------------------------------------------------------------------
 
-fn rmsnorm_case<E: Elem + Pod>(seed: u64) {
+fn rmsnorm_case<E: Elem + cannon_runtime::Element>(seed: u64) {
     let (s, mut rng) = (Stream::cpu(), Rng::new(seed));
     let (t, d, eps) = (5, 24, 1e-5);
     let (x, w) = (elems::<E>(&mut rng, t * d), elems::<E>(&mut rng, d));
@@ -118,7 +117,7 @@ fn rmsnorm_device_matches_slice() {
     rmsnorm_case::<bf16>(2);
 }
 
-fn swiglu_gelu_case<E: Elem + Pod>(seed: u64) {
+fn swiglu_gelu_case<E: Elem + cannon_runtime::Element>(seed: u64) {
     let (s, mut rng) = (Stream::cpu(), Rng::new(seed));
     let n = 37;
     let (gate, up, dh) = (
@@ -227,7 +226,7 @@ fn adamw_device_matches_slice() {
     assert_same("adamw v", &host(&s, &vb), &v, &v0);
 }
 
-fn embedding_case<E: Elem + Pod>(seed: u64) {
+fn embedding_case<E: Elem + cannon_runtime::Element>(seed: u64) {
     let (s, mut rng) = (Stream::cpu(), Rng::new(seed));
     let (vocab, d, t) = (7, 6, 9);
     let ids: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
@@ -485,7 +484,7 @@ fn patch_embed_device_matches_slice() {
     assert_same("patch_embed_bf16 dweight", &host(&s, &dwb), &dw, &dw0);
 }
 
-fn rope_case<E: Elem + Pod>(seed: u64, table: &RopeTable) {
+fn rope_case<E: Elem + cannon_runtime::Element>(seed: u64, table: &RopeTable) {
     let (s, mut rng) = (Stream::cpu(), Rng::new(seed));
     let (t, heads) = (5, 3);
     // Slots from 1 on: slot 0 is the identity rotation.

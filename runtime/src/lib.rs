@@ -11,6 +11,7 @@ pub mod alloc;
 pub mod buffer;
 pub mod comm;
 pub mod device;
+pub mod dtype;
 pub mod error;
 pub mod stream;
 
@@ -20,5 +21,6 @@ pub mod npu;
 pub use alloc::{CachingAllocator, MemoryStats};
 pub use buffer::{BufferView, BufferViewMut, DeviceBuffer};
 pub use device::Device;
+pub use dtype::{DType, Element, Float};
 pub use error::{Error, Result};
 pub use stream::{Event, Stream};

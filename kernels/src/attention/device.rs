@@ -9,12 +9,11 @@
 use super::{npu, Element, Qkv, QkvGrad, VarlenAttention};
 use crate::device::{backend, Backend};
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// q, k, v on a device.
 #[derive(Clone, Copy, Debug)]
-pub struct QkvBuf<'a, E: Pod> {
+pub struct QkvBuf<'a, E: cannon_runtime::Element> {
     pub q: &'a BufferView<'a, E>,
     pub k: &'a BufferView<'a, E>,
     pub v: &'a BufferView<'a, E>,
@@ -22,14 +21,14 @@ pub struct QkvBuf<'a, E: Pod> {
 
 /// Gradients of q, k, v on a device (overwritten by [`backward`]).
 #[derive(Debug)]
-pub struct QkvGradBuf<'a, 'b, E: Pod> {
+pub struct QkvGradBuf<'a, 'b, E: cannon_runtime::Element> {
     pub dq: &'a mut BufferViewMut<'b, E>,
     pub dk: &'a mut BufferViewMut<'b, E>,
     pub dv: &'a mut BufferViewMut<'b, E>,
 }
 
 /// [`super::forward`] on `stream`'s device: writes `out` and `lse`.
-pub fn forward<E: Element + Pod>(
+pub fn forward<E: Element + cannon_runtime::Element>(
     stream: &Stream,
     a: &VarlenAttention,
     x: QkvBuf<'_, E>,
@@ -59,7 +58,7 @@ pub fn forward<E: Element + Pod>(
 }
 
 /// [`super::backward`] on `stream`'s device: overwrites `dq`, `dk`, `dv`.
-pub fn backward<E: Element + Pod>(
+pub fn backward<E: Element + cannon_runtime::Element>(
     stream: &Stream,
     a: &VarlenAttention,
     x: QkvBuf<'_, E>,

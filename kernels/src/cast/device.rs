@@ -4,7 +4,6 @@
 use super::{cast, cast_bf16_to_f32, cast_f32_to_bf16, npu, Elem};
 use crate::device::{backend, Backend};
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use half::bf16;
 
@@ -33,7 +32,7 @@ pub fn bf16_to_f32(
 }
 
 /// [`cast`] between any two storage types on `stream`'s device.
-pub fn convert<A: Elem + Pod, B: Elem + Pod>(
+pub fn convert<A: Elem + cannon_runtime::Element, B: Elem + cannon_runtime::Element>(
     stream: &Stream,
     src: &BufferView<'_, A>,
     dst: &mut BufferViewMut<'_, B>,

@@ -8,7 +8,6 @@
 use super::Elem;
 use crate::device::npu_pending;
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use half::bf16;
 
@@ -34,7 +33,7 @@ pub fn bf16_to_f32(
 
 /// `aclnnCast` to `B`'s dtype; when `A` and `B` are the same type, a device copy
 /// (`memcpy_dtod`) instead.
-pub fn convert<A: Elem + Pod, B: Elem + Pod>(
+pub fn convert<A: Elem + cannon_runtime::Element, B: Elem + cannon_runtime::Element>(
     ordinal: u32,
     _stream: &Stream,
     _src: &BufferView<'_, A>,

@@ -12,11 +12,10 @@ use super::{embedding_backward, embedding_forward, npu};
 use crate::cast::Elem;
 use crate::device::{backend, Backend};
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// [`embedding_forward`] on `stream`'s device: gathers rows `ids` of `weight` into `out`.
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Elem + cannon_runtime::Element>(
     stream: &Stream,
     out: &mut BufferViewMut<'_, E>,
     ids: &[u32],
@@ -36,7 +35,7 @@ pub fn forward<E: Elem + Pod>(
 }
 
 /// [`embedding_backward`] on `stream`'s device: `dweight[ids[t]] += dout[t]`.
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Elem + cannon_runtime::Element>(
     stream: &Stream,
     dweight: &mut BufferViewMut<'_, f32>,
     dout: &BufferView<'_, E>,

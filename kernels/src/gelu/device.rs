@@ -5,11 +5,10 @@ use super::{gelu_backward, gelu_forward, npu};
 use crate::cast::Elem;
 use crate::device::{backend, Backend};
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// [`gelu_forward`] on `stream`'s device: `y = gelu(x)`.
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Elem + cannon_runtime::Element>(
     stream: &Stream,
     y: &mut BufferViewMut<'_, E>,
     x: &BufferView<'_, E>,
@@ -21,7 +20,7 @@ pub fn forward<E: Elem + Pod>(
 }
 
 /// [`gelu_backward`] on `stream`'s device: `dx += dy * gelu'(x)`.
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Elem + cannon_runtime::Element>(
     stream: &Stream,
     dx: &mut BufferViewMut<'_, E>,
     dy: &BufferView<'_, E>,

@@ -12,11 +12,10 @@
 use crate::cast::Elem;
 use crate::device::npu_pending;
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnGeluV2(self = x, approximate = "none", out = y)`.
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Elem + cannon_runtime::Element>(
     ordinal: u32,
     _stream: &Stream,
     _y: &mut BufferViewMut<'_, E>,
@@ -28,7 +27,7 @@ pub fn forward<E: Elem + Pod>(
 /// `aclnnGeluBackwardV2(gradOutput = dy, self = x, approximate = "none", gradInput)` into an
 /// `[N]` scratch (the op writes), then `aclnnInplaceAdd` into `dx` (our backward
 /// accumulates).
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Elem + cannon_runtime::Element>(
     ordinal: u32,
     _stream: &Stream,
     _dx: &mut BufferViewMut<'_, E>,

@@ -9,7 +9,6 @@
 use super::{gemm_bf16, gemm_f32, npu, Bf16Elem, Dims, Trans};
 use crate::device::{backend, Backend};
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// [`gemm_f32`] on `stream`'s device.
@@ -50,7 +49,7 @@ pub fn f32(
 
 /// [`gemm_bf16`] on `stream`'s device: bf16 (or bf16-rounded f32) inputs, f32 C.
 #[allow(clippy::too_many_arguments)]
-pub fn bf16<TA: Bf16Elem + Pod, TB: Bf16Elem + Pod>(
+pub fn bf16<TA: Bf16Elem + cannon_runtime::Element, TB: Bf16Elem + cannon_runtime::Element>(
     stream: &Stream,
     ta: Trans,
     tb: Trans,

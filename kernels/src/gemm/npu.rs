@@ -10,7 +10,6 @@
 use super::{Bf16Elem, Dims, Trans};
 use crate::device::npu_pending;
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnMatmul(self = op(A), mat2 = op(B), out, cubeMathType = 0 KEEP_DTYPE)` in f32
@@ -40,7 +39,7 @@ pub fn f32(
 /// Whether a part writes f32 out of bf16 operands directly is to be confirmed on hardware; a
 /// bf16 result would not match the CPU's f32 output and is not an acceptable substitute.
 #[allow(clippy::too_many_arguments)]
-pub fn bf16<TA: Bf16Elem + Pod, TB: Bf16Elem + Pod>(
+pub fn bf16<TA: Bf16Elem + cannon_runtime::Element, TB: Bf16Elem + cannon_runtime::Element>(
     ordinal: u32,
     _stream: &Stream,
     _ta: Trans,

@@ -12,7 +12,6 @@ use super::{
 use crate::device::{backend, present, Backend};
 use crate::error::Result;
 use crate::gemm::Bf16Elem;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Device, Stream};
 use half::bf16;
 
@@ -105,7 +104,10 @@ pub fn backward(
 }
 
 /// [`linear_forward_bf16`] on `stream`'s device: bf16 products, f32 Y.
-pub fn forward_bf16<X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
+pub fn forward_bf16<
+    X: Bf16Elem + cannon_runtime::Element,
+    W: Bf16Elem + cannon_runtime::Element,
+>(
     stream: &Stream,
     y: &mut BufferViewMut<'_, f32>,
     x: &BufferView<'_, X>,
@@ -130,7 +132,10 @@ pub fn forward_bf16<X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
 }
 
 /// [`linear_forward_bf16_to_bf16`] on `stream`'s device: bf16 products, bf16 Y.
-pub fn forward_bf16_to_bf16<X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
+pub fn forward_bf16_to_bf16<
+    X: Bf16Elem + cannon_runtime::Element,
+    W: Bf16Elem + cannon_runtime::Element,
+>(
     stream: &Stream,
     y: &mut BufferViewMut<'_, bf16>,
     x: &BufferView<'_, X>,
@@ -155,7 +160,11 @@ pub fn forward_bf16_to_bf16<X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
 }
 
 /// [`linear_backward_bf16`] on `stream`'s device: bf16 products, f32 gradients.
-pub fn backward_bf16<G: Bf16Elem + Pod, X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
+pub fn backward_bf16<
+    G: Bf16Elem + cannon_runtime::Element,
+    X: Bf16Elem + cannon_runtime::Element,
+    W: Bf16Elem + cannon_runtime::Element,
+>(
     stream: &Stream,
     mut g: Grads<'_>,
     dy: &BufferView<'_, G>,

@@ -20,7 +20,6 @@ use super::LinearDims;
 use crate::device::npu_pending;
 use crate::error::Result;
 use crate::gemm::Bf16Elem;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use half::bf16;
 
@@ -59,7 +58,10 @@ pub fn backward(
 }
 
 /// As [`forward`] on bf16 operands, f32 Y.
-pub fn forward_bf16<X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
+pub fn forward_bf16<
+    X: Bf16Elem + cannon_runtime::Element,
+    W: Bf16Elem + cannon_runtime::Element,
+>(
     ordinal: u32,
     _stream: &Stream,
     _y: &mut BufferViewMut<'_, f32>,
@@ -77,7 +79,10 @@ pub fn forward_bf16<X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
 
 /// As [`forward`] on bf16 operands, Y rounded to bf16 (aclnnCast of the f32 result, the
 /// CPU's single rounding).
-pub fn forward_bf16_to_bf16<X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
+pub fn forward_bf16_to_bf16<
+    X: Bf16Elem + cannon_runtime::Element,
+    W: Bf16Elem + cannon_runtime::Element,
+>(
     ordinal: u32,
     _stream: &Stream,
     _y: &mut BufferViewMut<'_, bf16>,
@@ -94,7 +99,11 @@ pub fn forward_bf16_to_bf16<X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
 }
 
 /// As [`backward`] on bf16 operands, f32 gradients.
-pub fn backward_bf16<G: Bf16Elem + Pod, X: Bf16Elem + Pod, W: Bf16Elem + Pod>(
+pub fn backward_bf16<
+    G: Bf16Elem + cannon_runtime::Element,
+    X: Bf16Elem + cannon_runtime::Element,
+    W: Bf16Elem + cannon_runtime::Element,
+>(
     ordinal: u32,
     _stream: &Stream,
     _g: Grads<'_>,

@@ -13,7 +13,6 @@ use super::{
 use crate::device::{backend, present, Backend};
 use crate::error::Result;
 use crate::gemm::Bf16Elem;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Device, Stream};
 
 /// The gradients a device-level backward accumulates into; `None` skips one.
@@ -99,7 +98,10 @@ pub fn backward(
 }
 
 /// [`patch_embed_forward_bf16`] on `stream`'s device: bf16 products, f32 out.
-pub fn forward_bf16<P: Bf16Elem + Pod, W: Bf16Elem + Pod>(
+pub fn forward_bf16<
+    P: Bf16Elem + cannon_runtime::Element,
+    W: Bf16Elem + cannon_runtime::Element,
+>(
     stream: &Stream,
     out: &mut BufferViewMut<'_, f32>,
     pixels: &BufferView<'_, P>,
@@ -124,7 +126,11 @@ pub fn forward_bf16<P: Bf16Elem + Pod, W: Bf16Elem + Pod>(
 
 /// [`patch_embed_backward_bf16`] on `stream`'s device: bf16 products, f32 gradients.
 #[allow(clippy::too_many_arguments)]
-pub fn backward_bf16<G: Bf16Elem + Pod, P: Bf16Elem + Pod, W: Bf16Elem + Pod>(
+pub fn backward_bf16<
+    G: Bf16Elem + cannon_runtime::Element,
+    P: Bf16Elem + cannon_runtime::Element,
+    W: Bf16Elem + cannon_runtime::Element,
+>(
     stream: &Stream,
     mut grads: Grads<'_>,
     dout: &BufferView<'_, G>,

@@ -22,7 +22,6 @@ use super::PatchGeom;
 use crate::device::npu_pending;
 use crate::error::Result;
 use crate::gemm::Bf16Elem;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `out = aclnnMatmul(im2col view of pixels, W^T view)`, f32.
@@ -62,7 +61,10 @@ pub fn backward(
 }
 
 /// As [`forward`] on bf16 operands, f32 out.
-pub fn forward_bf16<P: Bf16Elem + Pod, W: Bf16Elem + Pod>(
+pub fn forward_bf16<
+    P: Bf16Elem + cannon_runtime::Element,
+    W: Bf16Elem + cannon_runtime::Element,
+>(
     ordinal: u32,
     _stream: &Stream,
     _out: &mut BufferViewMut<'_, f32>,
@@ -80,7 +82,11 @@ pub fn forward_bf16<P: Bf16Elem + Pod, W: Bf16Elem + Pod>(
 
 /// As [`backward`] on bf16 operands, f32 gradients.
 #[allow(clippy::too_many_arguments)]
-pub fn backward_bf16<G: Bf16Elem + Pod, P: Bf16Elem + Pod, W: Bf16Elem + Pod>(
+pub fn backward_bf16<
+    G: Bf16Elem + cannon_runtime::Element,
+    P: Bf16Elem + cannon_runtime::Element,
+    W: Bf16Elem + cannon_runtime::Element,
+>(
     ordinal: u32,
     _stream: &Stream,
     _grads: Grads<'_>,

@@ -9,11 +9,10 @@ use super::{npu, rmsnorm_backward, rmsnorm_forward};
 use crate::cast::Elem;
 use crate::device::{backend, Backend};
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// [`rmsnorm_forward`] on `stream`'s device: `out = rmsnorm(x) * weight`, saving `rstd`.
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Elem + cannon_runtime::Element>(
     stream: &Stream,
     out: &mut BufferViewMut<'_, E>,
     rstd: &mut BufferViewMut<'_, f32>,
@@ -38,7 +37,7 @@ pub fn forward<E: Elem + Pod>(
 
 /// [`rmsnorm_backward`] on `stream`'s device: accumulates `dx` and `dweight`.
 #[allow(clippy::too_many_arguments)]
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Elem + cannon_runtime::Element>(
     stream: &Stream,
     dx: &mut BufferViewMut<'_, E>,
     dweight: &mut BufferViewMut<'_, f32>,

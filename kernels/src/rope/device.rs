@@ -13,11 +13,10 @@ use super::{npu, rope_backward, rope_forward, RopeTable};
 use crate::cast::Elem;
 use crate::device::{backend, Backend};
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferViewMut, Stream};
 
 /// [`rope_forward`] on `stream`'s device: rotates `x` in place by the angles of `pos`.
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Elem + cannon_runtime::Element>(
     stream: &Stream,
     x: &mut BufferViewMut<'_, E>,
     n_heads: usize,
@@ -31,7 +30,7 @@ pub fn forward<E: Elem + Pod>(
 }
 
 /// [`rope_backward`] on `stream`'s device: the inverse rotation of `dx`, in place.
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Elem + cannon_runtime::Element>(
     stream: &Stream,
     dx: &mut BufferViewMut<'_, E>,
     n_heads: usize,

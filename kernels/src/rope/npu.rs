@@ -14,12 +14,11 @@ use super::RopeTable;
 use crate::cast::Elem;
 use crate::device::npu_pending;
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferViewMut, Stream};
 
 /// `aclnnRotaryPositionEmbedding(x viewed [1, T, H, D] (BSND), cos, sin viewed [1, T, 1, D],
 /// mode = 0 (rotate-half), out)`.
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Elem + cannon_runtime::Element>(
     ordinal: u32,
     _stream: &Stream,
     _x: &mut BufferViewMut<'_, E>,
@@ -37,7 +36,7 @@ pub fn forward<E: Elem + Pod>(
 /// `aclnnRotaryPositionEmbeddingGrad(dy = dx, cos, sin, xOptional = null, mode = 0, dxOut,
 /// dcosOut = null, dsinOut = null)`: the inverse rotation (equivalently the forward call with
 /// `-sin`).
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Elem + cannon_runtime::Element>(
     ordinal: u32,
     _stream: &Stream,
     _dx: &mut BufferViewMut<'_, E>,

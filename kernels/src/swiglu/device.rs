@@ -5,11 +5,10 @@ use super::{npu, swiglu_backward, swiglu_forward};
 use crate::cast::Elem;
 use crate::device::{backend, Backend};
 use crate::error::Result;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// [`swiglu_forward`] on `stream`'s device: `h = silu(gate) * up`.
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Elem + cannon_runtime::Element>(
     stream: &Stream,
     h: &mut BufferViewMut<'_, E>,
     gate: &BufferView<'_, E>,
@@ -27,7 +26,7 @@ pub fn forward<E: Elem + Pod>(
 }
 
 /// [`swiglu_backward`] on `stream`'s device: accumulates `d_gate` and `d_up`.
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Elem + cannon_runtime::Element>(
     stream: &Stream,
     d_gate: &mut BufferViewMut<'_, E>,
     d_up: &mut BufferViewMut<'_, E>,

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::types::{DType, ReduceOp};
+use super::types::ReduceOp;
+use crate::dtype::DType;
 
 /// The error of every communicator call (CPU and HCCL).
 ///
@@ -67,7 +68,7 @@ pub enum CommError {
     },
 
     /// A reduce op that the dtype (or backend) does not support, e.g. `Avg` on integers.
-    #[error("{op}: reduce op {reduce_op:?} is not supported for {dtype:?}: {detail}")]
+    #[error("{op}: reduce op {reduce_op:?} is not supported for {dtype}: {detail}")]
     UnsupportedReduce {
         op: &'static str,
         reduce_op: ReduceOp,

@@ -20,4 +20,4 @@ pub use cpu::{even_counts, Communicator, CpuWorld};
 pub use error::{CommError, CommResult};
 #[cfg(feature = "npu")]
 pub use hccl::HcclCommunicator;
-pub use types::{CommElem, DType, ReduceOp};
+pub use types::ReduceOp;

@@ -8,10 +8,10 @@
 use super::result::{
     self, ACL_MEMCPY_DEVICE_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE,
 };
+use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 use crate::Device;
-use bytemuck::Pod;
 use std::ffi::c_void;
 
 /// The ACL stream of `stream`, which must be on `device` (the buffer's own NPU).
@@ -31,7 +31,12 @@ fn bytes<T>(n: usize) -> usize {
     n * std::mem::size_of::<T>()
 }
 
-pub(crate) fn htod<T: Pod>(stream: &Stream, device: Device, src: &[T], dst: *mut T) -> Result<()> {
+pub(crate) fn htod<T: Element>(
+    stream: &Stream,
+    device: Device,
+    src: &[T],
+    dst: *mut T,
+) -> Result<()> {
     let s = npu_stream(stream, device, "memcpy_htod")?;
     s.synchronize()?;
     if src.is_empty() {
@@ -49,7 +54,7 @@ pub(crate) fn htod<T: Pod>(stream: &Stream, device: Device, src: &[T], dst: *mut
     }
 }
 
-pub(crate) fn dtoh<T: Pod>(
+pub(crate) fn dtoh<T: Element>(
     stream: &Stream,
     device: Device,
     src: *const T,
@@ -72,7 +77,7 @@ pub(crate) fn dtoh<T: Pod>(
     }
 }
 
-pub(crate) fn dtod<T: Pod>(
+pub(crate) fn dtod<T: Element>(
     stream: &Stream,
     device: Device,
     src: *const T,
@@ -108,7 +113,7 @@ pub(crate) fn dtod<T: Pod>(
     }
 }
 
-pub(crate) fn memset_zeros<T: Pod>(
+pub(crate) fn memset_zeros<T: Element>(
     stream: &Stream,
     device: Device,
     dst: *mut T,

@@ -4,7 +4,8 @@
 use std::fmt::Debug;
 use std::time::Duration;
 
-use cannon_runtime::comm::{CommElem, Communicator, CpuWorld, ReduceOp};
+use cannon_runtime::comm::{Communicator, CpuWorld, ReduceOp};
+use cannon_runtime::Element;
 use half::bf16;
 
 /// Runs `f` on every rank (one thread each) and returns the results in rank order.
@@ -31,7 +32,7 @@ fn splitmix(mut x: u64) -> u64 {
 }
 
 /// Element types under test: a deterministic generator and the sequential reference reduction.
-pub trait TestElem: CommElem + PartialEq + Debug {
+pub trait TestElem: Element + PartialEq + Debug {
     const HAS_AVG: bool;
     /// The value of element `i` of rank `rank`'s input `seed`.
     fn gen(seed: u64, rank: usize, i: usize) -> Self;

@@ -31,7 +31,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::{CommError, CommResult};
-use super::types::{CommElem, ReduceOp};
+use super::types::ReduceOp;
+use crate::dtype::Element;
 use desc::{OpDesc, OpKind};
 pub use exec::even_counts;
 use exec::RawBufs;
@@ -125,7 +126,7 @@ impl Communicator {
     }
 
     /// `recv[i] = op over ranks of send[i]`. send: (n,), recv: (n,) on every rank.
-    pub fn all_reduce<T: CommElem>(
+    pub fn all_reduce<T: Element>(
         &self,
         send: &[T],
         recv: &mut [T],
@@ -137,13 +138,13 @@ impl Communicator {
     }
 
     /// `buf[i] = op over ranks of buf[i]`. buf: (n,).
-    pub fn all_reduce_in_place<T: CommElem>(&self, buf: &mut [T], op: ReduceOp) -> CommResult<()> {
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> CommResult<()> {
         let d = self.reduce_desc::<T>(OpKind::AllReduce, op, buf.len())?;
         self.run::<T>(d, RawBufs::in_place(buf))
     }
 
     /// Rank-major concatenation. send: (n,), recv: (world * n,), recv[r*n..(r+1)*n] = rank r's.
-    pub fn all_gather<T: CommElem>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
         let d = self.data_desc::<T>(OpKind::AllGather, send.len());
         self.check_len(d.kind, "recv", recv.len(), send.len() * self.world_size())?;
         self.run::<T>(d, RawBufs::new(send, recv))
@@ -151,7 +152,7 @@ impl Communicator {
 
     /// Uneven all_gather (FSDP flat shards). counts: (world,) identical on all ranks;
     /// send: (counts[rank],), recv: (sum counts,), packed in rank order.
-    pub fn all_gather_v<T: CommElem>(
+    pub fn all_gather_v<T: Element>(
         &self,
         send: &[T],
         recv: &mut [T],
@@ -167,7 +168,7 @@ impl Communicator {
 
     /// send: (world * m,), recv: (m,) = op over ranks of their send[rank*m..(rank+1)*m].
     /// A send length that does not split evenly is `CommError::NotDivisible` (use the _v form).
-    pub fn reduce_scatter<T: CommElem>(
+    pub fn reduce_scatter<T: Element>(
         &self,
         send: &[T],
         recv: &mut [T],
@@ -189,7 +190,7 @@ impl Communicator {
 
     /// Uneven reduce_scatter (FSDP gradient shards). counts: (world,) identical on all ranks;
     /// send: (sum counts,) packed in rank order, recv: (counts[rank],).
-    pub fn reduce_scatter_v<T: CommElem>(
+    pub fn reduce_scatter_v<T: Element>(
         &self,
         send: &[T],
         recv: &mut [T],
@@ -205,7 +206,7 @@ impl Communicator {
     }
 
     /// Copies `root`'s buf into every other rank's buf. buf: (n,) on every rank.
-    pub fn broadcast<T: CommElem>(&self, buf: &mut [T], root: usize) -> CommResult<()> {
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> CommResult<()> {
         let mut d = self.data_desc::<T>(OpKind::Broadcast, buf.len());
         self.check_rank(d.kind.name(), true, root)?;
         d.root = Some(root);
@@ -214,7 +215,7 @@ impl Communicator {
 
     /// Equal-chunk all-to-all. send, recv: (world * c,); rank r's recv chunk j is rank j's send
     /// chunk r.
-    pub fn all_to_all<T: CommElem>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
         let world = self.world_size();
         if !send.len().is_multiple_of(world) {
             let e = CommError::NotDivisible {
@@ -232,7 +233,7 @@ impl Communicator {
     /// All-to-all with per-peer counts, chunks packed in rank order (displacements are the
     /// prefix sums of the counts). send_counts[j]: elements for rank j, recv_counts[j]: from
     /// rank j; rank i's send_counts[j] must equal rank j's recv_counts[i].
-    pub fn all_to_all_v<T: CommElem>(
+    pub fn all_to_all_v<T: Element>(
         &self,
         send: &[T],
         send_counts: &[usize],
@@ -259,7 +260,7 @@ impl Communicator {
     /// Sends `buf` to `dst`. Eager: the data is copied and the call returns at once, so a ring
     /// (send to the next rank, then receive from the previous one) cannot deadlock. Messages
     /// from one rank to another are received in the order they were sent.
-    pub fn send<T: CommElem>(&self, buf: &[T], dst: usize) -> CommResult<()> {
+    pub fn send<T: Element>(&self, buf: &[T], dst: usize) -> CommResult<()> {
         self.check_rank("send", false, dst)?;
         let msg = Message {
             dtype: T::DTYPE,
@@ -271,7 +272,7 @@ impl Communicator {
 
     /// Receives the oldest unreceived message from `src`, which must have `buf.len()` elements
     /// of type `T` (anything else is `CommError::Mismatch`).
-    pub fn recv<T: CommElem>(&self, buf: &mut [T], src: usize) -> CommResult<()> {
+    pub fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> CommResult<()> {
         self.check_rank("recv", false, src)?;
         let msg = self
             .group
@@ -281,7 +282,7 @@ impl Communicator {
     }
 
     /// `send(send, dst)` then `recv(recv, src)`: the ring step of ring attention.
-    pub fn send_recv<T: CommElem>(
+    pub fn send_recv<T: Element>(
         &self,
         send: &[T],
         dst: usize,
@@ -308,7 +309,7 @@ impl Communicator {
         Ok(Communicator::new(group, rank, self.timeout()))
     }
 
-    fn run<T: CommElem>(&self, desc: OpDesc, bufs: RawBufs) -> CommResult<()> {
+    fn run<T: Element>(&self, desc: OpDesc, bufs: RawBufs) -> CommResult<()> {
         let round = self.enter(desc, bufs)?;
         exec::execute::<T>(&self.group, &round, self.rank);
         Ok(())
@@ -321,14 +322,14 @@ impl Communicator {
             .enter(self.rank, seq, post, self.timeout(), build_split)
     }
 
-    fn data_desc<T: CommElem>(&self, kind: OpKind, count: usize) -> OpDesc {
+    fn data_desc<T: Element>(&self, kind: OpKind, count: usize) -> OpDesc {
         let mut d = OpDesc::new(kind);
         d.dtype = Some(T::DTYPE);
         d.count = count;
         d
     }
 
-    fn reduce_desc<T: CommElem>(
+    fn reduce_desc<T: Element>(
         &self,
         kind: OpKind,
         op: ReduceOp,

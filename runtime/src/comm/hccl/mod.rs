@@ -27,19 +27,11 @@ use cannon_sys::hccl;
 
 use super::error::{CommError, CommResult};
 use super::rendezvous::FileRendezvous;
-use super::types::{CommElem, DType, ReduceOp};
+use super::types::ReduceOp;
 use crate::buffer::{BufferView, BufferViewMut, DeviceBuffer};
 use crate::device::Device;
+use crate::dtype::Element;
 use crate::stream::Stream;
-
-// Our dtype codes are HCCL's (checked against the header constants at compile time).
-const _: () = {
-    assert!(DType::I32.hccl_code() == hccl::HCCL_DATA_TYPE_INT32);
-    assert!(DType::F32.hccl_code() == hccl::HCCL_DATA_TYPE_FP32);
-    assert!(DType::I64.hccl_code() == hccl::HCCL_DATA_TYPE_INT64);
-    assert!(DType::F64.hccl_code() == hccl::HCCL_DATA_TYPE_FP64);
-    assert!(DType::BF16.hccl_code() == hccl::HCCL_DATA_TYPE_BFP16);
-};
 
 /// One rank's HCCL communicator, bound to the NPU `ordinal`; destroyed on drop.
 pub struct HcclCommunicator {
@@ -139,7 +131,7 @@ impl HcclCommunicator {
     }
 
     /// `recv[i] = op over ranks of send[i]`. send, recv: (n,).
-    pub fn all_reduce<T: CommElem>(
+    pub fn all_reduce<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -167,7 +159,7 @@ impl HcclCommunicator {
     }
 
     /// `buf[i] = op over ranks of buf[i]`. buf: (n,).
-    pub fn all_reduce_in_place<T: CommElem>(
+    pub fn all_reduce_in_place<T: Element>(
         &self,
         buf: &mut BufferViewMut<'_, T>,
         op: ReduceOp,
@@ -193,7 +185,7 @@ impl HcclCommunicator {
     }
 
     /// Rank-major concatenation. send: (n,), recv: (world * n,).
-    pub fn all_gather<T: CommElem>(
+    pub fn all_gather<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -218,7 +210,7 @@ impl HcclCommunicator {
     }
 
     /// send: (world * m,), recv: (m,). Uneven lengths: `CommError::NotDivisible`.
-    pub fn reduce_scatter<T: CommElem>(
+    pub fn reduce_scatter<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -253,7 +245,7 @@ impl HcclCommunicator {
     }
 
     /// Copies `root`'s buf to every rank. buf: (n,).
-    pub fn broadcast<T: CommElem>(
+    pub fn broadcast<T: Element>(
         &self,
         buf: &mut BufferViewMut<'_, T>,
         root: usize,
@@ -277,7 +269,7 @@ impl HcclCommunicator {
     }
 
     /// Equal-chunk all-to-all. send, recv: (world * c,).
-    pub fn all_to_all<T: CommElem>(
+    pub fn all_to_all<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -313,7 +305,7 @@ impl HcclCommunicator {
     }
 
     /// All-to-all with per-peer counts, packed in rank order (as on the CPU).
-    pub fn all_to_all_v<T: CommElem>(
+    pub fn all_to_all_v<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         send_counts: &[usize],
@@ -351,7 +343,7 @@ impl HcclCommunicator {
     }
 
     /// Sends `buf` to `dst` (matched in order by `recv` on `dst`).
-    pub fn send<T: CommElem>(
+    pub fn send<T: Element>(
         &self,
         buf: &BufferView<'_, T>,
         dst: usize,
@@ -375,7 +367,7 @@ impl HcclCommunicator {
     }
 
     /// Receives `buf.len()` values from `src`.
-    pub fn recv<T: CommElem>(
+    pub fn recv<T: Element>(
         &self,
         buf: &mut BufferViewMut<'_, T>,
         src: usize,
@@ -400,7 +392,7 @@ impl HcclCommunicator {
 
     /// Sends to `dst` and receives from `src`; even ranks send first, odd ranks receive
     /// first, so a ring on in-order streams has no cycle of waiting sends.
-    pub fn send_recv<T: CommElem>(
+    pub fn send_recv<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         dst: usize,
@@ -436,7 +428,7 @@ impl HcclCommunicator {
 
     /// Uneven all_gather through one padded all_gather. counts: (world,), send: (counts[rank],),
     /// recv: (sum counts,).
-    pub fn all_gather_v<T: CommElem>(
+    pub fn all_gather_v<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -473,7 +465,7 @@ impl HcclCommunicator {
 
     /// Uneven reduce_scatter through one padded reduce_scatter. counts: (world,), send:
     /// (sum counts,), recv: (counts[rank],).
-    pub fn reduce_scatter_v<T: CommElem>(
+    pub fn reduce_scatter_v<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -528,7 +520,7 @@ impl HcclCommunicator {
         Ok(raw)
     }
 
-    fn reduce_code<T: CommElem>(&self, op: &'static str, r: ReduceOp) -> CommResult<u32> {
+    fn reduce_code<T: Element>(&self, op: &'static str, r: ReduceOp) -> CommResult<u32> {
         r.check(op, T::DTYPE)?;
         r.hccl_code().ok_or(CommError::UnsupportedReduce {
             op,
