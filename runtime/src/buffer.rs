@@ -50,7 +50,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// `len` values on the stream's device from its default allocator. Contents are
     /// unspecified (initialised memory, possibly a previous user's values).
     pub fn alloc(stream: &Stream, len: usize) -> Result<Self> {
-        let alloc = CachingAllocator::for_device(stream.device())?;
+        let alloc = stream.device().allocator()?;
         Self::alloc_in(&alloc, len)
     }
 
@@ -533,8 +533,58 @@ mod npu_copy {
     }
 }
 
+/// The NPU copies: the stream's ACL handle, then `crate::npu::copy`.
 #[cfg(feature = "npu")]
-use crate::npu::copy as npu_copy;
+mod npu_copy {
+    use super::*;
+    use crate::npu::{copy, NpuStream};
+
+    /// The ACL stream of `stream`, which the caller checked is on `device`.
+    fn acl<'a>(stream: &'a Stream, device: Device, what: &'static str) -> Result<&'a NpuStream> {
+        stream.acl_stream().ok_or(Error::DeviceMismatch {
+            what,
+            expected: device,
+            found: stream.device(),
+        })
+    }
+
+    pub(super) fn htod<T: Element>(
+        stream: &Stream,
+        device: Device,
+        src: &[T],
+        dst: *mut T,
+    ) -> Result<()> {
+        copy::htod(acl(stream, device, "memcpy_htod")?, src, dst)
+    }
+
+    pub(super) fn dtoh<T: Element>(
+        stream: &Stream,
+        device: Device,
+        src: *const T,
+        dst: &mut [T],
+    ) -> Result<()> {
+        copy::dtoh(acl(stream, device, "memcpy_dtoh")?, src, dst)
+    }
+
+    pub(super) fn dtod<T: Element>(
+        stream: &Stream,
+        device: Device,
+        src: *const T,
+        dst: *mut T,
+        n: usize,
+    ) -> Result<()> {
+        copy::dtod(acl(stream, device, "memcpy_dtod")?, src, dst, n)
+    }
+
+    pub(super) fn memset_zeros<T: Element>(
+        stream: &Stream,
+        device: Device,
+        dst: *mut T,
+        n: usize,
+    ) -> Result<()> {
+        copy::memset_zeros(acl(stream, device, "memset_zeros")?, dst, n)
+    }
+}
 
 #[cfg(test)]
 mod tests;
