@@ -6,6 +6,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use super::types::ReduceOp;
+use crate::device::Device;
 use crate::dtype::DType;
 
 /// The error of every communicator call (CPU and HCCL).
@@ -47,6 +48,16 @@ pub enum CommError {
     /// A buffer length or count that is wrong on this rank alone.
     #[error("{op}: {detail}")]
     InvalidArgument { op: &'static str, detail: String },
+
+    /// A buffer or the stream of a call is not on the communicator's device.
+    #[error("{op}: rank {rank}: {what} is on {found}, the communicator is on {expected}")]
+    DeviceMismatch {
+        op: &'static str,
+        rank: usize,
+        what: &'static str,
+        expected: Device,
+        found: Device,
+    },
 
     /// `reduce_scatter`/`all_to_all` need the buffer to split evenly over the ranks.
     #[error(

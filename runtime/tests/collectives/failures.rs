@@ -140,7 +140,7 @@ fn per_call_timeout_overrides_the_world_timeout() {
 
 #[test]
 fn mismatched_counts_ops_dtypes_and_collectives_are_errors() {
-    type Call = fn(&cannon_runtime::comm::Communicator) -> Result<(), CommError>;
+    type Call = fn(&Rank) -> Result<(), CommError>;
     let cases: [(Call, Call, &str); 4] = [
         (
             |c| c.all_reduce_in_place(&mut [0.0f32; 10], ReduceOp::Sum),
