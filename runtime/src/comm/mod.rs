@@ -8,8 +8,8 @@
 //!   peers' host buffers directly under a round-based rendezvous and are complete when the call
 //!   returns. Made by [`CpuWorld::new`].
 //! - HCCL (feature `npu`): one process per NPU, bootstrapped through [`rendezvous`]
-//!   (RANK/WORLD_SIZE/LOCAL_RANK like torchrun), made by [`Communicator::hccl_from_env`] or
-//!   [`Communicator::hccl_init`]. Calls are enqueued on the stream and return before the data
+//!   (RANK/WORLD_SIZE/LOCAL_RANK like torchrun), made by `Communicator::hccl_from_env` or
+//!   `Communicator::hccl_init`. Calls are enqueued on the stream and return before the data
 //!   moved; order them with the stream like any other device work (`barrier` alone
 //!   synchronises its stream). HCCL has no `ReduceOp::Avg` (an error there, not a silent sum)
 //!   and cannot check that ranks agree on a call.
@@ -188,7 +188,7 @@ impl Communicator {
         dispatch!(self, c => c.all_reduce_in_place(buf, op, stream))
     }
 
-    /// Rank-major concatenation. send: (n,), recv: (world * n,), recv[r*n..(r+1)*n] = rank r's.
+    /// Rank-major concatenation. send: (n,), recv: (world * n,), `recv[r*n..(r+1)*n]` = rank r's.
     pub fn all_gather<T: Element>(
         &self,
         send: &BufferView<'_, T>,
@@ -199,7 +199,7 @@ impl Communicator {
     }
 
     /// Uneven all_gather (FSDP flat shards). counts: (world,) identical on all ranks;
-    /// send: (counts[rank],), recv: (sum counts,), packed in rank order.
+    /// send: (`counts[rank]`,), recv: (sum counts,), packed in rank order.
     pub fn all_gather_v<T: Element>(
         &self,
         send: &BufferView<'_, T>,
@@ -210,7 +210,7 @@ impl Communicator {
         dispatch!(self, c => c.all_gather_v(send, recv, counts, stream))
     }
 
-    /// send: (world * m,), recv: (m,) = op over ranks of their send[rank*m..(rank+1)*m].
+    /// send: (world * m,), recv: (m,) = op over ranks of their `send[rank*m..(rank+1)*m]`.
     /// A send length that does not split evenly is [`CommError::NotDivisible`] (use the _v
     /// form).
     pub fn reduce_scatter<T: Element>(
@@ -224,7 +224,7 @@ impl Communicator {
     }
 
     /// Uneven reduce_scatter (FSDP gradient shards). counts: (world,) identical on all ranks;
-    /// send: (sum counts,) packed in rank order, recv: (counts[rank],).
+    /// send: (sum counts,) packed in rank order, recv: (`counts[rank]`,).
     pub fn reduce_scatter_v<T: Element>(
         &self,
         send: &BufferView<'_, T>,
@@ -258,8 +258,8 @@ impl Communicator {
     }
 
     /// All-to-all with per-peer counts, chunks packed in rank order (displacements are the
-    /// prefix sums of the counts). send_counts[j]: elements for rank j, recv_counts[j]: from
-    /// rank j; rank i's send_counts[j] must equal rank j's recv_counts[i].
+    /// prefix sums of the counts). `send_counts[j]`: elements for rank j, `recv_counts[j]`: from
+    /// rank j; rank i's `send_counts[j]` must equal rank j's `recv_counts[i]`.
     pub fn all_to_all_v<T: Element>(
         &self,
         send: &BufferView<'_, T>,

@@ -1,8 +1,8 @@
 //! The NPU side of the runtime (feature `npu`): AscendCL devices, streams, events and memory.
 //!
-//! cudarc's layering: [`result`] turns every `aclError` into a typed [`Error`] (still
+//! cudarc's layering: [`result`] turns every `aclError` into a typed [`crate::Error`] (still
 //! `unsafe`, one function per C call we use); the safe types ([`NpuStream`], [`NpuEvent`], the
-//! allocator's [`AclMemory`](memory::AclMemory)) own their handles and release them on drop,
+//! allocator's raw memory `AclMemory`, handed out by `raw_memory`) own their handles and release them on drop,
 //! recording failures instead of panicking. Nothing here can run without CANN; it compiles
 //! everywhere and is exercised against a host emulation of CANN in the NPU issue.
 
