@@ -3,18 +3,18 @@
 
 use super::{Backend, Cpu};
 use crate::adamw::{adamw_step, AdamW};
-use crate::attention::{self, Element, Qkv, QkvBuf, QkvGrad, QkvGradBuf, VarlenAttention};
-use crate::cast::{self, Elem};
+use crate::attention::{self, Qkv, QkvBuf, QkvGrad, QkvGradBuf, VarlenAttention};
+use crate::cast;
 use crate::cross_entropy::{self, CeStats, LmHeadCpu, LmHeadGrads, LossNorm};
 use crate::error::Result;
-use crate::gemm::{gemm_bf16, gemm_f32, Bf16Elem, Dims, Precision, Trans};
+use crate::gemm::{gemm_bf16, gemm_f32, Dims, Precision, Trans};
 use crate::linear::{linear_backward, linear_forward, LinearDims, LinearGradBufs};
 use crate::patch_embed::{
     patch_embed_backward, patch_embed_forward, PatchEmbedGradBufs, PatchGeom,
 };
 use crate::rope::{rope_backward, rope_forward, RopeTable};
 use crate::{embedding, gelu, grad_clip, rmsnorm, swiglu, KernelError};
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 fn host_slices_mut<'a>(views: &'a mut [BufferViewMut<'_, f32>]) -> Result<Vec<&'a mut [f32]>> {
@@ -45,7 +45,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn attention_forward<E: Element + Pod>(
+    fn attention_forward<E: Float>(
         &self,
         _: &Stream,
         a: &VarlenAttention,
@@ -61,7 +61,7 @@ impl Backend for Cpu {
         attention::forward(a, qkv, out.as_host_slice_mut()?, lse.as_host_slice_mut()?)
     }
 
-    fn attention_backward<E: Element + Pod>(
+    fn attention_backward<E: Float>(
         &self,
         _: &Stream,
         a: &VarlenAttention,
@@ -91,7 +91,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn cast<A: Elem + Pod, B: Elem + Pod>(
+    fn cast<A: Float, B: Float>(
         &self,
         _: &Stream,
         src: &BufferView<'_, A>,
@@ -163,7 +163,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn embedding_forward<E: Elem + Pod>(
+    fn embedding_forward<E: Float>(
         &self,
         _: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -174,7 +174,7 @@ impl Backend for Cpu {
         embedding::embedding_forward(out.as_host_slice_mut()?, ids, weight.as_host_slice()?, dim)
     }
 
-    fn embedding_backward<E: Elem + Pod>(
+    fn embedding_backward<E: Float>(
         &self,
         _: &Stream,
         dweight: &mut BufferViewMut<'_, f32>,
@@ -190,7 +190,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn gelu_forward<E: Elem + Pod>(
+    fn gelu_forward<E: Float>(
         &self,
         _: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -199,7 +199,7 @@ impl Backend for Cpu {
         gelu::gelu_forward(y.as_host_slice_mut()?, x.as_host_slice()?)
     }
 
-    fn gelu_backward<E: Elem + Pod>(
+    fn gelu_backward<E: Float>(
         &self,
         _: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -213,7 +213,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn gemm<A: Elem + Bf16Elem + Pod, B: Elem + Bf16Elem + Pod>(
+    fn gemm<A: Float, B: Float>(
         &self,
         _: &Stream,
         p: Precision,
@@ -240,8 +240,8 @@ impl Backend for Cpu {
                     op: "gemm",
                     detail: format!("{what} is bf16; Precision::F32 needs f32 operands"),
                 };
-                let a = A::as_f32(a).ok_or_else(|| not_f32("a"))?;
-                let b = B::as_f32(b).ok_or_else(|| not_f32("b"))?;
+                let a = cast::as_f32(a).ok_or_else(|| not_f32("a"))?;
+                let b = cast::as_f32(b).ok_or_else(|| not_f32("b"))?;
                 gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
             }
             Precision::Bf16 => gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc),
@@ -266,7 +266,7 @@ impl Backend for Cpu {
         Ok(())
     }
 
-    fn linear_forward<Y: Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn linear_forward<Y: Float, X: Float, W: Float>(
         &self,
         _: &Stream,
         p: Precision,
@@ -287,11 +287,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn linear_backward<
-        G: Elem + Bf16Elem + Pod,
-        X: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn linear_backward<G: Float, X: Float, W: Float>(
         &self,
         _: &Stream,
         p: Precision,
@@ -305,7 +301,7 @@ impl Backend for Cpu {
         linear_backward(p, g.host()?, dy, x, w, d)
     }
 
-    fn patch_embed_forward<P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn patch_embed_forward<P: Float, W: Float>(
         &self,
         _: &Stream,
         p: Precision,
@@ -319,11 +315,7 @@ impl Backend for Cpu {
         patch_embed_forward(p, out.as_host_slice_mut()?, pixels, weight, g, d_model)
     }
 
-    fn patch_embed_backward<
-        G: Elem + Bf16Elem + Pod,
-        P: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn patch_embed_backward<G: Float, P: Float, W: Float>(
         &self,
         _: &Stream,
         p: Precision,
@@ -339,7 +331,7 @@ impl Backend for Cpu {
         patch_embed_backward(p, grads.host()?, dout, pixels, weight, g, d_model)
     }
 
-    fn rmsnorm_forward<E: Elem + Pod>(
+    fn rmsnorm_forward<E: Float>(
         &self,
         _: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -359,7 +351,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn rmsnorm_backward<E: Elem + Pod>(
+    fn rmsnorm_backward<E: Float>(
         &self,
         _: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -381,7 +373,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn rope_forward<E: Elem + Pod>(
+    fn rope_forward<E: Float>(
         &self,
         _: &Stream,
         x: &mut BufferViewMut<'_, E>,
@@ -392,7 +384,7 @@ impl Backend for Cpu {
         rope_forward(x.as_host_slice_mut()?, n_heads, table, pos)
     }
 
-    fn rope_backward<E: Elem + Pod>(
+    fn rope_backward<E: Float>(
         &self,
         _: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -403,7 +395,7 @@ impl Backend for Cpu {
         rope_backward(dx.as_host_slice_mut()?, n_heads, table, pos)
     }
 
-    fn swiglu_forward<E: Elem + Pod>(
+    fn swiglu_forward<E: Float>(
         &self,
         _: &Stream,
         h: &mut BufferViewMut<'_, E>,
@@ -417,7 +409,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn swiglu_backward<E: Elem + Pod>(
+    fn swiglu_backward<E: Float>(
         &self,
         _: &Stream,
         d_gate: &mut BufferViewMut<'_, E>,

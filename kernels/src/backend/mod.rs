@@ -28,15 +28,14 @@ mod cpu;
 mod npu;
 
 use crate::adamw::AdamW;
-use crate::attention::{Element, QkvBuf, QkvGradBuf, VarlenAttention};
-use crate::cast::Elem;
+use crate::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
 use crate::cross_entropy::{CeStats, LmHeadGrads, LossNorm};
 use crate::error::{KernelError, Result};
-use crate::gemm::{Bf16Elem, Dims, Precision, Trans};
+use crate::gemm::{Dims, Precision, Trans};
 use crate::linear::{LinearDims, LinearGradBufs};
 use crate::patch_embed::{PatchEmbedGradBufs, PatchGeom};
 use crate::rope::RopeTable;
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Device, Stream};
 
 /// The slice-level CPU kernels on host memory.
@@ -63,13 +62,13 @@ pub trait OnDevice {
     fn devices(&self, out: &mut Vec<Device>);
 }
 
-impl<T: Pod> OnDevice for BufferView<'_, T> {
+impl<T: cannon_runtime::Element> OnDevice for BufferView<'_, T> {
     fn devices(&self, out: &mut Vec<Device>) {
         out.push(self.device());
     }
 }
 
-impl<T: Pod> OnDevice for BufferViewMut<'_, T> {
+impl<T: cannon_runtime::Element> OnDevice for BufferViewMut<'_, T> {
     fn devices(&self, out: &mut Vec<Device>) {
         out.push(self.device());
     }
@@ -184,7 +183,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Varlen attention forward: writes `out` and `lse` ([`crate::attention`]).
-    fn attention_forward<E: Element + Pod>(
+    fn attention_forward<E: Float>(
         &self,
         stream: &Stream,
         a: &VarlenAttention,
@@ -194,7 +193,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Varlen attention backward: overwrites dq, dk, dv.
-    fn attention_backward<E: Element + Pod>(
+    fn attention_backward<E: Float>(
         &self,
         stream: &Stream,
         a: &VarlenAttention,
@@ -206,7 +205,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `dst = src` converted between storage types ([`crate::cast`]).
-    fn cast<A: Elem + Pod, B: Elem + Pod>(
+    fn cast<A: Float, B: Float>(
         &self,
         stream: &Stream,
         src: &BufferView<'_, A>,
@@ -249,7 +248,7 @@ pub trait Backend {
     ) -> Result<CeStats>;
 
     /// Gathers rows `ids` of `weight` ([`crate::embedding`]).
-    fn embedding_forward<E: Elem + Pod>(
+    fn embedding_forward<E: Float>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -259,7 +258,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `dweight[ids[t]] += dout[t]`.
-    fn embedding_backward<E: Elem + Pod>(
+    fn embedding_backward<E: Float>(
         &self,
         stream: &Stream,
         dweight: &mut BufferViewMut<'_, f32>,
@@ -269,7 +268,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `y = gelu(x)` ([`crate::gelu`]).
-    fn gelu_forward<E: Elem + Pod>(
+    fn gelu_forward<E: Float>(
         &self,
         stream: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -277,7 +276,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `dx += dy * gelu'(x)`.
-    fn gelu_backward<E: Elem + Pod>(
+    fn gelu_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -286,7 +285,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `C = alpha op(A) op(B) + beta C` in precision `p` ([`crate::gemm`]).
-    fn gemm<A: Elem + Bf16Elem + Pod, B: Elem + Bf16Elem + Pod>(
+    fn gemm<A: Float, B: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -315,7 +314,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `y = x w^T (+ b)` in precision `p` ([`crate::linear`]).
-    fn linear_forward<Y: Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn linear_forward<Y: Float, X: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -327,11 +326,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Accumulates the gradients present in `g`, in precision `p`.
-    fn linear_backward<
-        G: Elem + Bf16Elem + Pod,
-        X: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn linear_backward<G: Float, X: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -343,7 +338,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `out = im2col(pixels) weight^T` in precision `p` ([`crate::patch_embed`]).
-    fn patch_embed_forward<P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn patch_embed_forward<P: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -355,11 +350,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Accumulates the gradients present in `grads`, in precision `p`.
-    fn patch_embed_backward<
-        G: Elem + Bf16Elem + Pod,
-        P: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn patch_embed_backward<G: Float, P: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -372,7 +363,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `out = rmsnorm(x) * weight`, saving `rstd` ([`crate::rmsnorm`]).
-    fn rmsnorm_forward<E: Elem + Pod>(
+    fn rmsnorm_forward<E: Float>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -384,7 +375,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Accumulates `dx` and `dweight`.
-    fn rmsnorm_backward<E: Elem + Pod>(
+    fn rmsnorm_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -397,7 +388,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Rotates `x` in place by the angles of `pos` ([`crate::rope`]).
-    fn rope_forward<E: Elem + Pod>(
+    fn rope_forward<E: Float>(
         &self,
         stream: &Stream,
         x: &mut BufferViewMut<'_, E>,
@@ -407,7 +398,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// The inverse rotation of `dx`, in place.
-    fn rope_backward<E: Elem + Pod>(
+    fn rope_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -417,7 +408,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `h = silu(gate) * up` ([`crate::swiglu`]).
-    fn swiglu_forward<E: Elem + Pod>(
+    fn swiglu_forward<E: Float>(
         &self,
         stream: &Stream,
         h: &mut BufferViewMut<'_, E>,
@@ -426,7 +417,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Accumulates `d_gate` and `d_up`.
-    fn swiglu_backward<E: Elem + Pod>(
+    fn swiglu_backward<E: Float>(
         &self,
         stream: &Stream,
         d_gate: &mut BufferViewMut<'_, E>,

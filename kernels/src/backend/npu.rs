@@ -3,15 +3,14 @@
 
 use super::{Backend, Npu};
 use crate::adamw::AdamW;
-use crate::attention::{Element, QkvBuf, QkvGradBuf, VarlenAttention};
-use crate::cast::Elem;
+use crate::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
 use crate::cross_entropy::{CeStats, LmHeadGrads, LossNorm};
 use crate::error::Result;
-use crate::gemm::{Bf16Elem, Dims, Precision, Trans};
+use crate::gemm::{Dims, Precision, Trans};
 use crate::linear::{LinearDims, LinearGradBufs};
 use crate::patch_embed::{PatchEmbedGradBufs, PatchGeom};
 use crate::rope::RopeTable;
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 impl Backend for Npu {
@@ -28,7 +27,7 @@ impl Backend for Npu {
         crate::adamw::npu::step(self.ordinal, stream, params, grads, m, v, step, hp)
     }
 
-    fn attention_forward<E: Element + Pod>(
+    fn attention_forward<E: Float>(
         &self,
         stream: &Stream,
         a: &VarlenAttention,
@@ -39,7 +38,7 @@ impl Backend for Npu {
         crate::attention::npu::forward(self.ordinal, stream, a, x, out, lse)
     }
 
-    fn attention_backward<E: Element + Pod>(
+    fn attention_backward<E: Float>(
         &self,
         stream: &Stream,
         a: &VarlenAttention,
@@ -52,7 +51,7 @@ impl Backend for Npu {
         crate::attention::npu::backward(self.ordinal, stream, a, x, out, lse, dout, g)
     }
 
-    fn cast<A: Elem + Pod, B: Elem + Pod>(
+    fn cast<A: Float, B: Float>(
         &self,
         stream: &Stream,
         src: &BufferView<'_, A>,
@@ -110,7 +109,7 @@ impl Backend for Npu {
         )
     }
 
-    fn embedding_forward<E: Elem + Pod>(
+    fn embedding_forward<E: Float>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -121,7 +120,7 @@ impl Backend for Npu {
         crate::embedding::npu::forward(self.ordinal, stream, out, ids, weight, dim)
     }
 
-    fn embedding_backward<E: Elem + Pod>(
+    fn embedding_backward<E: Float>(
         &self,
         stream: &Stream,
         dweight: &mut BufferViewMut<'_, f32>,
@@ -132,7 +131,7 @@ impl Backend for Npu {
         crate::embedding::npu::backward(self.ordinal, stream, dweight, dout, ids, dim)
     }
 
-    fn gelu_forward<E: Elem + Pod>(
+    fn gelu_forward<E: Float>(
         &self,
         stream: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -141,7 +140,7 @@ impl Backend for Npu {
         crate::gelu::npu::forward(self.ordinal, stream, y, x)
     }
 
-    fn gelu_backward<E: Elem + Pod>(
+    fn gelu_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -151,7 +150,7 @@ impl Backend for Npu {
         crate::gelu::npu::backward(self.ordinal, stream, dx, dy, x)
     }
 
-    fn gemm<A: Elem + Bf16Elem + Pod, B: Elem + Bf16Elem + Pod>(
+    fn gemm<A: Float, B: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -198,7 +197,7 @@ impl Backend for Npu {
         crate::grad_clip::npu::scale_grads(self.ordinal, stream, grads, coef)
     }
 
-    fn linear_forward<Y: Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn linear_forward<Y: Float, X: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -211,11 +210,7 @@ impl Backend for Npu {
         crate::linear::npu::forward(self.ordinal, stream, p, y, x, w, b, d)
     }
 
-    fn linear_backward<
-        G: Elem + Bf16Elem + Pod,
-        X: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn linear_backward<G: Float, X: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -228,7 +223,7 @@ impl Backend for Npu {
         crate::linear::npu::backward(self.ordinal, stream, p, g, dy, x, w, d)
     }
 
-    fn patch_embed_forward<P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn patch_embed_forward<P: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -241,11 +236,7 @@ impl Backend for Npu {
         crate::patch_embed::npu::forward(self.ordinal, stream, p, out, pixels, weight, g, d_model)
     }
 
-    fn patch_embed_backward<
-        G: Elem + Bf16Elem + Pod,
-        P: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn patch_embed_backward<G: Float, P: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -269,7 +260,7 @@ impl Backend for Npu {
         )
     }
 
-    fn rmsnorm_forward<E: Elem + Pod>(
+    fn rmsnorm_forward<E: Float>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -282,7 +273,7 @@ impl Backend for Npu {
         crate::rmsnorm::npu::forward(self.ordinal, stream, out, rstd, x, weight, dim, eps)
     }
 
-    fn rmsnorm_backward<E: Elem + Pod>(
+    fn rmsnorm_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -306,7 +297,7 @@ impl Backend for Npu {
         )
     }
 
-    fn rope_forward<E: Elem + Pod>(
+    fn rope_forward<E: Float>(
         &self,
         stream: &Stream,
         x: &mut BufferViewMut<'_, E>,
@@ -317,7 +308,7 @@ impl Backend for Npu {
         crate::rope::npu::forward(self.ordinal, stream, x, n_heads, table, pos)
     }
 
-    fn rope_backward<E: Elem + Pod>(
+    fn rope_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -328,7 +319,7 @@ impl Backend for Npu {
         crate::rope::npu::backward(self.ordinal, stream, dx, n_heads, table, pos)
     }
 
-    fn swiglu_forward<E: Elem + Pod>(
+    fn swiglu_forward<E: Float>(
         &self,
         stream: &Stream,
         h: &mut BufferViewMut<'_, E>,
@@ -338,7 +329,7 @@ impl Backend for Npu {
         crate::swiglu::npu::forward(self.ordinal, stream, h, gate, up)
     }
 
-    fn swiglu_backward<E: Elem + Pod>(
+    fn swiglu_backward<E: Float>(
         &self,
         stream: &Stream,
         d_gate: &mut BufferViewMut<'_, E>,

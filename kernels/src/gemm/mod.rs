@@ -71,7 +71,7 @@ mod x86_tile;
 mod tests;
 
 use crate::error::{KernelError, Result};
-use half::bf16;
+use cannon_runtime::Float;
 
 pub use cpu::{bf16_kernel_available, to_bf16_bits};
 
@@ -80,44 +80,6 @@ pub use cpu::{bf16_kernel_available, to_bf16_bits};
 pub enum Trans {
     N,
     T,
-}
-
-/// An element that the bf16 GEMM can read: `half::bf16` as is, or `f32` rounded to the nearest
-/// bf16 (ties to even, as torch's `.to(torch.bfloat16)`), so f32 gradients can feed a bf16
-/// product without a separate cast pass.
-pub trait Bf16Elem: Copy + Send + Sync + 'static + sealed::Sealed {
-    /// The bf16 bit pattern this element contributes to the product.
-    fn bf16_bits(self) -> u16;
-    /// The element's own value (not rounded), for sums outside the products (bias grads).
-    fn value(self) -> f32;
-}
-
-impl Bf16Elem for bf16 {
-    #[inline(always)]
-    fn bf16_bits(self) -> u16 {
-        self.to_bits()
-    }
-    #[inline(always)]
-    fn value(self) -> f32 {
-        self.to_f32()
-    }
-}
-
-impl Bf16Elem for f32 {
-    #[inline(always)]
-    fn bf16_bits(self) -> u16 {
-        to_bf16_bits(self)
-    }
-    #[inline(always)]
-    fn value(self) -> f32 {
-        self
-    }
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for half::bf16 {}
-    impl Sealed for f32 {}
 }
 
 /// The precision of a layer's products, the one `Precision` of the workspace: the trainer's
@@ -193,7 +155,7 @@ impl Products<f32, f32> for F32 {
     }
 }
 
-impl<A: Bf16Elem, B: Bf16Elem> Products<A, B> for Bf16 {
+impl<A: Float, B: Float> Products<A, B> for Bf16 {
     fn gemm(
         ta: Trans,
         tb: Trans,
@@ -254,7 +216,7 @@ pub fn gemm_f32(
 ///
 /// Uses the AVX512-BF16 kernel when the CPU has it, else [`gemm_bf16_portable`].
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_bf16<TA: Bf16Elem, TB: Bf16Elem>(
+pub fn gemm_bf16<TA: Float, TB: Float>(
     ta: Trans,
     tb: Trans,
     d: Dims,
@@ -275,7 +237,7 @@ pub fn gemm_bf16<TA: Bf16Elem, TB: Bf16Elem>(
 /// and multiplied by [`gemm_f32`]. This is the fallback on other CPUs; it is public so tests
 /// and benchmarks can compare the two paths.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_bf16_portable<TA: Bf16Elem, TB: Bf16Elem>(
+pub fn gemm_bf16_portable<TA: Float, TB: Float>(
     ta: Trans,
     tb: Trans,
     d: Dims,
@@ -296,7 +258,7 @@ pub fn gemm_bf16_portable<TA: Bf16Elem, TB: Bf16Elem>(
 type Operands<'a, 'c, TA, TB> = (&'a [TA], usize, &'a [TB], usize, &'c mut [f32], usize);
 
 /// Both bf16 entry points: check the operands, then run the kernel or the portable path.
-fn checked_bf16<TA: Bf16Elem, TB: Bf16Elem>(
+fn checked_bf16<TA: Float, TB: Float>(
     ta: Trans,
     tb: Trans,
     d: Dims,

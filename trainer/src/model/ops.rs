@@ -34,12 +34,11 @@
 //! rounded once; the bf16 attention backward (vs f32 on the same bf16 inputs) changes
 //! nothing measurable. Result: 0.038 / 0.034 (tiny-seed7 0.033, wide 0.019).
 
-use cannon_kernels::attention::Element;
-use cannon_kernels::cast::{self, Elem};
-use cannon_kernels::gemm::Bf16Elem;
+use cannon_kernels::cast::{self};
 use cannon_kernels::linear::{self, LinearDims, LinearGrads};
 use cannon_kernels::patch_embed::{self, PatchEmbedGrads, PatchGeom};
 use cannon_kernels::KernelError;
+use cannon_runtime::Float;
 use half::bf16;
 
 /// Numeric precision of a run (see the module docs for what each one rounds): the kernels'
@@ -48,7 +47,7 @@ pub use cannon_kernels::Precision;
 
 /// The storage type of the activations that feed GEMMs and the attention: `f32` for an f32
 /// run, `bf16` for mixed precision. GEMMs always read f32 master weights and write f32.
-pub trait Act: Elem + Element + Bf16Elem {
+pub trait Act: Float {
     const PRECISION: Precision;
 
     /// `y[T,O] = x[T,I] w[O,I]^T` (overwrites y).
