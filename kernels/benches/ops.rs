@@ -6,7 +6,7 @@
 //! in elements (rows x width) per second.
 
 use cannon_kernels::adamw::{adamw_step, AdamW};
-use cannon_kernels::cast::{cast_bf16_to_f32, cast_f32_to_bf16};
+use cannon_kernels::cast::cast;
 use cannon_kernels::cross_entropy::{
     cross_entropy, cross_entropy_chunked, cross_entropy_in_place, ChunkedLogits, LossNorm,
 };
@@ -146,10 +146,10 @@ fn casts(c: &mut Criterion) {
     let mut g = c.benchmark_group("cast");
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function("f32_to_bf16_10M", |b| {
-        b.iter(|| cast_f32_to_bf16(black_box(&x), &mut y).unwrap())
+        b.iter(|| cast(black_box(&x), &mut y).unwrap())
     });
     g.bench_function("bf16_to_f32_10M", |b| {
-        b.iter(|| cast_bf16_to_f32(black_box(&y), &mut z).unwrap())
+        b.iter(|| cast(black_box(&y), &mut z).unwrap())
     });
     g.finish();
 }

@@ -174,14 +174,14 @@ fn casts_device_match_slice() {
     let src = rng.normal_vec(n, 3.0);
     let dst0 = elems::<bf16>(&mut rng, n);
     let mut dst = dst0.clone();
-    cast::cast_f32_to_bf16(&src, &mut dst).unwrap();
+    cast::cast(&src, &mut dst).unwrap();
     let mut dst_b = buf(&s, &dst0);
     ops::cast(&s, &buf(&s, &src).view(), &mut dst_b.view_mut()).unwrap();
     assert_same("cast_f32_to_bf16", &host(&s, &dst_b), &dst, &dst0);
 
     let wide0 = rng.normal_vec(n, 1.0);
     let mut wide = wide0.clone();
-    cast::cast_bf16_to_f32(&dst, &mut wide).unwrap();
+    cast::cast(&dst, &mut wide).unwrap();
     let mut wide_b = buf(&s, &wide0);
     ops::cast(&s, &buf(&s, &dst).view(), &mut wide_b.view_mut()).unwrap();
     assert_same("cast_bf16_to_f32", &host(&s, &wide_b), &wide, &wide0);

@@ -7,13 +7,13 @@ use crate::attention::{self, Qkv, QkvBuf, QkvGrad, QkvGradBuf, VarlenAttention};
 use crate::cast;
 use crate::cross_entropy::{self, CeStats, LmHeadCpu, LmHeadGrads, LossNorm};
 use crate::error::Result;
-use crate::gemm::{gemm_bf16, gemm_f32, Dims, Precision, Trans};
+use crate::gemm::{self, Dims, Precision, Trans};
 use crate::linear::{linear_backward, linear_forward, LinearDims, LinearGradBufs};
 use crate::patch_embed::{
     patch_embed_backward, patch_embed_forward, PatchEmbedGradBufs, PatchGeom,
 };
 use crate::rope::{rope_backward, rope_forward, RopeTable};
-use crate::{embedding, gelu, grad_clip, rmsnorm, swiglu, KernelError};
+use crate::{embedding, gelu, grad_clip, rmsnorm, swiglu};
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -234,18 +234,7 @@ impl Backend for Cpu {
             b.as_host_slice()?,
             c.as_host_slice_mut()?,
         );
-        match p {
-            Precision::F32 => {
-                let not_f32 = |what| KernelError::InvalidArgument {
-                    op: "gemm",
-                    detail: format!("{what} is bf16; Precision::F32 needs f32 operands"),
-                };
-                let a = cast::as_f32(a).ok_or_else(|| not_f32("a"))?;
-                let b = cast::as_f32(b).ok_or_else(|| not_f32("b"))?;
-                gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
-            }
-            Precision::Bf16 => gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc),
-        }
+        gemm::gemm(p, ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
     }
 
     fn grad_sum_squares(&self, _: &Stream, grads: &[BufferView<'_, f32>]) -> Result<f64> {

@@ -55,20 +55,6 @@ pub fn round_to<E: Float>(x: f32) -> f32 {
     E::from_f32(x).to_f32()
 }
 
-/// `dst[i] = bf16(src[i])`. src, dst: `[N]`.
-pub fn cast_f32_to_bf16(src: &[f32], dst: &mut [bf16]) -> Result<()> {
-    check_len("cast_f32_to_bf16", "dst", dst.len(), src.len())?;
-    cpu::convert(src, dst);
-    Ok(())
-}
-
-/// `dst[i] = f32(src[i])` (exact). src, dst: `[N]`.
-pub fn cast_bf16_to_f32(src: &[bf16], dst: &mut [f32]) -> Result<()> {
-    check_len("cast_bf16_to_f32", "dst", dst.len(), src.len())?;
-    cpu::convert(src, dst);
-    Ok(())
-}
-
 /// Converts between any two storage types (f32 -> f32 is a parallel copy). src, dst: `[N]`.
 pub fn cast<A: Float, B: Float>(src: &[A], dst: &mut [B]) -> Result<()> {
     check_len("cast", "dst", dst.len(), src.len())?;

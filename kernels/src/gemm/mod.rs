@@ -181,6 +181,38 @@ pub struct Dims {
     pub k: usize,
 }
 
+/// `C = alpha * op(A) op(B) + beta * C` in precision `p`: the entry point generic over the
+/// operands' storage. `F32` runs [`gemm_f32`] and needs f32 operands (a bf16 operand is a
+/// typed error, not a silent widening); `Bf16` runs [`gemm_bf16`] on bf16 or f32 operands.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm<A: Float, B: Float>(
+    p: Precision,
+    ta: Trans,
+    tb: Trans,
+    d: Dims,
+    alpha: f32,
+    a: &[A],
+    lda: usize,
+    b: &[B],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) -> Result<()> {
+    match p {
+        Precision::F32 => {
+            let not_f32 = |what| KernelError::InvalidArgument {
+                op: "gemm",
+                detail: format!("{what} is bf16; Precision::F32 needs f32 operands"),
+            };
+            let a = crate::cast::as_f32(a).ok_or_else(|| not_f32("a"))?;
+            let b = crate::cast::as_f32(b).ok_or_else(|| not_f32("b"))?;
+            gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
+        }
+        Precision::Bf16 => gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc),
+    }
+}
+
 /// `C = alpha * op(A) op(B) + beta * C` in f32 (see the module docs for the layout rules).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_f32(
