@@ -12,7 +12,7 @@ use cannon::kernels::linear::{linear_backward, linear_forward, LinearDims, Linea
 use cannon::kernels::testutil::{rel_l2, Rng};
 use cannon::kernels::Precision;
 use cannon::runtime::comm::{even_counts, CpuWorld, ReduceOp};
-use cannon::runtime::{CachingAllocator, DeviceBuffer};
+use cannon::runtime::{CachingAllocator, DeviceBuffer, Stream};
 use std::time::Duration;
 
 const N: usize = 13; // rows (tokens)
@@ -136,13 +136,16 @@ fn sharded(p: &Problem, world: usize) -> Vec<(Vec<f64>, Vec<f32>)> {
                         .copy_from_slice(&p.w0[off..off + len]);
                     let mut m = DeviceBuffer::<f32>::alloc_zeros_in(&alloc, len).unwrap();
                     let mut v = DeviceBuffer::<f32>::alloc_zeros_in(&alloc, len).unwrap();
-                    let mut w_full = vec![0.0f32; V * D];
+                    let st = Stream::cpu();
+                    let mut w_full = DeviceBuffer::<f32>::alloc_zeros_in(&alloc, V * D).unwrap();
+                    let mut g = DeviceBuffer::<f32>::alloc_zeros_in(&alloc, len).unwrap();
                     let mut losses = Vec::new();
                     for step in 1..=STEPS {
                         comm.all_gather_v(
-                            master.as_host_slice().unwrap(),
-                            &mut w_full,
+                            &master.view(),
+                            &mut w_full.view_mut(),
                             shard_counts,
+                            &st,
                         )
                         .unwrap();
                         // The loss divisor is the whole batch's label count, summed over ranks.
@@ -150,18 +153,28 @@ fn sharded(p: &Problem, world: usize) -> Vec<(Vec<f64>, Vec<f32>)> {
                             .iter()
                             .filter(|&&l| l != IGNORE_INDEX)
                             .count();
-                        let mut total = [mine as i64];
-                        comm.all_reduce_in_place(&mut total, ReduceOp::Sum).unwrap();
-                        let (sum, dw) = partial_grad(p, &w_full, rows.clone(), total[0] as f64);
-                        let mut loss = [sum];
-                        comm.all_reduce_in_place(&mut loss, ReduceOp::Sum).unwrap();
-                        losses.push(loss[0] / total[0] as f64);
-                        let mut g = vec![0.0f32; len];
-                        comm.reduce_scatter_v(&dw, &mut g, shard_counts, ReduceOp::Sum)
+                        let mut total = DeviceBuffer::clone_htod(&st, &[mine as i64]).unwrap();
+                        comm.all_reduce_in_place(&mut total.view_mut(), ReduceOp::Sum, &st)
                             .unwrap();
+                        let total = total.clone_dtoh(&st).unwrap()[0] as f64;
+                        let (sum, dw) =
+                            partial_grad(p, w_full.as_host_slice().unwrap(), rows.clone(), total);
+                        let mut loss = DeviceBuffer::clone_htod(&st, &[sum]).unwrap();
+                        comm.all_reduce_in_place(&mut loss.view_mut(), ReduceOp::Sum, &st)
+                            .unwrap();
+                        losses.push(loss.clone_dtoh(&st).unwrap()[0] / total);
+                        let dw = DeviceBuffer::clone_htod(&st, &dw).unwrap();
+                        comm.reduce_scatter_v(
+                            &dw.view(),
+                            &mut g.view_mut(),
+                            shard_counts,
+                            ReduceOp::Sum,
+                            &st,
+                        )
+                        .unwrap();
                         adamw_step(
                             master.as_host_slice_mut().unwrap(),
-                            &g,
+                            g.as_host_slice().unwrap(),
                             m.as_host_slice_mut().unwrap(),
                             v.as_host_slice_mut().unwrap(),
                             step,
@@ -169,8 +182,9 @@ fn sharded(p: &Problem, world: usize) -> Vec<(Vec<f64>, Vec<f32>)> {
                         )
                         .unwrap();
                     }
-                    comm.all_gather_v(master.as_host_slice().unwrap(), &mut w_full, shard_counts)
+                    comm.all_gather_v(&master.view(), &mut w_full.view_mut(), shard_counts, &st)
                         .unwrap();
+                    let w_full = w_full.clone_dtoh(&st).unwrap();
                     (losses, w_full)
                 })
             })

@@ -8,11 +8,12 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use cannon_kernels::attention::{backward, forward, Element, Qkv, QkvGrad, VarlenAttention};
+use cannon_kernels::attention::{backward, forward, Qkv, QkvGrad, VarlenAttention};
 use cannon_kernels::testutil::{attention_bench_shapes, AttentionShape as Shape, Rng};
+use cannon_runtime::Float;
 use criterion::{criterion_group, criterion_main, Criterion};
 
-fn bench_shape<E: Element>(c: &mut Criterion, s: &Shape, dtype: &str) {
+fn bench_shape<E: Float>(c: &mut Criterion, s: &Shape, dtype: &str) {
     let t = *s.cu.last().unwrap_or(&0);
     let a = VarlenAttention::new(&s.cu, t, s.hq, s.hkv, s.d, s.causal);
     let mut rng = Rng::new(1);

@@ -6,7 +6,7 @@
 //! in elements (rows x width) per second.
 
 use cannon_kernels::adamw::{adamw_step, AdamW};
-use cannon_kernels::cast::{cast_bf16_to_f32, cast_f32_to_bf16, Elem};
+use cannon_kernels::cast::cast;
 use cannon_kernels::cross_entropy::{
     cross_entropy, cross_entropy_chunked, cross_entropy_in_place, ChunkedLogits, LossNorm,
 };
@@ -16,20 +16,21 @@ use cannon_kernels::rope::{rope_forward, RopeTable};
 use cannon_kernels::swiglu::{swiglu_backward, swiglu_forward};
 use cannon_kernels::testutil::Rng;
 use cannon_kernels::KernelError;
+use cannon_runtime::Float;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use half::bf16;
 use std::hint::black_box;
 use std::ops::Range;
 use std::time::Duration;
 
-fn data<E: Elem>(rng: &mut Rng, n: usize) -> Vec<E> {
+fn data<E: Float>(rng: &mut Rng, n: usize) -> Vec<E> {
     rng.normal_vec(n, 1.0)
         .into_iter()
         .map(E::from_f32)
         .collect()
 }
 
-fn rmsnorm<E: Elem>(c: &mut Criterion) {
+fn rmsnorm<E: Float>(c: &mut Criterion) {
     let (t, d) = (2048, 512);
     let mut rng = Rng::new(1);
     let (x, w, dy) = (
@@ -145,15 +146,15 @@ fn casts(c: &mut Criterion) {
     let mut g = c.benchmark_group("cast");
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function("f32_to_bf16_10M", |b| {
-        b.iter(|| cast_f32_to_bf16(black_box(&x), &mut y).unwrap())
+        b.iter(|| cast(black_box(&x), &mut y).unwrap())
     });
     g.bench_function("bf16_to_f32_10M", |b| {
-        b.iter(|| cast_bf16_to_f32(black_box(&y), &mut z).unwrap())
+        b.iter(|| cast(black_box(&y), &mut z).unwrap())
     });
     g.finish();
 }
 
-fn elementwise<E: Elem>(c: &mut Criterion) {
+fn elementwise<E: Float>(c: &mut Criterion) {
     // One MLP activation of 2048 tokens x 4096 (the Pixtral intermediate size).
     let n = 2048 * 4096;
     let mut rng = Rng::new(5);

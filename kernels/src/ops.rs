@@ -7,19 +7,18 @@
 //! each entry point names documents them.
 
 use crate::adamw::AdamW;
-use crate::attention::{Element, QkvBuf, QkvGradBuf, VarlenAttention};
+use crate::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
 use crate::backend::{dispatch, Backend};
-use crate::cast::Elem;
 use crate::cross_entropy::{CeStats, LmHeadGrads, LossNorm};
 use crate::error::Result;
-use crate::gemm::{Bf16Elem, Dims, Precision, Trans};
+use crate::gemm::{Dims, Precision, Trans};
 use crate::grad_clip::clip_coefficient;
 use crate::index::TransposeDims;
 use crate::linear::{LinearDims, LinearGradBufs};
 use crate::patch_embed::{PatchEmbedGradBufs, PatchGeom};
 use crate::rope::RopeTable;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
+use cannon_runtime::{Element, Float};
 
 /// [`crate::adamw::adamw_step`] on `stream`'s device: One AdamW step of `params`, `m`, `v` in place ([`crate::adamw`]).
 pub fn adamw_step(
@@ -37,7 +36,7 @@ pub fn adamw_step(
 }
 
 /// [`crate::attention::forward`] on `stream`'s device: Varlen attention forward: writes `out` and `lse` ([`crate::attention`]).
-pub fn attention_forward<E: Element + Pod>(
+pub fn attention_forward<E: Float>(
     stream: &Stream,
     a: &VarlenAttention,
     x: QkvBuf<'_, E>,
@@ -50,7 +49,7 @@ pub fn attention_forward<E: Element + Pod>(
 }
 
 /// [`crate::attention::backward`] on `stream`'s device: Varlen attention backward: overwrites dq, dk, dv.
-pub fn attention_backward<E: Element + Pod>(
+pub fn attention_backward<E: Float>(
     stream: &Stream,
     a: &VarlenAttention,
     x: QkvBuf<'_, E>,
@@ -65,7 +64,7 @@ pub fn attention_backward<E: Element + Pod>(
 }
 
 /// [`crate::cast::cast`] on `stream`'s device: `dst = src` converted between storage types ([`crate::cast`]).
-pub fn cast<A: Elem + Pod, B: Elem + Pod>(
+pub fn cast<A: Float, B: Float>(
     stream: &Stream,
     src: &BufferView<'_, A>,
     dst: &mut BufferViewMut<'_, B>,
@@ -124,7 +123,7 @@ pub fn cross_entropy_lm_head(
 }
 
 /// [`crate::embedding::embedding_forward`] on `stream`'s device: Gathers rows `ids` of `weight` ([`crate::embedding`]).
-pub fn embedding_forward<E: Elem + Pod>(
+pub fn embedding_forward<E: Float>(
     stream: &Stream,
     out: &mut BufferViewMut<'_, E>,
     ids: &[u32],
@@ -137,7 +136,7 @@ pub fn embedding_forward<E: Elem + Pod>(
 }
 
 /// [`crate::embedding::embedding_backward`] on `stream`'s device: `dweight[ids[t]] += dout[t]`.
-pub fn embedding_backward<E: Elem + Pod>(
+pub fn embedding_backward<E: Float>(
     stream: &Stream,
     dweight: &mut BufferViewMut<'_, f32>,
     dout: &BufferView<'_, E>,
@@ -150,7 +149,7 @@ pub fn embedding_backward<E: Elem + Pod>(
 }
 
 /// [`crate::gelu::gelu_forward`] on `stream`'s device: `y = gelu(x)` ([`crate::gelu`]).
-pub fn gelu_forward<E: Elem + Pod>(
+pub fn gelu_forward<E: Float>(
     stream: &Stream,
     y: &mut BufferViewMut<'_, E>,
     x: &BufferView<'_, E>,
@@ -161,7 +160,7 @@ pub fn gelu_forward<E: Elem + Pod>(
 }
 
 /// [`crate::gelu::gelu_backward`] on `stream`'s device: `dx += dy * gelu'(x)`.
-pub fn gelu_backward<E: Elem + Pod>(
+pub fn gelu_backward<E: Float>(
     stream: &Stream,
     dx: &mut BufferViewMut<'_, E>,
     dy: &BufferView<'_, E>,
@@ -174,7 +173,7 @@ pub fn gelu_backward<E: Elem + Pod>(
 
 /// [`crate::gemm::gemm_f32`] on `stream`'s device: `C = alpha op(A) op(B) + beta C` in precision `p` ([`crate::gemm`]).
 #[allow(clippy::too_many_arguments)]
-pub fn gemm<A: Elem + Bf16Elem + Pod, B: Elem + Bf16Elem + Pod>(
+pub fn gemm<A: Float, B: Float>(
     stream: &Stream,
     p: Precision,
     ta: Trans,
@@ -209,7 +208,7 @@ pub fn scale_grads(stream: &Stream, grads: &mut [BufferViewMut<'_, f32>], coef: 
 }
 
 /// [`crate::linear::linear_forward`] on `stream`'s device: `y = x w^T (+ b)` in precision `p` ([`crate::linear`]).
-pub fn linear_forward<Y: Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+pub fn linear_forward<Y: Float, X: Float, W: Float>(
     stream: &Stream,
     p: Precision,
     y: &mut BufferViewMut<'_, Y>,
@@ -224,11 +223,7 @@ pub fn linear_forward<Y: Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Ele
 }
 
 /// [`crate::linear::linear_backward`] on `stream`'s device: Accumulates the gradients present in `g`, in precision `p`.
-pub fn linear_backward<
-    G: Elem + Bf16Elem + Pod,
-    X: Elem + Bf16Elem + Pod,
-    W: Elem + Bf16Elem + Pod,
->(
+pub fn linear_backward<G: Float, X: Float, W: Float>(
     stream: &Stream,
     p: Precision,
     g: LinearGradBufs<'_>,
@@ -243,7 +238,7 @@ pub fn linear_backward<
 }
 
 /// [`crate::patch_embed::patch_embed_forward`] on `stream`'s device: `out = im2col(pixels) weight^T` in precision `p` ([`crate::patch_embed`]).
-pub fn patch_embed_forward<P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+pub fn patch_embed_forward<P: Float, W: Float>(
     stream: &Stream,
     p: Precision,
     out: &mut BufferViewMut<'_, f32>,
@@ -259,11 +254,7 @@ pub fn patch_embed_forward<P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
 
 /// [`crate::patch_embed::patch_embed_backward`] on `stream`'s device: Accumulates the gradients present in `grads`, in precision `p`.
 #[allow(clippy::too_many_arguments)]
-pub fn patch_embed_backward<
-    G: Elem + Bf16Elem + Pod,
-    P: Elem + Bf16Elem + Pod,
-    W: Elem + Bf16Elem + Pod,
->(
+pub fn patch_embed_backward<G: Float, P: Float, W: Float>(
     stream: &Stream,
     p: Precision,
     grads: PatchEmbedGradBufs<'_>,
@@ -282,7 +273,7 @@ pub fn patch_embed_backward<
 }
 
 /// [`crate::rmsnorm::rmsnorm_forward`] on `stream`'s device: `out = rmsnorm(x) * weight`, saving `rstd` ([`crate::rmsnorm`]).
-pub fn rmsnorm_forward<E: Elem + Pod>(
+pub fn rmsnorm_forward<E: Float>(
     stream: &Stream,
     out: &mut BufferViewMut<'_, E>,
     rstd: &mut BufferViewMut<'_, f32>,
@@ -298,7 +289,7 @@ pub fn rmsnorm_forward<E: Elem + Pod>(
 
 /// [`crate::rmsnorm::rmsnorm_backward`] on `stream`'s device: Accumulates `dx` and `dweight`.
 #[allow(clippy::too_many_arguments)]
-pub fn rmsnorm_backward<E: Elem + Pod>(
+pub fn rmsnorm_backward<E: Float>(
     stream: &Stream,
     dx: &mut BufferViewMut<'_, E>,
     dweight: &mut BufferViewMut<'_, f32>,
@@ -317,7 +308,7 @@ pub fn rmsnorm_backward<E: Elem + Pod>(
 }
 
 /// [`crate::rope::rope_forward`] on `stream`'s device: Rotates `x` in place by the angles of `pos` ([`crate::rope`]).
-pub fn rope_forward<E: Elem + Pod>(
+pub fn rope_forward<E: Float>(
     stream: &Stream,
     x: &mut BufferViewMut<'_, E>,
     n_heads: usize,
@@ -330,7 +321,7 @@ pub fn rope_forward<E: Elem + Pod>(
 }
 
 /// [`crate::rope::rope_backward`] on `stream`'s device: The inverse rotation of `dx`, in place.
-pub fn rope_backward<E: Elem + Pod>(
+pub fn rope_backward<E: Float>(
     stream: &Stream,
     dx: &mut BufferViewMut<'_, E>,
     n_heads: usize,
@@ -343,7 +334,7 @@ pub fn rope_backward<E: Elem + Pod>(
 }
 
 /// [`crate::swiglu::swiglu_forward`] on `stream`'s device: `h = silu(gate) * up` ([`crate::swiglu`]).
-pub fn swiglu_forward<E: Elem + Pod>(
+pub fn swiglu_forward<E: Float>(
     stream: &Stream,
     h: &mut BufferViewMut<'_, E>,
     gate: &BufferView<'_, E>,
@@ -355,7 +346,7 @@ pub fn swiglu_forward<E: Elem + Pod>(
 }
 
 /// [`crate::swiglu::swiglu_backward`] on `stream`'s device: Accumulates `d_gate` and `d_up`.
-pub fn swiglu_backward<E: Elem + Pod>(
+pub fn swiglu_backward<E: Float>(
     stream: &Stream,
     d_gate: &mut BufferViewMut<'_, E>,
     d_up: &mut BufferViewMut<'_, E>,
@@ -408,7 +399,7 @@ pub fn clip_grad_norm(
 }
 
 /// [`crate::elementwise::add_into`] on `stream`'s device: `y += x` ([`crate::elementwise`]).
-pub fn add_into<E: Elem + Pod>(
+pub fn add_into<E: Float>(
     stream: &Stream,
     y: &mut BufferViewMut<'_, E>,
     x: &BufferView<'_, E>,
@@ -417,7 +408,7 @@ pub fn add_into<E: Elem + Pod>(
 }
 
 /// [`crate::elementwise::mul`] on `stream`'s device: `out = a * b`.
-pub fn mul<E: Elem + Pod>(
+pub fn mul<E: Float>(
     stream: &Stream,
     out: &mut BufferViewMut<'_, E>,
     a: &BufferView<'_, E>,
@@ -427,7 +418,7 @@ pub fn mul<E: Elem + Pod>(
 }
 
 /// [`crate::elementwise::mul_into`] on `stream`'s device: `y *= x`.
-pub fn mul_into<E: Elem + Pod>(
+pub fn mul_into<E: Float>(
     stream: &Stream,
     y: &mut BufferViewMut<'_, E>,
     x: &BufferView<'_, E>,
@@ -436,7 +427,7 @@ pub fn mul_into<E: Elem + Pod>(
 }
 
 /// [`crate::index::gather_rows`] on `stream`'s device: `out[i] = src[idx[i]]` ([`crate::index`]).
-pub fn gather_rows<T: Pod + Send + Sync>(
+pub fn gather_rows<T: Element>(
     stream: &Stream,
     out: &mut BufferViewMut<'_, T>,
     src: &BufferView<'_, T>,
@@ -449,7 +440,7 @@ pub fn gather_rows<T: Pod + Send + Sync>(
 }
 
 /// [`crate::index::scatter_rows`] on `stream`'s device: `dst[idx[i]] = src[i]`.
-pub fn scatter_rows<T: Pod>(
+pub fn scatter_rows<T: Element>(
     stream: &Stream,
     dst: &mut BufferViewMut<'_, T>,
     src: &BufferView<'_, T>,
@@ -462,7 +453,7 @@ pub fn scatter_rows<T: Pod>(
 }
 
 /// [`crate::index::scatter_add_rows`] on `stream`'s device: `dst[idx[i]] += src[i]`.
-pub fn scatter_add_rows<E: Elem + Pod>(
+pub fn scatter_add_rows<E: Float>(
     stream: &Stream,
     dst: &mut BufferViewMut<'_, E>,
     src: &BufferView<'_, E>,
@@ -475,7 +466,7 @@ pub fn scatter_add_rows<E: Elem + Pod>(
 }
 
 /// [`crate::index::zero_rows`] on `stream`'s device: `dst[idx[i]] = 0`.
-pub fn zero_rows<T: Pod>(
+pub fn zero_rows<T: Element>(
     stream: &Stream,
     dst: &mut BufferViewMut<'_, T>,
     idx: &[usize],
@@ -487,7 +478,7 @@ pub fn zero_rows<T: Pod>(
 }
 
 /// [`crate::index::transpose`] on `stream`'s device: `out[b, c, r] = x[b, r, c]`.
-pub fn transpose<T: Pod + Send + Sync>(
+pub fn transpose<T: Element>(
     stream: &Stream,
     out: &mut BufferViewMut<'_, T>,
     x: &BufferView<'_, T>,

@@ -14,27 +14,28 @@
 //! let back: Vec<f32> = y.to_host(&stream)?;                // read back
 //! ```
 //!
-//! Memory comes from the device's caching allocator ([`CachingAllocator::for_device`]) or,
+//! Memory comes from the device's caching allocator ([`Device::allocator`]) or,
 //! with the `_in` constructors, from a given one (a trainer that wants its own figures).
 
 use crate::error::{KernelError, Result};
-use bytemuck::Pod;
-use cannon_runtime::{BufferView, BufferViewMut, CachingAllocator, Device, DeviceBuffer, Stream};
+use cannon_runtime::{
+    BufferView, BufferViewMut, CachingAllocator, DType, Device, DeviceBuffer, Element, Stream,
+};
 use std::ops::Range;
 use std::sync::Arc;
 
 /// A contiguous row-major tensor of `T` on one device.
-pub struct Tensor<T: Pod> {
+pub struct Tensor<T: Element> {
     buf: DeviceBuffer<T>,
     shape: Vec<usize>,
 }
 
-impl<T: Pod> std::fmt::Debug for Tensor<T> {
+impl<T: Element> std::fmt::Debug for Tensor<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
             "Tensor<{}>{:?} on {}",
-            self.dtype_name(),
+            self.dtype(),
             self.shape,
             self.device()
         )
@@ -52,7 +53,7 @@ pub fn numel(shape: &[usize]) -> Result<usize> {
         })
 }
 
-impl<T: Pod> Tensor<T> {
+impl<T: Element> Tensor<T> {
     /// A tensor over `buf`, whose length must be the shape's element count.
     pub fn from_buffer(buf: DeviceBuffer<T>, shape: &[usize]) -> Result<Self> {
         let n = numel(shape)?;
@@ -71,7 +72,7 @@ impl<T: Pod> Tensor<T> {
     /// Uninitialised contents (whatever the allocator's cached block held): for outputs an op
     /// overwrites completely.
     pub fn empty(stream: &Stream, shape: &[usize]) -> Result<Self> {
-        Self::empty_in(&CachingAllocator::for_device(stream.device())?, shape)
+        Self::empty_in(&stream.device().allocator()?, shape)
     }
 
     /// [`Tensor::empty`] from a given allocator (its device decides where the tensor lives).
@@ -82,11 +83,7 @@ impl<T: Pod> Tensor<T> {
 
     /// Zeros on the stream's device.
     pub fn zeros(stream: &Stream, shape: &[usize]) -> Result<Self> {
-        Self::zeros_in(
-            &CachingAllocator::for_device(stream.device())?,
-            stream,
-            shape,
-        )
+        Self::zeros_in(&stream.device().allocator()?, stream, shape)
     }
 
     /// Zeros from a given allocator, zeroed on `stream` (same device).
@@ -102,12 +99,7 @@ impl<T: Pod> Tensor<T> {
 
     /// A copy of host `data` (length = the shape's element count) on the stream's device.
     pub fn from_host(stream: &Stream, data: &[T], shape: &[usize]) -> Result<Self> {
-        Self::from_host_in(
-            &CachingAllocator::for_device(stream.device())?,
-            stream,
-            data,
-            shape,
-        )
+        Self::from_host_in(&stream.device().allocator()?, stream, data, shape)
     }
 
     /// [`Tensor::from_host`] from a given allocator.
@@ -161,9 +153,9 @@ impl<T: Pod> Tensor<T> {
         self.buf.device()
     }
 
-    /// The element type's name (`f32`, `half::bf16::bf16`, ...).
-    pub fn dtype_name(&self) -> &'static str {
-        std::any::type_name::<T>()
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        T::DTYPE
     }
 
     /// Bytes the values occupy (the allocator's block is this rounded up to its granularity).
@@ -235,7 +227,7 @@ mod tests {
         assert_eq!(z.shape(), &[3, 4]);
         assert_eq!((z.numel(), z.row_len(), z.rows_count()), (12, 4, 3));
         assert_eq!(z.to_host(&s).unwrap(), vec![0.0; 12]);
-        assert_eq!(z.dtype_name(), "f32");
+        assert_eq!(z.dtype(), DType::F32);
         let data: Vec<f32> = (0..12).map(|i| i as f32).collect();
         let t = Tensor::from_host(&s, &data, &[3, 2, 2]).unwrap();
         assert_eq!(t.row_len(), 4);

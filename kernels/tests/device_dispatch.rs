@@ -11,8 +11,6 @@
 //! NPU buffers cannot be allocated without CANN, so the NPU side is checked through
 //! `select_on` (device lists, no stream needed).
 
-use bytemuck::Pod;
-use cannon_kernels::cast::Elem;
 use cannon_kernels::cross_entropy::{ChunkedLogits, LossNorm, IGNORE_INDEX};
 use cannon_kernels::gemm::{Dims, Trans};
 use cannon_kernels::linear::{LinearDims, LinearGrads};
@@ -23,6 +21,7 @@ use cannon_kernels::{
     adamw, cast, cross_entropy, embedding, gelu, gemm, grad_clip, linear, ops, patch_embed,
     rmsnorm, rope, swiglu, KernelError, Precision,
 };
+use cannon_runtime::Float;
 use cannon_runtime::{DeviceBuffer, Stream};
 use half::bf16;
 use std::ops::Range;
@@ -31,25 +30,25 @@ use std::ops::Range;
 #[path = "device_dispatch/npu.rs"]
 mod npu;
 
-fn elems<E: Elem>(rng: &mut Rng, n: usize) -> Vec<E> {
+fn elems<E: Float>(rng: &mut Rng, n: usize) -> Vec<E> {
     rng.normal_vec(n, 1.0)
         .into_iter()
         .map(E::from_f32)
         .collect()
 }
 
-fn buf<T: Pod>(s: &Stream, v: &[T]) -> DeviceBuffer<T> {
+fn buf<T: cannon_runtime::Element>(s: &Stream, v: &[T]) -> DeviceBuffer<T> {
     DeviceBuffer::clone_htod(s, v).unwrap()
 }
 
-fn host<T: Pod>(s: &Stream, b: &DeviceBuffer<T>) -> Vec<T> {
+fn host<T: cannon_runtime::Element>(s: &Stream, b: &DeviceBuffer<T>) -> Vec<T> {
     b.clone_dtoh(s).unwrap()
 }
 
 /// Bit-identical, and not trivially so: the result must differ from the output's contents
 /// before the call (`before`), so a call that wrote nothing cannot pass.
 #[track_caller]
-fn assert_same<T: Pod>(what: &str, device: &[T], slice: &[T], before: &[T]) {
+fn assert_same<T: cannon_runtime::Element>(what: &str, device: &[T], slice: &[T], before: &[T]) {
     let bytes = |v: &[T]| bytemuck::cast_slice::<T, u8>(v).to_vec();
     assert_eq!(
         bytes(device),
@@ -67,7 +66,7 @@ fn assert_same<T: Pod>(what: &str, device: &[T], slice: &[T], before: &[T]) {
 // CPU buffers: device level == slice level
 // ---------------------------------------------------------------------------------------
 
-fn rmsnorm_case<E: Elem + Pod>(seed: u64) {
+fn rmsnorm_case<E: Float>(seed: u64) {
     let (s, mut rng) = (Stream::cpu(), Rng::new(seed));
     let (t, d, eps) = (5, 24, 1e-5);
     let (x, w) = (elems::<E>(&mut rng, t * d), elems::<E>(&mut rng, d));
@@ -116,7 +115,7 @@ fn rmsnorm_device_matches_slice() {
     rmsnorm_case::<bf16>(2);
 }
 
-fn swiglu_gelu_case<E: Elem + Pod>(seed: u64) {
+fn swiglu_gelu_case<E: Float>(seed: u64) {
     let (s, mut rng) = (Stream::cpu(), Rng::new(seed));
     let n = 37;
     let (gate, up, dh) = (
@@ -175,14 +174,14 @@ fn casts_device_match_slice() {
     let src = rng.normal_vec(n, 3.0);
     let dst0 = elems::<bf16>(&mut rng, n);
     let mut dst = dst0.clone();
-    cast::cast_f32_to_bf16(&src, &mut dst).unwrap();
+    cast::cast(&src, &mut dst).unwrap();
     let mut dst_b = buf(&s, &dst0);
     ops::cast(&s, &buf(&s, &src).view(), &mut dst_b.view_mut()).unwrap();
     assert_same("cast_f32_to_bf16", &host(&s, &dst_b), &dst, &dst0);
 
     let wide0 = rng.normal_vec(n, 1.0);
     let mut wide = wide0.clone();
-    cast::cast_bf16_to_f32(&dst, &mut wide).unwrap();
+    cast::cast(&dst, &mut wide).unwrap();
     let mut wide_b = buf(&s, &wide0);
     ops::cast(&s, &buf(&s, &dst).view(), &mut wide_b.view_mut()).unwrap();
     assert_same("cast_bf16_to_f32", &host(&s, &wide_b), &wide, &wide0);
@@ -225,7 +224,7 @@ fn adamw_device_matches_slice() {
     assert_same("adamw v", &host(&s, &vb), &v, &v0);
 }
 
-fn embedding_case<E: Elem + Pod>(seed: u64) {
+fn embedding_case<E: Float>(seed: u64) {
     let (s, mut rng) = (Stream::cpu(), Rng::new(seed));
     let (vocab, d, t) = (7, 6, 9);
     let ids: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
@@ -539,7 +538,7 @@ fn patch_embed_device_matches_slice() {
     assert_same("patch_embed_bf16 dweight", &host(&s, &dwb), &dw, &dw0);
 }
 
-fn rope_case<E: Elem + Pod>(seed: u64, table: &RopeTable) {
+fn rope_case<E: Float>(seed: u64, table: &RopeTable) {
     let (s, mut rng) = (Stream::cpu(), Rng::new(seed));
     let (t, heads) = (5, 3);
     // Slots from 1 on: slot 0 is the identity rotation.

@@ -5,9 +5,10 @@
 //! plus the latency of a 1-element all_reduce, for worlds of 2, 4 and 8 thread ranks.
 
 use cannon_runtime::comm::{CpuWorld, ReduceOp};
+use cannon_runtime::{DeviceBuffer, Stream};
 use std::time::{Duration, Instant};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     for world in [2usize, 4, 8] {
         let total = 4 << 20;
         let shard = total / world;
@@ -17,37 +18,45 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let handles: Vec<_> = comms
                 .into_iter()
                 .map(|c| {
-                    s.spawn(move || -> Result<_, cannon_runtime::comm::CommError> {
-                        let send = vec![1.0f32; shard];
-                        let mut full = vec![0.0f32; total];
-                        let mut out = vec![0.0f32; shard];
-                        c.barrier()?;
-                        let t = Instant::now();
-                        for _ in 0..reps {
-                            c.all_gather(&send, &mut full)?;
-                        }
-                        let ag = t.elapsed() / reps;
-                        c.barrier()?;
-                        let t = Instant::now();
-                        for _ in 0..reps {
-                            c.reduce_scatter(&full, &mut out, ReduceOp::Sum)?;
-                        }
-                        let rs = t.elapsed() / reps;
-                        c.barrier()?;
-                        let t = Instant::now();
-                        for _ in 0..reps {
-                            c.all_reduce_in_place(&mut full, ReduceOp::Sum)?;
-                        }
-                        let ar = t.elapsed() / reps;
-                        c.barrier()?;
-                        let small = 1000u32;
-                        let mut x = [1.0f32];
-                        let t = Instant::now();
-                        for _ in 0..small {
-                            c.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
-                        }
-                        Ok((ag, rs, ar, t.elapsed() / small))
-                    })
+                    s.spawn(
+                        move || -> Result<_, Box<dyn std::error::Error + Send + Sync>> {
+                            let st = Stream::cpu();
+                            let send = DeviceBuffer::clone_htod(&st, &vec![1.0f32; shard])?;
+                            let mut full = DeviceBuffer::<f32>::alloc_zeros(&st, total)?;
+                            let mut out = DeviceBuffer::<f32>::alloc_zeros(&st, shard)?;
+                            c.barrier(&st)?;
+                            let t = Instant::now();
+                            for _ in 0..reps {
+                                c.all_gather(&send.view(), &mut full.view_mut(), &st)?;
+                            }
+                            let ag = t.elapsed() / reps;
+                            c.barrier(&st)?;
+                            let t = Instant::now();
+                            for _ in 0..reps {
+                                c.reduce_scatter(
+                                    &full.view(),
+                                    &mut out.view_mut(),
+                                    ReduceOp::Sum,
+                                    &st,
+                                )?;
+                            }
+                            let rs = t.elapsed() / reps;
+                            c.barrier(&st)?;
+                            let t = Instant::now();
+                            for _ in 0..reps {
+                                c.all_reduce_in_place(&mut full.view_mut(), ReduceOp::Sum, &st)?;
+                            }
+                            let ar = t.elapsed() / reps;
+                            c.barrier(&st)?;
+                            let small = 1000u32;
+                            let mut x = DeviceBuffer::clone_htod(&st, &[1.0f32])?;
+                            let t = Instant::now();
+                            for _ in 0..small {
+                                c.all_reduce_in_place(&mut x.view_mut(), ReduceOp::Sum, &st)?;
+                            }
+                            Ok((ag, rs, ar, t.elapsed() / small))
+                        },
+                    )
                 })
                 .collect();
             handles

@@ -16,7 +16,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 /// Every block is a multiple of this many bytes (torch's `kMinBlockSize`).
 pub const BLOCK_ROUND: usize = 512;
@@ -44,7 +44,8 @@ pub fn round_size(bytes: usize) -> usize {
     bytes.div_ceil(BLOCK_ROUND) * BLOCK_ROUND
 }
 
-/// Where raw blocks come from.
+/// Where raw blocks come from: host memory here, device memory from the backend modules
+/// (`crate::npu`), which implement this trait; the dependency points from them to here.
 pub(crate) trait RawMemory: Send + Sync {
     /// A new zero-initialised block of `bytes` (a multiple of BLOCK_ROUND) aligned to
     /// BLOCK_ALIGN, or `None` when the device is out of memory.
@@ -139,39 +140,29 @@ impl std::fmt::Debug for CachingAllocator {
 }
 
 impl CachingAllocator {
-    /// A private host allocator (tests, or a trainer that wants its own figures).
+    /// A private host allocator (tests, or a trainer that wants its own figures). The
+    /// process-wide one of each device is [`Device::allocator`].
     pub fn new_cpu() -> Arc<Self> {
         Self::new_cpu_with_limit(None)
     }
 
     /// A host allocator that refuses to reserve more than `limit` bytes.
     pub fn new_cpu_with_limit(limit: Option<usize>) -> Arc<Self> {
-        Arc::new(CachingAllocator {
-            device: Device::Cpu,
-            raw: Box::new(HostMemory {
-                limit,
-                in_use: Mutex::new(0),
-            }),
-            state: Mutex::new(State::default()),
-        })
+        let raw = HostMemory {
+            limit,
+            in_use: Mutex::new(0),
+        };
+        Self::with_raw(Device::Cpu, Box::new(raw))
     }
 
-    #[cfg_attr(not(feature = "npu"), allow(dead_code))]
+    /// An allocator of `device` over the raw memory `raw` (the device module wires each
+    /// backend's memory in; this module knows none of them but the host's).
     pub(crate) fn with_raw(device: Device, raw: Box<dyn RawMemory>) -> Arc<Self> {
         Arc::new(CachingAllocator {
             device,
             raw,
             state: Mutex::new(State::default()),
         })
-    }
-
-    /// The process-wide allocator of `device` (created on first use).
-    pub fn for_device(device: Device) -> Result<Arc<Self>> {
-        static CPU: OnceLock<Arc<CachingAllocator>> = OnceLock::new();
-        match device {
-            Device::Cpu => Ok(CPU.get_or_init(CachingAllocator::new_cpu).clone()),
-            Device::Npu(ordinal) => npu_allocator(ordinal),
-        }
     }
 
     pub fn device(&self) -> Device {
@@ -288,19 +279,6 @@ impl Drop for CachingAllocator {
             }
         }
     }
-}
-
-#[cfg(feature = "npu")]
-fn npu_allocator(ordinal: u32) -> Result<Arc<CachingAllocator>> {
-    crate::npu::allocator(ordinal)
-}
-
-#[cfg(not(feature = "npu"))]
-fn npu_allocator(ordinal: u32) -> Result<Arc<CachingAllocator>> {
-    Err(Error::NotCompiled {
-        what: "allocator",
-        device: Device::Npu(ordinal),
-    })
 }
 
 #[cfg(test)]

@@ -9,23 +9,23 @@
 
 use crate::alloc::{Block, CachingAllocator};
 use crate::device::Device;
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::stream::Stream;
-use bytemuck::Pod;
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::Arc;
 
 /// An owned allocation of `len` values of `T` on one device, returned to its allocator's
 /// cache on drop.
-pub struct DeviceBuffer<T: Pod> {
+pub struct DeviceBuffer<T: Element> {
     block: Block,
     len: usize,
     alloc: Arc<CachingAllocator>,
     _t: PhantomData<T>,
 }
 
-impl<T: Pod> std::fmt::Debug for DeviceBuffer<T> {
+impl<T: Element> std::fmt::Debug for DeviceBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
@@ -46,11 +46,11 @@ fn byte_len<T>(what: &'static str, len: usize) -> Result<usize> {
         })
 }
 
-impl<T: Pod> DeviceBuffer<T> {
+impl<T: Element> DeviceBuffer<T> {
     /// `len` values on the stream's device from its default allocator. Contents are
     /// unspecified (initialised memory, possibly a previous user's values).
     pub fn alloc(stream: &Stream, len: usize) -> Result<Self> {
-        let alloc = CachingAllocator::for_device(stream.device())?;
+        let alloc = stream.device().allocator()?;
         Self::alloc_in(&alloc, len)
     }
 
@@ -105,6 +105,11 @@ impl<T: Pod> DeviceBuffer<T> {
 
     pub fn device(&self) -> Device {
         self.alloc.device()
+    }
+
+    /// The element type, `T::DTYPE`.
+    pub fn dtype(&self) -> DType {
+        T::DTYPE
     }
 
     /// Bytes the buffer's values occupy (the block may be larger: see [`crate::alloc`]).
@@ -231,7 +236,7 @@ impl<T: Pod> DeviceBuffer<T> {
     }
 }
 
-impl<T: Pod> Drop for DeviceBuffer<T> {
+impl<T: Element> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         let block = std::mem::replace(
             &mut self.block,
@@ -258,7 +263,7 @@ fn check_range(what: &'static str, range: &Range<usize>, len: usize) -> Result<(
 
 /// A borrowed sub-range of a [`DeviceBuffer`].
 #[derive(Clone, Copy, Debug)]
-pub struct BufferView<'a, T: Pod> {
+pub struct BufferView<'a, T: Element> {
     buf: &'a DeviceBuffer<T>,
     start: usize,
     len: usize,
@@ -266,13 +271,13 @@ pub struct BufferView<'a, T: Pod> {
 
 /// A mutably borrowed sub-range of a [`DeviceBuffer`].
 #[derive(Debug)]
-pub struct BufferViewMut<'a, T: Pod> {
+pub struct BufferViewMut<'a, T: Element> {
     buf: &'a mut DeviceBuffer<T>,
     start: usize,
     len: usize,
 }
 
-impl<'a, T: Pod> BufferView<'a, T> {
+impl<'a, T: Element> BufferView<'a, T> {
     pub fn len(&self) -> usize {
         self.len
     }
@@ -283,6 +288,11 @@ impl<'a, T: Pod> BufferView<'a, T> {
 
     pub fn device(&self) -> Device {
         self.buf.device()
+    }
+
+    /// The element type, `T::DTYPE`.
+    pub fn dtype(&self) -> DType {
+        T::DTYPE
     }
 
     /// Offset of the view's first value in its buffer, in elements.
@@ -312,7 +322,7 @@ impl<'a, T: Pod> BufferView<'a, T> {
 
     /// The same host bytes seen as values of `U`; the view's byte offset and byte length
     /// must be multiples of `U`'s size and alignment.
-    pub fn as_host_slice_cast<U: Pod>(&self) -> Result<&'a [U]> {
+    pub fn as_host_slice_cast<U: Element>(&self) -> Result<&'a [U]> {
         reinterpret_range::<T, U>(self.start, self.len)?;
         let bytes: &'a [u8] = bytemuck::cast_slice(self.as_host_slice()?);
         bytemuck::try_cast_slice(bytes).map_err(|_| Error::Alignment {
@@ -342,7 +352,7 @@ impl<'a, T: Pod> BufferView<'a, T> {
     }
 }
 
-impl<'a, T: Pod> BufferViewMut<'a, T> {
+impl<'a, T: Element> BufferViewMut<'a, T> {
     pub fn len(&self) -> usize {
         self.len
     }
@@ -353,6 +363,11 @@ impl<'a, T: Pod> BufferViewMut<'a, T> {
 
     pub fn device(&self) -> Device {
         self.buf.device()
+    }
+
+    /// The element type, `T::DTYPE`.
+    pub fn dtype(&self) -> DType {
+        T::DTYPE
     }
 
     pub fn offset(&self) -> usize {
@@ -457,7 +472,10 @@ fn check_device(what: &'static str, expected: Device, found: Device) -> Result<(
 
 /// The element range `(start, len)` in units of `U` that covers the same bytes as elements
 /// `start..start+len` of `T`, or an alignment error.
-pub fn reinterpret_range<T: Pod, U: Pod>(start: usize, len: usize) -> Result<(usize, usize)> {
+pub fn reinterpret_range<T: Element, U: Element>(
+    start: usize,
+    len: usize,
+) -> Result<(usize, usize)> {
     let (ts, us) = (std::mem::size_of::<T>(), std::mem::size_of::<U>());
     let (off, bytes) = (start * ts, len * ts);
     let align = us.max(std::mem::align_of::<U>());
@@ -482,15 +500,20 @@ mod npu_copy {
         Error::NotCompiled { what, device }
     }
 
-    pub(super) fn htod<T: Pod>(_: &Stream, device: Device, _: &[T], _: *mut T) -> Result<()> {
+    pub(super) fn htod<T: Element>(_: &Stream, device: Device, _: &[T], _: *mut T) -> Result<()> {
         Err(not_compiled("memcpy_htod", device))
     }
 
-    pub(super) fn dtoh<T: Pod>(_: &Stream, device: Device, _: *const T, _: &mut [T]) -> Result<()> {
+    pub(super) fn dtoh<T: Element>(
+        _: &Stream,
+        device: Device,
+        _: *const T,
+        _: &mut [T],
+    ) -> Result<()> {
         Err(not_compiled("memcpy_dtoh", device))
     }
 
-    pub(super) fn dtod<T: Pod>(
+    pub(super) fn dtod<T: Element>(
         _: &Stream,
         device: Device,
         _: *const T,
@@ -500,7 +523,7 @@ mod npu_copy {
         Err(not_compiled("memcpy_dtod", device))
     }
 
-    pub(super) fn memset_zeros<T: Pod>(
+    pub(super) fn memset_zeros<T: Element>(
         _: &Stream,
         device: Device,
         _: *mut T,
@@ -510,8 +533,58 @@ mod npu_copy {
     }
 }
 
+/// The NPU copies: the stream's ACL handle, then `crate::npu::copy`.
 #[cfg(feature = "npu")]
-use crate::npu::copy as npu_copy;
+mod npu_copy {
+    use super::*;
+    use crate::npu::{copy, NpuStream};
+
+    /// The ACL stream of `stream`, which the caller checked is on `device`.
+    fn acl<'a>(stream: &'a Stream, device: Device, what: &'static str) -> Result<&'a NpuStream> {
+        stream.acl_stream().ok_or(Error::DeviceMismatch {
+            what,
+            expected: device,
+            found: stream.device(),
+        })
+    }
+
+    pub(super) fn htod<T: Element>(
+        stream: &Stream,
+        device: Device,
+        src: &[T],
+        dst: *mut T,
+    ) -> Result<()> {
+        copy::htod(acl(stream, device, "memcpy_htod")?, src, dst)
+    }
+
+    pub(super) fn dtoh<T: Element>(
+        stream: &Stream,
+        device: Device,
+        src: *const T,
+        dst: &mut [T],
+    ) -> Result<()> {
+        copy::dtoh(acl(stream, device, "memcpy_dtoh")?, src, dst)
+    }
+
+    pub(super) fn dtod<T: Element>(
+        stream: &Stream,
+        device: Device,
+        src: *const T,
+        dst: *mut T,
+        n: usize,
+    ) -> Result<()> {
+        copy::dtod(acl(stream, device, "memcpy_dtod")?, src, dst, n)
+    }
+
+    pub(super) fn memset_zeros<T: Element>(
+        stream: &Stream,
+        device: Device,
+        dst: *mut T,
+        n: usize,
+    ) -> Result<()> {
+        copy::memset_zeros(acl(stream, device, "memset_zeros")?, dst, n)
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,14 @@
-//! Devices: the host CPU and Ascend NPUs by ordinal.
+//! Devices: the host CPU and Ascend NPUs by ordinal, and each device's process-wide caching
+//! allocator. This is where the allocator (which knows only host memory and the `RawMemory`
+//! trait) meets the backends' device memory (`crate::npu` implements `RawMemory`), so neither
+//! of the two depends on the other.
 
+use crate::alloc::{CachingAllocator, RawMemory};
+use crate::error::Result;
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 /// Where memory lives and work runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -28,6 +36,25 @@ impl Device {
         }
     }
 
+    /// The process-wide caching allocator of this device, created on first use: host memory
+    /// for the CPU, `aclrtMalloc` for an NPU (a typed error when the build or the machine has
+    /// no NPU support).
+    pub fn allocator(self) -> Result<Arc<CachingAllocator>> {
+        static CPU: OnceLock<Arc<CachingAllocator>> = OnceLock::new();
+        static NPU: OnceLock<Mutex<HashMap<u32, Arc<CachingAllocator>>>> = OnceLock::new();
+        let ordinal = match self {
+            Device::Cpu => return Ok(CPU.get_or_init(CachingAllocator::new_cpu).clone()),
+            Device::Npu(ordinal) => ordinal,
+        };
+        let mut map = NPU.get_or_init(Default::default).lock();
+        if let Some(a) = map.get(&ordinal) {
+            return Ok(a.clone());
+        }
+        let a = CachingAllocator::with_raw(self, npu_memory(ordinal)?);
+        map.insert(ordinal, a.clone());
+        Ok(a)
+    }
+
     /// Parses `cpu`, `npu` (= `npu:0`) or `npu:N`, the spelling of `--device`.
     pub fn parse(s: &str) -> Option<Device> {
         match s {
@@ -39,6 +66,19 @@ impl Device {
                 .map(Device::Npu),
         }
     }
+}
+
+#[cfg(feature = "npu")]
+fn npu_memory(ordinal: u32) -> Result<Box<dyn RawMemory>> {
+    crate::npu::raw_memory(ordinal)
+}
+
+#[cfg(not(feature = "npu"))]
+fn npu_memory(ordinal: u32) -> Result<Box<dyn RawMemory>> {
+    Err(crate::Error::NotCompiled {
+        what: "allocator",
+        device: Device::Npu(ordinal),
+    })
 }
 
 impl fmt::Display for Device {

@@ -6,11 +6,24 @@
 //! `cannon-sys`). Errors are typed ([`Error`]) and name the failing call and device; nothing
 //! here panics on bad input, and errors met in `Drop` are recorded on the allocator
 //! ([`CachingAllocator::take_drop_errors`]) instead of panicking.
+//!
+//! The boundary:
+//! - Element types: one [`DType`], one sealed [`Element`] trait (what a [`DeviceBuffer`] holds
+//!   and a collective moves), and [`Float`] (f32/bf16 activations, arithmetic in f32).
+//! - Backends: [`Stream`], [`Event`] and [`comm::Communicator`] each hold an enum with one
+//!   variant per compiled backend (CPU; NPU with the feature), never optional NPU fields.
+//!   The `npu` module is the FFI edge (every AscendCL call and its `unsafe`); it depends on
+//!   the allocator's `RawMemory` trait, never the other way round, and [`Device::allocator`]
+//!   wires each device's memory into its [`CachingAllocator`].
+//! - Collectives: [`comm::Communicator`] takes buffer views and a stream on every backend
+//!   (in-process CPU ranks borrow the host slices; HCCL enqueues on the stream), so FSDP and
+//!   context parallelism are written once.
 
 pub mod alloc;
 pub mod buffer;
 pub mod comm;
 pub mod device;
+pub mod dtype;
 pub mod error;
 pub mod rng;
 pub mod stream;
@@ -21,5 +34,6 @@ pub mod npu;
 pub use alloc::{CachingAllocator, MemoryStats};
 pub use buffer::{BufferView, BufferViewMut, DeviceBuffer};
 pub use device::Device;
+pub use dtype::{DType, Element, Float};
 pub use error::{Error, Result};
 pub use stream::{Event, Stream};

@@ -11,7 +11,7 @@
 
 use super::pack::{panel_cols, round_up, row_limit, Geom, Packed, Span};
 use super::simd::{exp2, panel, ALayout, KB, MR};
-use super::Element;
+use cannon_runtime::Float;
 
 /// Everything backward reads, packed once per call (see pack.rs): per key block K^T, V^T and
 /// K rows; per query tile q and dout rows `[rp, dp]`, and per row the LSE in log2 units and
@@ -224,7 +224,7 @@ pub(super) fn bwd_kv_block<const FMA: bool, const W: usize>(
 /// task's chunk) scaled.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)] // the tile's coordinates
-pub(super) fn bwd_q_tile<E: Element, const FMA: bool, const W: usize>(
+pub(super) fn bwd_q_tile<E: Float, const FMA: bool, const W: usize>(
     c: &BwdCtx<'_>,
     seq: Span,
     kvh: usize,

@@ -20,7 +20,8 @@ use super::bwd::{self, BwdCtx, BwdScratch};
 use super::fwd::{self, FwdScratch, FwdTile};
 use super::pack::{blocks, give_buf, take_buf, Geom, Packed, Span};
 use super::simd::{KB, MR};
-use super::{Element, Qkv, QkvGrad, VarlenAttention};
+use super::{Qkv, QkvGrad, VarlenAttention};
+use cannon_runtime::Float;
 
 /// A SIMD level whose presence was checked at run time. Only [`Isa::detect`] and
 /// [`Isa::available`] construct one, which is what makes the `unsafe` calls below sound.
@@ -93,14 +94,14 @@ macro_rules! isa_dispatch {
     };
 }
 
-isa_dispatch!(fwd_group, fwd::fwd_group, <E: Element>, (
+isa_dispatch!(fwd_group, fwd::fwd_group, <E: Float>, (
     t: &FwdTile<'_, E>, out: &mut [E], lse: &mut [f32], ws: &mut FwdScratch
 ));
 isa_dispatch!(bwd_kv_block, bwd::bwd_kv_block, <>, (
     c: &BwdCtx<'_>, seq: Span, kvh: usize, kb0: usize, dq: Option<&mut [f32]>,
     ws: &mut BwdScratch
 ));
-isa_dispatch!(bwd_q_tile, bwd::bwd_q_tile, <E: Element>, (
+isa_dispatch!(bwd_q_tile, bwd::bwd_q_tile, <E: Float>, (
     c: &BwdCtx<'_>, seq: Span, kvh: usize, q0: usize, qn: usize, dq_out: &mut [E],
     ws: &mut BwdScratch
 ));
@@ -142,7 +143,7 @@ fn chunks<'a, T>(
     v
 }
 
-pub(super) fn forward<E: Element>(
+pub(super) fn forward<E: Float>(
     isa: Isa,
     a: &VarlenAttention,
     x: Qkv<E>,
@@ -155,7 +156,7 @@ pub(super) fn forward<E: Element>(
     rayon::scope(|_| forward_in_pool(isa, a, x, out, lse));
 }
 
-fn forward_in_pool<E: Element>(
+fn forward_in_pool<E: Float>(
     isa: Isa,
     a: &VarlenAttention,
     x: Qkv<E>,
@@ -227,7 +228,7 @@ fn prefer_fused(seqs: &[Span], hkv: usize, threads: usize) -> bool {
     makespan <= 1.4 * total / load.len() as f64
 }
 
-pub(super) fn backward<E: Element>(
+pub(super) fn backward<E: Float>(
     isa: Isa,
     schedule: BwdSchedule,
     a: &VarlenAttention,
@@ -239,7 +240,7 @@ pub(super) fn backward<E: Element>(
     rayon::scope(|_| backward_in_pool(isa, schedule, a, x, saved, grads));
 }
 
-fn backward_in_pool<E: Element>(
+fn backward_in_pool<E: Float>(
     isa: Isa,
     schedule: BwdSchedule,
     a: &VarlenAttention,
@@ -292,7 +293,7 @@ fn backward_in_pool<E: Element>(
 }
 
 /// Writes `src[..d] * scale` as E into `dst[..d]`.
-fn store_row<E: Element>(dst: &mut [E], src: &[f32], scale: f32) {
+fn store_row<E: Float>(dst: &mut [E], src: &[f32], scale: f32) {
     for (y, &x) in dst.iter_mut().zip(src) {
         *y = E::from_f32(x * scale);
     }
@@ -306,7 +307,7 @@ struct UnitGrads {
     dv: Vec<f32>,
 }
 
-fn backward_fused<E: Element>(isa: Isa, c: &BwdCtx<'_>, seqs: &[Span], grads: QkvGrad<E>) {
+fn backward_fused<E: Float>(isa: Isa, c: &BwdCtx<'_>, seqs: &[Span], grads: QkvGrad<E>) {
     let geo = c.geo;
     let (g, d, dp, scale) = (geo.g, geo.d, geo.dp, geo.scale);
     let units: Vec<(Span, usize)> = seqs
@@ -370,7 +371,7 @@ fn backward_fused<E: Element>(isa: Isa, c: &BwdCtx<'_>, seqs: &[Span], grads: Qk
     }
 }
 
-fn backward_split<E: Element>(isa: Isa, c: &BwdCtx<'_>, seqs: &[Span], grads: QkvGrad<E>) {
+fn backward_split<E: Float>(isa: Isa, c: &BwdCtx<'_>, seqs: &[Span], grads: QkvGrad<E>) {
     let geo = c.geo;
     let (hq, hkv, d, dp, scale) = (geo.hq, geo.hkv, geo.d, geo.dp, geo.scale);
     let kblocks = blocks(seqs, KB);

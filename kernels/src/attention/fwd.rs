@@ -8,7 +8,7 @@
 
 use super::pack::{round_up, store_transposed, Geom, Packed, Span};
 use super::simd::{exp2, panel, ALayout, KB, MR, NR};
-use super::Element;
+use cannon_runtime::Float;
 
 /// Scratch of one forward worker. `ld` = the tile's rows rounded up to NR.
 pub(super) struct FwdScratch {
@@ -54,7 +54,7 @@ pub(super) struct FwdTile<'a, E> {
 /// Forward of one tile. Writes the tile's rows of `out [qn, Hq, D]` and `lse [qn, Hq]` (the
 /// task's chunks) for the group's heads.
 #[inline(always)]
-pub(super) fn fwd_group<E: Element, const FMA: bool, const W: usize>(
+pub(super) fn fwd_group<E: Float, const FMA: bool, const W: usize>(
     t: &FwdTile<'_, E>,
     out: &mut [E],
     lse: &mut [f32],

@@ -34,7 +34,7 @@
 //! P recomputed from the LSE, `dV += P^T dO`, `dP = dO V^T`, `dS = P * (dP - D)`,
 //! `dQ += scale dS K`, `dK += scale dS^T Q`, with dK/dV summed over the q heads of a group.
 //!
-//! Element types: `f32`, and `half::bf16` storage (q/k/v/out/dout/dq/dk/dv in bf16, every
+//! Float types: `f32`, and `half::bf16` storage (q/k/v/out/dout/dq/dk/dv in bf16, every
 //! accumulation and the LSE in f32). Any head_dim >= 1 works (tested up to 256).
 //!
 //! Results do not depend on the number of threads: every row's arithmetic is fixed by the
@@ -71,45 +71,10 @@ mod reference;
 mod tests;
 
 use crate::error::{check_len, KernelError, Result};
-use cannon_runtime::{BufferView, BufferViewMut};
+use cannon_runtime::{BufferView, BufferViewMut, Float};
 
 const OP_FWD: &str = "attention_forward";
 const OP_BWD: &str = "attention_backward";
-
-/// Storage types of the attention tensors: values are widened to f32 for all arithmetic.
-pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
-    fn to_f32(self) -> f32;
-    fn from_f32(x: f32) -> Self;
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::bf16 {}
-}
-
-impl Element for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        x
-    }
-}
-
-impl Element for half::bf16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        half::bf16::to_f32(self)
-    }
-    /// Round to nearest even, as torch's `.to(bfloat16)`.
-    #[inline(always)]
-    fn from_f32(x: f32) -> Self {
-        half::bf16::from_f32(x)
-    }
-}
 
 /// The static description of one varlen attention call.
 #[derive(Clone, Copy, Debug)]
@@ -224,13 +189,13 @@ impl<'a> VarlenAttention<'a> {
 
 /// q, k, v on a device (the operands of [`crate::ops::attention_forward`]).
 #[derive(Clone, Copy, Debug)]
-pub struct QkvBuf<'a, E: bytemuck::Pod> {
+pub struct QkvBuf<'a, E: cannon_runtime::Element> {
     pub q: &'a BufferView<'a, E>,
     pub k: &'a BufferView<'a, E>,
     pub v: &'a BufferView<'a, E>,
 }
 
-impl<E: bytemuck::Pod> crate::backend::OnDevice for QkvBuf<'_, E> {
+impl<E: cannon_runtime::Element> crate::backend::OnDevice for QkvBuf<'_, E> {
     fn devices(&self, out: &mut Vec<cannon_runtime::Device>) {
         out.extend([self.q.device(), self.k.device(), self.v.device()]);
     }
@@ -238,13 +203,13 @@ impl<E: bytemuck::Pod> crate::backend::OnDevice for QkvBuf<'_, E> {
 
 /// Gradients of q, k, v on a device (overwritten by [`crate::ops::attention_backward`]).
 #[derive(Debug)]
-pub struct QkvGradBuf<'a, 'b, E: bytemuck::Pod> {
+pub struct QkvGradBuf<'a, 'b, E: cannon_runtime::Element> {
     pub dq: &'a mut BufferViewMut<'b, E>,
     pub dk: &'a mut BufferViewMut<'b, E>,
     pub dv: &'a mut BufferViewMut<'b, E>,
 }
 
-impl<E: bytemuck::Pod> crate::backend::OnDevice for QkvGradBuf<'_, '_, E> {
+impl<E: cannon_runtime::Element> crate::backend::OnDevice for QkvGradBuf<'_, '_, E> {
     fn devices(&self, out: &mut Vec<cannon_runtime::Device>) {
         out.extend([self.dq.device(), self.dk.device(), self.dv.device()]);
     }
@@ -273,7 +238,7 @@ fn check_qkv<E>(op: &'static str, a: &VarlenAttention, x: &Qkv<E>) -> Result<()>
 }
 
 /// Forward: writes `out [T, Hq, D]` and `lse [T, Hq]` (both overwritten).
-pub fn forward<E: Element>(
+pub fn forward<E: Float>(
     a: &VarlenAttention,
     x: Qkv<E>,
     out: &mut [E],
@@ -289,7 +254,7 @@ pub fn forward<E: Element>(
 
 /// Backward: from the forward's inputs, its `out` and `lse`, and `dout [T, Hq, D]`, OVERWRITES
 /// `dq [T, Hq, D]`, `dk [T, Hkv, D]`, `dv [T, Hkv, D]`.
-pub fn backward<E: Element>(
+pub fn backward<E: Float>(
     a: &VarlenAttention,
     x: Qkv<E>,
     out: &[E],

@@ -10,10 +10,10 @@
 //! its own opaque forward-to-backward state: on the NPU the `lse` buffer holds them (the
 //! caller sizes it with [`lse_len_npu`]) and only the NPU backward reads them.
 
-use super::{Element, QkvBuf, QkvGradBuf, VarlenAttention};
+use super::{QkvBuf, QkvGradBuf, VarlenAttention};
 use crate::backend::npu_pending;
 use crate::error::Result;
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// f32 values the NPU keeps between forward and backward: softmaxMax and softmaxSum,
@@ -26,7 +26,7 @@ pub fn lse_len_npu(a: &VarlenAttention) -> usize {
 /// actualSeqKvLen, scaleValue, keepProb = 1, preTokens/nextTokens = i32::MAX, headNum,
 /// "TND", innerPrecise = 0, sparseMode, softmaxMaxOut, softmaxSumOut, softmaxOut (unused),
 /// attentionOut)`.
-pub fn forward<E: Element + Pod>(
+pub fn forward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _a: &VarlenAttention,
@@ -45,7 +45,7 @@ pub fn forward<E: Element + Pod>(
 /// attentionIn = out, actualSeqQLen, actualSeqKvLen, scaleValue, ..., "TND", sparseMode,
 /// dqOut, dkOut, dvOut)`: writes dq/dk/dv, matching our overwrite convention.
 #[allow(clippy::too_many_arguments)]
-pub fn backward<E: Element + Pod>(
+pub fn backward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _a: &VarlenAttention,

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::simd::{dot, KB, MR, NR, QROWS};
-use super::Element;
+use cannon_runtime::Float;
 
 pub(super) fn round_up(x: usize, m: usize) -> usize {
     x.div_ceil(m) * m
@@ -97,7 +97,7 @@ pub(super) fn blocks(seqs: &[Span], block: usize) -> Vec<(Span, usize, usize)> {
 /// into `dst [rows, dp]` (row `i * g + hh`); padding columns and rows up to `rows` are zeroed.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)] // geometry of a strided gather
-pub(super) fn pack_rows<E: Element>(
+pub(super) fn pack_rows<E: Float>(
     src: &[E],
     t0: usize,
     n: usize,
@@ -131,7 +131,7 @@ pub(super) fn pack_rows<E: Element>(
 /// non-GEMM cost of the forward). `scale = 1` is exact, so it costs no bits.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)] // geometry of a strided transpose
-pub(super) fn store_transposed<'s, E: Element>(
+pub(super) fn store_transposed<'s, E: Float>(
     row: impl Fn(usize) -> &'s [E],
     n: usize,
     width: usize,
@@ -155,7 +155,7 @@ pub(super) fn store_transposed<'s, E: Element>(
 
 /// Packs a key block transposed: `dst[dd * KB + j] = src[t0 + j, h, dd]`, zero for `j >= n`.
 #[inline(always)]
-fn pack_t<E: Element>(
+fn pack_t<E: Float>(
     src: &[E],
     t0: usize,
     n: usize,
@@ -237,7 +237,7 @@ impl Packed {
     }
 
     /// K or V `[T, Hkv, D]` per key block: `K^T [D, KB]` if `transposed`, else `[KB, dp]`.
-    pub fn key_blocks<E: Element>(
+    pub fn key_blocks<E: Float>(
         src: &[E],
         geo: &Geom,
         blocks: &[(Span, usize, usize)],
@@ -256,11 +256,7 @@ impl Packed {
     }
 
     /// q or dout `[T, Hq, D]` per query tile: `[rp, dp]` rows of the kv head's q heads.
-    pub fn query_tiles<E: Element>(
-        src: &[E],
-        geo: &Geom,
-        tiles: &[(Span, usize, usize)],
-    ) -> Packed {
+    pub fn query_tiles<E: Float>(src: &[E], geo: &Geom, tiles: &[(Span, usize, usize)]) -> Packed {
         let rp = geo.tile_rows();
         Packed::build(geo.hkv, tiles.len(), rp * geo.dp, |kvh, t, dst| {
             let (seq, q0, qn) = tiles[t];
@@ -272,7 +268,7 @@ impl Packed {
     /// [`Packed::query_tiles`] of `dout`, and per row `D = rowsum(dout * out)` as
     /// [`Packed::tile_values`] would give it: one pass over `dout`, the dot read from the row
     /// just packed (in L1) instead of a second sweep over the whole tensor.
-    pub fn query_tiles_and_rowdot<E: Element>(
+    pub fn query_tiles_and_rowdot<E: Float>(
         dout: &[E],
         out: &[E],
         geo: &Geom,

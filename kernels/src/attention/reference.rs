@@ -3,8 +3,9 @@
 //! its backward checked by finite differences in tests.rs), and runners of the kernel.
 
 use super::cpu::{self, BwdSaved, BwdSchedule, Isa};
-use super::{Element, Qkv, QkvGrad, VarlenAttention};
+use super::{Qkv, QkvGrad, VarlenAttention};
 use crate::testutil::{rel_l2, Rng};
+use cannon_runtime::Float;
 use half::bf16;
 
 /// One attention problem: sequence lengths (cu_seqlens are their cumulative ends).
@@ -214,15 +215,15 @@ pub(super) struct Bwd<E> {
     pub(super) dv: Vec<E>,
 }
 
-pub(super) fn conv<E: Element>(x: &[f32]) -> Vec<E> {
+pub(super) fn conv<E: Float>(x: &[f32]) -> Vec<E> {
     x.iter().map(|&v| E::from_f32(v)).collect()
 }
 
-pub(super) fn widen<E: Element>(x: &[E]) -> Vec<f32> {
+pub(super) fn widen<E: Float>(x: &[E]) -> Vec<f32> {
     x.iter().map(|&v| v.to_f32()).collect()
 }
 
-pub(super) fn run_fwd<E: Element>(isa: Isa, c: &Case, cu: &[usize], x: &Data) -> Fwd<E> {
+pub(super) fn run_fwd<E: Float>(isa: Isa, c: &Case, cu: &[usize], x: &Data) -> Fwd<E> {
     let a = VarlenAttention::new(cu, c.t(), c.hq, c.hkv, c.d, c.causal);
     let (q, k, v) = (conv::<E>(&x.q), conv::<E>(&x.k), conv::<E>(&x.v));
     let mut out = vec![E::from_f32(f32::NAN); q.len()];
@@ -241,7 +242,7 @@ pub(super) fn run_fwd<E: Element>(isa: Isa, c: &Case, cu: &[usize], x: &Data) ->
     Fwd { out, lse }
 }
 
-pub(super) fn run_bwd<E: Element>(
+pub(super) fn run_bwd<E: Float>(
     isa: Isa,
     s: BwdSchedule,
     c: &Case,
@@ -285,7 +286,7 @@ pub(super) fn run_bwd<E: Element>(
 }
 
 /// Kernel vs naive f64 on `c` for element type E; returns the worst (fwd, lse, bwd) rel L2.
-pub(super) fn check_case<E: Element>(
+pub(super) fn check_case<E: Float>(
     isa: Isa,
     c: &Case,
     seed: u64,

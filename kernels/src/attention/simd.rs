@@ -9,7 +9,7 @@
 //! `FMA` selects `mul_add` (one fused instruction when the caller enabled `fma`) or `a * b + c`
 //! (never a libm call on machines without FMA).
 
-use super::Element;
+use cannon_runtime::Float;
 
 /// Rows of the micro-kernel's register block.
 /// (The micro-kernel below unrolls exactly 4 rows.)
@@ -218,7 +218,7 @@ fn tree_sum(mut lanes: [f32; NR]) -> f32 {
 /// `sum(a * b)` over equal-length slices of any element type, widened to f32: lane
 /// accumulators in a fixed order, then the tail.
 #[inline]
-pub(super) fn dot<A: Element, B: Element>(a: &[A], b: &[B]) -> f32 {
+pub(super) fn dot<A: Float, B: Float>(a: &[A], b: &[B]) -> f32 {
     let mut lanes = [0.0f32; NR];
     let (ac, bc) = (a.chunks_exact(NR), b.chunks_exact(NR));
     let (at, bt) = (ac.remainder(), bc.remainder());

@@ -11,9 +11,10 @@ use half::bf16;
 
 use super::cpu::{BwdSchedule, Isa};
 use super::reference::*;
-use super::{backward, forward, Element, Qkv, QkvGrad, VarlenAttention};
+use super::{backward, forward, Qkv, QkvGrad, VarlenAttention};
 use crate::error::KernelError;
 use crate::testutil::rel_l2;
+use cannon_runtime::Float;
 
 #[test]
 fn forward_and_backward_f32_match_naive_f64() {
@@ -182,7 +183,7 @@ fn ranges(c: &Case) -> Vec<(usize, usize)> {
 /// For every image A of `c`: (1) A's out and lse are bit-identical when every other image's
 /// q/k/v change; (2) with dout nonzero only on A's rows, dq/dk/dv on the other rows are exactly
 /// 0, and A's own gradients do not change when the other images change.
-fn check_independence<E: Element>(c: &Case) {
+fn check_independence<E: Float>(c: &Case) {
     let cu = c.cu();
     let isa = Isa::detect();
     let (hq, hkv, d) = (c.hq, c.hkv, c.d);

@@ -3,20 +3,20 @@
 
 use super::{Backend, Cpu};
 use crate::adamw::{adamw_step, AdamW};
-use crate::attention::{self, Element, Qkv, QkvBuf, QkvGrad, QkvGradBuf, VarlenAttention};
-use crate::cast::{self, Elem};
+use crate::attention::{self, Qkv, QkvBuf, QkvGrad, QkvGradBuf, VarlenAttention};
+use crate::cast;
 use crate::cross_entropy::{self, CeStats, LmHeadCpu, LmHeadGrads, LossNorm};
 use crate::error::Result;
-use crate::gemm::{gemm_bf16, gemm_f32, Bf16Elem, Dims, Precision, Trans};
+use crate::gemm::{self, Dims, Precision, Trans};
 use crate::index::TransposeDims;
 use crate::linear::{linear_backward, linear_forward, LinearDims, LinearGradBufs};
 use crate::patch_embed::{
     patch_embed_backward, patch_embed_forward, PatchEmbedGradBufs, PatchGeom,
 };
 use crate::rope::{rope_backward, rope_forward, RopeTable};
-use crate::{elementwise, embedding, gelu, grad_clip, index, rmsnorm, swiglu, KernelError};
-use bytemuck::Pod;
+use crate::{elementwise, embedding, gelu, grad_clip, index, rmsnorm, swiglu};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
+use cannon_runtime::{Element, Float};
 
 fn host_slices_mut<'a>(views: &'a mut [BufferViewMut<'_, f32>]) -> Result<Vec<&'a mut [f32]>> {
     Ok(views
@@ -46,7 +46,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn attention_forward<E: Element + Pod>(
+    fn attention_forward<E: Float>(
         &self,
         _: &Stream,
         a: &VarlenAttention,
@@ -62,7 +62,7 @@ impl Backend for Cpu {
         attention::forward(a, qkv, out.as_host_slice_mut()?, lse.as_host_slice_mut()?)
     }
 
-    fn attention_backward<E: Element + Pod>(
+    fn attention_backward<E: Float>(
         &self,
         _: &Stream,
         a: &VarlenAttention,
@@ -92,7 +92,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn cast<A: Elem + Pod, B: Elem + Pod>(
+    fn cast<A: Float, B: Float>(
         &self,
         _: &Stream,
         src: &BufferView<'_, A>,
@@ -164,7 +164,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn embedding_forward<E: Elem + Pod>(
+    fn embedding_forward<E: Float>(
         &self,
         _: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -175,7 +175,7 @@ impl Backend for Cpu {
         embedding::embedding_forward(out.as_host_slice_mut()?, ids, weight.as_host_slice()?, dim)
     }
 
-    fn embedding_backward<E: Elem + Pod>(
+    fn embedding_backward<E: Float>(
         &self,
         _: &Stream,
         dweight: &mut BufferViewMut<'_, f32>,
@@ -191,7 +191,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn gelu_forward<E: Elem + Pod>(
+    fn gelu_forward<E: Float>(
         &self,
         _: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -200,7 +200,7 @@ impl Backend for Cpu {
         gelu::gelu_forward(y.as_host_slice_mut()?, x.as_host_slice()?)
     }
 
-    fn gelu_backward<E: Elem + Pod>(
+    fn gelu_backward<E: Float>(
         &self,
         _: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -214,7 +214,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn gemm<A: Elem + Bf16Elem + Pod, B: Elem + Bf16Elem + Pod>(
+    fn gemm<A: Float, B: Float>(
         &self,
         _: &Stream,
         p: Precision,
@@ -235,18 +235,7 @@ impl Backend for Cpu {
             b.as_host_slice()?,
             c.as_host_slice_mut()?,
         );
-        match p {
-            Precision::F32 => {
-                let not_f32 = |what| KernelError::InvalidArgument {
-                    op: "gemm",
-                    detail: format!("{what} is bf16; Precision::F32 needs f32 operands"),
-                };
-                let a = A::as_f32(a).ok_or_else(|| not_f32("a"))?;
-                let b = B::as_f32(b).ok_or_else(|| not_f32("b"))?;
-                gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
-            }
-            Precision::Bf16 => gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc),
-        }
+        gemm::gemm(p, ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
     }
 
     fn grad_sum_squares(&self, _: &Stream, grads: &[BufferView<'_, f32>]) -> Result<f64> {
@@ -267,7 +256,7 @@ impl Backend for Cpu {
         Ok(())
     }
 
-    fn linear_forward<Y: Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn linear_forward<Y: Float, X: Float, W: Float>(
         &self,
         _: &Stream,
         p: Precision,
@@ -288,11 +277,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn linear_backward<
-        G: Elem + Bf16Elem + Pod,
-        X: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn linear_backward<G: Float, X: Float, W: Float>(
         &self,
         _: &Stream,
         p: Precision,
@@ -306,7 +291,7 @@ impl Backend for Cpu {
         linear_backward(p, g.host()?, dy, x, w, d)
     }
 
-    fn patch_embed_forward<P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn patch_embed_forward<P: Float, W: Float>(
         &self,
         _: &Stream,
         p: Precision,
@@ -320,11 +305,7 @@ impl Backend for Cpu {
         patch_embed_forward(p, out.as_host_slice_mut()?, pixels, weight, g, d_model)
     }
 
-    fn patch_embed_backward<
-        G: Elem + Bf16Elem + Pod,
-        P: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn patch_embed_backward<G: Float, P: Float, W: Float>(
         &self,
         _: &Stream,
         p: Precision,
@@ -340,7 +321,7 @@ impl Backend for Cpu {
         patch_embed_backward(p, grads.host()?, dout, pixels, weight, g, d_model)
     }
 
-    fn rmsnorm_forward<E: Elem + Pod>(
+    fn rmsnorm_forward<E: Float>(
         &self,
         _: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -360,7 +341,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn rmsnorm_backward<E: Elem + Pod>(
+    fn rmsnorm_backward<E: Float>(
         &self,
         _: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -382,7 +363,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn rope_forward<E: Elem + Pod>(
+    fn rope_forward<E: Float>(
         &self,
         _: &Stream,
         x: &mut BufferViewMut<'_, E>,
@@ -393,7 +374,7 @@ impl Backend for Cpu {
         rope_forward(x.as_host_slice_mut()?, n_heads, table, pos)
     }
 
-    fn rope_backward<E: Elem + Pod>(
+    fn rope_backward<E: Float>(
         &self,
         _: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -404,7 +385,7 @@ impl Backend for Cpu {
         rope_backward(dx.as_host_slice_mut()?, n_heads, table, pos)
     }
 
-    fn swiglu_forward<E: Elem + Pod>(
+    fn swiglu_forward<E: Float>(
         &self,
         _: &Stream,
         h: &mut BufferViewMut<'_, E>,
@@ -418,7 +399,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn swiglu_backward<E: Elem + Pod>(
+    fn swiglu_backward<E: Float>(
         &self,
         _: &Stream,
         d_gate: &mut BufferViewMut<'_, E>,
@@ -436,7 +417,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn add_into<E: Elem + Pod>(
+    fn add_into<E: Float>(
         &self,
         _: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -445,7 +426,7 @@ impl Backend for Cpu {
         elementwise::add_into(y.as_host_slice_mut()?, x.as_host_slice()?)
     }
 
-    fn mul<E: Elem + Pod>(
+    fn mul<E: Float>(
         &self,
         _: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -459,7 +440,7 @@ impl Backend for Cpu {
         )
     }
 
-    fn mul_into<E: Elem + Pod>(
+    fn mul_into<E: Float>(
         &self,
         _: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -468,7 +449,7 @@ impl Backend for Cpu {
         elementwise::mul_into(y.as_host_slice_mut()?, x.as_host_slice()?)
     }
 
-    fn gather_rows<T: Pod + Send + Sync>(
+    fn gather_rows<T: Element>(
         &self,
         _: &Stream,
         out: &mut BufferViewMut<'_, T>,
@@ -479,7 +460,7 @@ impl Backend for Cpu {
         index::gather_rows(out.as_host_slice_mut()?, src.as_host_slice()?, idx, dim)
     }
 
-    fn scatter_rows<T: Pod>(
+    fn scatter_rows<T: Element>(
         &self,
         _: &Stream,
         dst: &mut BufferViewMut<'_, T>,
@@ -490,7 +471,7 @@ impl Backend for Cpu {
         index::scatter_rows(dst.as_host_slice_mut()?, src.as_host_slice()?, idx, dim)
     }
 
-    fn scatter_add_rows<E: Elem + Pod>(
+    fn scatter_add_rows<E: Float>(
         &self,
         _: &Stream,
         dst: &mut BufferViewMut<'_, E>,
@@ -501,7 +482,7 @@ impl Backend for Cpu {
         index::scatter_add_rows(dst.as_host_slice_mut()?, src.as_host_slice()?, idx, dim)
     }
 
-    fn zero_rows<T: Pod>(
+    fn zero_rows<T: Element>(
         &self,
         _: &Stream,
         dst: &mut BufferViewMut<'_, T>,
@@ -511,7 +492,7 @@ impl Backend for Cpu {
         index::zero_rows(dst.as_host_slice_mut()?, idx, dim)
     }
 
-    fn transpose<T: Pod + Send + Sync>(
+    fn transpose<T: Element>(
         &self,
         _: &Stream,
         out: &mut BufferViewMut<'_, T>,

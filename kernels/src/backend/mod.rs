@@ -28,17 +28,16 @@ mod cpu;
 mod npu;
 
 use crate::adamw::AdamW;
-use crate::attention::{Element, QkvBuf, QkvGradBuf, VarlenAttention};
-use crate::cast::Elem;
+use crate::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
 use crate::cross_entropy::{CeStats, LmHeadGrads, LossNorm};
 use crate::error::{KernelError, Result};
-use crate::gemm::{Bf16Elem, Dims, Precision, Trans};
+use crate::gemm::{Dims, Precision, Trans};
 use crate::index::TransposeDims;
 use crate::linear::{LinearDims, LinearGradBufs};
 use crate::patch_embed::{PatchEmbedGradBufs, PatchGeom};
 use crate::rope::RopeTable;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Device, Stream};
+use cannon_runtime::{Element, Float};
 
 /// The slice-level CPU kernels on host memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,13 +63,13 @@ pub trait OnDevice {
     fn devices(&self, out: &mut Vec<Device>);
 }
 
-impl<T: Pod> OnDevice for BufferView<'_, T> {
+impl<T: cannon_runtime::Element> OnDevice for BufferView<'_, T> {
     fn devices(&self, out: &mut Vec<Device>) {
         out.push(self.device());
     }
 }
 
-impl<T: Pod> OnDevice for BufferViewMut<'_, T> {
+impl<T: cannon_runtime::Element> OnDevice for BufferViewMut<'_, T> {
     fn devices(&self, out: &mut Vec<Device>) {
         out.push(self.device());
     }
@@ -185,7 +184,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Varlen attention forward: writes `out` and `lse` ([`crate::attention`]).
-    fn attention_forward<E: Element + Pod>(
+    fn attention_forward<E: Float>(
         &self,
         stream: &Stream,
         a: &VarlenAttention,
@@ -195,7 +194,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Varlen attention backward: overwrites dq, dk, dv.
-    fn attention_backward<E: Element + Pod>(
+    fn attention_backward<E: Float>(
         &self,
         stream: &Stream,
         a: &VarlenAttention,
@@ -207,7 +206,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `dst = src` converted between storage types ([`crate::cast`]).
-    fn cast<A: Elem + Pod, B: Elem + Pod>(
+    fn cast<A: Float, B: Float>(
         &self,
         stream: &Stream,
         src: &BufferView<'_, A>,
@@ -250,7 +249,7 @@ pub trait Backend {
     ) -> Result<CeStats>;
 
     /// Gathers rows `ids` of `weight` ([`crate::embedding`]).
-    fn embedding_forward<E: Elem + Pod>(
+    fn embedding_forward<E: Float>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -260,7 +259,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `dweight[ids[t]] += dout[t]`.
-    fn embedding_backward<E: Elem + Pod>(
+    fn embedding_backward<E: Float>(
         &self,
         stream: &Stream,
         dweight: &mut BufferViewMut<'_, f32>,
@@ -270,7 +269,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `y = gelu(x)` ([`crate::gelu`]).
-    fn gelu_forward<E: Elem + Pod>(
+    fn gelu_forward<E: Float>(
         &self,
         stream: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -278,7 +277,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `dx += dy * gelu'(x)`.
-    fn gelu_backward<E: Elem + Pod>(
+    fn gelu_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -287,7 +286,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `C = alpha op(A) op(B) + beta C` in precision `p` ([`crate::gemm`]).
-    fn gemm<A: Elem + Bf16Elem + Pod, B: Elem + Bf16Elem + Pod>(
+    fn gemm<A: Float, B: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -316,7 +315,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `y = x w^T (+ b)` in precision `p` ([`crate::linear`]).
-    fn linear_forward<Y: Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn linear_forward<Y: Float, X: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -328,11 +327,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Accumulates the gradients present in `g`, in precision `p`.
-    fn linear_backward<
-        G: Elem + Bf16Elem + Pod,
-        X: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn linear_backward<G: Float, X: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -344,7 +339,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `out = im2col(pixels) weight^T` in precision `p` ([`crate::patch_embed`]).
-    fn patch_embed_forward<P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn patch_embed_forward<P: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -356,11 +351,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Accumulates the gradients present in `grads`, in precision `p`.
-    fn patch_embed_backward<
-        G: Elem + Bf16Elem + Pod,
-        P: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn patch_embed_backward<G: Float, P: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -373,7 +364,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `out = rmsnorm(x) * weight`, saving `rstd` ([`crate::rmsnorm`]).
-    fn rmsnorm_forward<E: Elem + Pod>(
+    fn rmsnorm_forward<E: Float>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -385,7 +376,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Accumulates `dx` and `dweight`.
-    fn rmsnorm_backward<E: Elem + Pod>(
+    fn rmsnorm_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -398,7 +389,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Rotates `x` in place by the angles of `pos` ([`crate::rope`]).
-    fn rope_forward<E: Elem + Pod>(
+    fn rope_forward<E: Float>(
         &self,
         stream: &Stream,
         x: &mut BufferViewMut<'_, E>,
@@ -408,7 +399,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// The inverse rotation of `dx`, in place.
-    fn rope_backward<E: Elem + Pod>(
+    fn rope_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -418,7 +409,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `h = silu(gate) * up` ([`crate::swiglu`]).
-    fn swiglu_forward<E: Elem + Pod>(
+    fn swiglu_forward<E: Float>(
         &self,
         stream: &Stream,
         h: &mut BufferViewMut<'_, E>,
@@ -427,7 +418,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// Accumulates `d_gate` and `d_up`.
-    fn swiglu_backward<E: Elem + Pod>(
+    fn swiglu_backward<E: Float>(
         &self,
         stream: &Stream,
         d_gate: &mut BufferViewMut<'_, E>,
@@ -436,8 +427,9 @@ pub trait Backend {
         gate: &BufferView<'_, E>,
         up: &BufferView<'_, E>,
     ) -> Result<()>;
+
     /// `y += x` ([`crate::elementwise`]).
-    fn add_into<E: Elem + Pod>(
+    fn add_into<E: Float>(
         &self,
         stream: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -445,7 +437,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `out = a * b`.
-    fn mul<E: Elem + Pod>(
+    fn mul<E: Float>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -454,7 +446,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `y *= x`.
-    fn mul_into<E: Elem + Pod>(
+    fn mul_into<E: Float>(
         &self,
         stream: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -462,7 +454,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `out[i] = src[idx[i]]`, rows of `dim` ([`crate::index`]).
-    fn gather_rows<T: Pod + Send + Sync>(
+    fn gather_rows<T: Element>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, T>,
@@ -472,7 +464,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `dst[idx[i]] = src[i]`.
-    fn scatter_rows<T: Pod>(
+    fn scatter_rows<T: Element>(
         &self,
         stream: &Stream,
         dst: &mut BufferViewMut<'_, T>,
@@ -482,7 +474,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `dst[idx[i]] += src[i]`, in order of i.
-    fn scatter_add_rows<E: Elem + Pod>(
+    fn scatter_add_rows<E: Float>(
         &self,
         stream: &Stream,
         dst: &mut BufferViewMut<'_, E>,
@@ -492,7 +484,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `dst[idx[i]] = 0`.
-    fn zero_rows<T: Pod>(
+    fn zero_rows<T: Element>(
         &self,
         stream: &Stream,
         dst: &mut BufferViewMut<'_, T>,
@@ -501,7 +493,7 @@ pub trait Backend {
     ) -> Result<()>;
 
     /// `out[b, c, r] = x[b, r, c]`.
-    fn transpose<T: Pod + Send + Sync>(
+    fn transpose<T: Element>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, T>,

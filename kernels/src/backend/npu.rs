@@ -3,17 +3,16 @@
 
 use super::{Backend, Npu};
 use crate::adamw::AdamW;
-use crate::attention::{Element, QkvBuf, QkvGradBuf, VarlenAttention};
-use crate::cast::Elem;
+use crate::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
 use crate::cross_entropy::{CeStats, LmHeadGrads, LossNorm};
 use crate::error::Result;
-use crate::gemm::{Bf16Elem, Dims, Precision, Trans};
+use crate::gemm::{Dims, Precision, Trans};
 use crate::index::TransposeDims;
 use crate::linear::{LinearDims, LinearGradBufs};
 use crate::patch_embed::{PatchEmbedGradBufs, PatchGeom};
 use crate::rope::RopeTable;
-use bytemuck::Pod;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
+use cannon_runtime::{Element, Float};
 
 impl Backend for Npu {
     fn adamw_step(
@@ -29,7 +28,7 @@ impl Backend for Npu {
         crate::adamw::npu::step(self.ordinal, stream, params, grads, m, v, step, hp)
     }
 
-    fn attention_forward<E: Element + Pod>(
+    fn attention_forward<E: Float>(
         &self,
         stream: &Stream,
         a: &VarlenAttention,
@@ -40,7 +39,7 @@ impl Backend for Npu {
         crate::attention::npu::forward(self.ordinal, stream, a, x, out, lse)
     }
 
-    fn attention_backward<E: Element + Pod>(
+    fn attention_backward<E: Float>(
         &self,
         stream: &Stream,
         a: &VarlenAttention,
@@ -53,7 +52,7 @@ impl Backend for Npu {
         crate::attention::npu::backward(self.ordinal, stream, a, x, out, lse, dout, g)
     }
 
-    fn cast<A: Elem + Pod, B: Elem + Pod>(
+    fn cast<A: Float, B: Float>(
         &self,
         stream: &Stream,
         src: &BufferView<'_, A>,
@@ -111,7 +110,7 @@ impl Backend for Npu {
         )
     }
 
-    fn embedding_forward<E: Elem + Pod>(
+    fn embedding_forward<E: Float>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -122,7 +121,7 @@ impl Backend for Npu {
         crate::embedding::npu::forward(self.ordinal, stream, out, ids, weight, dim)
     }
 
-    fn embedding_backward<E: Elem + Pod>(
+    fn embedding_backward<E: Float>(
         &self,
         stream: &Stream,
         dweight: &mut BufferViewMut<'_, f32>,
@@ -133,7 +132,7 @@ impl Backend for Npu {
         crate::embedding::npu::backward(self.ordinal, stream, dweight, dout, ids, dim)
     }
 
-    fn gelu_forward<E: Elem + Pod>(
+    fn gelu_forward<E: Float>(
         &self,
         stream: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -142,7 +141,7 @@ impl Backend for Npu {
         crate::gelu::npu::forward(self.ordinal, stream, y, x)
     }
 
-    fn gelu_backward<E: Elem + Pod>(
+    fn gelu_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -152,7 +151,7 @@ impl Backend for Npu {
         crate::gelu::npu::backward(self.ordinal, stream, dx, dy, x)
     }
 
-    fn gemm<A: Elem + Bf16Elem + Pod, B: Elem + Bf16Elem + Pod>(
+    fn gemm<A: Float, B: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -199,7 +198,7 @@ impl Backend for Npu {
         crate::grad_clip::npu::scale_grads(self.ordinal, stream, grads, coef)
     }
 
-    fn linear_forward<Y: Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn linear_forward<Y: Float, X: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -212,11 +211,7 @@ impl Backend for Npu {
         crate::linear::npu::forward(self.ordinal, stream, p, y, x, w, b, d)
     }
 
-    fn linear_backward<
-        G: Elem + Bf16Elem + Pod,
-        X: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn linear_backward<G: Float, X: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -229,7 +224,7 @@ impl Backend for Npu {
         crate::linear::npu::backward(self.ordinal, stream, p, g, dy, x, w, d)
     }
 
-    fn patch_embed_forward<P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+    fn patch_embed_forward<P: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -242,11 +237,7 @@ impl Backend for Npu {
         crate::patch_embed::npu::forward(self.ordinal, stream, p, out, pixels, weight, g, d_model)
     }
 
-    fn patch_embed_backward<
-        G: Elem + Bf16Elem + Pod,
-        P: Elem + Bf16Elem + Pod,
-        W: Elem + Bf16Elem + Pod,
-    >(
+    fn patch_embed_backward<G: Float, P: Float, W: Float>(
         &self,
         stream: &Stream,
         p: Precision,
@@ -270,7 +261,7 @@ impl Backend for Npu {
         )
     }
 
-    fn rmsnorm_forward<E: Elem + Pod>(
+    fn rmsnorm_forward<E: Float>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -283,7 +274,7 @@ impl Backend for Npu {
         crate::rmsnorm::npu::forward(self.ordinal, stream, out, rstd, x, weight, dim, eps)
     }
 
-    fn rmsnorm_backward<E: Elem + Pod>(
+    fn rmsnorm_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -307,7 +298,7 @@ impl Backend for Npu {
         )
     }
 
-    fn rope_forward<E: Elem + Pod>(
+    fn rope_forward<E: Float>(
         &self,
         stream: &Stream,
         x: &mut BufferViewMut<'_, E>,
@@ -318,7 +309,7 @@ impl Backend for Npu {
         crate::rope::npu::forward(self.ordinal, stream, x, n_heads, table, pos)
     }
 
-    fn rope_backward<E: Elem + Pod>(
+    fn rope_backward<E: Float>(
         &self,
         stream: &Stream,
         dx: &mut BufferViewMut<'_, E>,
@@ -329,7 +320,7 @@ impl Backend for Npu {
         crate::rope::npu::backward(self.ordinal, stream, dx, n_heads, table, pos)
     }
 
-    fn swiglu_forward<E: Elem + Pod>(
+    fn swiglu_forward<E: Float>(
         &self,
         stream: &Stream,
         h: &mut BufferViewMut<'_, E>,
@@ -339,7 +330,7 @@ impl Backend for Npu {
         crate::swiglu::npu::forward(self.ordinal, stream, h, gate, up)
     }
 
-    fn swiglu_backward<E: Elem + Pod>(
+    fn swiglu_backward<E: Float>(
         &self,
         stream: &Stream,
         d_gate: &mut BufferViewMut<'_, E>,
@@ -351,7 +342,7 @@ impl Backend for Npu {
         crate::swiglu::npu::backward(self.ordinal, stream, d_gate, d_up, dh, gate, up)
     }
 
-    fn add_into<E: Elem + Pod>(
+    fn add_into<E: Float>(
         &self,
         stream: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -360,7 +351,7 @@ impl Backend for Npu {
         crate::elementwise::npu::add_into(self.ordinal, stream, y, x)
     }
 
-    fn mul<E: Elem + Pod>(
+    fn mul<E: Float>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, E>,
@@ -370,7 +361,7 @@ impl Backend for Npu {
         crate::elementwise::npu::mul(self.ordinal, stream, out, a, b)
     }
 
-    fn mul_into<E: Elem + Pod>(
+    fn mul_into<E: Float>(
         &self,
         stream: &Stream,
         y: &mut BufferViewMut<'_, E>,
@@ -379,7 +370,7 @@ impl Backend for Npu {
         crate::elementwise::npu::mul_into(self.ordinal, stream, y, x)
     }
 
-    fn gather_rows<T: Pod + Send + Sync>(
+    fn gather_rows<T: Element>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, T>,
@@ -390,7 +381,7 @@ impl Backend for Npu {
         crate::index::npu::gather_rows(self.ordinal, stream, out, src, idx, dim)
     }
 
-    fn scatter_rows<T: Pod>(
+    fn scatter_rows<T: Element>(
         &self,
         stream: &Stream,
         dst: &mut BufferViewMut<'_, T>,
@@ -401,7 +392,7 @@ impl Backend for Npu {
         crate::index::npu::scatter_rows(self.ordinal, stream, dst, src, idx, dim)
     }
 
-    fn scatter_add_rows<E: Elem + Pod>(
+    fn scatter_add_rows<E: Float>(
         &self,
         stream: &Stream,
         dst: &mut BufferViewMut<'_, E>,
@@ -412,7 +403,7 @@ impl Backend for Npu {
         crate::index::npu::scatter_add_rows(self.ordinal, stream, dst, src, idx, dim)
     }
 
-    fn zero_rows<T: Pod>(
+    fn zero_rows<T: Element>(
         &self,
         stream: &Stream,
         dst: &mut BufferViewMut<'_, T>,
@@ -422,7 +413,7 @@ impl Backend for Npu {
         crate::index::npu::zero_rows(self.ordinal, stream, dst, idx, dim)
     }
 
-    fn transpose<T: Pod + Send + Sync>(
+    fn transpose<T: Element>(
         &self,
         stream: &Stream,
         out: &mut BufferViewMut<'_, T>,

@@ -1,13 +1,13 @@
 //! Test helpers shared by the op tests: element conversion, tolerance checks with a readable
 //! failure message, and central finite differences in f64.
 
-use super::Elem;
 use crate::testutil::{max_abs, rel_l2, Rng};
 use crate::tolerance::Tolerances;
+use cannon_runtime::Float;
 
 /// Relative L2 bounds from DESIGN.md (the crate's [`Tolerances`] table), per storage type:
 /// (forward, backward).
-pub(crate) fn tolerances<E: Elem>() -> (f64, f64) {
+pub(crate) fn tolerances<E: Float>() -> (f64, f64) {
     let t = if E::NAME == "f32" {
         Tolerances::F32
     } else {
@@ -18,7 +18,7 @@ pub(crate) fn tolerances<E: Elem>() -> (f64, f64) {
 
 /// `n` normal samples scaled by `scale`, stored as `E` (so bf16 data is exactly representable
 /// and the f64 reference sees the same inputs as the kernel).
-pub(crate) fn randn<E: Elem>(rng: &mut Rng, n: usize, scale: f32) -> Vec<E> {
+pub(crate) fn randn<E: Float>(rng: &mut Rng, n: usize, scale: f32) -> Vec<E> {
     rng.normal_vec(n, scale)
         .into_iter()
         .map(E::from_f32)
@@ -26,12 +26,12 @@ pub(crate) fn randn<E: Elem>(rng: &mut Rng, n: usize, scale: f32) -> Vec<E> {
 }
 
 /// Widens to f64 for the references.
-pub(crate) fn wide<E: Elem>(a: &[E]) -> Vec<f64> {
+pub(crate) fn wide<E: Float>(a: &[E]) -> Vec<f64> {
     a.iter().map(|&x| x.to_f32() as f64).collect()
 }
 
 /// Asserts `rel_l2(got, want) <= tol`, naming the tensor and the case on failure.
-pub(crate) fn assert_close<E: Elem>(what: &str, got: &[E], want: &[f64], tol: f64) {
+pub(crate) fn assert_close<E: Float>(what: &str, got: &[E], want: &[f64], tol: f64) {
     let g = wide(got);
     let err = rel_l2(&g, want);
     assert!(

@@ -5,16 +5,15 @@
 //! (quiet bit set); aclnnCast's f32 -> bf16 must be compared bit for bit on the cast tests'
 //! inputs (ties, overflow to infinity, NaN).
 
-use super::Elem;
 use crate::backend::npu_pending;
 use crate::error::Result;
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnCast(self = src, dtype = B's aclDataType, out = dst)` (ACL_BF16 rounds to nearest
 /// even, ACL_FLOAT widens exactly); when `A` and `B` are the same type, a device copy
 /// (`memcpy_dtod`) instead.
-pub fn convert<A: Elem + Pod, B: Elem + Pod>(
+pub fn convert<A: Float, B: Float>(
     ordinal: u32,
     _stream: &Stream,
     _src: &BufferView<'_, A>,

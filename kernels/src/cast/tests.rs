@@ -52,7 +52,7 @@ fn f32_to_bf16_matches_half_bit_for_bit() {
     bits.extend((0..1 << 20).map(|_| rng.next_u64() as u32));
     let src: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
     let mut dst = vec![bf16::ZERO; src.len()];
-    cast_f32_to_bf16(&src, &mut dst).unwrap();
+    cast(&src, &mut dst).unwrap();
     for (i, (&x, &y)) in src.iter().zip(&dst).enumerate() {
         let r = bf16::from_f32(x);
         assert_eq!(
@@ -91,9 +91,9 @@ fn bf16_to_f32_is_exact_and_round_trips() {
     // does; `half` would also quiet signalling NaNs) and rounds back to itself (NaN to NaN).
     let src: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
     let mut wide = vec![0.0f32; src.len()];
-    cast_bf16_to_f32(&src, &mut wide).unwrap();
+    cast(&src, &mut wide).unwrap();
     let mut back = vec![bf16::ZERO; src.len()];
-    cast_f32_to_bf16(&wide, &mut back).unwrap();
+    cast(&wide, &mut back).unwrap();
     for i in 0..src.len() {
         assert_eq!(wide[i].to_bits(), (i as u32) << 16, "widen {i:#06x}");
         if src[i].is_nan() {
@@ -111,7 +111,7 @@ fn generic_cast_and_length_errors() {
     cast(&src, &mut dst).unwrap();
     assert_eq!(dst, src);
     let mut short = vec![bf16::ZERO; 2];
-    let err = cast_f32_to_bf16(&src, &mut short).unwrap_err().to_string();
+    let err = cast(&src, &mut short).unwrap_err().to_string();
     assert!(err.contains("dst has 2 elements, expected 3"), "{err}");
 }
 

@@ -3,7 +3,7 @@
 //! the plain `y += x` / `a * b`.
 
 use crate::cast::simd::{self, Simd, WithSimd, PAR_CHUNK};
-use crate::cast::Elem;
+use cannon_runtime::Float;
 use rayon::prelude::*;
 
 /// `y[i] = y[i] OP x[i]` in f32, rounded once to E.
@@ -14,7 +14,7 @@ macro_rules! in_place {
             x: &'a [E],
         }
 
-        impl<E: Elem> WithSimd for $kernel<'_, E> {
+        impl<E: Float> WithSimd for $kernel<'_, E> {
             type Output = ();
             #[inline(always)]
             fn with_simd<S: Simd>(self, _: S) {
@@ -24,7 +24,7 @@ macro_rules! in_place {
             }
         }
 
-        pub(super) fn $name<E: Elem>(y: &mut [E], x: &[E]) {
+        pub(super) fn $name<E: Float>(y: &mut [E], x: &[E]) {
             y.par_chunks_mut(PAR_CHUNK)
                 .zip(x.par_chunks(PAR_CHUNK))
                 .for_each(|(y, x)| simd::run($kernel { y, x }));
@@ -41,7 +41,7 @@ struct Mul<'a, E> {
     b: &'a [E],
 }
 
-impl<E: Elem> WithSimd for Mul<'_, E> {
+impl<E: Float> WithSimd for Mul<'_, E> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {
@@ -51,7 +51,7 @@ impl<E: Elem> WithSimd for Mul<'_, E> {
     }
 }
 
-pub(super) fn mul<E: Elem>(out: &mut [E], a: &[E], b: &[E]) {
+pub(super) fn mul<E: Float>(out: &mut [E], a: &[E], b: &[E]) {
     out.par_chunks_mut(PAR_CHUNK)
         .zip(a.par_chunks(PAR_CHUNK))
         .zip(b.par_chunks(PAR_CHUNK))

@@ -6,13 +6,12 @@
 //! other = x)`. bf16 operands compute in f32 and round once on store, as on the CPU.
 
 use crate::backend::npu_pending;
-use crate::cast::Elem;
 use crate::error::Result;
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnInplaceAdd(y, x, alpha = 1)`.
-pub fn add_into<E: Elem + Pod>(
+pub fn add_into<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _y: &mut BufferViewMut<'_, E>,
@@ -22,7 +21,7 @@ pub fn add_into<E: Elem + Pod>(
 }
 
 /// `aclnnMul(a, b, out)`.
-pub fn mul<E: Elem + Pod>(
+pub fn mul<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _out: &mut BufferViewMut<'_, E>,
@@ -33,7 +32,7 @@ pub fn mul<E: Elem + Pod>(
 }
 
 /// `aclnnInplaceMul(y, x)`.
-pub fn mul_into<E: Elem + Pod>(
+pub fn mul_into<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _y: &mut BufferViewMut<'_, E>,

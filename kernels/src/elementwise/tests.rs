@@ -11,7 +11,7 @@ fn data(n: usize, seed: u64) -> Vec<f32> {
 }
 
 /// Naive float64 reference of `op` rounded to E once, as the kernels promise.
-fn check<E: Elem>(op: fn(f64, f64) -> f64, run: fn(&mut [E], &[E], &[E])) {
+fn check<E: Float>(op: fn(f64, f64) -> f64, run: fn(&mut [E], &[E], &[E])) {
     for n in SIZES {
         let a: Vec<E> = data(n, 1).into_iter().map(E::from_f32).collect();
         let b: Vec<E> = data(n, 2).into_iter().map(E::from_f32).collect();
@@ -31,17 +31,17 @@ fn check<E: Elem>(op: fn(f64, f64) -> f64, run: fn(&mut [E], &[E], &[E])) {
     }
 }
 
-fn add_run<E: Elem>(out: &mut [E], a: &[E], b: &[E]) {
+fn add_run<E: Float>(out: &mut [E], a: &[E], b: &[E]) {
     out.copy_from_slice(a);
     add_into(out, b).unwrap();
 }
 
-fn mul_into_run<E: Elem>(out: &mut [E], a: &[E], b: &[E]) {
+fn mul_into_run<E: Float>(out: &mut [E], a: &[E], b: &[E]) {
     out.copy_from_slice(a);
     mul_into(out, b).unwrap();
 }
 
-fn mul_run<E: Elem>(out: &mut [E], a: &[E], b: &[E]) {
+fn mul_run<E: Float>(out: &mut [E], a: &[E], b: &[E]) {
     mul(out, a, b).unwrap();
 }
 

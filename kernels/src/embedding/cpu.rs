@@ -2,10 +2,10 @@
 //! tokens), so every dW row is written by exactly one task, in token order.
 
 use crate::cast::simd::{self, Simd, WithSimd};
-use crate::cast::Elem;
+use cannon_runtime::Float;
 use rayon::prelude::*;
 
-pub(super) fn forward<E: Elem>(out: &mut [E], ids: &[u32], w: &[E], dim: usize) {
+pub(super) fn forward<E: Float>(out: &mut [E], ids: &[u32], w: &[E], dim: usize) {
     out.par_chunks_mut(dim)
         .zip(ids.par_iter())
         .with_min_len(64)
@@ -14,7 +14,13 @@ pub(super) fn forward<E: Elem>(out: &mut [E], ids: &[u32], w: &[E], dim: usize) 
         });
 }
 
-pub(super) fn backward<E: Elem>(dw: &mut [f32], dout: &[E], ids: &[u32], vocab: usize, dim: usize) {
+pub(super) fn backward<E: Float>(
+    dw: &mut [f32],
+    dout: &[E],
+    ids: &[u32],
+    vocab: usize,
+    dim: usize,
+) {
     // start[v]..start[v + 1] indexes `order`, the tokens of id v in increasing t.
     let mut start = vec![0u32; vocab + 1];
     for &id in ids {
@@ -48,7 +54,7 @@ struct AddRow<'a, E> {
     src: &'a [E],
 }
 
-impl<E: Elem> WithSimd for AddRow<'_, E> {
+impl<E: Float> WithSimd for AddRow<'_, E> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {

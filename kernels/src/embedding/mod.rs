@@ -16,8 +16,8 @@ pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
-use crate::cast::Elem;
 use crate::error::{check_len, KernelError, Result};
+use cannon_runtime::Float;
 
 fn check_ids(op: &'static str, ids: &[u32], vocab: usize) -> Result<()> {
     match ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
@@ -40,7 +40,7 @@ fn vocab_of(op: &'static str, len: usize, dim: usize) -> Result<usize> {
 }
 
 /// Gathers rows of `weight` [V, D] into `out` [T, D].
-pub fn embedding_forward<E: Elem>(
+pub fn embedding_forward<E: Float>(
     out: &mut [E],
     ids: &[u32],
     weight: &[E],
@@ -55,7 +55,7 @@ pub fn embedding_forward<E: Elem>(
 }
 
 /// Adds each token's `dout` [T, D] row into row `ids[t]` of `dweight` [V, D].
-pub fn embedding_backward<E: Elem>(
+pub fn embedding_backward<E: Float>(
     dweight: &mut [f32],
     dout: &[E],
     ids: &[u32],

@@ -5,13 +5,12 @@
 //! as int32 (aclnn indices are int32/int64; ids below V < 2^31 fit).
 
 use crate::backend::npu_pending;
-use crate::cast::Elem;
 use crate::error::Result;
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnEmbedding(weight [V, D], indices = ids [T], out [T, D])`.
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _out: &mut BufferViewMut<'_, E>,
@@ -27,7 +26,7 @@ pub fn forward<E: Elem + Pod>(
 /// `dout` is widened with aclnnCast first), then `aclnnInplaceAdd` into `dweight`. That
 /// scratch is the size of the table (2.7 GB at V = 131072, D = 5120), so the NPU issue should
 /// prefer an accumulating scatter (aclnnIndexAdd, not bound yet) where the part has it.
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _dweight: &mut BufferViewMut<'_, f32>,

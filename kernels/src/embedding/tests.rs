@@ -12,7 +12,7 @@ const SHAPES: [(usize, usize, usize); 5] = [
     (50, 2, 130),
 ];
 
-fn check<E: Elem>() {
+fn check<E: Float>() {
     let mut rng = Rng::new(60);
     for &(t, v, d) in &SHAPES {
         let w = randn::<E>(&mut rng, v * d, 1.0);

@@ -1,7 +1,7 @@
 //! CPU GELU: rayon over fixed chunks, one branch-free vectorised loop each.
 
 use crate::cast::simd::{self, Simd, WithSimd, PAR_CHUNK};
-use crate::cast::Elem;
+use cannon_runtime::Float;
 use rayon::prelude::*;
 
 const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
@@ -38,7 +38,7 @@ pub(super) fn phi_cdf(x: f32) -> f32 {
     }
 }
 
-pub(super) fn forward<E: Elem>(y: &mut [E], x: &[E]) {
+pub(super) fn forward<E: Float>(y: &mut [E], x: &[E]) {
     y.par_chunks_mut(PAR_CHUNK)
         .zip(x.par_chunks(PAR_CHUNK))
         .for_each(|(y, x)| simd::run(Forward { y, x }));
@@ -49,7 +49,7 @@ struct Forward<'a, E> {
     x: &'a [E],
 }
 
-impl<E: Elem> WithSimd for Forward<'_, E> {
+impl<E: Float> WithSimd for Forward<'_, E> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {
@@ -60,7 +60,7 @@ impl<E: Elem> WithSimd for Forward<'_, E> {
     }
 }
 
-pub(super) fn backward<E: Elem>(dx: &mut [E], dy: &[E], x: &[E]) {
+pub(super) fn backward<E: Float>(dx: &mut [E], dy: &[E], x: &[E]) {
     dx.par_chunks_mut(PAR_CHUNK)
         .zip(dy.par_chunks(PAR_CHUNK))
         .zip(x.par_chunks(PAR_CHUNK))
@@ -73,7 +73,7 @@ struct Backward<'a, E> {
     x: &'a [E],
 }
 
-impl<E: Elem> WithSimd for Backward<'_, E> {
+impl<E: Float> WithSimd for Backward<'_, E> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {

@@ -18,18 +18,18 @@ pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
-use crate::cast::Elem;
 use crate::error::{check_len, Result};
+use cannon_runtime::Float;
 
 /// `y = gelu(x)`, elementwise. x, y: `[N]`.
-pub fn gelu_forward<E: Elem>(y: &mut [E], x: &[E]) -> Result<()> {
+pub fn gelu_forward<E: Float>(y: &mut [E], x: &[E]) -> Result<()> {
     check_len("gelu_forward", "y", y.len(), x.len())?;
     cpu::forward(y, x);
     Ok(())
 }
 
 /// `dx += dy * gelu'(x)`, elementwise. dx, dy, x: `[N]`.
-pub fn gelu_backward<E: Elem>(dx: &mut [E], dy: &[E], x: &[E]) -> Result<()> {
+pub fn gelu_backward<E: Float>(dx: &mut [E], dy: &[E], x: &[E]) -> Result<()> {
     check_len("gelu_backward", "dy", dy.len(), x.len())?;
     check_len("gelu_backward", "dx", dx.len(), x.len())?;
     cpu::backward(dx, dy, x);

@@ -10,13 +10,12 @@
 //! `dx += dy (Phi + x e^(-x^2/2) / sqrt(2 pi))` with aclnnMul / aclnnMuls / aclnnAdd.
 
 use crate::backend::npu_pending;
-use crate::cast::Elem;
 use crate::error::Result;
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnGeluV2(self = x, approximate = "none", out = y)`.
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _y: &mut BufferViewMut<'_, E>,
@@ -28,7 +27,7 @@ pub fn forward<E: Elem + Pod>(
 /// `aclnnGeluBackwardV2(gradOutput = dy, self = x, approximate = "none", gradInput)` into an
 /// `[N]` scratch (the op writes), then `aclnnInplaceAdd` into `dx` (our backward
 /// accumulates).
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _dx: &mut BufferViewMut<'_, E>,

@@ -75,7 +75,7 @@ fn normal_cdf_has_small_relative_error_everywhere() {
 /// Sizes: empty, 1, odd, around the 16-lane width, and more than one rayon chunk.
 const SIZES: [usize; 6] = [0, 1, 17, 100, 4099, 70_001];
 
-fn check_against_reference<E: Elem>() {
+fn check_against_reference<E: Float>() {
     let (tol_f, tol_b) = tolerances::<E>();
     let mut rng = Rng::new(30);
     for &n in &SIZES {

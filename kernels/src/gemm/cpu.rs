@@ -3,7 +3,8 @@
 //! Callers (mod.rs) have already checked every slice against the dims, so the raw-pointer
 //! calls below stay inside the slices.
 
-use super::{Bf16Elem, Dims, Trans};
+use super::{Dims, Trans};
+use cannon_runtime::Float;
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool costs
 /// more than it saves (measured: a 64^3 product takes ~10 us single-threaded).
@@ -13,15 +14,7 @@ const PARALLEL_MIN_MACS: usize = 64 * 64 * 64;
 /// Bit-identical to `half::bf16::from_f32` but branch-free, so packing loops vectorise.
 #[inline(always)]
 pub fn to_bf16_bits(x: f32) -> u16 {
-    let b = x.to_bits();
-    let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
-    // A NaN must stay NaN even if rounding would carry its payload into the exponent/infinity.
-    let quiet_nan = ((b >> 16) as u16) | 0x0040;
-    if x.is_nan() {
-        quiet_nan
-    } else {
-        rounded
-    }
+    cannon_runtime::dtype::f32_to_bf16(x).to_bits()
 }
 
 /// Whether this CPU runs the packed `vdpbf16ps` kernel (else bf16 GEMM takes the portable path).
@@ -123,7 +116,7 @@ pub(super) fn gemm_f32(
 }
 
 /// Copies `op(X)` (`[rows, cols]`) rounded to bf16 and widened back to f32 into a dense matrix.
-fn widen_op<T: Bf16Elem>(t: Trans, rows: usize, cols: usize, x: &[T], ld: usize) -> Vec<f32> {
+fn widen_op<T: Float>(t: Trans, rows: usize, cols: usize, x: &[T], ld: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(rows * cols);
     for i in 0..rows {
         for j in 0..cols {
@@ -138,7 +131,7 @@ fn widen_op<T: Bf16Elem>(t: Trans, rows: usize, cols: usize, x: &[T], ld: usize)
 }
 
 #[allow(clippy::too_many_arguments)]
-pub(super) fn gemm_bf16<TA: Bf16Elem, TB: Bf16Elem>(
+pub(super) fn gemm_bf16<TA: Float, TB: Float>(
     ta: Trans,
     tb: Trans,
     d: Dims,

@@ -71,7 +71,7 @@ mod x86_tile;
 mod tests;
 
 use crate::error::{KernelError, Result};
-use half::bf16;
+use cannon_runtime::Float;
 
 pub use cpu::{bf16_kernel_available, to_bf16_bits};
 
@@ -80,44 +80,6 @@ pub use cpu::{bf16_kernel_available, to_bf16_bits};
 pub enum Trans {
     N,
     T,
-}
-
-/// An element that the bf16 GEMM can read: `half::bf16` as is, or `f32` rounded to the nearest
-/// bf16 (ties to even, as torch's `.to(torch.bfloat16)`), so f32 gradients can feed a bf16
-/// product without a separate cast pass.
-pub trait Bf16Elem: Copy + Send + Sync + 'static + sealed::Sealed {
-    /// The bf16 bit pattern this element contributes to the product.
-    fn bf16_bits(self) -> u16;
-    /// The element's own value (not rounded), for sums outside the products (bias grads).
-    fn value(self) -> f32;
-}
-
-impl Bf16Elem for bf16 {
-    #[inline(always)]
-    fn bf16_bits(self) -> u16 {
-        self.to_bits()
-    }
-    #[inline(always)]
-    fn value(self) -> f32 {
-        self.to_f32()
-    }
-}
-
-impl Bf16Elem for f32 {
-    #[inline(always)]
-    fn bf16_bits(self) -> u16 {
-        to_bf16_bits(self)
-    }
-    #[inline(always)]
-    fn value(self) -> f32 {
-        self
-    }
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for half::bf16 {}
-    impl Sealed for f32 {}
 }
 
 /// The precision of a layer's products, the one `Precision` of the workspace: the trainer's
@@ -193,7 +155,7 @@ impl Products<f32, f32> for F32 {
     }
 }
 
-impl<A: Bf16Elem, B: Bf16Elem> Products<A, B> for Bf16 {
+impl<A: Float, B: Float> Products<A, B> for Bf16 {
     fn gemm(
         ta: Trans,
         tb: Trans,
@@ -217,6 +179,38 @@ pub struct Dims {
     pub m: usize,
     pub n: usize,
     pub k: usize,
+}
+
+/// `C = alpha * op(A) op(B) + beta * C` in precision `p`: the entry point generic over the
+/// operands' storage. `F32` runs [`gemm_f32`] and needs f32 operands (a bf16 operand is a
+/// typed error, not a silent widening); `Bf16` runs [`gemm_bf16`] on bf16 or f32 operands.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm<A: Float, B: Float>(
+    p: Precision,
+    ta: Trans,
+    tb: Trans,
+    d: Dims,
+    alpha: f32,
+    a: &[A],
+    lda: usize,
+    b: &[B],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) -> Result<()> {
+    match p {
+        Precision::F32 => {
+            let not_f32 = |what| KernelError::InvalidArgument {
+                op: "gemm",
+                detail: format!("{what} is bf16; Precision::F32 needs f32 operands"),
+            };
+            let a = crate::cast::as_f32(a).ok_or_else(|| not_f32("a"))?;
+            let b = crate::cast::as_f32(b).ok_or_else(|| not_f32("b"))?;
+            gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
+        }
+        Precision::Bf16 => gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc),
+    }
 }
 
 /// `C = alpha * op(A) op(B) + beta * C` in f32 (see the module docs for the layout rules).
@@ -254,7 +248,7 @@ pub fn gemm_f32(
 ///
 /// Uses the AVX512-BF16 kernel when the CPU has it, else [`gemm_bf16_portable`].
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_bf16<TA: Bf16Elem, TB: Bf16Elem>(
+pub fn gemm_bf16<TA: Float, TB: Float>(
     ta: Trans,
     tb: Trans,
     d: Dims,
@@ -275,7 +269,7 @@ pub fn gemm_bf16<TA: Bf16Elem, TB: Bf16Elem>(
 /// and multiplied by [`gemm_f32`]. This is the fallback on other CPUs; it is public so tests
 /// and benchmarks can compare the two paths.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_bf16_portable<TA: Bf16Elem, TB: Bf16Elem>(
+pub fn gemm_bf16_portable<TA: Float, TB: Float>(
     ta: Trans,
     tb: Trans,
     d: Dims,
@@ -296,7 +290,7 @@ pub fn gemm_bf16_portable<TA: Bf16Elem, TB: Bf16Elem>(
 type Operands<'a, 'c, TA, TB> = (&'a [TA], usize, &'a [TB], usize, &'c mut [f32], usize);
 
 /// Both bf16 entry points: check the operands, then run the kernel or the portable path.
-fn checked_bf16<TA: Bf16Elem, TB: Bf16Elem>(
+fn checked_bf16<TA: Float, TB: Float>(
     ta: Trans,
     tb: Trans,
     d: Dims,

@@ -7,11 +7,10 @@
 //! and the body finishes with `aclnnInplaceMuls(C, beta)` (skipped for beta = 1) and
 //! `aclnnInplaceAdd(C, P, alpha)`, which is how the backward passes accumulate.
 
-use super::{Bf16Elem, Dims, Precision, Trans};
+use super::{Dims, Precision, Trans};
 use crate::backend::npu_pending;
-use crate::cast::Elem;
 use crate::error::Result;
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnMatmul(self = op(A), mat2 = op(B), out)` plus the alpha/beta epilogue.
@@ -23,7 +22,7 @@ use cannon_runtime::{BufferView, BufferViewMut, Stream};
 /// directly is to be confirmed on hardware; a bf16 result would not match the CPU's f32
 /// output and is not an acceptable substitute.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm<A: Elem + Bf16Elem + Pod, B: Elem + Bf16Elem + Pod>(
+pub fn gemm<A: Float, B: Float>(
     ordinal: u32,
     _stream: &Stream,
     p: Precision,

@@ -25,7 +25,8 @@
 
 use super::x86_pack::{pack_block_across_rows, pack_k_across_rows, pack_k_in_rows, Panel, Src};
 use super::x86_tile::{drive, store_tile, Epi, Packed};
-use super::{Bf16Elem, Dims, Trans};
+use super::{Dims, Trans};
+use cannon_runtime::Float;
 use std::arch::x86_64::*;
 
 /// Rows of C per kernel call.
@@ -187,7 +188,7 @@ impl Packed for Bf16Kernel<'_> {
 /// `C = alpha * op(A) op(B) + beta * C` (dims and slices already checked, k > 0, alpha != 0,
 /// [`available`] true), blocked by [`drive`].
 #[allow(clippy::too_many_arguments)]
-pub(super) fn gemm<TA: Bf16Elem, TB: Bf16Elem>(
+pub(super) fn gemm<TA: Float, TB: Float>(
     ta: Trans,
     tb: Trans,
     d: Dims,

@@ -11,7 +11,7 @@
 //! Every load is masked to the valid elements, so no byte past the operand's block is read.
 
 use super::x86_tile::mask16;
-use super::Bf16Elem;
+use cannon_runtime::Float;
 use half::bf16;
 use std::any::TypeId;
 use std::arch::x86_64::*;
@@ -24,12 +24,12 @@ pub(super) enum Src<'a> {
 }
 
 impl<'a> Src<'a> {
-    pub(super) fn new<S: Bf16Elem>(s: &'a [S]) -> Self {
+    pub(super) fn new<S: Float>(s: &'a [S]) -> Self {
         if TypeId::of::<S>() == TypeId::of::<bf16>() {
             // SAFETY: S is bf16 (a repr(transparent) u16), so the slice is len u16s.
             Src::Bf16(unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u16>(), s.len()) })
         } else {
-            // SAFETY: Bf16Elem is sealed to bf16 and f32, so S is f32 here.
+            // SAFETY: Float is sealed to bf16 and f32, so S is f32 here.
             Src::F32(unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) })
         }
     }

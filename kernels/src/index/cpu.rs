@@ -3,20 +3,15 @@
 //! indices must sum, or overwrite, in that order).
 
 use super::TransposeDims;
-use crate::cast::Elem;
-use bytemuck::Pod;
+use cannon_runtime::Element;
+use cannon_runtime::Float;
 use rayon::prelude::*;
 
 /// Rows per rayon task: copies are memory-bound, so tasks only need to be large enough to
 /// amortise the scheduling.
 const ROWS_PER_TASK: usize = 64;
 
-pub(super) fn gather_rows<T: Pod + Send + Sync>(
-    out: &mut [T],
-    src: &[T],
-    idx: &[usize],
-    dim: usize,
-) {
+pub(super) fn gather_rows<T: Element>(out: &mut [T], src: &[T], idx: &[usize], dim: usize) {
     out.par_chunks_mut(dim * ROWS_PER_TASK)
         .zip(idx.par_chunks(ROWS_PER_TASK))
         .for_each(|(out, idx)| {
@@ -26,13 +21,13 @@ pub(super) fn gather_rows<T: Pod + Send + Sync>(
         });
 }
 
-pub(super) fn scatter_rows<T: Pod>(dst: &mut [T], src: &[T], idx: &[usize], dim: usize) {
+pub(super) fn scatter_rows<T: Element>(dst: &mut [T], src: &[T], idx: &[usize], dim: usize) {
     for (row, &r) in src.chunks_exact(dim).zip(idx) {
         dst[r * dim..(r + 1) * dim].copy_from_slice(row);
     }
 }
 
-pub(super) fn scatter_add_rows<E: Elem>(dst: &mut [E], src: &[E], idx: &[usize], dim: usize) {
+pub(super) fn scatter_add_rows<E: Float>(dst: &mut [E], src: &[E], idx: &[usize], dim: usize) {
     for (row, &r) in src.chunks_exact(dim).zip(idx) {
         for (d, &s) in dst[r * dim..(r + 1) * dim].iter_mut().zip(row) {
             *d = E::from_f32(d.to_f32() + s.to_f32());
@@ -40,7 +35,7 @@ pub(super) fn scatter_add_rows<E: Elem>(dst: &mut [E], src: &[E], idx: &[usize],
     }
 }
 
-pub(super) fn transpose<T: Pod + Send + Sync>(out: &mut [T], x: &[T], d: TransposeDims) {
+pub(super) fn transpose<T: Element>(out: &mut [T], x: &[T], d: TransposeDims) {
     let m = d.rows * d.cols;
     if m == 0 {
         return;

@@ -25,9 +25,9 @@ pub mod npu;
 #[cfg(test)]
 mod tests;
 
-use crate::cast::Elem;
 use crate::error::{check_len, KernelError, Result};
-use bytemuck::Pod;
+use cannon_runtime::Element;
+use cannon_runtime::Float;
 
 /// Checks that `buf` holds whole rows of `dim` and every index is one of them; returns the
 /// number of rows.
@@ -61,12 +61,7 @@ fn check_rows(
 }
 
 /// `out[i] = src[idx[i]]`: rows of `dim` elements. out: [K, D], src: [R, D], idx: [K].
-pub fn gather_rows<T: Pod + Send + Sync>(
-    out: &mut [T],
-    src: &[T],
-    idx: &[usize],
-    dim: usize,
-) -> Result<()> {
+pub fn gather_rows<T: Element>(out: &mut [T], src: &[T], idx: &[usize], dim: usize) -> Result<()> {
     check_rows("gather_rows", "src", src.len(), dim, idx)?;
     check_len("gather_rows", "out", out.len(), idx.len() * dim)?;
     cpu::gather_rows(out, src, idx, dim);
@@ -74,7 +69,7 @@ pub fn gather_rows<T: Pod + Send + Sync>(
 }
 
 /// `dst[idx[i]] = src[i]`. dst: [R, D], src: [K, D], idx: [K].
-pub fn scatter_rows<T: Pod>(dst: &mut [T], src: &[T], idx: &[usize], dim: usize) -> Result<()> {
+pub fn scatter_rows<T: Element>(dst: &mut [T], src: &[T], idx: &[usize], dim: usize) -> Result<()> {
     check_rows("scatter_rows", "dst", dst.len(), dim, idx)?;
     check_len("scatter_rows", "src", src.len(), idx.len() * dim)?;
     cpu::scatter_rows(dst, src, idx, dim);
@@ -82,7 +77,7 @@ pub fn scatter_rows<T: Pod>(dst: &mut [T], src: &[T], idx: &[usize], dim: usize)
 }
 
 /// `dst[idx[i]] += src[i]`, in order of i. dst: [R, D], src: [K, D], idx: [K].
-pub fn scatter_add_rows<E: Elem>(
+pub fn scatter_add_rows<E: Float>(
     dst: &mut [E],
     src: &[E],
     idx: &[usize],
@@ -95,7 +90,7 @@ pub fn scatter_add_rows<E: Elem>(
 }
 
 /// `dst[idx[i]] = 0`. dst: [R, D], idx: [K].
-pub fn zero_rows<T: Pod>(dst: &mut [T], idx: &[usize], dim: usize) -> Result<()> {
+pub fn zero_rows<T: Element>(dst: &mut [T], idx: &[usize], dim: usize) -> Result<()> {
     check_rows("zero_rows", "dst", dst.len(), dim, idx)?;
     for &r in idx {
         dst[r * dim..(r + 1) * dim].fill(T::zeroed());
@@ -118,7 +113,7 @@ impl TransposeDims {
 }
 
 /// `out[b, c, r] = x[b, r, c]`. x: [B, R, C], out: [B, C, R].
-pub fn transpose<T: Pod + Send + Sync>(out: &mut [T], x: &[T], d: TransposeDims) -> Result<()> {
+pub fn transpose<T: Element>(out: &mut [T], x: &[T], d: TransposeDims) -> Result<()> {
     let n = d.len().ok_or_else(|| KernelError::Shape {
         op: "transpose",
         detail: format!("{d:?} overflows"),

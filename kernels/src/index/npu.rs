@@ -10,13 +10,13 @@
 
 use super::TransposeDims;
 use crate::backend::npu_pending;
-use crate::cast::Elem;
 use crate::error::Result;
-use bytemuck::Pod;
+use cannon_runtime::Element;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnIndexSelect(self = src, dim = 0, index = idx, out)`.
-pub fn gather_rows<T: Pod>(
+pub fn gather_rows<T: Element>(
     ordinal: u32,
     _stream: &Stream,
     _out: &mut BufferViewMut<'_, T>,
@@ -28,7 +28,7 @@ pub fn gather_rows<T: Pod>(
 }
 
 /// `aclnnIndexCopy(self = dst, dim = 0, index = idx, source = src)`.
-pub fn scatter_rows<T: Pod>(
+pub fn scatter_rows<T: Element>(
     ordinal: u32,
     _stream: &Stream,
     _dst: &mut BufferViewMut<'_, T>,
@@ -40,7 +40,7 @@ pub fn scatter_rows<T: Pod>(
 }
 
 /// `aclnnIndexAdd(self = dst, dim = 0, index = idx, source = src, alpha = 1)`.
-pub fn scatter_add_rows<E: Elem + Pod>(
+pub fn scatter_add_rows<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _dst: &mut BufferViewMut<'_, E>,
@@ -52,7 +52,7 @@ pub fn scatter_add_rows<E: Elem + Pod>(
 }
 
 /// `aclnnInplaceIndexFill(self = dst, dim = 0, index = idx, value = 0)`.
-pub fn zero_rows<T: Pod>(
+pub fn zero_rows<T: Element>(
     ordinal: u32,
     _stream: &Stream,
     _dst: &mut BufferViewMut<'_, T>,
@@ -63,7 +63,7 @@ pub fn zero_rows<T: Pod>(
 }
 
 /// `aclnnPermute(self = x as [B, R, C], dims = [0, 2, 1], out)`.
-pub fn transpose<T: Pod>(
+pub fn transpose<T: Element>(
     ordinal: u32,
     _stream: &Stream,
     _out: &mut BufferViewMut<'_, T>,

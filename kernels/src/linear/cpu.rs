@@ -3,7 +3,8 @@
 
 use super::{LinearDims, LinearGrads};
 use crate::error::Result;
-use crate::gemm::{gemm_bf16, Bf16Elem, Dims, Products, Trans};
+use crate::gemm::{gemm_bf16, Dims, Products, Trans};
+use cannon_runtime::Float;
 use rayon::prelude::*;
 
 /// Columns of db per rayon task: wide enough that a task is worth scheduling.
@@ -47,7 +48,7 @@ fn gemm_dims(m: usize, n: usize, k: usize) -> Dims {
 }
 
 /// `Y[T,O] = X W^T (+ b)` in precision `P`.
-pub(super) fn forward<P: Products<X, W>, X, W: Bf16Elem>(
+pub(super) fn forward<P: Products<X, W>, X, W: Float>(
     y: &mut [f32],
     x: &[X],
     w: &[W],
@@ -56,7 +57,7 @@ pub(super) fn forward<P: Products<X, W>, X, W: Bf16Elem>(
 ) -> Result<()> {
     let beta = match b {
         Some(b) => {
-            broadcast_bias(y, |j| b[j].value(), d.d_out);
+            broadcast_bias(y, |j| b[j].to_f32(), d.d_out);
             1.0
         }
         None => 0.0,
@@ -78,7 +79,7 @@ pub(super) fn forward<P: Products<X, W>, X, W: Bf16Elem>(
 }
 
 /// The requested gradients of a linear layer, accumulated, in precision `P`.
-pub(super) fn backward<P, G: Bf16Elem, X, W>(
+pub(super) fn backward<P, G: Float, X, W>(
     g: LinearGrads,
     dy: &[G],
     x: &[X],
@@ -123,13 +124,13 @@ where
         )?;
     }
     if let Some(db) = g.db {
-        bias_grad(db, |i| dy[i].value(), d);
+        bias_grad(db, |i| dy[i].to_f32(), d);
     }
     Ok(())
 }
 
 /// `Y` stored as bf16: tiles of Y are computed in f32 (bias included) and rounded once.
-pub(super) fn forward_bf16_to_bf16<X: Bf16Elem, W: Bf16Elem>(
+pub(super) fn forward_bf16_to_bf16<X: Float, W: Float>(
     y: &mut [half::bf16],
     x: &[X],
     w: &[W],
@@ -146,7 +147,7 @@ pub(super) fn forward_bf16_to_bf16<X: Bf16Elem, W: Bf16Elem>(
             let tile = &mut tile[..rows * nc];
             let beta = match b {
                 Some(b) => {
-                    broadcast_bias(tile, |j| b[o0 + j].value(), nc);
+                    broadcast_bias(tile, |j| b[o0 + j].to_f32(), nc);
                     1.0
                 }
                 None => 0.0,

@@ -15,7 +15,7 @@
 //! One forward and one backward, generic over the storage types and taking the
 //! [`Precision`] of the products:
 //! - `F32`: everything f32 (a bf16 operand is a typed error, not a silent widening).
-//! - `Bf16`: X, W, b and dY are [`Bf16Elem`]s (bf16 storage, or f32 rounded to bf16 as the
+//! - `Bf16`: X, W, b and dY are [`Float`]s (bf16 storage, or f32 rounded to bf16 as the
 //!   GEMM packs them, so f32 activation gradients can feed the bf16 products directly);
 //!   products accumulate in f32; Y is written as f32 or rounded once to bf16, by its type;
 //!   gradients are f32. The bias is added in f32 after the product, and db sums dY's own
@@ -27,10 +27,11 @@ pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
-use crate::cast::Elem;
+use crate::cast;
 use crate::error::{check_len, KernelError, Result};
-use crate::gemm::{Bf16, Bf16Elem, Precision, F32};
+use crate::gemm::{Bf16, Precision, F32};
 use cannon_runtime::BufferViewMut;
+use cannon_runtime::Float;
 
 /// The dims of one linear layer applied to `t` tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +122,7 @@ fn not_f32(op: &'static str, what: &str) -> KernelError {
 /// `F32`: X, W, b and Y must be f32. `Bf16`: X, W, b are bf16 or f32 (rounded to bf16 in the
 /// product), products accumulate in f32, the bias is added in f32, and Y is written as f32
 /// or rounded once to bf16 (nearest even), by Y's type.
-pub fn linear_forward<Y: Elem, X: Elem + Bf16Elem, W: Elem + Bf16Elem>(
+pub fn linear_forward<Y: Float, X: Float, W: Float>(
     p: Precision,
     y: &mut [Y],
     x: &[X],
@@ -136,16 +137,16 @@ pub fn linear_forward<Y: Elem, X: Elem + Bf16Elem, W: Elem + Bf16Elem>(
     }
     match p {
         Precision::F32 => {
-            let y = Y::as_f32_mut(y).ok_or_else(|| not_f32(op, "y"))?;
-            let x = X::as_f32(x).ok_or_else(|| not_f32(op, "x"))?;
-            let w = W::as_f32(w).ok_or_else(|| not_f32(op, "w"))?;
-            let b = b.map(|b| W::as_f32(b).ok_or_else(|| not_f32(op, "b")));
+            let y = cast::as_f32_mut(y).ok_or_else(|| not_f32(op, "y"))?;
+            let x = cast::as_f32(x).ok_or_else(|| not_f32(op, "x"))?;
+            let w = cast::as_f32(w).ok_or_else(|| not_f32(op, "w"))?;
+            let b = b.map(|b| cast::as_f32(b).ok_or_else(|| not_f32(op, "b")));
             cpu::forward::<F32, _, _>(y, x, w, b.transpose()?, d)
         }
-        Precision::Bf16 => match Y::as_bf16_mut(y) {
+        Precision::Bf16 => match cast::as_bf16_mut(y) {
             Some(y) => cpu::forward_bf16_to_bf16(y, x, w, b, d),
             None => {
-                let y = Y::as_f32_mut(y).ok_or_else(|| not_f32(op, "y"))?;
+                let y = cast::as_f32_mut(y).ok_or_else(|| not_f32(op, "y"))?;
                 cpu::forward::<Bf16, _, _>(y, x, w, b, d)
             }
         },
@@ -156,7 +157,7 @@ pub fn linear_forward<Y: Elem, X: Elem + Bf16Elem, W: Elem + Bf16Elem>(
 /// `p`; `x` and `w` are the forward's inputs: `[T, I]` and `[O, I]`; `dy` is `[T, O]`.
 /// Gradients are f32 in both precisions; under `Bf16` dY, X, W may be bf16 or f32 (rounded
 /// to bf16 in the products) and db sums dY's own values in f32.
-pub fn linear_backward<G: Elem + Bf16Elem, X: Elem + Bf16Elem, W: Elem + Bf16Elem>(
+pub fn linear_backward<G: Float, X: Float, W: Float>(
     p: Precision,
     g: LinearGrads,
     dy: &[G],
@@ -170,9 +171,9 @@ pub fn linear_backward<G: Elem + Bf16Elem, X: Elem + Bf16Elem, W: Elem + Bf16Ele
     check_len(op, "w", w.len(), d.d_out * d.d_in)?;
     match p {
         Precision::F32 => {
-            let dy = G::as_f32(dy).ok_or_else(|| not_f32(op, "dy"))?;
-            let x = X::as_f32(x).ok_or_else(|| not_f32(op, "x"))?;
-            let w = W::as_f32(w).ok_or_else(|| not_f32(op, "w"))?;
+            let dy = cast::as_f32(dy).ok_or_else(|| not_f32(op, "dy"))?;
+            let x = cast::as_f32(x).ok_or_else(|| not_f32(op, "x"))?;
+            let w = cast::as_f32(w).ok_or_else(|| not_f32(op, "w"))?;
             cpu::backward::<F32, _, _, _>(g, dy, x, w, d)
         }
         Precision::Bf16 => cpu::backward::<Bf16, _, _, _>(g, dy, x, w, d),

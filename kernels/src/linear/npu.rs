@@ -17,16 +17,15 @@
 
 use super::{LinearDims, LinearGradBufs};
 use crate::backend::npu_pending;
-use crate::cast::Elem;
 use crate::error::Result;
-use crate::gemm::{Bf16Elem, Precision};
-use bytemuck::Pod;
+use crate::gemm::Precision;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `Y = aclnnMatmul(X, W^T)` (+ `aclnnInplaceAdd` of b); under `Bf16` f32 operands are cast
 /// first and a bf16 Y is the aclnnCast of the f32 result (the CPU's single rounding).
 #[allow(clippy::too_many_arguments)]
-pub fn forward<Y: Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+pub fn forward<Y: Float, X: Float, W: Float>(
     ordinal: u32,
     _stream: &Stream,
     _p: Precision,
@@ -45,7 +44,7 @@ pub fn forward<Y: Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod
 
 /// `dX += dY W`, `dW += dY^T X`, `db += ones^T dY`: aclnnMatmul + aclnnInplaceAdd.
 #[allow(clippy::too_many_arguments)]
-pub fn backward<G: Elem + Bf16Elem + Pod, X: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+pub fn backward<G: Float, X: Float, W: Float>(
     ordinal: u32,
     _stream: &Stream,
     _p: Precision,

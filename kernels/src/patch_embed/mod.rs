@@ -13,7 +13,7 @@
 //!
 //! The stride equals the kernel, so patches do not overlap and col2im is a scatter. HF crops
 //! the conv output to `[:h/p, :w/p]`; computing only those patches is the same thing.
-//! f32 and bf16 variants as in `linear`: bf16 pixels/weights/dOut ([`Bf16Elem`]: bf16, or f32
+//! f32 and bf16 variants as in `linear`: bf16 pixels/weights/dOut ([`Float`]: bf16, or f32
 //! rounded in the product), f32 accumulation and f32 outputs and gradients.
 
 mod cpu;
@@ -22,10 +22,11 @@ pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
-use crate::cast::Elem;
+use crate::cast;
 use crate::error::{check_len, KernelError, Result};
-use crate::gemm::{Bf16, Bf16Elem, Precision, F32};
+use crate::gemm::{Bf16, Precision, F32};
 use cannon_runtime::BufferViewMut;
+use cannon_runtime::Float;
 
 /// The image and patch geometry of one image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,7 +157,7 @@ fn not_f32(op: &'static str, what: &str) -> KernelError {
 
 /// `out[Np, D] = im2col(pixels) W^T` in precision `p` (f32 output; under `Bf16` pixels and
 /// weight are bf16 or f32 rounded to bf16 in the product, with f32 accumulation).
-pub fn patch_embed_forward<P: Elem + Bf16Elem, W: Elem + Bf16Elem>(
+pub fn patch_embed_forward<P: Float, W: Float>(
     p: Precision,
     out: &mut [f32],
     pixels: &[P],
@@ -169,8 +170,8 @@ pub fn patch_embed_forward<P: Elem + Bf16Elem, W: Elem + Bf16Elem>(
     check_len(op, "out", out.len(), g.num_patches() * d_model)?;
     match p {
         Precision::F32 => {
-            let pixels = P::as_f32(pixels).ok_or_else(|| not_f32(op, "pixels"))?;
-            let weight = W::as_f32(weight).ok_or_else(|| not_f32(op, "weight"))?;
+            let pixels = cast::as_f32(pixels).ok_or_else(|| not_f32(op, "pixels"))?;
+            let weight = cast::as_f32(weight).ok_or_else(|| not_f32(op, "weight"))?;
             cpu::forward::<F32, _, _>(out, pixels, weight, g, d_model)
         }
         Precision::Bf16 => cpu::forward::<Bf16, _, _>(out, pixels, weight, g, d_model),
@@ -179,7 +180,7 @@ pub fn patch_embed_forward<P: Elem + Bf16Elem, W: Elem + Bf16Elem>(
 
 /// Accumulates `dW += dOut^T P` and `dpixels += col2im(dOut W)` (each if present) in
 /// precision `p`; gradients are f32 in both.
-pub fn patch_embed_backward<G: Elem + Bf16Elem, P: Elem + Bf16Elem, W: Elem + Bf16Elem>(
+pub fn patch_embed_backward<G: Float, P: Float, W: Float>(
     p: Precision,
     grads: PatchEmbedGrads,
     dout: &[G],
@@ -193,9 +194,9 @@ pub fn patch_embed_backward<G: Elem + Bf16Elem, P: Elem + Bf16Elem, W: Elem + Bf
     check_grads(op, &g, d_model, &grads, dout.len())?;
     match p {
         Precision::F32 => {
-            let dout = G::as_f32(dout).ok_or_else(|| not_f32(op, "dout"))?;
-            let pixels = P::as_f32(pixels).ok_or_else(|| not_f32(op, "pixels"))?;
-            let weight = W::as_f32(weight).ok_or_else(|| not_f32(op, "weight"))?;
+            let dout = cast::as_f32(dout).ok_or_else(|| not_f32(op, "dout"))?;
+            let pixels = cast::as_f32(pixels).ok_or_else(|| not_f32(op, "pixels"))?;
+            let weight = cast::as_f32(weight).ok_or_else(|| not_f32(op, "weight"))?;
             cpu::backward::<F32, _, _, _>(grads, dout, pixels, weight, g, d_model)
         }
         Precision::Bf16 => cpu::backward::<Bf16, _, _, _>(grads, dout, pixels, weight, g, d_model),

@@ -19,15 +19,14 @@
 
 use super::{PatchEmbedGradBufs, PatchGeom};
 use crate::backend::npu_pending;
-use crate::cast::Elem;
 use crate::error::Result;
-use crate::gemm::{Bf16Elem, Precision};
-use bytemuck::Pod;
+use crate::gemm::Precision;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `out = aclnnMatmul(im2col view of pixels, W^T view)`.
 #[allow(clippy::too_many_arguments)]
-pub fn forward<P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+pub fn forward<P: Float, W: Float>(
     ordinal: u32,
     _stream: &Stream,
     _p: Precision,
@@ -46,7 +45,7 @@ pub fn forward<P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
 
 /// `dW += aclnnMatmul(dOut^T, P)`, `dpixels += col2im(aclnnMatmul(dOut, W))`.
 #[allow(clippy::too_many_arguments)]
-pub fn backward<G: Elem + Bf16Elem + Pod, P: Elem + Bf16Elem + Pod, W: Elem + Bf16Elem + Pod>(
+pub fn backward<G: Float, P: Float, W: Float>(
     ordinal: u32,
     _stream: &Stream,
     _p: Precision,

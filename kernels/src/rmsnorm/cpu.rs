@@ -1,7 +1,8 @@
 //! CPU RMSNorm: rayon over blocks of rows, one vectorised pass per row (two in the backward).
 
+use crate::cast::round_to;
 use crate::cast::simd::{self, hsum, Simd, WithSimd, LANES};
-use crate::cast::{round_to, Elem};
+use cannon_runtime::Float;
 use rayon::prelude::*;
 
 /// Rows per rayon task: about 16K elements, so a task is some microseconds of work.
@@ -9,7 +10,7 @@ fn rows_per_task(dim: usize) -> usize {
     (16_384 / dim).max(1)
 }
 
-pub(super) fn forward<E: Elem>(
+pub(super) fn forward<E: Float>(
     out: &mut [E],
     rstd: &mut [f32],
     x: &[E],
@@ -42,7 +43,7 @@ struct Forward<'a, E> {
     eps: f32,
 }
 
-impl<E: Elem> WithSimd for Forward<'_, E> {
+impl<E: Float> WithSimd for Forward<'_, E> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {
@@ -63,7 +64,7 @@ impl<E: Elem> WithSimd for Forward<'_, E> {
 }
 
 #[inline(always)]
-fn sum_squares<E: Elem>(x: &[E]) -> f32 {
+fn sum_squares<E: Float>(x: &[E]) -> f32 {
     let mut acc = [0.0f32; LANES];
     let mut it = x.chunks_exact(LANES);
     for c in &mut it {
@@ -88,7 +89,7 @@ fn rows_per_block(t: usize, dim: usize) -> usize {
 /// Columns per rayon task when summing the dw partials.
 const DW_COLS: usize = 1024;
 
-pub(super) fn backward<E: Elem>(
+pub(super) fn backward<E: Float>(
     dx: &mut [E],
     dw: &mut [f32],
     dout: &[E],
@@ -141,7 +142,7 @@ struct Backward<'a, E> {
     dim: usize,
 }
 
-impl<E: Elem> WithSimd for Backward<'_, E> {
+impl<E: Float> WithSimd for Backward<'_, E> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {

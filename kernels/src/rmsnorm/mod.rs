@@ -26,8 +26,8 @@ pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
-use crate::cast::Elem;
 use crate::error::{check_len, KernelError, Result};
+use cannon_runtime::Float;
 
 const OP_FWD: &str = "rmsnorm_forward";
 const OP_BWD: &str = "rmsnorm_backward";
@@ -45,7 +45,7 @@ fn rows(op: &'static str, len: usize, dim: usize) -> Result<usize> {
 
 /// Normalises each row of `x [T, D]` and scales it by `weight [D]` into `out [T, D]`; saves
 /// `rstd [T]` for the backward.
-pub fn rmsnorm_forward<E: Elem>(
+pub fn rmsnorm_forward<E: Float>(
     out: &mut [E],
     rstd: &mut [f32],
     x: &[E],
@@ -63,7 +63,7 @@ pub fn rmsnorm_forward<E: Elem>(
 
 /// Accumulates the gradients of [`rmsnorm_forward`]: `dx` [T, D] += d out/d x . `dout`, and
 /// `dweight [D]` += sum over rows of `dout * n`. `rstd [T]` is the forward's.
-pub fn rmsnorm_backward<E: Elem>(
+pub fn rmsnorm_backward<E: Float>(
     dx: &mut [E],
     dweight: &mut [f32],
     dout: &[E],

@@ -6,15 +6,14 @@
 //! order must be compared against the same fixtures.
 
 use crate::backend::npu_pending;
-use crate::cast::Elem;
 use crate::error::Result;
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnRmsNorm(x [T, D], gamma = weight [D], epsilon = eps, yOut = out, rstdOut = rstd)`,
 /// rstd viewed as `[T, 1]` f32.
 #[allow(clippy::too_many_arguments)]
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _out: &mut BufferViewMut<'_, E>,
@@ -31,7 +30,7 @@ pub fn forward<E: Elem + Pod>(
 /// `[T, D]` / `[D]` f32 buffers (the op writes), then `aclnnInplaceAdd` of each into `dx` and
 /// `dweight` (our backward accumulates).
 #[allow(clippy::too_many_arguments)]
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _dx: &mut BufferViewMut<'_, E>,

@@ -52,7 +52,7 @@ const SHAPES: [(usize, usize); 8] = [
     (300, 129),
 ];
 
-fn check_against_reference<E: Elem>() {
+fn check_against_reference<E: Float>() {
     let (tol_f, tol_b) = tolerances::<E>();
     let mut rng = Rng::new(10);
     for &(t, d) in &SHAPES {

@@ -3,11 +3,11 @@
 
 use super::RopeTable;
 use crate::cast::simd::{self, Simd, WithSimd};
-use crate::cast::Elem;
+use cannon_runtime::Float;
 use rayon::prelude::*;
 
 /// Rotates every head of every token by its slot's angles; `sign` -1 rotates backwards.
-pub(super) fn rotate<E: Elem>(
+pub(super) fn rotate<E: Float>(
     x: &mut [E],
     n_heads: usize,
     table: &RopeTable,
@@ -40,7 +40,7 @@ struct Rotate<'a, E> {
     sign: f32,
 }
 
-impl<E: Elem> WithSimd for Rotate<'_, E> {
+impl<E: Float> WithSimd for Rotate<'_, E> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {

@@ -30,8 +30,8 @@ pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
-use crate::cast::Elem;
 use crate::error::{KernelError, Result};
+use cannon_runtime::Float;
 
 /// Precomputed cos/sin per slot: `[slots, D/2]` each, f32.
 #[derive(Clone, Debug)]
@@ -190,7 +190,7 @@ fn check_apply<E>(
 }
 
 /// Rotates `x [T, H, D]` in place by the angles of each token's slot `pos [T]`.
-pub fn rope_forward<E: Elem>(
+pub fn rope_forward<E: Float>(
     x: &mut [E],
     n_heads: usize,
     table: &RopeTable,
@@ -203,7 +203,7 @@ pub fn rope_forward<E: Elem>(
 
 /// Backward of [`rope_forward`]: on entry `dx` [T, H, D] holds d loss / d(rotated x), on exit
 /// d loss / d x (the inverse rotation, in place; nothing accumulates).
-pub fn rope_backward<E: Elem>(
+pub fn rope_backward<E: Float>(
     dx: &mut [E],
     n_heads: usize,
     table: &RopeTable,

@@ -12,14 +12,13 @@
 
 use super::RopeTable;
 use crate::backend::npu_pending;
-use crate::cast::Elem;
 use crate::error::Result;
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferViewMut, Stream};
 
 /// `aclnnRotaryPositionEmbedding(x viewed [1, T, H, D] (BSND), cos, sin viewed [1, T, 1, D],
 /// mode = 0 (rotate-half), out)`.
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _x: &mut BufferViewMut<'_, E>,
@@ -37,7 +36,7 @@ pub fn forward<E: Elem + Pod>(
 /// `aclnnRotaryPositionEmbeddingGrad(dy = dx, cos, sin, xOptional = null, mode = 0, dxOut,
 /// dcosOut = null, dsinOut = null)`: the inverse rotation (equivalently the forward call with
 /// `-sin`).
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _dx: &mut BufferViewMut<'_, E>,

@@ -147,7 +147,7 @@ fn packed_positions(t: usize) -> Vec<u32> {
     pos
 }
 
-fn check_apply<E: Elem>() {
+fn check_apply<E: Float>() {
     let (tol_f, tol_b) = tolerances::<E>();
     let mut rng = Rng::new(50);
     let theta = 10_000.0;

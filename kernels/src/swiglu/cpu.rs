@@ -1,7 +1,8 @@
 //! CPU SwiGLU: rayon over fixed chunks, each one vectorised loop (exp from `cast::simd`).
 
+use crate::cast::round_to;
 use crate::cast::simd::{self, Simd, WithSimd, PAR_CHUNK};
-use crate::cast::{round_to, Elem};
+use cannon_runtime::Float;
 use rayon::prelude::*;
 
 #[inline(always)]
@@ -9,7 +10,7 @@ fn sigmoid(g: f32) -> f32 {
     1.0 / (1.0 + simd::exp(-g))
 }
 
-pub(super) fn forward<E: Elem>(h: &mut [E], gate: &[E], up: &[E]) {
+pub(super) fn forward<E: Float>(h: &mut [E], gate: &[E], up: &[E]) {
     h.par_chunks_mut(PAR_CHUNK)
         .zip(gate.par_chunks(PAR_CHUNK))
         .zip(up.par_chunks(PAR_CHUNK))
@@ -22,7 +23,7 @@ struct Forward<'a, E> {
     up: &'a [E],
 }
 
-impl<E: Elem> WithSimd for Forward<'_, E> {
+impl<E: Float> WithSimd for Forward<'_, E> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {
@@ -33,7 +34,7 @@ impl<E: Elem> WithSimd for Forward<'_, E> {
     }
 }
 
-pub(super) fn backward<E: Elem>(d_gate: &mut [E], d_up: &mut [E], dh: &[E], gate: &[E], up: &[E]) {
+pub(super) fn backward<E: Float>(d_gate: &mut [E], d_up: &mut [E], dh: &[E], gate: &[E], up: &[E]) {
     d_gate
         .par_chunks_mut(PAR_CHUNK)
         .zip(d_up.par_chunks_mut(PAR_CHUNK))
@@ -59,7 +60,7 @@ struct Backward<'a, E> {
     up: &'a [E],
 }
 
-impl<E: Elem> WithSimd for Backward<'_, E> {
+impl<E: Float> WithSimd for Backward<'_, E> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) {

@@ -18,11 +18,11 @@ pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
 
-use crate::cast::Elem;
 use crate::error::{check_len, Result};
+use cannon_runtime::Float;
 
 /// `h = silu(gate) * up`, elementwise. gate, up, h: `[N]`.
-pub fn swiglu_forward<E: Elem>(h: &mut [E], gate: &[E], up: &[E]) -> Result<()> {
+pub fn swiglu_forward<E: Float>(h: &mut [E], gate: &[E], up: &[E]) -> Result<()> {
     check_len("swiglu_forward", "up", up.len(), gate.len())?;
     check_len("swiglu_forward", "h", h.len(), gate.len())?;
     cpu::forward(h, gate, up);
@@ -30,7 +30,7 @@ pub fn swiglu_forward<E: Elem>(h: &mut [E], gate: &[E], up: &[E]) -> Result<()> 
 }
 
 /// Accumulates the gradients of [`swiglu_forward`] into `d_gate` and `d_up`. All: `[N]`.
-pub fn swiglu_backward<E: Elem>(
+pub fn swiglu_backward<E: Float>(
     d_gate: &mut [E],
     d_up: &mut [E],
     dh: &[E],

@@ -8,13 +8,12 @@
 //! product (transformers' order); aclnnSwiGlu's rounding must be checked against it.
 
 use crate::backend::npu_pending;
-use crate::cast::Elem;
 use crate::error::Result;
-use bytemuck::Pod;
+use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnSwiGlu(x = [gate; up] as [2, N], dim = 0, out = h)`.
-pub fn forward<E: Elem + Pod>(
+pub fn forward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _h: &mut BufferViewMut<'_, E>,
@@ -26,7 +25,7 @@ pub fn forward<E: Elem + Pod>(
 
 /// `aclnnSwiGluGrad(yGrad = dh, x = [gate; up], dim = 0, out)` into a `[2, N]` scratch (the
 /// op writes), then `aclnnInplaceAdd` of its halves into `d_gate` and `d_up`.
-pub fn backward<E: Elem + Pod>(
+pub fn backward<E: Float>(
     ordinal: u32,
     _stream: &Stream,
     _d_gate: &mut BufferViewMut<'_, E>,

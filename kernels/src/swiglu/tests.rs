@@ -32,7 +32,7 @@ fn ref_backward(dh: &[f64], gate: &[f64], up: &[f64]) -> (Vec<f64>, Vec<f64>) {
 /// Sizes: empty, 1, odd, around the 16-lane width, and more than one rayon chunk.
 const SIZES: [usize; 7] = [0, 1, 15, 17, 333, 4096, 70_001];
 
-fn check_against_reference<E: Elem>() {
+fn check_against_reference<E: Float>() {
     let (tol_f, tol_b) = tolerances::<E>();
     let mut rng = Rng::new(20);
     for &n in &SIZES {

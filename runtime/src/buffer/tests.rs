@@ -68,10 +68,23 @@ fn copy_length_mismatch_is_an_error() {
 #[test]
 fn dtod_copies_between_buffers_and_views() {
     let (s, a) = cpu();
-    let src = DeviceBuffer::clone_htod(&s, &[1u16, 2, 3, 4, 5, 6]).unwrap();
-    let mut dst = DeviceBuffer::<u16>::alloc_zeros_in(&a, 3).unwrap();
+    let src = DeviceBuffer::clone_htod(&s, &[1u32, 2, 3, 4, 5, 6]).unwrap();
+    let mut dst = DeviceBuffer::<u32>::alloc_zeros_in(&a, 3).unwrap();
     dst.memcpy_dtod(&s, &src.slice(3..6).unwrap()).unwrap();
     assert_eq!(dst.as_host_slice().unwrap(), &[4, 5, 6]);
+}
+
+#[test]
+fn buffers_and_views_report_their_dtype() {
+    let (s, a) = cpu();
+    let mut x = DeviceBuffer::<half::bf16>::alloc_zeros_in(&a, 4).unwrap();
+    assert_eq!(x.dtype(), crate::DType::BF16);
+    assert_eq!(x.view().dtype(), crate::DType::BF16);
+    assert_eq!(x.view_mut().dtype(), crate::DType::BF16);
+    let ids = DeviceBuffer::clone_htod(&s, &[7i64, 8]).unwrap();
+    assert_eq!(ids.slice(1..2).unwrap().dtype().to_string(), "i64");
+    let bytes = DeviceBuffer::clone_htod(&s, &[1u8, 2, 3]).unwrap();
+    assert_eq!(bytes.dtype().size_bytes(), 1);
 }
 
 #[test]

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use super::types::{DType, ReduceOp};
+use super::types::ReduceOp;
+use crate::device::Device;
+use crate::dtype::DType;
 
 /// The error of every communicator call (CPU and HCCL).
 ///
@@ -47,6 +49,16 @@ pub enum CommError {
     #[error("{op}: {detail}")]
     InvalidArgument { op: &'static str, detail: String },
 
+    /// A buffer or the stream of a call is not on the communicator's device.
+    #[error("{op}: rank {rank}: {what} is on {found}, the communicator is on {expected}")]
+    DeviceMismatch {
+        op: &'static str,
+        rank: usize,
+        what: &'static str,
+        expected: Device,
+        found: Device,
+    },
+
     /// `reduce_scatter`/`all_to_all` need the buffer to split evenly over the ranks.
     #[error(
         "{op}: {len} elements do not split evenly over {world_size} ranks (use the _v variant \
@@ -67,7 +79,7 @@ pub enum CommError {
     },
 
     /// A reduce op that the dtype (or backend) does not support, e.g. `Avg` on integers.
-    #[error("{op}: reduce op {reduce_op:?} is not supported for {dtype:?}: {detail}")]
+    #[error("{op}: reduce op {reduce_op:?} is not supported for {dtype}: {detail}")]
     UnsupportedReduce {
         op: &'static str,
         reduce_op: ReduceOp,

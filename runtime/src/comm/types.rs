@@ -1,4 +1,4 @@
-//! Element types and reduce ops shared by the CPU and HCCL communicators.
+//! Reduce ops shared by the CPU and HCCL communicators, and the CPU reductions per element type.
 //!
 //! Reductions run block-wise through an accumulator type: bf16 accumulates in f32 and is rounded
 //! once when stored (so a sum over 8 ranks is one rounding, not 7), everything else accumulates in
@@ -8,41 +8,7 @@
 use half::bf16;
 
 use super::error::CommError;
-
-/// The element types a communicator moves. Values match `HcclDataType` (cann-api.md §5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DType {
-    F32,
-    BF16,
-    F64,
-    I32,
-    I64,
-}
-
-impl DType {
-    pub fn size_bytes(self) -> usize {
-        match self {
-            DType::BF16 => 2,
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
-        }
-    }
-
-    pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::BF16 | DType::F64)
-    }
-
-    /// The `HcclDataType` enum value: INT32=2, FP32=4, INT64=5, FP64=10, BFP16=11.
-    pub const fn hccl_code(self) -> u32 {
-        match self {
-            DType::I32 => 2,
-            DType::F32 => 4,
-            DType::I64 => 5,
-            DType::F64 => 10,
-            DType::BF16 => 11,
-        }
-    }
-}
+use crate::dtype::DType;
 
 /// Reduce operations. `Avg` is the sum divided by the group size (float types only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,14 +44,10 @@ impl ReduceOp {
     }
 }
 
-/// An element type a communicator can move and reduce.
-///
-/// # Safety
-/// `DTYPE` must describe `Self`'s exact in-memory representation: the HCCL path hands raw buffers
-/// to HCCL tagged with `DTYPE.hccl_code()`, and the CPU path reinterprets peers' buffers as `Self`
-/// once all ranks agreed on `DTYPE`, so two types must never share a `DType`.
-pub unsafe trait CommElem: bytemuck::Pod + Send + Sync + 'static {
-    const DTYPE: DType;
+/// How the CPU communicator reduces one element type (crate-private: the public element trait
+/// is [`crate::Element`]; collectives reach these impls by dispatching on the agreed `DType`,
+/// see `cpu/exec.rs`). One impl per `DType`, for the Rust type that `DType` names.
+pub(crate) trait Reduce: crate::Element {
     /// What a reduction accumulates in.
     type Acc: Copy + Default;
 
@@ -127,10 +89,8 @@ mod fops64 {
 }
 
 macro_rules! impl_float {
-    ($t:ty, $dt:expr, $ops:ident) => {
-        // SAFETY: `$dt` is the IEEE type of the same width; no other impl uses it.
-        unsafe impl CommElem for $t {
-            const DTYPE: DType = $dt;
+    ($t:ty, $ops:ident) => {
+        impl Reduce for $t {
             type Acc = $t;
 
             fn load(acc: &mut [$t], src: &[$t]) {
@@ -167,12 +127,10 @@ macro_rules! impl_float {
     };
 }
 
-impl_float!(f32, DType::F32, fops32);
-impl_float!(f64, DType::F64, fops64);
+impl_float!(f32, fops32);
+impl_float!(f64, fops64);
 
-// SAFETY: bf16 is a 2-byte bfloat16 (`half::bf16` is `repr(transparent)` over u16).
-unsafe impl CommElem for bf16 {
-    const DTYPE: DType = DType::BF16;
+impl Reduce for bf16 {
     type Acc = f32;
 
     fn load(acc: &mut [f32], src: &[bf16]) {
@@ -200,22 +158,20 @@ unsafe impl CommElem for bf16 {
             None => dst
                 .iter_mut()
                 .zip(acc)
-                .for_each(|(d, &a)| *d = bf16::from_f32(a)),
+                .for_each(|(d, &a)| *d = crate::dtype::f32_to_bf16(a)),
             Some(n) => {
                 let n = n as f32;
                 dst.iter_mut()
                     .zip(acc)
-                    .for_each(|(d, &a)| *d = bf16::from_f32(a / n))
+                    .for_each(|(d, &a)| *d = crate::dtype::f32_to_bf16(a / n))
             }
         }
     }
 }
 
 macro_rules! impl_int {
-    ($t:ty, $dt:expr) => {
-        // SAFETY: `$dt` is the two's-complement integer of the same width; no other impl uses it.
-        unsafe impl CommElem for $t {
-            const DTYPE: DType = $dt;
+    ($t:ty) => {
+        impl Reduce for $t {
             type Acc = $t;
 
             fn load(acc: &mut [$t], src: &[$t]) {
@@ -251,5 +207,7 @@ macro_rules! impl_int {
     };
 }
 
-impl_int!(i32, DType::I32);
-impl_int!(i64, DType::I64);
+impl_int!(i32);
+impl_int!(i64);
+impl_int!(u32);
+impl_int!(u8);

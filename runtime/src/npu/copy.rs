@@ -8,31 +8,16 @@
 use super::result::{
     self, ACL_MEMCPY_DEVICE_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE,
 };
-use crate::error::{Error, Result};
-use crate::stream::Stream;
-use crate::Device;
-use bytemuck::Pod;
+use super::NpuStream;
+use crate::error::Result;
 use std::ffi::c_void;
-
-/// The ACL stream of `stream`, which must be on `device` (the buffer's own NPU).
-fn npu_stream<'a>(
-    stream: &'a Stream,
-    device: Device,
-    what: &'static str,
-) -> Result<&'a super::NpuStream> {
-    stream.acl_stream().ok_or(Error::DeviceMismatch {
-        what,
-        expected: device,
-        found: stream.device(),
-    })
-}
 
 fn bytes<T>(n: usize) -> usize {
     n * std::mem::size_of::<T>()
 }
 
-pub(crate) fn htod<T: Pod>(stream: &Stream, device: Device, src: &[T], dst: *mut T) -> Result<()> {
-    let s = npu_stream(stream, device, "memcpy_htod")?;
+/// Copies `src` to the device address `dst` after `s` has drained.
+pub(crate) fn htod<T: Copy>(s: &NpuStream, src: &[T], dst: *mut T) -> Result<()> {
     s.synchronize()?;
     if src.is_empty() {
         return Ok(());
@@ -49,13 +34,8 @@ pub(crate) fn htod<T: Pod>(stream: &Stream, device: Device, src: &[T], dst: *mut
     }
 }
 
-pub(crate) fn dtoh<T: Pod>(
-    stream: &Stream,
-    device: Device,
-    src: *const T,
-    dst: &mut [T],
-) -> Result<()> {
-    let s = npu_stream(stream, device, "memcpy_dtoh")?;
+/// Copies from the device address `src` to `dst` after `s` has drained.
+pub(crate) fn dtoh<T: Copy>(s: &NpuStream, src: *const T, dst: &mut [T]) -> Result<()> {
     s.synchronize()?;
     if dst.is_empty() {
         return Ok(());
@@ -72,14 +52,8 @@ pub(crate) fn dtoh<T: Pod>(
     }
 }
 
-pub(crate) fn dtod<T: Pod>(
-    stream: &Stream,
-    device: Device,
-    src: *const T,
-    dst: *mut T,
-    n: usize,
-) -> Result<()> {
-    let s = npu_stream(stream, device, "memcpy_dtod")?;
+/// Copies `n` values between device addresses, ordered on `s`.
+pub(crate) fn dtod<T: Copy>(s: &NpuStream, src: *const T, dst: *mut T, n: usize) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
@@ -108,13 +82,8 @@ pub(crate) fn dtod<T: Pod>(
     }
 }
 
-pub(crate) fn memset_zeros<T: Pod>(
-    stream: &Stream,
-    device: Device,
-    dst: *mut T,
-    n: usize,
-) -> Result<()> {
-    let s = npu_stream(stream, device, "memset_zeros")?;
+/// Zeroes `n` values at the device address `dst`, ordered on `s`.
+pub(crate) fn memset_zeros<T: Copy>(s: &NpuStream, dst: *mut T, n: usize) -> Result<()> {
     if n == 0 {
         return Ok(());
     }

@@ -1,8 +1,8 @@
 //! The NPU side of the runtime (feature `npu`): AscendCL devices, streams, events and memory.
 //!
-//! cudarc's layering: [`result`] turns every `aclError` into a typed [`Error`](crate::Error)
-//! (still `unsafe`, one function per C call we use); the safe types ([`NpuStream`],
-//! [`NpuEvent`], the allocator's private `AclMemory`) own their handles and release them on drop,
+//! cudarc's layering: [`result`] turns every `aclError` into a typed [`crate::Error`] (still
+//! `unsafe`, one function per C call we use); the safe types ([`NpuStream`], [`NpuEvent`], the
+//! allocator's raw memory `AclMemory`, handed out by `raw_memory`) own their handles and release them on drop,
 //! recording failures instead of panicking. Nothing here can run without CANN; it compiles
 //! everywhere and is exercised against a host emulation of CANN in the NPU issue.
 
@@ -13,13 +13,10 @@ mod stream;
 
 pub use stream::{NpuEvent, NpuStream};
 
-use crate::alloc::CachingAllocator;
-use crate::device::Device;
+use crate::alloc::RawMemory;
 use crate::error::Result;
-use parking_lot::Mutex;
 use std::cell::Cell;
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 /// Initialises AscendCL once per process (`aclInit(NULL)`); later calls return the first
 /// outcome.
@@ -64,18 +61,9 @@ pub(crate) fn bind(ordinal: u32) -> Result<()> {
     Ok(())
 }
 
-/// The process-wide caching allocator of NPU `ordinal`.
-pub(crate) fn allocator(ordinal: u32) -> Result<Arc<CachingAllocator>> {
-    static ALLOCATORS: OnceLock<Mutex<HashMap<u32, Arc<CachingAllocator>>>> = OnceLock::new();
-    let mut map = ALLOCATORS.get_or_init(Default::default).lock();
-    if let Some(a) = map.get(&ordinal) {
-        return Ok(a.clone());
-    }
+/// The raw memory of NPU `ordinal` for a caching allocator (the device module builds the
+/// process-wide allocator from it; this module does not know the allocator).
+pub(crate) fn raw_memory(ordinal: u32) -> Result<Box<dyn RawMemory>> {
     bind(ordinal)?;
-    let a = CachingAllocator::with_raw(
-        Device::Npu(ordinal),
-        Box::new(memory::AclMemory { ordinal }),
-    );
-    map.insert(ordinal, a.clone());
-    Ok(a)
+    Ok(Box::new(memory::AclMemory { ordinal }))
 }

@@ -87,6 +87,10 @@ impl NpuEvent {
         Ok(NpuEvent { ordinal, raw })
     }
 
+    pub fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+
     pub fn record(&self, stream: &NpuStream) -> Result<()> {
         super::bind(self.ordinal)?;
         // SAFETY: both handles are live.

@@ -1,22 +1,216 @@
 //! Test support: run a closure on every rank of a CPU world, deterministic inputs, and an
 //! independent sequential reference for the reductions.
+//!
+//! The tests state their cases on host vectors; [`Rank`] carries each call through the one
+//! `Communicator` interface (device buffers and a stream), copying the vectors into CPU
+//! buffers and the results back.
 
 use std::fmt::Debug;
 use std::time::Duration;
 
-use cannon_runtime::comm::{CommElem, Communicator, CpuWorld, ReduceOp};
+use cannon_runtime::comm::{CommResult, Communicator, CpuWorld, ReduceOp};
 use cannon_runtime::rng::SplitMix64;
+use cannon_runtime::{DeviceBuffer, Element, Stream};
 use half::bf16;
 
+/// One rank: its communicator and the (CPU) stream its calls are issued on.
+pub struct Rank {
+    pub comm: Communicator,
+    pub stream: Stream,
+}
+
+impl Rank {
+    pub fn new(comm: Communicator) -> Rank {
+        Rank {
+            comm,
+            stream: Stream::cpu(),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.comm.timeout()
+    }
+
+    pub fn with_timeout<R>(&self, timeout: Duration, f: impl FnOnce(&Self) -> R) -> R {
+        self.comm.with_timeout(timeout, |_| f(self))
+    }
+
+    fn up<T: Element>(&self, v: &[T]) -> DeviceBuffer<T> {
+        DeviceBuffer::clone_htod(&self.stream, v).unwrap()
+    }
+
+    fn down<T: Element>(&self, b: &DeviceBuffer<T>, out: &mut [T]) {
+        b.memcpy_dtoh(&self.stream, out).unwrap()
+    }
+
+    /// Runs a send/recv call on buffers holding `send` and `recv`, then copies recv back.
+    fn send_recv_bufs<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        call: impl FnOnce(&DeviceBuffer<T>, &mut DeviceBuffer<T>) -> CommResult<()>,
+    ) -> CommResult<()> {
+        let s = self.up(send);
+        let mut r = self.up(recv);
+        let out = call(&s, &mut r);
+        self.down(&r, recv);
+        out
+    }
+
+    /// Runs a call on a buffer holding `buf`, then copies it back.
+    fn in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        call: impl FnOnce(&mut DeviceBuffer<T>) -> CommResult<()>,
+    ) -> CommResult<()> {
+        let mut b = self.up(buf);
+        let out = call(&mut b);
+        self.down(&b, buf);
+        out
+    }
+
+    pub fn all_reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> CommResult<()> {
+        self.send_recv_bufs(send, recv, |s, r| {
+            self.comm
+                .all_reduce(&s.view(), &mut r.view_mut(), op, &self.stream)
+        })
+    }
+
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> CommResult<()> {
+        self.in_place(buf, |b| {
+            self.comm
+                .all_reduce_in_place(&mut b.view_mut(), op, &self.stream)
+        })
+    }
+
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
+        self.send_recv_bufs(send, recv, |s, r| {
+            self.comm
+                .all_gather(&s.view(), &mut r.view_mut(), &self.stream)
+        })
+    }
+
+    pub fn all_gather_v<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+    ) -> CommResult<()> {
+        self.send_recv_bufs(send, recv, |s, r| {
+            self.comm
+                .all_gather_v(&s.view(), &mut r.view_mut(), counts, &self.stream)
+        })
+    }
+
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> CommResult<()> {
+        self.send_recv_bufs(send, recv, |s, r| {
+            self.comm
+                .reduce_scatter(&s.view(), &mut r.view_mut(), op, &self.stream)
+        })
+    }
+
+    pub fn reduce_scatter_v<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> CommResult<()> {
+        self.send_recv_bufs(send, recv, |s, r| {
+            self.comm
+                .reduce_scatter_v(&s.view(), &mut r.view_mut(), counts, op, &self.stream)
+        })
+    }
+
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> CommResult<()> {
+        self.in_place(buf, |b| {
+            self.comm.broadcast(&mut b.view_mut(), root, &self.stream)
+        })
+    }
+
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
+        self.send_recv_bufs(send, recv, |s, r| {
+            self.comm
+                .all_to_all(&s.view(), &mut r.view_mut(), &self.stream)
+        })
+    }
+
+    pub fn all_to_all_v<T: Element>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> CommResult<()> {
+        self.send_recv_bufs(send, recv, |s, r| {
+            self.comm.all_to_all_v(
+                &s.view(),
+                send_counts,
+                &mut r.view_mut(),
+                recv_counts,
+                &self.stream,
+            )
+        })
+    }
+
+    pub fn barrier(&self) -> CommResult<()> {
+        self.comm.barrier(&self.stream)
+    }
+
+    pub fn send<T: Element>(&self, buf: &[T], dst: usize) -> CommResult<()> {
+        self.comm.send(&self.up(buf).view(), dst, &self.stream)
+    }
+
+    pub fn recv<T: Element>(&self, buf: &mut [T], src: usize) -> CommResult<()> {
+        self.in_place(buf, |b| {
+            self.comm.recv(&mut b.view_mut(), src, &self.stream)
+        })
+    }
+
+    pub fn send_recv<T: Element>(
+        &self,
+        send: &[T],
+        dst: usize,
+        recv: &mut [T],
+        src: usize,
+    ) -> CommResult<()> {
+        self.send_recv_bufs(send, recv, |s, r| {
+            self.comm
+                .send_recv(&s.view(), dst, &mut r.view_mut(), src, &self.stream)
+        })
+    }
+
+    pub fn split(&self, color: u32, key: u32) -> CommResult<Rank> {
+        Ok(Rank::new(self.comm.split(color, key, &self.stream)?))
+    }
+}
+
 /// Runs `f` on every rank (one thread each) and returns the results in rank order.
-pub fn run_world<R: Send>(
-    world: usize,
-    timeout: Duration,
-    f: impl Fn(Communicator) -> R + Sync,
-) -> Vec<R> {
+pub fn run_world<R: Send>(world: usize, timeout: Duration, f: impl Fn(Rank) -> R + Sync) -> Vec<R> {
     let comms = CpuWorld::new(world, timeout).unwrap();
     std::thread::scope(|s| {
-        let handles: Vec<_> = comms.into_iter().map(|c| s.spawn(|| f(c))).collect();
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|c| s.spawn(|| f(Rank::new(c))))
+            .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     })
 }
@@ -30,7 +224,7 @@ fn splitmix(x: u64) -> u64 {
 }
 
 /// Element types under test: a deterministic generator and the sequential reference reduction.
-pub trait TestElem: CommElem + PartialEq + Debug {
+pub trait TestElem: Element + PartialEq + Debug {
     const HAS_AVG: bool;
     /// The value of element `i` of rank `rank`'s input `seed`.
     fn gen(seed: u64, rank: usize, i: usize) -> Self;

@@ -140,7 +140,7 @@ fn per_call_timeout_overrides_the_world_timeout() {
 
 #[test]
 fn mismatched_counts_ops_dtypes_and_collectives_are_errors() {
-    type Call = fn(&cannon_runtime::comm::Communicator) -> Result<(), CommError>;
+    type Call = fn(&Rank) -> Result<(), CommError>;
     let cases: [(Call, Call, &str); 4] = [
         (
             |c| c.all_reduce_in_place(&mut [0.0f32; 10], ReduceOp::Sum),
@@ -155,7 +155,7 @@ fn mismatched_counts_ops_dtypes_and_collectives_are_errors() {
         (
             |c| c.broadcast(&mut [0.0f32; 4], 0),
             |c| c.broadcast(&mut [0i32; 4], 0),
-            "I32",
+            "i32",
         ),
         (
             |c| c.broadcast(&mut [0.0f32; 4], 0),
@@ -263,7 +263,7 @@ fn recv_failures() {
     let e = out[1].clone().unwrap();
     assert!(
         e.to_string()
-            .contains("rank 0 sent 2 F32 elements but rank 1 receives 3 F32"),
+            .contains("rank 0 sent 2 f32 elements but rank 1 receives 3 f32"),
         "{e}"
     );
 

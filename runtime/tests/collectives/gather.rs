@@ -1,7 +1,8 @@
 //! all_gather(_v), broadcast and all_to_all(_v) against the sequential layout, on 1, 2, 3, 4
 //! and 8 ranks and every dtype. These move data without arithmetic, so results are exact.
 
-use cannon_runtime::comm::{even_counts, CommError};
+use cannon_runtime::comm::{even_counts, CommError, ReduceOp};
+use cannon_runtime::DeviceBuffer;
 
 use crate::common::*;
 
@@ -158,6 +159,52 @@ fn all_to_all_v_counts_must_agree_across_ranks() {
         assert!(
             e.to_string()
                 .contains("rank 0 sends Some(2) elements to rank 1"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn sub_views_at_offsets() {
+    // The interface works on views: gather from the middle of one buffer into the middle of
+    // another, and reduce in place inside a window, leaving everything around them untouched.
+    let out = run_world(3, GENEROUS, |c| {
+        let (s, r) = (&c.stream, c.rank() as f32);
+        let src = DeviceBuffer::clone_htod(s, &[-1.0, r, r + 0.5, -1.0]).unwrap();
+        let mut dst = DeviceBuffer::clone_htod(s, &[9.0f32; 10]).unwrap();
+        c.comm
+            .all_gather(
+                &src.slice(1..3).unwrap(),
+                &mut dst.slice_mut(2..8).unwrap(),
+                s,
+            )
+            .unwrap();
+        let mut acc = DeviceBuffer::clone_htod(s, &[7i32, r as i32, 1, 7]).unwrap();
+        c.comm
+            .all_reduce_in_place(&mut acc.slice_mut(1..3).unwrap(), ReduceOp::Sum, s)
+            .unwrap();
+        (dst.clone_dtoh(s).unwrap(), acc.clone_dtoh(s).unwrap())
+    });
+    for (gathered, reduced) in out {
+        assert_eq!(gathered, [9.0, 9.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 9.0, 9.0]);
+        assert_eq!(reduced, [7, 3, 3, 7]);
+    }
+}
+
+#[test]
+fn a_recv_view_of_the_wrong_length_is_an_error_not_a_panic() {
+    // Lengths are checked per rank against the views, on every rank.
+    let out = run_world(2, GENEROUS, |c| {
+        let s = &c.stream;
+        let send = DeviceBuffer::clone_htod(s, &[1.0f64; 3]).unwrap();
+        let mut recv = DeviceBuffer::<f64>::alloc(s, 5).unwrap();
+        c.comm
+            .all_gather(&send.view(), &mut recv.view_mut(), s)
+            .unwrap_err()
+    });
+    for e in out {
+        assert!(
+            e.to_string().contains("recv has 5 elements, expected 6"),
             "{e}"
         );
     }

@@ -5,14 +5,14 @@
 use std::time::Duration;
 
 use cannon_runtime::comm::rendezvous::FileRendezvous;
-use cannon_runtime::comm::{CommError, HcclCommunicator, ReduceOp};
+use cannon_runtime::comm::{CommError, Communicator, ReduceOp};
 use cannon_runtime::{Device, DeviceBuffer, Stream};
 
 #[test]
 fn world_of_one_or_a_typed_error() {
     let dir = std::env::temp_dir().join(format!("cannon-hccl-test-{}", std::process::id()));
     let rdzv = FileRendezvous::new(&dir, "hccl-one").unwrap();
-    let comm = HcclCommunicator::init(0, 1, 0, rdzv.clone(), Duration::from_secs(30));
+    let comm = Communicator::hccl_init(0, 1, 0, rdzv.clone(), Duration::from_secs(30));
     if !cannon_sys::is_available() {
         let e = comm.unwrap_err();
         eprintln!("no CANN here: {e}");
@@ -45,6 +45,21 @@ fn world_of_one_or_a_typed_error() {
     );
     let avg = comm.all_reduce(&send.view(), &mut recv.view_mut(), ReduceOp::Avg, &stream);
     assert!(matches!(avg, Err(CommError::UnsupportedReduce { .. })));
+    // A host buffer handed to the NPU communicator: a typed device mismatch.
+    let host = DeviceBuffer::clone_htod(&Stream::cpu(), &x).unwrap();
+    let e = comm
+        .all_reduce(&host.view(), &mut recv.view_mut(), ReduceOp::Sum, &stream)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CommError::DeviceMismatch {
+                found: Device::Cpu,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let sub = comm.split(7, 0, &stream).unwrap();
     assert_eq!((sub.rank(), sub.world_size()), (0, 1));
     sub.destroy().unwrap();

@@ -76,7 +76,7 @@ pub type BlockGrads<'a> = GroupGrad<'a, BlockParams<Range<usize>>>;
 
 /// What the forward of one block saves for T tokens (the block input `x` is the caller's).
 #[derive(Debug)]
-pub struct BlockActs<A: bytemuck::Pod> {
+pub struct BlockActs<A: cannon_runtime::Element> {
     pub rstd1: Tensor<f32>, // [T]
     pub ln1: Tensor<A>,     // [T,D]
     pub q: Tensor<A>,       // [T,Hq*Hd] after RoPE
@@ -176,7 +176,7 @@ fn gelu_tmp(exec: &Exec, dims: &BlockDims, t: usize) -> Result<Option<Tensor<f32
 /// Working tensors of the backward, sized for T tokens and reused by every layer; the `A`
 /// ones hold the attention's gradients.
 #[derive(Debug)]
-pub struct BwdScratch<A: bytemuck::Pod> {
+pub struct BwdScratch<A: cannon_runtime::Element> {
     dn: Tensor<f32>,          // [T,D]      d of a norm output
     dmid: Tensor<f32>,        // [T,D]
     datt32: Tensor<f32>,      // [T,Hq*Hd]  d att before storage

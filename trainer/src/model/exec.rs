@@ -2,7 +2,7 @@
 //! allocator its tensors are taken from.
 //!
 //! By default that is the device's process-wide allocator
-//! ([`CachingAllocator::for_device`]), so the figures a step reports are the device's. A
+//! ([`Device::allocator`]), so the figures a step reports are the device's. A
 //! trainer (or a test) that wants the model's own figures, untouched by other work in the
 //! process, gives it a private allocator with [`Exec::with_allocator`].
 
@@ -20,7 +20,8 @@ pub struct Exec {
 impl Exec {
     /// The host, with the process-wide CPU allocator.
     pub fn cpu() -> Self {
-        let alloc = CachingAllocator::for_device(Device::Cpu)
+        let alloc = Device::Cpu
+            .allocator()
             .unwrap_or_else(|_| CachingAllocator::new_cpu());
         Exec {
             stream: Arc::new(Stream::cpu()),
@@ -32,7 +33,7 @@ impl Exec {
     pub fn new(device: Device) -> Result<Self, KernelError> {
         Ok(Exec {
             stream: Arc::new(Stream::new(device)?),
-            alloc: CachingAllocator::for_device(device)?,
+            alloc: device.allocator()?,
         })
     }
 
@@ -71,17 +72,23 @@ impl Exec {
     }
 
     /// A tensor whose contents are unspecified (for outputs an op overwrites).
-    pub fn empty<T: bytemuck::Pod>(&self, shape: &[usize]) -> Result<Tensor<T>, KernelError> {
+    pub fn empty<T: cannon_runtime::Element>(
+        &self,
+        shape: &[usize],
+    ) -> Result<Tensor<T>, KernelError> {
         Tensor::empty_in(&self.alloc, shape)
     }
 
     /// A tensor of zeros (for outputs an op accumulates into).
-    pub fn zeros<T: bytemuck::Pod>(&self, shape: &[usize]) -> Result<Tensor<T>, KernelError> {
+    pub fn zeros<T: cannon_runtime::Element>(
+        &self,
+        shape: &[usize],
+    ) -> Result<Tensor<T>, KernelError> {
         Tensor::zeros_in(&self.alloc, &self.stream, shape)
     }
 
     /// A device copy of host data.
-    pub fn upload<T: bytemuck::Pod>(
+    pub fn upload<T: cannon_runtime::Element>(
         &self,
         data: &[T],
         shape: &[usize],

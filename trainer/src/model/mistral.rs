@@ -31,7 +31,7 @@ use cannon_runtime::BufferViewMut;
 /// Everything the text forward saves (device tensors; positions, RoPE table and sequence
 /// ends are host data the kernels take as such).
 #[derive(Debug)]
-pub struct TextActs<A: bytemuck::Pod> {
+pub struct TextActs<A: cannon_runtime::Element> {
     pub rope: RopeTable,
     /// `[T]` position id of every token (its RoPE slot).
     pub pos: Vec<u32>,
@@ -44,7 +44,7 @@ pub struct TextActs<A: bytemuck::Pod> {
     pub xf: Tensor<A>,       // [T,D] final norm output (the lm_head's input)
 }
 
-impl<A: bytemuck::Pod> TextActs<A> {
+impl<A: cannon_runtime::Element> TextActs<A> {
     /// The decoder's last hidden state (the final norm's input).
     pub fn last(&self) -> &Tensor<f32> {
         self.outs.last().unwrap_or(&self.x0)

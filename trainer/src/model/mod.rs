@@ -77,7 +77,7 @@ impl From<cannon_runtime::Error> for ModelError {
 
 /// What the whole forward saves (activations stored as `A`), on the model's device.
 #[derive(Debug)]
-pub struct ForwardActs<A: bytemuck::Pod> {
+pub struct ForwardActs<A: cannon_runtime::Element> {
     pub vision: Option<pixtral::PixtralActs<A>>,
     pub projector: Option<projector::ProjectorActs<A>>,
     pub text: mistral::TextActs<A>,
@@ -86,7 +86,7 @@ pub struct ForwardActs<A: bytemuck::Pod> {
     pub targets: Vec<i32>,
 }
 
-impl<A: bytemuck::Pod> ForwardActs<A> {
+impl<A: cannon_runtime::Element> ForwardActs<A> {
     /// Projector output `[M, D]` (None without images).
     pub fn image_features(&self) -> Option<&Tensor<f32>> {
         self.projector.as_ref().map(|p| &p.out)

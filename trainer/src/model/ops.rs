@@ -35,13 +35,10 @@
 //! rounded once; the bf16 attention backward (vs f32 on the same bf16 inputs) changes
 //! nothing measurable. Result: 0.038 / 0.034 (tiny-seed7 0.033, wide 0.019).
 
-use cannon_kernels::attention::Element;
-use cannon_kernels::cast::Elem;
-use cannon_kernels::gemm::Bf16Elem;
 use cannon_kernels::linear::{LinearDims, LinearGradBufs};
 use cannon_kernels::patch_embed::{PatchEmbedGradBufs, PatchGeom};
 use cannon_kernels::{ops, KernelError};
-use cannon_runtime::{BufferView, BufferViewMut, Stream};
+use cannon_runtime::{BufferView, BufferViewMut, Float, Stream};
 use half::bf16;
 
 type Result<T> = std::result::Result<T, KernelError>;
@@ -53,7 +50,7 @@ pub use cannon_kernels::Precision;
 /// The storage type of the activations that feed GEMMs and the attention: `f32` for an f32
 /// run, `bf16` for mixed precision. GEMMs always read f32 master weights and write f32; their
 /// products are taken in [`Act::PRECISION`].
-pub trait Act: Elem + Element + Bf16Elem + bytemuck::Pod {
+pub trait Act: Float {
     const PRECISION: Precision;
 }
 
@@ -89,7 +86,7 @@ pub fn linear<A: Act>(
 /// `dx += dy w`, `dw += dy^T x` (each if given) in the run's precision; `dy` is f32, or the
 /// activation storage type (the attention's q/k/v gradients).
 #[allow(clippy::too_many_arguments)]
-pub fn linear_back<A: Act, G: Elem + Bf16Elem + bytemuck::Pod>(
+pub fn linear_back<A: Act, G: Float>(
     s: &Stream,
     dx: Option<BufferViewMut<'_, f32>>,
     dw: Option<BufferViewMut<'_, f32>>,

@@ -118,7 +118,7 @@ impl PatchGrid {
 /// Everything the vision forward saves (device tensors; the grid, RoPE table and slots are
 /// host data the kernels take as such).
 #[derive(Debug)]
-pub struct PixtralActs<A: bytemuck::Pod> {
+pub struct PixtralActs<A: cannon_runtime::Element> {
     pub grid: PatchGrid,
     pub rope: RopeTable,
     pub pos: Vec<u32>,          // [P] RoPE slot of each patch
@@ -130,7 +130,7 @@ pub struct PixtralActs<A: bytemuck::Pod> {
     pub blocks: Vec<BlockActs<A>>,
 }
 
-impl<A: bytemuck::Pod> PixtralActs<A> {
+impl<A: cannon_runtime::Element> PixtralActs<A> {
     /// The tower's output `[P, Dv]` (the hidden state `vision_feature_layer` selects).
     pub fn output(&self) -> &Tensor<f32> {
         self.outs.last().unwrap_or(&self.x0)

@@ -27,7 +27,7 @@ use cannon_runtime::{BufferView, BufferViewMut};
 
 /// Everything the projector forward saves.
 #[derive(Debug)]
-pub struct ProjectorActs<A: bytemuck::Pod> {
+pub struct ProjectorActs<A: cannon_runtime::Element> {
     /// `sources[t*m*m + di*m + dj]` = the patch merged into token t at block offset (di, dj).
     pub sources: Vec<usize>,
     pub rstd: Tensor<f32>, // [P]

@@ -3,7 +3,8 @@
 use std::fmt;
 
 use super::super::error::CommError;
-use super::super::types::{DType, ReduceOp};
+use super::super::types::ReduceOp;
+use crate::dtype::DType;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum OpKind {
@@ -74,7 +75,7 @@ impl fmt::Display for OpDesc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}(", self.kind.name())?;
         if let Some(d) = self.dtype {
-            write!(f, "{d:?}, ")?;
+            write!(f, "{d}, ")?;
         }
         if let Some(r) = self.reduce {
             write!(f, "{r:?}, ")?;

@@ -9,7 +9,8 @@
 //! - The call does not return before the final stage barrier of the round, which every rank
 //!   passes only after it finished all its reads and writes, so every posted buffer outlives
 //!   every access to it. A rank that gives up before the round runs withdraws its post first.
-//! - All ranks agreed on the dtype, so every posted pointer points to `T`, and all lengths were
+//! - All ranks agreed on the dtype, so every posted pointer points to values of the one type
+//!   that dtype names (`crate::Element`'s invariant), and all lengths were
 //!   checked locally (each rank's buffers against its own description) and across ranks (the
 //!   descriptions against each other) before the round ran, so every range below is in bounds.
 //! - Within one stage no two ranks write the same element, and no rank reads an element another
@@ -22,9 +23,12 @@
 
 use std::ops::Range;
 
-use super::super::types::{CommElem, ReduceOp};
+use half::bf16;
+
+use super::super::types::{Reduce, ReduceOp};
 use super::desc::OpKind;
 use super::group::{Group, Round};
+use crate::dtype::{DType, Element};
 
 /// The buffers a rank exposes to its peers for one round.
 #[derive(Clone, Copy)]
@@ -99,7 +103,7 @@ pub fn even_counts(n: usize, parts: usize) -> Vec<usize> {
 }
 
 /// Runs this rank's part of a data-moving round and the round's stage barriers.
-pub(super) fn execute<T: CommElem>(group: &Group, round: &Round, me: usize) {
+pub(super) fn execute<T: Element>(group: &Group, round: &Round, me: usize) {
     let posts = &round.posts;
     let desc = &posts[me].desc;
     let world = posts.len();
@@ -196,8 +200,29 @@ fn rank_counts(kind: OpKind, count: usize, counts: &[usize], world: usize) -> Ve
 }
 
 /// Reduces `range` of every rank's send buffer (in rank order) into this rank's recv buffer
-/// starting at `dst_off`.
-fn reduce_into<T: CommElem>(
+/// starting at `dst_off`, with the reduction of the Rust type `T::DTYPE` names. That type is
+/// `T` itself (`Element` gives each `DType` to exactly one type, of that representation); the
+/// match only recovers the crate-private `Reduce` impl, which a public `T: Element` bound
+/// cannot name.
+fn reduce_into<T: Element>(
+    round: &Round,
+    me: usize,
+    op: ReduceOp,
+    range: Range<usize>,
+    dst_off: usize,
+) {
+    match T::DTYPE {
+        DType::F32 => reduce_typed::<f32>(round, me, op, range, dst_off),
+        DType::BF16 => reduce_typed::<bf16>(round, me, op, range, dst_off),
+        DType::F64 => reduce_typed::<f64>(round, me, op, range, dst_off),
+        DType::I32 => reduce_typed::<i32>(round, me, op, range, dst_off),
+        DType::I64 => reduce_typed::<i64>(round, me, op, range, dst_off),
+        DType::U32 => reduce_typed::<u32>(round, me, op, range, dst_off),
+        DType::U8 => reduce_typed::<u8>(round, me, op, range, dst_off),
+    }
+}
+
+fn reduce_typed<T: Reduce>(
     round: &Round,
     me: usize,
     op: ReduceOp,
@@ -205,6 +230,8 @@ fn reduce_into<T: CommElem>(
     dst_off: usize,
 ) {
     let posts = &round.posts;
+    // Every rank posted buffers of the agreed dtype, which is T's (see `reduce_into`).
+    debug_assert!(posts.iter().all(|p| p.desc.dtype == Some(T::DTYPE)));
     let avg_over = (op == ReduceOp::Avg).then_some(posts.len());
     let out = posts[me].bufs.recv::<T>();
     let mut acc = [T::Acc::default(); BLOCK];

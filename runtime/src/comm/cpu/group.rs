@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::super::error::CommError;
-use super::super::types::DType;
 use super::desc::{check_match, OpDesc, OpKind};
 use super::exec::RawBufs;
+use crate::dtype::DType;
 
 /// One rank's posted call.
 pub(super) struct Post {
@@ -278,7 +278,7 @@ impl Group {
                     let error = CommError::Mismatch {
                         op,
                         detail: format!(
-                            "rank {src} sent {} {:?} elements but rank {dst} receives {len} {dtype:?}",
+                            "rank {src} sent {} {} elements but rank {dst} receives {len} {dtype}",
                             msg.len, msg.dtype
                         ),
                     };

@@ -22,7 +22,7 @@ impl HcclCommunicator {
     /// torchrun-style start: RANK/WORLD_SIZE/LOCAL_RANK and CANNON_RDZV_DIR (+ CANNON_RDZV_ID)
     /// from the environment, one process per NPU, this process on NPU `LOCAL_RANK`.
     /// `timeout` bounds the wait for rank 0's root info (here and in later splits).
-    pub fn from_env(timeout: Duration) -> CommResult<Self> {
+    pub(crate) fn from_env(timeout: Duration) -> CommResult<Self> {
         let env = DistEnv::from_env()?;
         let rdzv = FileRendezvous::from_env()?;
         Self::init(
@@ -36,7 +36,7 @@ impl HcclCommunicator {
 
     /// Rank 0 creates the root info and publishes it; every rank then joins with
     /// HcclCommInitRootInfo, which returns once all ranks joined. Rank 0 removes the file then.
-    pub fn init(
+    pub(crate) fn init(
         rank: usize,
         world_size: usize,
         ordinal: u32,
@@ -78,7 +78,7 @@ impl HcclCommunicator {
             world_size,
             ordinal,
             rdzv,
-            timeout,
+            timeout: Cell::new(timeout),
             splits: Cell::new(0),
         };
         if rank == 0 {
@@ -92,7 +92,12 @@ impl HcclCommunicator {
     /// form a group ordered by `(key, rank)`. Collective over this communicator: the colors
     /// and keys are all-gathered on `stream`, then each new group bootstraps from its first
     /// member's root info through a child of this communicator's rendezvous.
-    pub fn split(&self, color: u32, key: u32, stream: &Stream) -> CommResult<HcclCommunicator> {
+    pub(crate) fn split(
+        &self,
+        color: u32,
+        key: u32,
+        stream: &Stream,
+    ) -> CommResult<HcclCommunicator> {
         let what = "split";
         let err = runtime(what);
         let mine =
@@ -117,6 +122,6 @@ impl HcclCommunicator {
         let n = self.splits.get();
         self.splits.set(n + 1);
         let rdzv = self.rdzv.child(&format!("split{n}.color{color}"))?;
-        HcclCommunicator::init(new_rank, members.len(), self.ordinal, rdzv, self.timeout)
+        HcclCommunicator::init(new_rank, members.len(), self.ordinal, rdzv, self.timeout())
     }
 }

@@ -1,5 +1,5 @@
-//! The HCCL communicator (feature `npu`): the CPU [`Communicator`](super::Communicator)'s calls
-//! over device buffers, one process per NPU.
+//! The HCCL backend of [`Communicator`](super::Communicator) (feature `npu`): the same calls
+//! over NPU buffers, one process per NPU.
 //!
 //! Differences from the CPU communicator, all from HCCL:
 //! - Calls are enqueued on an explicit [`Stream`] and return before the data moved; order them
@@ -27,29 +27,21 @@ use cannon_sys::hccl;
 
 use super::error::{CommError, CommResult};
 use super::rendezvous::FileRendezvous;
-use super::types::{CommElem, DType, ReduceOp};
+use super::types::ReduceOp;
 use crate::buffer::{BufferView, BufferViewMut, DeviceBuffer};
 use crate::device::Device;
+use crate::dtype::Element;
 use crate::stream::Stream;
 
-// Our dtype codes are HCCL's (checked against the header constants at compile time).
-const _: () = {
-    assert!(DType::I32.hccl_code() == hccl::HCCL_DATA_TYPE_INT32);
-    assert!(DType::F32.hccl_code() == hccl::HCCL_DATA_TYPE_FP32);
-    assert!(DType::I64.hccl_code() == hccl::HCCL_DATA_TYPE_INT64);
-    assert!(DType::F64.hccl_code() == hccl::HCCL_DATA_TYPE_FP64);
-    assert!(DType::BF16.hccl_code() == hccl::HCCL_DATA_TYPE_BFP16);
-};
-
 /// One rank's HCCL communicator, bound to the NPU `ordinal`; destroyed on drop.
-pub struct HcclCommunicator {
+pub(crate) struct HcclCommunicator {
     raw: hccl::HcclComm,
     rank: usize,
     world_size: usize,
     ordinal: u32,
     /// Where splits bootstrap their subgroups, and how long they wait there.
     rdzv: FileRendezvous,
-    timeout: Duration,
+    timeout: Cell<Duration>,
     splits: Cell<u32>,
 }
 
@@ -100,20 +92,29 @@ fn mut_ptr<T>(p: *const T) -> *mut c_void {
 }
 
 impl HcclCommunicator {
-    pub fn rank(&self) -> usize {
+    pub(crate) fn rank(&self) -> usize {
         self.rank
     }
 
-    pub fn world_size(&self) -> usize {
+    pub(crate) fn world_size(&self) -> usize {
         self.world_size
     }
 
-    pub fn device(&self) -> Device {
+    pub(crate) fn device(&self) -> Device {
         Device::Npu(self.ordinal)
     }
 
+    /// Bounds the rendezvous waits of later splits (HCCL's own timeouts bound collectives).
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout.get()
+    }
+
+    pub(crate) fn set_timeout(&self, timeout: Duration) {
+        self.timeout.set(timeout);
+    }
+
     /// Destroys the communicator, reporting HCCL's status (drop ignores it).
-    pub fn destroy(mut self) -> CommResult<()> {
+    pub(crate) fn destroy(mut self) -> CommResult<()> {
         self.destroy_raw()
     }
 
@@ -128,7 +129,7 @@ impl HcclCommunicator {
     }
 
     /// HCCL's asynchronous error state (a failed collective surfaces here, not at enqueue).
-    pub fn check_async_error(&self) -> CommResult<()> {
+    pub(crate) fn check_async_error(&self) -> CommResult<()> {
         self.bind("HcclGetCommAsyncError")?;
         let mut code: hccl::HcclResult = hccl::HCCL_SUCCESS;
         // SAFETY: live communicator, valid out-pointer.
@@ -139,7 +140,7 @@ impl HcclCommunicator {
     }
 
     /// `recv[i] = op over ranks of send[i]`. send, recv: (n,).
-    pub fn all_reduce<T: CommElem>(
+    pub(crate) fn all_reduce<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -149,7 +150,7 @@ impl HcclCommunicator {
         let what = "all_reduce";
         let op = self.reduce_code::<T>(what, op)?;
         self.check_len(what, "recv", recv.len(), send.len())?;
-        self.check_devices(what, &[send.device(), recv.device()])?;
+        self.check_devices(what, &[("send", send.device()), ("recv", recv.device())])?;
         let s = self.stream(what, stream)?;
         // SAFETY: both views are live device buffers of `n` values on this communicator's
         // device (checked above), borrowed until the call returns; HCCL reads/writes exactly n.
@@ -167,7 +168,7 @@ impl HcclCommunicator {
     }
 
     /// `buf[i] = op over ranks of buf[i]`. buf: (n,).
-    pub fn all_reduce_in_place<T: CommElem>(
+    pub(crate) fn all_reduce_in_place<T: Element>(
         &self,
         buf: &mut BufferViewMut<'_, T>,
         op: ReduceOp,
@@ -175,7 +176,7 @@ impl HcclCommunicator {
     ) -> CommResult<()> {
         let what = "all_reduce";
         let op = self.reduce_code::<T>(what, op)?;
-        self.check_devices(what, &[buf.device()])?;
+        self.check_devices(what, &[("buf", buf.device())])?;
         let s = self.stream(what, stream)?;
         let p = buf.as_raw_mut_ptr().cast::<c_void>();
         // SAFETY: as in `all_reduce`; HCCL supports send == recv for AllReduce.
@@ -193,7 +194,7 @@ impl HcclCommunicator {
     }
 
     /// Rank-major concatenation. send: (n,), recv: (world * n,).
-    pub fn all_gather<T: CommElem>(
+    pub(crate) fn all_gather<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -201,7 +202,7 @@ impl HcclCommunicator {
     ) -> CommResult<()> {
         let what = "all_gather";
         self.check_len(what, "recv", recv.len(), send.len() * self.world_size)?;
-        self.check_devices(what, &[send.device(), recv.device()])?;
+        self.check_devices(what, &[("send", send.device()), ("recv", recv.device())])?;
         let s = self.stream(what, stream)?;
         // SAFETY: live device views of n and world * n values on our device; HCCL takes the
         // per-rank send count (cann-api.md §5).
@@ -218,7 +219,7 @@ impl HcclCommunicator {
     }
 
     /// send: (world * m,), recv: (m,). Uneven lengths: `CommError::NotDivisible`.
-    pub fn reduce_scatter<T: CommElem>(
+    pub(crate) fn reduce_scatter<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -235,7 +236,7 @@ impl HcclCommunicator {
         }
         let op = self.reduce_code::<T>(what, op)?;
         self.check_len(what, "recv", recv.len(), send.len() / self.world_size)?;
-        self.check_devices(what, &[send.device(), recv.device()])?;
+        self.check_devices(what, &[("send", send.device()), ("recv", recv.device())])?;
         let s = self.stream(what, stream)?;
         // SAFETY: live device views of world * m and m values; HCCL takes the per-rank recv
         // count (cann-api.md §5).
@@ -253,7 +254,7 @@ impl HcclCommunicator {
     }
 
     /// Copies `root`'s buf to every rank. buf: (n,).
-    pub fn broadcast<T: CommElem>(
+    pub(crate) fn broadcast<T: Element>(
         &self,
         buf: &mut BufferViewMut<'_, T>,
         root: usize,
@@ -261,7 +262,7 @@ impl HcclCommunicator {
     ) -> CommResult<()> {
         let what = "broadcast";
         self.check_rank(what, root)?;
-        self.check_devices(what, &[buf.device()])?;
+        self.check_devices(what, &[("buf", buf.device())])?;
         let s = self.stream(what, stream)?;
         // SAFETY: a live device view of n values on our device.
         check("HcclBroadcast", unsafe {
@@ -277,7 +278,7 @@ impl HcclCommunicator {
     }
 
     /// Equal-chunk all-to-all. send, recv: (world * c,).
-    pub fn all_to_all<T: CommElem>(
+    pub(crate) fn all_to_all<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -292,7 +293,7 @@ impl HcclCommunicator {
             });
         }
         self.check_len(what, "recv", recv.len(), send.len())?;
-        self.check_devices(what, &[send.device(), recv.device()])?;
+        self.check_devices(what, &[("send", send.device()), ("recv", recv.device())])?;
         let s = self.stream(what, stream)?;
         let chunk = (send.len() / self.world_size) as u64;
         let dt = T::DTYPE.hccl_code();
@@ -313,7 +314,7 @@ impl HcclCommunicator {
     }
 
     /// All-to-all with per-peer counts, packed in rank order (as on the CPU).
-    pub fn all_to_all_v<T: CommElem>(
+    pub(crate) fn all_to_all_v<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         send_counts: &[usize],
@@ -326,7 +327,7 @@ impl HcclCommunicator {
         self.check_len(what, "recv_counts", recv_counts.len(), self.world_size)?;
         self.check_len(what, "send", send.len(), send_counts.iter().sum())?;
         self.check_len(what, "recv", recv.len(), recv_counts.iter().sum())?;
-        self.check_devices(what, &[send.device(), recv.device()])?;
+        self.check_devices(what, &[("send", send.device()), ("recv", recv.device())])?;
         let s = self.stream(what, stream)?;
         // Host uint64 arrays in elements (cann-api.md §5); alive until the call returns.
         let (sc, sd) = counts_displs(send_counts);
@@ -351,7 +352,7 @@ impl HcclCommunicator {
     }
 
     /// Sends `buf` to `dst` (matched in order by `recv` on `dst`).
-    pub fn send<T: CommElem>(
+    pub(crate) fn send<T: Element>(
         &self,
         buf: &BufferView<'_, T>,
         dst: usize,
@@ -359,7 +360,7 @@ impl HcclCommunicator {
     ) -> CommResult<()> {
         let what = "send";
         self.check_rank(what, dst)?;
-        self.check_devices(what, &[buf.device()])?;
+        self.check_devices(what, &[("buf", buf.device())])?;
         let s = self.stream(what, stream)?;
         // SAFETY: a live device view of n values on our device.
         check("HcclSend", unsafe {
@@ -375,7 +376,7 @@ impl HcclCommunicator {
     }
 
     /// Receives `buf.len()` values from `src`.
-    pub fn recv<T: CommElem>(
+    pub(crate) fn recv<T: Element>(
         &self,
         buf: &mut BufferViewMut<'_, T>,
         src: usize,
@@ -383,7 +384,7 @@ impl HcclCommunicator {
     ) -> CommResult<()> {
         let what = "recv";
         self.check_rank(what, src)?;
-        self.check_devices(what, &[buf.device()])?;
+        self.check_devices(what, &[("buf", buf.device())])?;
         let s = self.stream(what, stream)?;
         // SAFETY: a live device view of n values on our device.
         check("HcclRecv", unsafe {
@@ -400,7 +401,7 @@ impl HcclCommunicator {
 
     /// Sends to `dst` and receives from `src`; even ranks send first, odd ranks receive
     /// first, so a ring on in-order streams has no cycle of waiting sends.
-    pub fn send_recv<T: CommElem>(
+    pub(crate) fn send_recv<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         dst: usize,
@@ -425,7 +426,7 @@ impl HcclCommunicator {
     }
 
     /// Returns once every rank reached the barrier (HcclBarrier, then a stream sync).
-    pub fn barrier(&self, stream: &Stream) -> CommResult<()> {
+    pub(crate) fn barrier(&self, stream: &Stream) -> CommResult<()> {
         let s = self.stream("barrier", stream)?;
         // SAFETY: live communicator and stream.
         check("HcclBarrier", unsafe { hccl::HcclBarrier(self.raw, s) })?;
@@ -434,9 +435,9 @@ impl HcclCommunicator {
             .map_err(runtime("barrier (synchronize)"))
     }
 
-    /// Uneven all_gather through one padded all_gather. counts: (world,), send: (`counts[rank]`,),
+    /// Uneven all_gather through one padded all_gather. counts: (world,), send: (counts[rank],),
     /// recv: (sum counts,).
-    pub fn all_gather_v<T: CommElem>(
+    pub(crate) fn all_gather_v<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -472,8 +473,8 @@ impl HcclCommunicator {
     }
 
     /// Uneven reduce_scatter through one padded reduce_scatter. counts: (world,), send:
-    /// (sum counts,), recv: (`counts[rank]`,).
-    pub fn reduce_scatter_v<T: CommElem>(
+    /// (sum counts,), recv: (counts[rank],).
+    pub(crate) fn reduce_scatter_v<T: Element>(
         &self,
         send: &BufferView<'_, T>,
         recv: &mut BufferViewMut<'_, T>,
@@ -515,7 +516,7 @@ impl HcclCommunicator {
 
     /// Binds our device and returns the raw stream, which must live on our device.
     fn stream(&self, op: &'static str, stream: &Stream) -> CommResult<hccl::aclrtStream> {
-        self.check_devices(op, &[stream.device()])?;
+        self.check_devices(op, &[("the stream", stream.device())])?;
         let raw =
             stream
                 .acl_stream()
@@ -528,7 +529,7 @@ impl HcclCommunicator {
         Ok(raw)
     }
 
-    fn reduce_code<T: CommElem>(&self, op: &'static str, r: ReduceOp) -> CommResult<u32> {
+    fn reduce_code<T: Element>(&self, op: &'static str, r: ReduceOp) -> CommResult<u32> {
         r.check(op, T::DTYPE)?;
         r.hccl_code().ok_or(CommError::UnsupportedReduce {
             op,
@@ -562,16 +563,19 @@ impl HcclCommunicator {
         })
     }
 
-    fn check_devices(&self, op: &'static str, devices: &[Device]) -> CommResult<()> {
-        match devices.iter().find(|&&d| d != self.device()) {
+    fn check_devices(
+        &self,
+        op: &'static str,
+        operands: &[(&'static str, Device)],
+    ) -> CommResult<()> {
+        match operands.iter().find(|&&(_, d)| d != self.device()) {
             None => Ok(()),
-            Some(d) => Err(CommError::InvalidArgument {
+            Some(&(what, found)) => Err(CommError::DeviceMismatch {
                 op,
-                detail: format!(
-                    "rank {}: a buffer or stream on {d}, the communicator is on {}",
-                    self.rank,
-                    self.device()
-                ),
+                rank: self.rank,
+                what,
+                expected: self.device(),
+                found,
             }),
         }
     }
