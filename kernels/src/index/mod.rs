@@ -44,7 +44,7 @@ fn check_rows(
             detail: "row length is 0".into(),
         });
     }
-    if len % dim != 0 {
+    if !len.is_multiple_of(dim) {
         return Err(KernelError::Shape {
             op,
             detail: format!("{what} has {len} elements, not whole rows of {dim}"),

@@ -330,7 +330,6 @@ pub fn backward<A: Act>(
     let (dd, embed, rstd) = (d.view(), a.embed.view(), a.rstd_pre.view());
     let mut de = dembed.view_mut();
     ops::rmsnorm_backward(st, &mut de, &mut gln, &dd, &embed, &e.ln_pre, &rstd, dv)?;
-    drop(gln);
     for i in 0..img.len() {
         let span = a.grid.span(i);
         let grads = PatchEmbedGradBufs {
