@@ -20,14 +20,14 @@ mod tests;
 use crate::error::{check_len, Result};
 use cannon_runtime::Float;
 
-/// `y += x`, elementwise. x, y: [N].
+/// `y += x`, elementwise. x, y: `[N]`.
 pub fn add_into<E: Float>(y: &mut [E], x: &[E]) -> Result<()> {
     check_len("add_into", "x", x.len(), y.len())?;
     cpu::add_into(y, x);
     Ok(())
 }
 
-/// `out = a * b`, elementwise. a, b, out: [N].
+/// `out = a * b`, elementwise. a, b, out: `[N]`.
 pub fn mul<E: Float>(out: &mut [E], a: &[E], b: &[E]) -> Result<()> {
     check_len("mul", "b", b.len(), a.len())?;
     check_len("mul", "out", out.len(), a.len())?;
@@ -35,7 +35,7 @@ pub fn mul<E: Float>(out: &mut [E], a: &[E], b: &[E]) -> Result<()> {
     Ok(())
 }
 
-/// `y *= x`, elementwise. x, y: [N].
+/// `y *= x`, elementwise. x, y: `[N]`.
 pub fn mul_into<E: Float>(y: &mut [E], x: &[E]) -> Result<()> {
     check_len("mul_into", "x", x.len(), y.len())?;
     cpu::mul_into(y, x);

@@ -1,5 +1,5 @@
 //! Row gathers and scatters by a host index list, and the batched transpose: the data
-//! movement of splicing rows into a sequence (image features into the [IMG] positions of the
+//! movement of splicing rows into a sequence (image features into the `[IMG]` positions of the
 //! text) and of regrouping rows (the projector's patch merge), with their backwards.
 //!
 //! ```text
@@ -60,7 +60,7 @@ fn check_rows(
     Ok(rows)
 }
 
-/// `out[i] = src[idx[i]]`: rows of `dim` elements. out: [K, D], src: [R, D], idx: [K].
+/// `out[i] = src[idx[i]]`: rows of `dim` elements. out: `[K, D]`, src: `[R, D]`, idx: `[K]`.
 pub fn gather_rows<T: Element>(out: &mut [T], src: &[T], idx: &[usize], dim: usize) -> Result<()> {
     check_rows("gather_rows", "src", src.len(), dim, idx)?;
     check_len("gather_rows", "out", out.len(), idx.len() * dim)?;
@@ -68,7 +68,7 @@ pub fn gather_rows<T: Element>(out: &mut [T], src: &[T], idx: &[usize], dim: usi
     Ok(())
 }
 
-/// `dst[idx[i]] = src[i]`. dst: [R, D], src: [K, D], idx: [K].
+/// `dst[idx[i]] = src[i]`. dst: `[R, D]`, src: `[K, D]`, idx: `[K]`.
 pub fn scatter_rows<T: Element>(dst: &mut [T], src: &[T], idx: &[usize], dim: usize) -> Result<()> {
     check_rows("scatter_rows", "dst", dst.len(), dim, idx)?;
     check_len("scatter_rows", "src", src.len(), idx.len() * dim)?;
@@ -76,7 +76,7 @@ pub fn scatter_rows<T: Element>(dst: &mut [T], src: &[T], idx: &[usize], dim: us
     Ok(())
 }
 
-/// `dst[idx[i]] += src[i]`, in order of i. dst: [R, D], src: [K, D], idx: [K].
+/// `dst[idx[i]] += src[i]`, in order of i. dst: `[R, D]`, src: `[K, D]`, idx: `[K]`.
 pub fn scatter_add_rows<E: Float>(
     dst: &mut [E],
     src: &[E],
@@ -89,7 +89,7 @@ pub fn scatter_add_rows<E: Float>(
     Ok(())
 }
 
-/// `dst[idx[i]] = 0`. dst: [R, D], idx: [K].
+/// `dst[idx[i]] = 0`. dst: `[R, D]`, idx: `[K]`.
 pub fn zero_rows<T: Element>(dst: &mut [T], idx: &[usize], dim: usize) -> Result<()> {
     check_rows("zero_rows", "dst", dst.len(), dim, idx)?;
     for &r in idx {
@@ -112,7 +112,7 @@ impl TransposeDims {
     }
 }
 
-/// `out[b, c, r] = x[b, r, c]`. x: [B, R, C], out: [B, C, R].
+/// `out[b, c, r] = x[b, r, c]`. x: `[B, R, C]`, out: `[B, C, R]`.
 pub fn transpose<T: Element>(out: &mut [T], x: &[T], d: TransposeDims) -> Result<()> {
     let n = d.len().ok_or_else(|| KernelError::Shape {
         op: "transpose",

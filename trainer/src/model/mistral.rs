@@ -1,5 +1,5 @@
 //! The Mistral language model, forward and backward, and the splice of image features into
-//! the [IMG] positions.
+//! the `[IMG]` positions.
 //!
 //! ```text
 //! x0      = embed_tokens[ids]                      [T,D]   T = B*S tokens
