@@ -1,7 +1,10 @@
 //! cannon-trainer: the Mistral3 model and the `cannon` binary.
 //!
-//! - [`model`]: Mistral3 (Pixtral + projector + Mistral) forward and backward on the CPU, read
-//!   from an HF `config.json` and safetensors weights; global-norm clipping and AdamW.
+//! - [`model`]: Mistral3 (Pixtral + projector + Mistral) forward and backward on the runtime:
+//!   parameters, gradients, AdamW state and saved activations are device buffers from the
+//!   caching allocator and every op goes through `cannon_kernels::ops` (the CPU backend runs
+//!   them today; the NPU bodies are pending); read from an HF `config.json` and safetensors
+//!   weights; global-norm clipping and AdamW; [`model::memory`] predicts a step's peak.
 //! - [`data`]: the data pipeline (Tekken tokenizer, chat template, Pixtral images, batches).
 //! - [`train`]: K optimizer steps on one batch (what `cannon verify` checks; `cannon train`
 //!   will grow from it).
