@@ -16,6 +16,12 @@ impl SplitMix64 {
         SplitMix64(seed)
     }
 
+    /// The whole state: `SplitMix64::new(g.state())` continues exactly where `g` stands
+    /// (what a checkpoint stores to resume a stream bit for bit).
+    pub fn state(&self) -> u64 {
+        self.0
+    }
+
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(GOLDEN_GAMMA);
         let mut z = self.0;
@@ -68,6 +74,17 @@ mod tests {
         assert_eq!(r.next_u64(), 0xe220_a839_7b1d_cdaf);
         assert_eq!(r.next_u64(), 0x6e78_9e6a_a1b9_65f4);
         assert_eq!(r.next_u64(), 0x06c4_5d18_8009_454f);
+    }
+
+    #[test]
+    fn state_restarts_the_stream() {
+        let mut r = SplitMix64::new(3);
+        r.next_u64();
+        let mut again = SplitMix64::new(r.state());
+        assert_eq!(
+            (0..5).map(|_| r.next_u64()).collect::<Vec<_>>(),
+            (0..5).map(|_| again.next_u64()).collect::<Vec<_>>()
+        );
     }
 
     #[test]
