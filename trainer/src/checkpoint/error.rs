@@ -1,0 +1,68 @@
+//! What can go wrong saving, finding, loading and exporting checkpoints.
+
+use crate::model::ModelError;
+use cannon_kernels::KernelError;
+use cannon_runtime::comm::CommError;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: bad checkpoint manifest: {reason}")]
+    Manifest { path: PathBuf, reason: String },
+    #[error(
+        "{path}: checkpoint format version {found}; this build reads version {supported} \
+         (written by a newer cannon?)"
+    )]
+    Version {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    #[error("{path}: bad shard file: {reason}")]
+    Shard { path: PathBuf, reason: String },
+    #[error(
+        "no complete checkpoint in {0} (a complete one is a step-<N> directory with a \
+         manifest.json; step-<N>.tmp directories are unfinished saves)"
+    )]
+    NoCheckpoint(PathBuf),
+    #[error("the checkpoint does not fit: {0}")]
+    Mismatch(String),
+    #[error("bad argument: {0}")]
+    Argument(String),
+    #[error("{path} exists and is not empty (pass --force to replace it)")]
+    Exists { path: PathBuf },
+    #[error("another rank failed while saving step {step}; the checkpoint was not committed")]
+    PeerFailed { step: u64 },
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// A fault injected by a test to stop a save half-way.
+    #[cfg(test)]
+    #[error("injected fault: {0}")]
+    Injected(&'static str),
+}
+
+impl From<cannon_runtime::Error> for CheckpointError {
+    fn from(e: cannon_runtime::Error) -> Self {
+        CheckpointError::Kernel(KernelError::Runtime(e))
+    }
+}
+
+pub type Result<T, E = CheckpointError> = std::result::Result<T, E>;
+
+/// `map_err` helper: an I/O error with the path it happened on.
+pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}

@@ -1,0 +1,253 @@
+//! `cannon export`: a checkpoint's weights consolidated into a Hugging Face checkpoint
+//! (`config.json` + `model.safetensors`, or shards + `model.safetensors.index.json`) that
+//! transformers' `Mistral3ForConditionalGeneration.from_pretrained` loads.
+//!
+//! Tensor names are transformers 5.x names (`model.language_model.*`, `model.vision_tower.*`,
+//! `model.multi_modal_projector.*`, `lm_head.weight`), the names the 5.x model's state dict
+//! has and that 4.x (>= 4.52, which reads both spellings) loads too; every parameter of the
+//! model is written, frozen parts (vision tower, projector) included: a checkpoint stores
+//! them unchanged from the weights the run started from (or its random init). Shards are cut
+//! as transformers' `save_pretrained` cuts them: tensors in order, a new file when the next
+//! tensor would push the current one past `max_shard_size`.
+
+use super::error::{io, CheckpointError, Result};
+use super::hf_config::export_config;
+use super::load::{Checkpoint, Kind};
+use super::st_io::{StDtype, StWriter, TensorSpec};
+use crate::model::ParamLayout;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+pub const SINGLE_FILE: &str = "model.safetensors";
+
+/// transformers' default `max_shard_size` ("5GB", decimal).
+pub const DEFAULT_MAX_SHARD_SIZE: u64 = 5_000_000_000;
+
+/// The dtype of the exported tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportDtype {
+    /// The f32 master weights as they are.
+    F32,
+    /// Rounded to bf16 (nearest even), half the size.
+    Bf16,
+}
+
+impl ExportDtype {
+    fn st(self) -> StDtype {
+        match self {
+            ExportDtype::F32 => StDtype::F32,
+            ExportDtype::Bf16 => StDtype::Bf16,
+        }
+    }
+
+    /// transformers' name (config.json's `dtype`).
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            ExportDtype::F32 => "float32",
+            ExportDtype::Bf16 => "bfloat16",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExportOptions {
+    /// Largest shard in bytes (a single tensor larger than this gets a shard of its own).
+    pub max_shard_size: u64,
+    pub dtype: ExportDtype,
+    /// Replace a non-empty `out`.
+    pub force: bool,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions {
+            max_shard_size: DEFAULT_MAX_SHARD_SIZE,
+            dtype: ExportDtype::F32,
+            force: false,
+        }
+    }
+}
+
+/// What an export wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportReport {
+    pub out: PathBuf,
+    pub step: u64,
+    /// Weight files, in order.
+    pub files: Vec<String>,
+    pub tensors: usize,
+    /// Bytes of tensor data (the index's `metadata.total_size`).
+    pub total_bytes: u64,
+}
+
+/// Parses a size as transformers writes it: `5GB`, `500MB`, `2GiB`, `10KB`, or plain bytes.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = (t[..split].trim(), t[split..].trim().to_ascii_uppercase());
+    let mult: u64 = match unit.as_str() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KIB" => 1 << 10,
+        "MIB" => 1 << 20,
+        "GIB" => 1 << 30,
+        _ => 0,
+    };
+    let bad = || {
+        CheckpointError::Argument(format!(
+            "size {s:?}: expected a number of bytes or a number with KB, MB, GB, KiB, MiB or GiB"
+        ))
+    };
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    if mult == 0 || !n.is_finite() || n <= 0.0 {
+        return Err(bad());
+    }
+    Ok((n * mult as f64) as u64)
+}
+
+/// One tensor to write: its group, its element range there, and its name and shape.
+struct Planned {
+    group: usize,
+    range: std::ops::Range<usize>,
+    spec: TensorSpec,
+}
+
+/// Cuts the tensors into files of at most `max` bytes each.
+fn plan(layout: &ParamLayout, dtype: StDtype, max: u64) -> Vec<Vec<Planned>> {
+    let mut files: Vec<Vec<Planned>> = vec![Vec::new()];
+    let mut size = 0u64;
+    for (g, slot) in layout.slots() {
+        let spec = TensorSpec {
+            name: slot.name.clone(),
+            dtype,
+            shape: slot.shape.clone(),
+        };
+        let bytes = spec.bytes();
+        let cur = files.last_mut().expect("never empty");
+        if !cur.is_empty() && size + bytes > max {
+            files.push(Vec::new());
+            size = 0;
+        }
+        size += bytes;
+        files.last_mut().expect("never empty").push(Planned {
+            group: g,
+            range: slot.range(),
+            spec,
+        });
+    }
+    files
+}
+
+/// Whether `path` is missing or an empty directory.
+fn vacant(path: &Path) -> Result<bool> {
+    match std::fs::read_dir(path) {
+        Ok(mut entries) => Ok(entries.next().is_none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(io(path)(e)),
+    }
+}
+
+/// Writes `ckpt`'s model as an HF checkpoint in `out` (built in `out.tmp`, renamed when
+/// complete). `out` must be missing or empty unless `opts.force`.
+pub fn export(ckpt: &mut Checkpoint, out: &Path, opts: &ExportOptions) -> Result<ExportReport> {
+    if opts.max_shard_size == 0 {
+        return Err(CheckpointError::Argument(
+            "max_shard_size must be > 0".into(),
+        ));
+    }
+    if !opts.force && !vacant(out)? {
+        return Err(CheckpointError::Exists {
+            path: out.to_path_buf(),
+        });
+    }
+    let cfg = ckpt.model_config()?;
+    let layout = ParamLayout::new(&cfg);
+    ckpt.manifest().check_layout(&layout)?;
+    let config = export_config(&ckpt.model_config_json()?, opts.dtype.torch_name());
+
+    let mut tmp = out.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+
+    let files = plan(&layout, opts.dtype.st(), opts.max_shard_size);
+    let n = files.len();
+    let names: Vec<String> = (0..n)
+        .map(|i| {
+            if n == 1 {
+                SINGLE_FILE.to_string()
+            } else {
+                format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+            }
+        })
+        .collect();
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    let mut weight_map = BTreeMap::new();
+    let mut total = 0u64;
+    let mut tensors = 0;
+    // The group being written, read whole once (groups are written in order).
+    let mut cached: Option<(usize, Vec<f32>)> = None;
+    for (file, name) in files.iter().zip(&names) {
+        let specs = file.iter().map(|p| p.spec.clone()).collect();
+        let mut w = StWriter::create(&tmp.join(name), specs, &meta)?;
+        for p in file {
+            if cached.as_ref().map(|c| c.0) != Some(p.group) {
+                cached = Some((p.group, ckpt.read_group(Kind::Param, p.group)?));
+            }
+            let data = &cached.as_ref().expect("read above").1;
+            w.write_f32(&data[p.range.clone()])?;
+            weight_map.insert(p.spec.name.clone(), name.clone());
+            total += p.spec.bytes();
+            tensors += 1;
+        }
+        w.finish()?;
+    }
+    if n > 1 {
+        let index = serde_json::json!({
+            "metadata": {"total_size": total},
+            "weight_map": weight_map,
+        });
+        write_json(&tmp.join(INDEX_FILE), &index)?;
+    }
+    write_json(&tmp.join("config.json"), &config)?;
+    if out.exists() {
+        std::fs::remove_dir_all(out).map_err(io(out))?;
+    }
+    std::fs::rename(&tmp, out).map_err(io(&tmp))?;
+    Ok(ExportReport {
+        out: out.to_path_buf(),
+        step: ckpt.step(),
+        files: names,
+        tensors,
+        total_bytes: total,
+    })
+}
+
+fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
+    let mut text = serde_json::to_vec_pretty(v).unwrap_or_default();
+    text.push(b'\n');
+    std::fs::write(path, text).map_err(io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_like_transformers() {
+        assert_eq!(parse_size("5GB").unwrap(), 5_000_000_000);
+        assert_eq!(parse_size("500MB").unwrap(), 500_000_000);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1.5 KB").unwrap(), 1500);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        for bad in ["", "0", "-1MB", "5XB", "GB", "nanGB"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+}

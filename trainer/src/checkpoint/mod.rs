@@ -1,0 +1,39 @@
+//! Sharded checkpoints, exact resume, and export to Hugging Face safetensors.
+//!
+//! A checkpoint is a directory `step-<N>/` holding one safetensors file per rank (the rank's
+//! shard of every flat parameter group as f32 master weights, and AdamW's `exp_avg` /
+//! `exp_avg_sq` shards of the groups that train), the model's `config.json`, and a JSON
+//! [`Manifest`] (step, the run's config, world size, the group layout with each rank's range
+//! and padding, optimizer and scheduler state, RNG states, data position, consumed and dropped
+//! samples, format version). One rank is the N = 1 case of the same format.
+//!
+//! - Saving ([`save`]) writes `step-<N>.tmp/` and renames it when complete, manifest last and
+//!   fsynced: a crash mid-save leaves the previous checkpoint the latest ([`CheckpointDir`]),
+//!   and `keep_last` prunes older ones.
+//! - Loading ([`Checkpoint`]) reads any element range of any group from whichever rank files
+//!   hold it, so a run on another world size takes its own shards (resharding), and a one-rank
+//!   run or an export consolidates.
+//! - [`TrainState`] is a one-rank run's whole state; restoring it continues the run bit for bit.
+//! - [`export()`] writes the consolidated weights as an HF checkpoint.
+
+pub mod dir;
+pub mod error;
+pub mod export;
+pub mod hf_config;
+pub mod load;
+pub mod manifest;
+pub mod save;
+pub mod st_io;
+pub mod state;
+
+pub use dir::{resolve, CheckpointDir};
+pub use error::{CheckpointError, Result};
+pub use export::{export, ExportDtype, ExportOptions, ExportReport};
+pub use hf_config::hf_config_json;
+pub use load::{Checkpoint, Kind};
+pub use manifest::{padded_shards, DataState, Manifest, ShardRange};
+pub use save::{save_distributed, save_local, PendingSave, RankShards, SaveMeta};
+pub use state::{Progress, TrainState};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,391 @@
+//! Saving: a checkpoint directory is written under a temporary name and renamed when complete.
+//!
+//! ```text
+//! root/step-000123.tmp/    rank 0 creates it (removing a stale one of the same step)
+//!   rank-*.safetensors     every rank writes and fsyncs its file
+//!   config.json            rank 0, once every rank has written
+//!   manifest.json          rank 0, last; then the directory is fsynced
+//! root/step-000123/        rank 0 renames the directory and fsyncs the root
+//! ```
+//!
+//! A crash at any point leaves either the finished `step-000123/` or an unfinished
+//! `step-000123.tmp/` that [`super::CheckpointDir::latest`] never returns, so the previous
+//! complete checkpoint stays the one a run resumes from. `keep_last` prunes older complete
+//! checkpoints only after the new one is in place.
+
+use super::error::{io, CheckpointError, Result};
+use super::manifest::{
+    exp_avg_sq_tensor, exp_avg_tensor, param_tensor, rank_file, DataState, FileEntry, GroupEntry,
+    Manifest, OptimizerState, CONFIG_FILE, FORMAT, MANIFEST_FILE, VERSION,
+};
+use super::st_io::{StDtype, StReader, StWriter, TensorSpec};
+use super::CheckpointDir;
+use cannon_kernels::Tensor;
+use cannon_runtime::comm::{Communicator, ReduceOp};
+use cannon_runtime::{DeviceBuffer, Stream};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// What every rank knows about the save (identical on all ranks).
+#[derive(Clone, Debug)]
+pub struct SaveMeta {
+    /// Optimizer steps completed.
+    pub step: u64,
+    pub world_size: usize,
+    /// The run's effective configuration.
+    pub config: serde_json::Value,
+    /// The model's HF `config.json` (see [`super::hf_config_json`] for a preset's).
+    pub model_config: serde_json::Value,
+    /// Groups with their per-rank ranges ([`super::manifest::group_entries`]).
+    pub groups: Vec<GroupEntry>,
+    pub optimizer: OptimizerState,
+    pub scheduler: serde_json::Value,
+    pub data: DataState,
+}
+
+/// One rank's tensors: its shard of every group (`stored` elements each, padding included)
+/// and the AdamW moments of the groups that train, on the rank's device.
+#[derive(Clone, Copy, Debug)]
+pub struct RankShards<'a> {
+    pub rank: usize,
+    /// `[group]`, each `[stored]`.
+    pub params: &'a [Tensor<f32>],
+    /// `[group]`, Some exactly for the trained groups, each `[stored]`.
+    pub exp_avg: &'a [Option<Tensor<f32>>],
+    pub exp_avg_sq: &'a [Option<Tensor<f32>>],
+    /// The rank's random generator state (`SplitMix64::state`).
+    pub rng: u64,
+}
+
+/// A save under way: where it writes and where it lands.
+#[derive(Debug)]
+pub struct PendingSave {
+    step: u64,
+    world: usize,
+    tmp: PathBuf,
+    dest: PathBuf,
+    /// Test-only fault: stop a rank's write after this many tensors.
+    #[cfg(test)]
+    pub(crate) fail_after_tensors: Option<usize>,
+    /// Test-only fault: stop the commit before the manifest is written.
+    #[cfg(test)]
+    pub(crate) fail_before_manifest: bool,
+}
+
+/// fsync a directory, so the entries created or renamed in it are durable.
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+/// Writes `bytes` to `path` and fsyncs it.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::create(path).map_err(io(path))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(io(path))
+}
+
+impl CheckpointDir {
+    /// Rank 0, before any rank writes: creates `step-N.tmp/` (a stale one from a crashed save
+    /// of the same step is removed first).
+    pub fn begin(&self, step: u64, world: usize) -> Result<PendingSave> {
+        let p = self.pending(step, world);
+        std::fs::create_dir_all(self.root()).map_err(io(self.root()))?;
+        if p.tmp.exists() {
+            std::fs::remove_dir_all(&p.tmp).map_err(io(&p.tmp))?;
+        }
+        std::fs::create_dir(&p.tmp).map_err(io(&p.tmp))?;
+        Ok(p)
+    }
+
+    /// The handle of a save rank 0 has begun, for the other ranks (touches nothing).
+    pub fn pending(&self, step: u64, world: usize) -> PendingSave {
+        PendingSave {
+            step,
+            world,
+            tmp: self.tmp_path(step),
+            dest: self.path(step),
+            #[cfg(test)]
+            fail_after_tensors: None,
+            #[cfg(test)]
+            fail_before_manifest: false,
+        }
+    }
+}
+
+impl PendingSave {
+    /// Where the files are being written.
+    pub fn tmp_dir(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Where the checkpoint lands on commit.
+    pub fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    fn check_meta(&self, meta: &SaveMeta) -> Result<()> {
+        if meta.step != self.step || meta.world_size != self.world {
+            return Err(CheckpointError::Argument(format!(
+                "save of step {} over {} ranks given metadata of step {} over {}",
+                self.step, self.world, meta.step, meta.world_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes rank `shards.rank`'s file (device -> host one tensor at a time) and fsyncs it.
+    pub fn write_rank(
+        &self,
+        meta: &SaveMeta,
+        shards: &RankShards<'_>,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_meta(meta)?;
+        let rank = shards.rank;
+        let n = meta.groups.len();
+        if rank >= self.world {
+            return Err(CheckpointError::Argument(format!(
+                "rank {rank} in a world of {}",
+                self.world
+            )));
+        }
+        if shards.params.len() != n || shards.exp_avg.len() != n || shards.exp_avg_sq.len() != n {
+            return Err(CheckpointError::Argument(format!(
+                "rank {rank}: {} parameter, {} exp_avg and {} exp_avg_sq groups for {n} groups",
+                shards.params.len(),
+                shards.exp_avg.len(),
+                shards.exp_avg_sq.len()
+            )));
+        }
+        let mut specs = Vec::new();
+        let mut sources: Vec<&Tensor<f32>> = Vec::new();
+        for (g, entry) in meta.groups.iter().enumerate() {
+            let stored = entry.shards[rank].stored;
+            let moments = (&shards.exp_avg[g], &shards.exp_avg_sq[g]);
+            let tensors: Vec<(String, &Tensor<f32>)> = match (entry.trained, moments) {
+                (true, (Some(m), Some(v))) => vec![
+                    (param_tensor(&entry.name), &shards.params[g]),
+                    (exp_avg_tensor(&entry.name), m),
+                    (exp_avg_sq_tensor(&entry.name), v),
+                ],
+                (false, (None, None)) => vec![(param_tensor(&entry.name), &shards.params[g])],
+                _ => {
+                    return Err(CheckpointError::Argument(format!(
+                        "rank {rank}: group {} {} but its moments are {}",
+                        entry.name,
+                        if entry.trained { "trains" } else { "is frozen" },
+                        match moments {
+                            (Some(_), Some(_)) => "present",
+                            (None, None) => "absent",
+                            _ => "half present",
+                        }
+                    )))
+                }
+            };
+            for (name, t) in tensors {
+                if t.numel() != stored {
+                    return Err(CheckpointError::Argument(format!(
+                        "rank {rank}: {name} has {} elements, its shard stores {stored}",
+                        t.numel()
+                    )));
+                }
+                specs.push(TensorSpec {
+                    name,
+                    dtype: StDtype::F32,
+                    shape: vec![stored],
+                });
+                sources.push(t);
+            }
+        }
+        let metadata = BTreeMap::from([
+            ("format".to_string(), FORMAT.to_string()),
+            ("version".to_string(), VERSION.to_string()),
+            ("step".to_string(), self.step.to_string()),
+            ("rank".to_string(), rank.to_string()),
+            ("world_size".to_string(), self.world.to_string()),
+            ("rng".to_string(), shards.rng.to_string()),
+        ]);
+        let path = self.tmp.join(rank_file(rank, self.world));
+        let mut w = StWriter::create(&path, specs, &metadata)?;
+        for (i, t) in sources.iter().enumerate() {
+            self.injected_fault(i)?;
+            w.write_f32(&t.to_host(stream)?)?;
+        }
+        w.finish()?;
+        Ok(())
+    }
+
+    /// The test-only crash in the middle of a rank file (before its `_written`-th tensor).
+    fn injected_fault(&self, _written: usize) -> Result<()> {
+        #[cfg(test)]
+        if self.fail_after_tensors == Some(_written) {
+            return Err(CheckpointError::Injected("rank file half written"));
+        }
+        Ok(())
+    }
+
+    /// Rank 0, once every rank's file is written: checks the files, writes `config.json` and
+    /// the manifest, fsyncs, and renames the directory into place. Returns the checkpoint's
+    /// directory.
+    pub fn commit(self, meta: &SaveMeta) -> Result<PathBuf> {
+        self.check_meta(meta)?;
+        let mut files = Vec::with_capacity(self.world);
+        let mut rng = Vec::with_capacity(self.world);
+        for rank in 0..self.world {
+            let file = rank_file(rank, self.world);
+            let path = self.tmp.join(&file);
+            let r = StReader::open(&path)?;
+            let md = |k: &str| r.metadata().get(k).cloned().unwrap_or_default();
+            if md("step") != self.step.to_string() || md("rank") != rank.to_string() {
+                return Err(CheckpointError::Shard {
+                    path,
+                    reason: format!(
+                        "written for step {} rank {}, expected step {} rank {rank}",
+                        md("step"),
+                        md("rank"),
+                        self.step
+                    ),
+                });
+            }
+            rng.push(
+                md("rng")
+                    .parse::<u64>()
+                    .map_err(|e| CheckpointError::Shard {
+                        path: path.clone(),
+                        reason: format!("bad rng metadata: {e}"),
+                    })?,
+            );
+            let bytes = std::fs::metadata(&path).map_err(io(&path))?.len();
+            files.push(FileEntry { rank, file, bytes });
+        }
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            version: VERSION,
+            step: self.step,
+            world_size: self.world,
+            config: meta.config.clone(),
+            groups: meta.groups.clone(),
+            optimizer: meta.optimizer.clone(),
+            scheduler: meta.scheduler.clone(),
+            rng,
+            data: meta.data,
+            files,
+        };
+        manifest.check()?;
+        let pretty = |v: &serde_json::Value| serde_json::to_vec_pretty(v).unwrap_or_default();
+        write_synced(&self.tmp.join(CONFIG_FILE), &pretty(&meta.model_config))?;
+        #[cfg(test)]
+        if self.fail_before_manifest {
+            return Err(CheckpointError::Injected("crash before the manifest"));
+        }
+        let text = serde_json::to_vec_pretty(&manifest).map_err(|e| CheckpointError::Manifest {
+            path: self.tmp.join(MANIFEST_FILE),
+            reason: e.to_string(),
+        })?;
+        write_synced(&self.tmp.join(MANIFEST_FILE), &text)?;
+        sync_dir(&self.tmp)?;
+        let root = self.dest.parent().unwrap_or(Path::new("."));
+        // Saving a step that already has a checkpoint (a resumed run passing the same step
+        // again) replaces it: the old one moves aside first, since a rename cannot replace a
+        // non-empty directory.
+        let aside = self.dest.with_extension("old");
+        if self.dest.exists() {
+            if aside.exists() {
+                std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
+            }
+            std::fs::rename(&self.dest, &aside).map_err(io(&self.dest))?;
+        }
+        std::fs::rename(&self.tmp, &self.dest).map_err(io(&self.tmp))?;
+        sync_dir(root)?;
+        if aside.exists() {
+            std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
+        }
+        Ok(self.dest)
+    }
+}
+
+/// Saves every rank's shards from one thread (one rank, or tests holding all ranks), then
+/// prunes to the newest `keep_last` complete checkpoints (0 keeps all).
+pub fn save_local(
+    dir: &CheckpointDir,
+    meta: &SaveMeta,
+    ranks: &[RankShards<'_>],
+    stream: &Stream,
+    keep_last: usize,
+) -> Result<PathBuf> {
+    if ranks.len() != meta.world_size || ranks.iter().enumerate().any(|(r, s)| s.rank != r) {
+        return Err(CheckpointError::Argument(format!(
+            "{} rank shards for a world of {} (they must be ranks 0.. in order)",
+            ranks.len(),
+            meta.world_size
+        )));
+    }
+    let pending = dir.begin(meta.step, meta.world_size)?;
+    for shards in ranks {
+        pending.write_rank(meta, shards, stream)?;
+    }
+    let path = pending.commit(meta)?;
+    dir.prune(keep_last)?;
+    Ok(path)
+}
+
+/// Whether every rank succeeded: an all-reduce (max) of each rank's failure flag, so that a
+/// rank that failed stops the others from committing instead of leaving them waiting.
+fn agree(comm: &Communicator, stream: &Stream, failed: bool) -> Result<bool> {
+    let mut flag = DeviceBuffer::clone_htod(stream, &[u32::from(failed)])?;
+    comm.all_reduce_in_place(&mut flag.view_mut(), ReduceOp::Max, stream)?;
+    Ok(flag.clone_dtoh(stream)?[0] == 0)
+}
+
+/// Saves this rank's shards as one of `comm`'s ranks: rank 0 begins, every rank writes its
+/// file, rank 0 commits and prunes. Every rank calls it with the same `meta`; every rank
+/// returns the checkpoint's path, or an error on every rank if any rank failed.
+pub fn save_distributed(
+    dir: &CheckpointDir,
+    meta: &SaveMeta,
+    mine: &RankShards<'_>,
+    comm: &Communicator,
+    stream: &Stream,
+    keep_last: usize,
+) -> Result<PathBuf> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    if mine.rank != rank || meta.world_size != world {
+        return Err(CheckpointError::Argument(format!(
+            "rank {rank} of {world} saving shards of rank {} of {}",
+            mine.rank, meta.world_size
+        )));
+    }
+    let begun = if rank == 0 {
+        dir.begin(meta.step, world).map(|_| ())
+    } else {
+        Ok(())
+    };
+    // Keep our own error to return it; the peers learn only that someone failed.
+    let mut mine_err = begun.err();
+    if !agree(comm, stream, mine_err.is_some())? {
+        return Err(mine_err.unwrap_or(CheckpointError::PeerFailed { step: meta.step }));
+    }
+    let pending = dir.pending(meta.step, world);
+    mine_err = pending.write_rank(meta, mine, stream).err();
+    if !agree(comm, stream, mine_err.is_some())? {
+        return Err(mine_err.unwrap_or(CheckpointError::PeerFailed { step: meta.step }));
+    }
+    let committed = if rank == 0 {
+        pending
+            .commit(meta)
+            .and_then(|p| dir.prune(keep_last).map(|_| p))
+    } else {
+        Ok(dir.path(meta.step))
+    };
+    let (path, err) = match committed {
+        Ok(p) => (Some(p), None),
+        Err(e) => (None, Some(e)),
+    };
+    if !agree(comm, stream, err.is_some())? {
+        return Err(err.unwrap_or(CheckpointError::PeerFailed { step: meta.step }));
+    }
+    Ok(path.unwrap_or_else(|| dir.path(meta.step)))
+}
