@@ -69,8 +69,10 @@ fn state_at(step: u64) -> TrainState {
             .iter()
             .enumerate()
             .map(|(g, gl)| {
-                (gl.part == Part::Text)
-                    .then(|| exec.upload(&filled(step, kind, g, gl.len), &[gl.len]).unwrap())
+                (gl.part == Part::Text).then(|| {
+                    exec.upload(&filled(step, kind, g, gl.len), &[gl.len])
+                        .unwrap()
+                })
             })
             .collect()
     };
@@ -129,7 +131,12 @@ fn save_in_progress(root: &Path) -> Option<PathBuf> {
 /// kill. Returns the unfinished directory the kill left (None if the save finished in between).
 fn kill_during_a_save(root: &Path) -> Option<PathBuf> {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_saves_until_killed", "--ignored", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_saves_until_killed",
+            "--ignored",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, root)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -172,7 +179,11 @@ fn killed_save_leaves_the_previous_checkpoint_loadable() {
     let unfinished = unfinished.expect("five kills all landed between two saves");
     let dir = CheckpointDir::new(&root);
     let (latest, path) = dir.latest().unwrap().unwrap();
-    let tmp_name = unfinished.file_name().unwrap().to_string_lossy().into_owned();
+    let tmp_name = unfinished
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     assert!(
         tmp_name > format!("step-{latest:06}"),
         "the unfinished save {tmp_name} is newer than the latest complete step {latest}"

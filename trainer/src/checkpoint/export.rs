@@ -108,6 +108,11 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok((n * mult as f64) as u64)
 }
 
+/// [`parse_size`] as a clap value parser.
+pub fn parse_size_arg(s: &str) -> std::result::Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
 /// One tensor to write: its group, its element range there, and its name and shape.
 struct Planned {
     group: usize,
