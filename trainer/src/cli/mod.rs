@@ -1,7 +1,8 @@
 //! The `cannon` command line. Each subcommand lives in its own module with its own args struct.
-//! Only the subcommands below exist; `train`, `bench` and `export` are planned and are not
+//! Only the subcommands below exist; `train` and `export` are planned and are not
 //! accepted until they do.
 
+pub mod bench;
 pub mod data;
 pub mod doctor;
 pub mod verify;
@@ -15,7 +16,7 @@ use std::process::ExitCode;
     version,
     about = "Mistral3 (Pixtral + Mistral) model tools: check the machine, prepare data, verify \
              the model against a reference",
-    after_help = "Planned, not yet available: train, bench, export. The model runs on the CPU; \
+    after_help = "Planned, not yet available: train, export. The model runs on the CPU; \
                   its NPU path is not implemented yet."
 )]
 pub struct Cli {
@@ -31,6 +32,8 @@ pub enum Command {
     Data(data::DataArgs),
     /// Compare the model's forward, gradients and AdamW steps with an eager reference fixture.
     Verify(verify::VerifyArgs),
+    /// Time full training steps (`bench step`) beside PyTorch's baseline script.
+    Bench(bench::BenchArgs),
 }
 
 /// Parse the command line and run it; the exit code follows the subcommand's convention
@@ -41,5 +44,6 @@ pub fn main() -> ExitCode {
         Command::Doctor => doctor::run(),
         Command::Data(args) => data::run(args),
         Command::Verify(args) => verify::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }
