@@ -10,11 +10,16 @@
 //!   will grow from it).
 //! - [`verify`]: parity against an eager float64 reference fixture.
 //! - [`batch`]: the one training batch, what the data loader produces and the model takes.
-//! - [`cli`]: the `cannon` subcommands that exist: `doctor`, `data`, `verify`.
+//! - [`checkpoint`]: sharded checkpoints (one safetensors file per rank + a JSON manifest),
+//!   written atomically, resumed bit for bit, resharded to another world size, and exported
+//!   as an HF checkpoint.
+//! - [`cli`]: the `cannon` subcommands that exist: `doctor`, `data`, `verify`, `bench`,
+//!   `export`.
 //!
-//! Not here yet: the `train`, `bench` and `export` subcommands, sharded or context-parallel
-//! training, the model on NPUs, checkpoint saving.
+//! Not here yet: the `train` subcommand, sharded or context-parallel training, the model on
+//! NPUs.
 pub mod batch;
+pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod data;

@@ -1,7 +1,7 @@
 //! The `cannon` command line. Each subcommand lives in its own module with its own args struct.
-//! Only the subcommands below exist; `train` and `bench` are planned and are not accepted
-//! until they do.
+//! Only the subcommands below exist; `train` is planned and is not accepted until it does.
 
+pub mod bench;
 pub mod data;
 pub mod doctor;
 pub mod export;
@@ -15,9 +15,9 @@ use std::process::ExitCode;
     name = "cannon",
     version,
     about = "Mistral3 (Pixtral + Mistral) model tools: check the machine, prepare data, verify \
-             the model against a reference, export checkpoints",
-    after_help = "Planned, not yet available: train, bench. The model runs on the CPU; its NPU \
-                  path is not implemented yet."
+             the model against a reference, time training steps, export checkpoints",
+    after_help = "Planned, not yet available: train. The model runs on the CPU; its NPU path is \
+                  not implemented yet."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -32,6 +32,8 @@ pub enum Command {
     Data(data::DataArgs),
     /// Compare the model's forward, gradients and AdamW steps with an eager reference fixture.
     Verify(verify::VerifyArgs),
+    /// Time full training steps (`bench step`) beside PyTorch's baseline script.
+    Bench(bench::BenchArgs),
     /// Write a checkpoint's model as a Hugging Face checkpoint (config.json + safetensors).
     Export(export::ExportArgs),
 }
@@ -44,6 +46,7 @@ pub fn main() -> ExitCode {
         Command::Doctor => doctor::run(),
         Command::Data(args) => data::run(args),
         Command::Verify(args) => verify::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Export(args) => export::run(args),
     }
 }
