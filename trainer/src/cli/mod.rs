@@ -2,6 +2,7 @@
 //! Only the subcommands below exist; `train`, `bench` and `export` are planned and are not
 //! accepted until they do.
 
+pub mod compare;
 pub mod data;
 pub mod doctor;
 pub mod verify;
@@ -14,7 +15,7 @@ use std::process::ExitCode;
     name = "cannon",
     version,
     about = "Mistral3 (Pixtral + Mistral) model tools: check the machine, prepare data, verify \
-             the model against a reference",
+             the model against a reference, compare two runs' metrics",
     after_help = "Planned, not yet available: train, bench, export. The model runs on the CPU; \
                   its NPU path is not implemented yet."
 )]
@@ -31,6 +32,9 @@ pub enum Command {
     Data(data::DataArgs),
     /// Compare the model's forward, gradients and AdamW steps with an eager reference fixture.
     Verify(verify::VerifyArgs),
+    /// Compare two runs' metrics JSONL: normalised loss difference and step time over a window
+    /// (exit 0 within --threshold, 1 above, 2 unusable input).
+    Compare(compare::CompareArgs),
 }
 
 /// Parse the command line and run it; the exit code follows the subcommand's convention
@@ -41,5 +45,6 @@ pub fn main() -> ExitCode {
         Command::Doctor => doctor::run(),
         Command::Data(args) => data::run(args),
         Command::Verify(args) => verify::run(args),
+        Command::Compare(args) => compare::run(args),
     }
 }
