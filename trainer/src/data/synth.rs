@@ -212,7 +212,7 @@ pub fn write(out: &Path, samples: usize, seed: u64) -> Result<SynthOutput> {
     write_with(out, samples, seed, false, &mut |_| {})
 }
 
-/// [`write`], replacing an existing dataset when `force`, and calling `progress(done)` after
+/// [`write()`], replacing an existing dataset when `force`, and calling `progress(done)` after
 /// each sample. The files are written under temporary names (`.train.jsonl.partial`, ...) and
 /// renamed when all are complete (images first, `train.jsonl` last).
 pub fn write_with(
