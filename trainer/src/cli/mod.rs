@@ -2,6 +2,7 @@
 //! Only the subcommands below exist; `train` is planned and is not accepted until it does.
 
 pub mod bench;
+pub mod compare;
 pub mod data;
 pub mod doctor;
 pub mod export;
@@ -15,7 +16,8 @@ use std::process::ExitCode;
     name = "cannon",
     version,
     about = "Mistral3 (Pixtral + Mistral) model tools: check the machine, prepare data, verify \
-             the model against a reference, time training steps, export checkpoints",
+             the model against a reference, time training steps, compare two runs' metrics, \
+             export checkpoints",
     after_help = "Planned, not yet available: train. The model runs on the CPU; its NPU path is \
                   not implemented yet."
 )]
@@ -34,6 +36,9 @@ pub enum Command {
     Verify(verify::VerifyArgs),
     /// Time full training steps (`bench step`) beside PyTorch's baseline script.
     Bench(bench::BenchArgs),
+    /// Compare two runs' metrics JSONL: normalised loss difference and step time over a window
+    /// (exit 0 within --threshold, 1 above, 2 unusable input).
+    Compare(compare::CompareArgs),
     /// Write a checkpoint's model as a Hugging Face checkpoint (config.json + safetensors).
     Export(export::ExportArgs),
 }
@@ -47,6 +52,7 @@ pub fn main() -> ExitCode {
         Command::Data(args) => data::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Compare(args) => compare::run(args),
         Command::Export(args) => export::run(args),
     }
 }
