@@ -3,6 +3,8 @@
 //! reference HF checkpoint `mistral3-tiny` (no missing, no unexpected keys), and a sharded
 //! export's `model.safetensors.index.json` maps every tensor to the file that holds it.
 
+mod common;
+
 use cannon_trainer::checkpoint::{
     export, Checkpoint, CheckpointDir, DataState, ExportDtype, ExportOptions, Progress, TrainState,
 };
@@ -13,20 +15,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const TINY: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/reference/mistral3-tiny"
-);
 const BIN: &str = env!("CARGO_BIN_EXE_cannon");
 
-fn tiny_dir() -> &'static Path {
-    let p = Path::new(TINY);
-    assert!(
-        p.join("model.safetensors").is_file(),
-        "the reference checkpoint is missing: {} (the ../shared folder beside the project)",
-        p.display()
-    );
-    p
+fn tiny_dir() -> PathBuf {
+    common::shared_path("reference/mistral3-tiny/model.safetensors");
+    common::shared_path("reference/mistral3-tiny")
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -48,7 +41,7 @@ fn names_and_shapes(path: &Path) -> BTreeMap<String, Vec<usize>> {
 /// A checkpoint of the reference model as a run that trained its text part would save it
 /// (the weights as loaded, the run's config.json verbatim), in `root`.
 fn checkpoint_of_reference(root: &Path) -> Mistral3 {
-    let model = Mistral3::load(tiny_dir()).unwrap();
+    let model = Mistral3::load(&tiny_dir()).unwrap();
     let grads = model.grads(&[Part::Text]).unwrap();
     let opt = AdamW::new(&model.exec, AdamWConfig::default(), &grads).unwrap();
     let raw = std::fs::read_to_string(tiny_dir().join("config.json")).unwrap();

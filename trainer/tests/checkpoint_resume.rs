@@ -3,6 +3,8 @@
 //! a checkpoint, a fresh process state rebuilt from it alone, and K - k more steps. Losses,
 //! weights, moments and progress must be identical to the bit.
 
+mod common;
+
 use cannon_runtime::rng::SplitMix64;
 use cannon_trainer::checkpoint::{
     hf_config_json, Checkpoint, CheckpointDir, DataState, Progress, TrainState,
@@ -12,13 +14,9 @@ use cannon_trainer::data::{synth, DataConfig, Loader, Tekken};
 use cannon_trainer::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use cannon_trainer::model::{Exec, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
-const TOKENIZER: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/tokenizers/tekken_240911.json"
-);
 const VOCAB: u32 = 2048;
 const STEPS: u64 = 6;
 const SAVE_AT: u64 = 3;
@@ -27,11 +25,8 @@ const TRAINABLE: [Part; 2] = [Part::Projector, Part::Text];
 fn tok() -> &'static Tekken {
     static T: OnceLock<Tekken> = OnceLock::new();
     T.get_or_init(|| {
-        assert!(
-            Path::new(TOKENIZER).is_file(),
-            "the tokenizer is missing: {TOKENIZER} (the ../shared folder beside the project)"
-        );
-        Tekken::from_file(TOKENIZER, Some(VOCAB)).unwrap()
+        let path = common::shared_path("tokenizers/tekken_240911.json");
+        Tekken::from_file(path, Some(VOCAB)).unwrap()
     })
 }
 

@@ -100,7 +100,8 @@ mod tests {
         let path = std::path::Path::new(TINY);
         if !path.is_file() {
             panic!(
-                "reference config missing: {} (../shared is needed)",
+                "missing ../shared/reference/mistral3-tiny/config.json (looked at {}): the \
+                 shared fixtures live beside the project (see README)",
                 path.display()
             );
         }
