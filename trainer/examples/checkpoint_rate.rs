@@ -1,4 +1,4 @@
-//! Times a checkpoint save, a full load (`TrainState::load`) and an export of an HF config's
+//! Times a checkpoint save, a full load (`Snapshot::load`) and an export of an HF config's
 //! model with random weights, text part training (AdamW moments saved), vision tower and
 //! projector frozen. Speed is measured here, never asserted in tests.
 //!
@@ -9,8 +9,7 @@
 
 use cannon_runtime::rng::SplitMix64;
 use cannon_trainer::checkpoint::{
-    export, hf_config_json, Checkpoint, CheckpointDir, DataState, ExportOptions, Progress,
-    TrainState,
+    export, hf_config_json, Checkpoint, CheckpointDir, DataState, ExportOptions, Progress, Snapshot,
 };
 use cannon_trainer::model::optim::{AdamW, AdamWConfig};
 use cannon_trainer::model::{Exec, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
@@ -47,7 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let grads = model.grads(&[Part::Text])?;
     let opt = AdamW::new(&model.exec, AdamWConfig::default(), &grads)?;
     drop(grads);
-    let state = TrainState {
+    let state = Snapshot {
         model_config: hf_config_json(&cfg),
         model,
         opt,
@@ -77,7 +76,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let t = Instant::now();
     let mut ckpt = Checkpoint::open(&path)?;
-    let back = TrainState::load(&mut ckpt, Exec::cpu())?;
+    let back = Snapshot::load(&mut ckpt, Exec::cpu())?;
     let load_s = t.elapsed().as_secs_f64();
     println!("load {load_s:.2} s ({:.0} MB/s)", mb / load_s);
     drop(back);

@@ -14,7 +14,7 @@
 //! (`logits` `[B, S, V]` f32 and `loss`).
 
 use cannon_trainer::checkpoint::{
-    export, Checkpoint, CheckpointDir, DataState, ExportOptions, Progress, TrainState,
+    export, Checkpoint, CheckpointDir, DataState, ExportOptions, Progress, Snapshot,
 };
 use cannon_trainer::model::optim::AdamW;
 use cannon_trainer::model::{Mistral3, Part};
@@ -42,7 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let grads = model.grads(&[Part::Text])?;
     let opt = AdamW::new(&model.exec, settings.adamw, &grads)?;
     let raw = std::fs::read_to_string(reference.join("config.json"))?;
-    let state = TrainState {
+    let state = Snapshot {
         model_config: serde_json::from_str(&raw)?,
         model: model.try_clone()?,
         opt,

@@ -6,7 +6,7 @@
 mod common;
 
 use cannon_trainer::checkpoint::{
-    export, Checkpoint, CheckpointDir, DataState, ExportDtype, ExportOptions, Progress, TrainState,
+    export, Checkpoint, CheckpointDir, DataState, ExportDtype, ExportOptions, Progress, Snapshot,
 };
 use cannon_trainer::model::optim::{AdamW, AdamWConfig};
 use cannon_trainer::model::{Mistral3, Part};
@@ -45,7 +45,7 @@ fn checkpoint_of_reference(root: &Path) -> Mistral3 {
     let grads = model.grads(&[Part::Text]).unwrap();
     let opt = AdamW::new(&model.exec, AdamWConfig::default(), &grads).unwrap();
     let raw = std::fs::read_to_string(tiny_dir().join("config.json")).unwrap();
-    let state = TrainState {
+    let state = Snapshot {
         model_config: serde_json::from_str(&raw).unwrap(),
         model: model.try_clone().unwrap(),
         opt,

@@ -7,7 +7,7 @@
 
 use cannon_kernels::Tensor;
 use cannon_trainer::checkpoint::{
-    hf_config_json, Checkpoint, CheckpointDir, DataState, Kind, Progress, TrainState,
+    hf_config_json, Checkpoint, CheckpointDir, DataState, Kind, Progress, Snapshot,
 };
 use cannon_trainer::model::optim::{AdamW, AdamWConfig};
 use cannon_trainer::model::{Exec, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
@@ -53,7 +53,7 @@ fn filled(step: u64, kind: u32, g: usize, len: usize) -> Vec<f32> {
     (0..len).map(|i| value(step, kind, g, i)).collect()
 }
 
-fn state_at(step: u64) -> TrainState {
+fn state_at(step: u64) -> Snapshot {
     let cfg = wide_config();
     let layout = ParamLayout::new(&cfg);
     let exec = Exec::cpu();
@@ -77,7 +77,7 @@ fn state_at(step: u64) -> TrainState {
             .collect()
     };
     let (m, v) = (moment(1), moment(2));
-    TrainState {
+    Snapshot {
         model_config: hf_config_json(&cfg),
         model: Mistral3 {
             params: Params::from_host(&exec, layout.clone(), &host).unwrap(),
@@ -209,7 +209,7 @@ fn killed_save_leaves_the_previous_checkpoint_loadable() {
             );
         }
     }
-    let state = TrainState::load(&mut ckpt, Exec::cpu()).unwrap();
+    let state = Snapshot::load(&mut ckpt, Exec::cpu()).unwrap();
     assert_eq!((state.progress.step, state.opt.step), (latest, latest));
 
     // The leftovers of the killed save go with the next prune.

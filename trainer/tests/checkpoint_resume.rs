@@ -7,7 +7,7 @@ mod common;
 
 use cannon_runtime::rng::SplitMix64;
 use cannon_trainer::checkpoint::{
-    hf_config_json, Checkpoint, CheckpointDir, DataState, Progress, TrainState,
+    hf_config_json, Checkpoint, CheckpointDir, DataState, Progress, Snapshot,
 };
 use cannon_trainer::data::shuffle::Position;
 use cannon_trainer::data::{synth, DataConfig, Loader, Tekken};
@@ -74,7 +74,7 @@ fn model_config() -> Mistral3Config {
 }
 
 /// Step 0 of the run: small random weights (norms 1), zero moments, the loader at its start.
-fn fresh_state() -> TrainState {
+fn fresh_state() -> Snapshot {
     let cfg = model_config();
     let layout = ParamLayout::new(&cfg);
     let mut rng = SplitMix64::new(17);
@@ -106,7 +106,7 @@ fn fresh_state() -> TrainState {
         weight_decay: 0.1,
     };
     let opt = AdamW::new(&model.exec, adamw, &grads).unwrap();
-    TrainState {
+    Snapshot {
         model,
         model_config,
         opt,
@@ -135,7 +135,7 @@ fn lr_at(base: f64, s: u64) -> f64 {
 /// Runs steps until `progress.step == until`, the way a training loop does: the next batch,
 /// forward, backward, clip to 1.0, AdamW at the scheduled rate; the RNG draws once per step.
 /// Returns each step's loss.
-fn train(state: &mut TrainState, loader: &mut Loader, until: u64) -> Vec<f64> {
+fn train(state: &mut Snapshot, loader: &mut Loader, until: u64) -> Vec<f64> {
     let mut grads = state.model.grads(&TRAINABLE).unwrap();
     let exec = state.model.exec.clone();
     let st = exec.stream();
@@ -174,7 +174,7 @@ fn loader_at(pos: Position) -> Loader {
     Loader::open(data_config(), tok(), pos).unwrap()
 }
 
-fn bits(state: &TrainState) -> Vec<Vec<u32>> {
+fn bits(state: &Snapshot) -> Vec<Vec<u32>> {
     let st = state.model.exec.stream();
     let host = |t: &cannon_kernels::Tensor<f32>| -> Vec<u32> {
         t.to_host(st).unwrap().iter().map(|x| x.to_bits()).collect()
@@ -211,7 +211,7 @@ fn saved_at_step_k_and_resumed_gives_the_uninterrupted_run_bit_for_bit() {
     // ... and continued from nothing but the checkpoint, on a new allocator.
     let mut ckpt = Checkpoint::open(&root).unwrap();
     assert_eq!(ckpt.step(), SAVE_AT);
-    let mut state = TrainState::load(&mut ckpt, Exec::cpu()).unwrap();
+    let mut state = Snapshot::load(&mut ckpt, Exec::cpu()).unwrap();
     let mut loader = loader_at(state.progress.data.position);
     resumed_losses.extend(train(&mut state, &mut loader, STEPS));
 

@@ -151,6 +151,8 @@ pub struct DataState {
     pub position: Position,
     /// Samples the steps so far trained on.
     pub consumed_samples: u64,
+    /// Their non-padding tokens.
+    pub consumed_tokens: u64,
     /// Samples dropped so far (image tokens cut by truncation).
     pub dropped_samples: u64,
 }

@@ -13,7 +13,7 @@
 //! - Loading ([`Checkpoint`]) reads any element range of any group from whichever rank files
 //!   hold it, so a run on another world size takes its own shards (resharding), and a one-rank
 //!   run or an export consolidates.
-//! - [`TrainState`] is a one-rank run's whole state; restoring it continues the run bit for bit.
+//! - [`Snapshot`] is a one-rank run's whole state; restoring it continues the run bit for bit.
 //! - [`export()`] writes the consolidated weights as an HF checkpoint.
 
 pub mod dir;
@@ -33,7 +33,7 @@ pub use hf_config::hf_config_json;
 pub use load::{Checkpoint, Kind};
 pub use manifest::{padded_shards, DataState, Manifest, ShardRange};
 pub use save::{save_distributed, save_local, PendingSave, RankShards, SaveMeta};
-pub use state::{Progress, TrainState};
+pub use state::{one_rank_meta, restore_one_rank, save_one_rank, Progress, Snapshot};
 
 #[cfg(test)]
 mod tests;

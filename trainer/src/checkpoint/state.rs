@@ -1,7 +1,11 @@
-//! The state of a one-rank run and its save/restore: the model's f32 master weights, AdamW's
+//! A one-rank run's state and its save/restore: the model's f32 master weights, AdamW's
 //! moments and step, and the progress that is not a tensor (step, scheduler, RNG, data
-//! position). Restoring it and running on gives the same losses and weights, bit for bit, as
-//! never having stopped (the `resume` test checks it).
+//! position and counts). Restoring it and running on gives the same losses and weights, bit
+//! for bit, as never having stopped (the `checkpoint_resume` test checks it).
+//!
+//! [`save_one_rank`] / [`restore_one_rank`] work on the pieces a training loop holds;
+//! [`Snapshot`] bundles them for code that builds the whole state from a checkpoint (eval,
+//! tools, tests).
 
 use super::error::{CheckpointError, Result};
 use super::load::{Checkpoint, Kind};
@@ -27,136 +31,168 @@ pub struct Progress {
     pub rng: u64,
 }
 
-/// Everything a one-rank run needs to continue.
+/// The metadata of a one-rank save: every group whole on rank 0.
+pub fn one_rank_meta(
+    model: &Mistral3,
+    model_config: &Value,
+    opt: &AdamW,
+    progress: &Progress,
+) -> Result<SaveMeta> {
+    let layout = &model.params.layout;
+    let shards: Vec<_> = layout
+        .groups
+        .iter()
+        .map(|g| padded_shards(g.len, 1))
+        .collect();
+    let trained: Vec<bool> = opt.m.iter().map(Option::is_some).collect();
+    Ok(SaveMeta {
+        step: progress.step,
+        world_size: 1,
+        config: progress.config.clone(),
+        model_config: model_config.clone(),
+        groups: group_entries(layout, &shards, &trained)?,
+        optimizer: OptimizerState::adamw(&opt.cfg, opt.step),
+        scheduler: progress.scheduler.clone(),
+        data: progress.data,
+    })
+}
+
+/// Saves a one-rank run as `dir/step-<progress.step>/` and prunes to `keep_last` (0 keeps
+/// all). `model_config` is the model's HF `config.json` (the file the run read, or
+/// [`super::hf_config_json`] of a preset).
+pub fn save_one_rank(
+    dir: &CheckpointDir,
+    keep_last: usize,
+    model: &Mistral3,
+    model_config: &Value,
+    opt: &AdamW,
+    progress: &Progress,
+) -> Result<PathBuf> {
+    let meta = one_rank_meta(model, model_config, opt, progress)?;
+    let shards = RankShards {
+        rank: 0,
+        params: &model.params.data,
+        exp_avg: &opt.m,
+        exp_avg_sq: &opt.v,
+        rng: progress.rng,
+    };
+    save_local(dir, &meta, &[shards], model.exec.stream(), keep_last)
+}
+
+/// Overwrites `model`'s weights and `opt`'s moments, step and hyper-parameters with
+/// `ckpt`'s (consolidated if it was saved over several ranks) and returns the saved
+/// progress (RNG: rank 0's). The model's layout and the set of trained groups must be the
+/// checkpoint's: a changed freeze list is an error naming the group.
+pub fn restore_one_rank(
+    ckpt: &mut Checkpoint,
+    model: &mut Mistral3,
+    opt: &mut AdamW,
+) -> Result<Progress> {
+    let layout = model.params.layout.clone();
+    ckpt.manifest().check_layout(&layout)?;
+    let trained = ckpt_groups_trained(ckpt);
+    for (g, &was) in trained.iter().enumerate() {
+        let now = opt.m.get(g).is_some_and(Option::is_some);
+        if was != now {
+            let name = &ckpt.manifest().groups[g].name;
+            return Err(CheckpointError::Mismatch(format!(
+                "group {name} {} in the checkpoint but {} now (the freeze list changed?)",
+                if was { "trained" } else { "was frozen" },
+                if now { "trains" } else { "is frozen" },
+            )));
+        }
+    }
+    let exec = model.exec.clone();
+    let stream = exec.stream();
+    for g in 0..layout.groups.len() {
+        let w = ckpt.read_group(Kind::Param, g)?;
+        model.params.data[g].view_mut().memcpy_htod(stream, &w)?;
+        if let (Some(m), Some(v)) = (opt.m[g].as_mut(), opt.v[g].as_mut()) {
+            m.view_mut()
+                .memcpy_htod(stream, &ckpt.read_group(Kind::ExpAvg, g)?)?;
+            v.view_mut()
+                .memcpy_htod(stream, &ckpt.read_group(Kind::ExpAvgSq, g)?)?;
+        }
+    }
+    let man = ckpt.manifest();
+    opt.cfg = man.optimizer.config();
+    opt.step = man.optimizer.step;
+    Ok(Progress {
+        step: man.step,
+        config: man.config.clone(),
+        scheduler: man.scheduler.clone(),
+        data: man.data,
+        rng: man.rng[0],
+    })
+}
+
+/// A one-rank run's whole state.
 #[derive(Debug)]
-pub struct TrainState {
+pub struct Snapshot {
     pub model: Mistral3,
-    /// The model's HF `config.json` (the file the run read, or [`super::hf_config_json`]).
+    /// The model's HF `config.json`.
     pub model_config: Value,
     pub opt: AdamW,
     pub progress: Progress,
 }
 
-impl TrainState {
-    /// The save's metadata: one rank holding every group whole.
+impl Snapshot {
+    /// The save's metadata (see [`one_rank_meta`]).
     pub fn save_meta(&self) -> Result<SaveMeta> {
-        let layout = &self.model.params.layout;
-        let shards: Vec<_> = layout
-            .groups
-            .iter()
-            .map(|g| padded_shards(g.len, 1))
-            .collect();
-        let trained: Vec<bool> = self.opt.m.iter().map(Option::is_some).collect();
-        Ok(SaveMeta {
-            step: self.progress.step,
-            world_size: 1,
-            config: self.progress.config.clone(),
-            model_config: self.model_config.clone(),
-            groups: group_entries(layout, &shards, &trained)?,
-            optimizer: OptimizerState::adamw(&self.opt.cfg, self.opt.step),
-            scheduler: self.progress.scheduler.clone(),
-            data: self.progress.data,
-        })
+        one_rank_meta(&self.model, &self.model_config, &self.opt, &self.progress)
     }
 
-    /// Saves as `dir/step-<progress.step>/` and prunes to `keep_last` (0 keeps all).
+    /// [`save_one_rank`].
     pub fn save(&self, dir: &CheckpointDir, keep_last: usize) -> Result<PathBuf> {
-        let meta = self.save_meta()?;
-        let shards = RankShards {
-            rank: 0,
-            params: &self.model.params.data,
-            exp_avg: &self.opt.m,
-            exp_avg_sq: &self.opt.v,
-            rng: self.progress.rng,
-        };
-        save_local(dir, &meta, &[shards], self.model.exec.stream(), keep_last)
+        save_one_rank(
+            dir,
+            keep_last,
+            &self.model,
+            &self.model_config,
+            &self.opt,
+            &self.progress,
+        )
     }
 
     /// The state saved in `ckpt`, on `exec`'s device: the model from the checkpoint's config
-    /// and weights (consolidated if it was saved over several ranks), the moments of the
-    /// groups that trained. RNG: rank 0's.
+    /// and weights, the moments of the groups that trained.
     pub fn load(ckpt: &mut Checkpoint, exec: Exec) -> Result<Self> {
         let cfg = ckpt.model_config()?;
         let model_config = ckpt.model_config_json()?;
         let layout = ParamLayout::new(&cfg);
         ckpt.manifest().check_layout(&layout)?;
-        // Zeroed moments for the groups that trained; `restore` fills them.
+        // Zeroed moments for the groups that trained; the restore fills them.
         let trained = ckpt_groups_trained(ckpt);
         let (mut m, mut v) = (Vec::new(), Vec::new());
         for (gl, &t) in layout.groups.iter().zip(&trained) {
             m.push(t.then(|| exec.zeros::<f32>(&[gl.len])).transpose()?);
             v.push(t.then(|| exec.zeros::<f32>(&[gl.len])).transpose()?);
         }
-        let opt = AdamW {
+        let mut opt = AdamW {
             cfg: ckpt.manifest().optimizer.config(),
             step: 0,
             m,
             v,
         };
         let params = Params::zeros(&exec, layout)?;
-        let mut state = TrainState {
-            model: Mistral3 {
-                cfg,
-                params,
-                loss_mode: LossMode::Full,
-                exec,
-            },
+        let mut model = Mistral3 {
+            cfg,
+            params,
+            loss_mode: LossMode::Full,
+            exec,
+        };
+        let progress = restore_one_rank(ckpt, &mut model, &mut opt)?;
+        Ok(Snapshot {
+            model,
             model_config,
             opt,
-            progress: Progress {
-                step: 0,
-                config: Value::Null,
-                scheduler: Value::Null,
-                data: DataState::default(),
-                rng: 0,
-            },
-        };
-        state.restore(ckpt)?;
-        Ok(state)
+            progress,
+        })
     }
 
-    /// Overwrites this state with `ckpt`'s: weights, moments, AdamW step and
-    /// hyper-parameters, progress. The model's layout and the set of trained groups must be
-    /// the checkpoint's (a changed freeze list is an error naming the group).
+    /// Overwrites this state with `ckpt`'s (see [`restore_one_rank`]).
     pub fn restore(&mut self, ckpt: &mut Checkpoint) -> Result<()> {
-        let layout = self.model.params.layout.clone();
-        ckpt.manifest().check_layout(&layout)?;
-        let trained = ckpt_groups_trained(ckpt);
-        for (g, &was) in trained.iter().enumerate() {
-            let now = self.opt.m.get(g).is_some_and(Option::is_some);
-            if was != now {
-                let name = &ckpt.manifest().groups[g].name;
-                return Err(CheckpointError::Mismatch(format!(
-                    "group {name} {} in the checkpoint but {} now (the freeze list changed?)",
-                    if was { "trained" } else { "was frozen" },
-                    if now { "trains" } else { "is frozen" },
-                )));
-            }
-        }
-        let exec = self.model.exec.clone();
-        let stream = exec.stream();
-        for g in 0..layout.groups.len() {
-            let w = ckpt.read_group(Kind::Param, g)?;
-            self.model.params.data[g]
-                .view_mut()
-                .memcpy_htod(stream, &w)?;
-            if let (Some(m), Some(v)) = (self.opt.m[g].as_mut(), self.opt.v[g].as_mut()) {
-                m.view_mut()
-                    .memcpy_htod(stream, &ckpt.read_group(Kind::ExpAvg, g)?)?;
-                v.view_mut()
-                    .memcpy_htod(stream, &ckpt.read_group(Kind::ExpAvgSq, g)?)?;
-            }
-        }
-        let man = ckpt.manifest();
-        self.opt.cfg = man.optimizer.config();
-        self.opt.step = man.optimizer.step;
-        self.progress = Progress {
-            step: man.step,
-            config: man.config.clone(),
-            scheduler: man.scheduler.clone(),
-            data: man.data,
-            rng: man.rng[0],
-        };
+        self.progress = restore_one_rank(ckpt, &mut self.model, &mut self.opt)?;
         Ok(())
     }
 }

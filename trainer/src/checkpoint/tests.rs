@@ -43,7 +43,7 @@ fn random_vec(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
 
 /// A state with random weights and random moments for the text part (vision and projector
 /// frozen), as if `step` steps had run.
-fn random_state(seed: u64, step: u64) -> TrainState {
+fn random_state(seed: u64, step: u64) -> Snapshot {
     let cfg = tiny_config();
     let layout = ParamLayout::new(&cfg);
     let exec = Exec::cpu();
@@ -65,7 +65,7 @@ fn random_state(seed: u64, step: u64) -> TrainState {
             .collect()
     };
     let (m, v) = (moment(&mut rng), moment(&mut rng));
-    TrainState {
+    Snapshot {
         model_config: hf_config_json(&cfg),
         model: Mistral3 {
             cfg,
@@ -92,6 +92,7 @@ fn random_state(seed: u64, step: u64) -> TrainState {
                     index: 3 + step as usize,
                 },
                 consumed_samples: 17 * step,
+                consumed_tokens: 900 * step,
                 dropped_samples: 2,
             },
             rng: rng.state(),
@@ -110,7 +111,7 @@ fn bits(t: &Tensor<f32>, st: &Stream) -> Vec<u32> {
 }
 
 /// Every tensor and every progress field of two states, bit for bit.
-fn assert_same(a: &TrainState, b: &TrainState) {
+fn assert_same(a: &Snapshot, b: &Snapshot) {
     let st = a.model.exec.stream();
     assert_eq!(a.model.params.data.len(), b.model.params.data.len());
     for (x, y) in a.model.params.data.iter().zip(&b.model.params.data) {
@@ -147,7 +148,7 @@ fn one_rank_state_round_trips_bit_for_bit() {
     assert_eq!(m.groups[5].name, "text.layers.0");
     assert_eq!(m.groups[7].name, "text.head");
     assert!(!m.groups[3].trained && m.groups[7].trained);
-    let back = TrainState::load(&mut ckpt, Exec::cpu()).unwrap();
+    let back = Snapshot::load(&mut ckpt, Exec::cpu()).unwrap();
     assert_same(&state, &back);
 
     // Restoring into a live state of the same shape overwrites everything.
@@ -182,7 +183,7 @@ fn a_save_stopped_half_way_leaves_the_previous_checkpoint_the_latest() {
     assert_eq!(dir.latest().unwrap().unwrap().0, 1);
     let mut ckpt = Checkpoint::open(&root).unwrap();
     assert_eq!(ckpt.step(), 1);
-    assert_same(&first, &TrainState::load(&mut ckpt, Exec::cpu()).unwrap());
+    assert_same(&first, &Snapshot::load(&mut ckpt, Exec::cpu()).unwrap());
 
     // A crash after every file is written but before the manifest.
     let mut pending = dir.begin(2, 1).unwrap();
@@ -198,7 +199,7 @@ fn a_save_stopped_half_way_leaves_the_previous_checkpoint_the_latest() {
     assert!(dir.unfinished().unwrap().is_empty());
     let mut ckpt = Checkpoint::open(&root).unwrap();
     assert_eq!(ckpt.step(), 2);
-    assert_same(&second, &TrainState::load(&mut ckpt, Exec::cpu()).unwrap());
+    assert_same(&second, &Snapshot::load(&mut ckpt, Exec::cpu()).unwrap());
 }
 
 #[test]
@@ -213,7 +214,7 @@ fn keep_last_prunes_older_checkpoints_and_a_step_saved_twice_is_replaced() {
     let again = random_state(99, 5);
     again.save(&dir, 2).unwrap();
     let mut ckpt = Checkpoint::open(&dir.path(5)).unwrap();
-    assert_same(&again, &TrainState::load(&mut ckpt, Exec::cpu()).unwrap());
+    assert_same(&again, &Snapshot::load(&mut ckpt, Exec::cpu()).unwrap());
     assert!(!root.join("step-000005.old").exists());
 }
 
@@ -225,7 +226,7 @@ struct Sharded {
     ranges: Vec<Vec<ShardRange>>,
 }
 
-fn shard(state: &TrainState, world: usize) -> Sharded {
+fn shard(state: &Snapshot, world: usize) -> Sharded {
     let st = state.model.exec.stream();
     let layout = &state.model.params.layout;
     let ranges: Vec<Vec<ShardRange>> = layout
@@ -268,7 +269,7 @@ fn shard(state: &TrainState, world: usize) -> Sharded {
     }
 }
 
-fn sharded_meta(state: &TrainState, sh: &Sharded, world: usize) -> SaveMeta {
+fn sharded_meta(state: &Snapshot, sh: &Sharded, world: usize) -> SaveMeta {
     let trained: Vec<bool> = state.opt.m.iter().map(Option::is_some).collect();
     SaveMeta {
         world_size: world,
@@ -325,7 +326,7 @@ fn a_checkpoint_of_three_ranks_reshards_to_any_world_size() {
         }
     }
     // Consolidated on one rank it is the state it was cut from.
-    let mut back = TrainState::load(&mut ckpt, Exec::cpu()).unwrap();
+    let mut back = Snapshot::load(&mut ckpt, Exec::cpu()).unwrap();
     back.progress.rng = state.progress.rng;
     assert_same(&state, &back);
 }
@@ -384,7 +385,7 @@ fn ranks_save_their_shards_together_over_the_communicator() {
     let mut ckpt = Checkpoint::open(&root).unwrap();
     assert_eq!(ckpt.manifest().world_size, 2);
     assert_eq!(ckpt.manifest().rng, vec![0, 7]);
-    let mut back = TrainState::load(&mut ckpt, Exec::cpu()).unwrap();
+    let mut back = Snapshot::load(&mut ckpt, Exec::cpu()).unwrap();
     back.progress.rng = state.progress.rng;
     assert_same(&state, &back);
 }
