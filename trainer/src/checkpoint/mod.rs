@@ -32,7 +32,9 @@ pub use export::{export, parse_size, parse_size_arg, ExportDtype, ExportOptions,
 pub use hf_config::hf_config_json;
 pub use load::{Checkpoint, Kind};
 pub use manifest::{padded_shards, DataState, Manifest, ShardRange};
-pub use save::{save_distributed, save_local, PendingSave, RankShards, SaveMeta};
+pub use save::{
+    save_distributed, save_local, GroupShards, PendingSave, RankShards, SaveMeta, ShardData,
+};
 pub use state::{one_rank_meta, restore_one_rank, save_one_rank, Progress, Snapshot};
 
 #[cfg(test)]

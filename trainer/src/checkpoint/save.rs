@@ -23,6 +23,7 @@ use super::CheckpointDir;
 use cannon_kernels::Tensor;
 use cannon_runtime::comm::{Communicator, ReduceOp};
 use cannon_runtime::{DeviceBuffer, Stream};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
@@ -45,18 +46,81 @@ pub struct SaveMeta {
     pub data: DataState,
 }
 
-/// One rank's tensors: its shard of every group (`stored` elements each, padding included)
-/// and the AdamW moments of the groups that train, on the rank's device.
+/// Where a shard's values are: on the rank's device (copied to the host one tensor at a time
+/// while the file is written), or already on the host.
 #[derive(Clone, Copy, Debug)]
+pub enum ShardData<'a> {
+    Device(&'a Tensor<f32>),
+    Host(&'a [f32]),
+}
+
+impl<'a> ShardData<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            ShardData::Device(t) => t.numel(),
+            ShardData::Host(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn to_host(self, stream: &Stream) -> Result<Cow<'a, [f32]>> {
+        Ok(match self {
+            ShardData::Device(t) => Cow::Owned(t.to_host(stream)?),
+            ShardData::Host(v) => Cow::Borrowed(v),
+        })
+    }
+}
+
+/// One group's part of a rank: its `[stored]` shard of the master weights and, if the group
+/// trains, of AdamW's moments.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupShards<'a> {
+    pub param: ShardData<'a>,
+    pub exp_avg: Option<ShardData<'a>>,
+    pub exp_avg_sq: Option<ShardData<'a>>,
+}
+
+/// One rank's tensors, one entry per group, and its random generator's state.
+#[derive(Clone, Debug)]
 pub struct RankShards<'a> {
     pub rank: usize,
-    /// `[group]`, each `[stored]`.
-    pub params: &'a [Tensor<f32>],
-    /// `[group]`, Some exactly for the trained groups, each `[stored]`.
-    pub exp_avg: &'a [Option<Tensor<f32>>],
-    pub exp_avg_sq: &'a [Option<Tensor<f32>>],
-    /// The rank's random generator state (`SplitMix64::state`).
+    pub groups: Vec<GroupShards<'a>>,
+    /// `SplitMix64::state` of the rank's generator.
     pub rng: u64,
+}
+
+impl<'a> RankShards<'a> {
+    /// A rank's shards as device tensors: `params[g]`, and `exp_avg[g]` / `exp_avg_sq[g]`
+    /// for the trained groups (the layout of `Params::data` and `AdamW::m`/`v`).
+    pub fn device(
+        rank: usize,
+        params: &'a [Tensor<f32>],
+        exp_avg: &'a [Option<Tensor<f32>>],
+        exp_avg_sq: &'a [Option<Tensor<f32>>],
+        rng: u64,
+    ) -> Result<Self> {
+        if exp_avg.len() != params.len() || exp_avg_sq.len() != params.len() {
+            return Err(CheckpointError::Argument(format!(
+                "rank {rank}: {} parameter, {} exp_avg and {} exp_avg_sq groups",
+                params.len(),
+                exp_avg.len(),
+                exp_avg_sq.len()
+            )));
+        }
+        let groups = params
+            .iter()
+            .zip(exp_avg.iter().zip(exp_avg_sq))
+            .map(|(p, (m, v))| GroupShards {
+                param: ShardData::Device(p),
+                exp_avg: m.as_ref().map(ShardData::Device),
+                exp_avg_sq: v.as_ref().map(ShardData::Device),
+            })
+            .collect();
+        Ok(RankShards { rank, groups, rng })
+    }
 }
 
 /// A save under way: where it writes and where it lands.
@@ -152,32 +216,29 @@ impl PendingSave {
                 self.world
             )));
         }
-        if shards.params.len() != n || shards.exp_avg.len() != n || shards.exp_avg_sq.len() != n {
+        if shards.groups.len() != n {
             return Err(CheckpointError::Argument(format!(
-                "rank {rank}: {} parameter, {} exp_avg and {} exp_avg_sq groups for {n} groups",
-                shards.params.len(),
-                shards.exp_avg.len(),
-                shards.exp_avg_sq.len()
+                "rank {rank}: {} groups of tensors for {n} groups",
+                shards.groups.len()
             )));
         }
         let mut specs = Vec::new();
-        let mut sources: Vec<&Tensor<f32>> = Vec::new();
-        for (g, entry) in meta.groups.iter().enumerate() {
+        let mut sources: Vec<ShardData<'_>> = Vec::new();
+        for (entry, gs) in meta.groups.iter().zip(&shards.groups) {
             let stored = entry.shards[rank].stored;
-            let moments = (&shards.exp_avg[g], &shards.exp_avg_sq[g]);
-            let tensors: Vec<(String, &Tensor<f32>)> = match (entry.trained, moments) {
-                (true, (Some(m), Some(v))) => vec![
-                    (param_tensor(&entry.name), &shards.params[g]),
+            let tensors = match (entry.trained, gs.exp_avg, gs.exp_avg_sq) {
+                (true, Some(m), Some(v)) => vec![
+                    (param_tensor(&entry.name), gs.param),
                     (exp_avg_tensor(&entry.name), m),
                     (exp_avg_sq_tensor(&entry.name), v),
                 ],
-                (false, (None, None)) => vec![(param_tensor(&entry.name), &shards.params[g])],
-                _ => {
+                (false, None, None) => vec![(param_tensor(&entry.name), gs.param)],
+                (_, m, v) => {
                     return Err(CheckpointError::Argument(format!(
                         "rank {rank}: group {} {} but its moments are {}",
                         entry.name,
                         if entry.trained { "trains" } else { "is frozen" },
-                        match moments {
+                        match (m, v) {
                             (Some(_), Some(_)) => "present",
                             (None, None) => "absent",
                             _ => "half present",
@@ -186,10 +247,10 @@ impl PendingSave {
                 }
             };
             for (name, t) in tensors {
-                if t.numel() != stored {
+                if t.len() != stored {
                     return Err(CheckpointError::Argument(format!(
                         "rank {rank}: {name} has {} elements, its shard stores {stored}",
-                        t.numel()
+                        t.len()
                     )));
                 }
                 specs.push(TensorSpec {

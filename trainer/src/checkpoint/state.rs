@@ -69,13 +69,7 @@ pub fn save_one_rank(
     progress: &Progress,
 ) -> Result<PathBuf> {
     let meta = one_rank_meta(model, model_config, opt, progress)?;
-    let shards = RankShards {
-        rank: 0,
-        params: &model.params.data,
-        exp_avg: &opt.m,
-        exp_avg_sq: &opt.v,
-        rng: progress.rng,
-    };
+    let shards = RankShards::device(0, &model.params.data, &opt.m, &opt.v, progress.rng)?;
     save_local(dir, &meta, &[shards], model.exec.stream(), keep_last)
 }
 

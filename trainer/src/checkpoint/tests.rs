@@ -165,13 +165,14 @@ fn a_save_stopped_half_way_leaves_the_previous_checkpoint_the_latest() {
     first.save(&dir, 0).unwrap();
     let second = random_state(4, 2);
     let meta = second.save_meta().unwrap();
-    let shards = RankShards {
-        rank: 0,
-        params: &second.model.params.data,
-        exp_avg: &second.opt.m,
-        exp_avg_sq: &second.opt.v,
-        rng: 0,
-    };
+    let shards = RankShards::device(
+        0,
+        &second.model.params.data,
+        &second.opt.m,
+        &second.opt.v,
+        0,
+    )
+    .unwrap();
     let st = second.model.exec.stream();
 
     // A crash in the middle of the rank file.
@@ -288,13 +289,7 @@ fn a_checkpoint_of_three_ranks_reshards_to_any_world_size() {
     let sh = shard(&state, 3);
     let meta = sharded_meta(&state, &sh, 3);
     let ranks: Vec<RankShards<'_>> = (0..3)
-        .map(|r| RankShards {
-            rank: r,
-            params: &sh.params[r],
-            exp_avg: &sh.m[r],
-            exp_avg_sq: &sh.v[r],
-            rng: 100 + r as u64,
-        })
+        .map(|r| RankShards::device(r, &sh.params[r], &sh.m[r], &sh.v[r], 100 + r as u64).unwrap())
         .collect();
     let st = state.model.exec.stream();
     save_local(&dir, &meta, &ranks, st, 0).unwrap();
@@ -331,7 +326,7 @@ fn a_checkpoint_of_three_ranks_reshards_to_any_world_size() {
     assert_same(&state, &back);
 }
 
-/// Ranks as threads on the in-process communicator, each saving its own shards.
+/// Ranks as threads on the in-process communicator, each saving its own (host) shards.
 #[test]
 fn ranks_save_their_shards_together_over_the_communicator() {
     let root = tmp_root("distributed");
@@ -364,15 +359,20 @@ fn ranks_save_their_shards_together_over_the_communicator() {
             let (dir, meta) = (dir.clone(), meta.clone());
             std::thread::spawn(move || {
                 let st = Stream::cpu();
-                let up = |x: &Vec<f32>| Tensor::from_host(&st, x, &[x.len()]).unwrap();
-                let params: Vec<_> = p.iter().map(up).collect();
-                let m: Vec<_> = m.iter().map(|x| x.as_ref().map(up)).collect();
-                let v: Vec<_> = v.iter().map(|x| x.as_ref().map(up)).collect();
+                // Host shards (what an FSDP rank's state copy holds).
+                fn host(x: &Option<Vec<f32>>) -> Option<ShardData<'_>> {
+                    x.as_deref().map(ShardData::Host)
+                }
+                let groups = (0..p.len())
+                    .map(|g| GroupShards {
+                        param: ShardData::Host(&p[g]),
+                        exp_avg: host(&m[g]),
+                        exp_avg_sq: host(&v[g]),
+                    })
+                    .collect();
                 let mine = RankShards {
                     rank: comm.rank(),
-                    params: &params,
-                    exp_avg: &m,
-                    exp_avg_sq: &v,
+                    groups,
                     rng: 7 * comm.rank() as u64,
                 };
                 save_distributed(&dir, &meta, &mine, &comm, &st, 1).map_err(|e| e.to_string())
