@@ -16,7 +16,9 @@
 //! training, the model on NPUs, checkpoint saving.
 pub mod batch;
 pub mod cli;
+pub mod config;
 pub mod data;
+pub mod eval;
 pub mod model;
 pub mod train;
 pub mod verify;
