@@ -17,7 +17,9 @@
 pub mod batch;
 pub mod bench;
 pub mod cli;
+pub mod config;
 pub mod data;
+pub mod eval;
 pub mod model;
 pub mod train;
 pub mod verify;
