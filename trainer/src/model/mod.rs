@@ -29,6 +29,7 @@ pub mod block;
 pub mod config;
 pub mod exec;
 pub mod head;
+pub mod init;
 pub mod memory;
 pub mod mistral;
 pub mod ops;
@@ -36,6 +37,7 @@ pub mod optim;
 pub mod params;
 pub mod pixtral;
 pub mod projector;
+pub mod save;
 pub mod weights;
 
 pub use crate::batch::{Batch, BatchError, Images};
@@ -46,6 +48,7 @@ pub use ops::{Act, Precision};
 pub use params::{Grads, ParamLayout, Params, Part};
 pub use weights::WeightsError;
 
+use cannon_kernels::cross_entropy::LossNorm;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::MemoryStats;
 use std::path::Path;
@@ -92,7 +95,8 @@ impl<A: cannon_runtime::Element> ForwardActs<A> {
         self.projector.as_ref().map(|p| &p.out)
     }
 
-    /// Mean loss over the targets.
+    /// The loss: summed over the targets, divided as the forward was asked (the mean by
+    /// default).
     pub fn loss(&self) -> f64 {
         self.head.loss
     }
@@ -217,8 +221,19 @@ impl Mistral3 {
         Ok(())
     }
 
-    /// Forward through vision, projector, splice, decoder, lm_head and the loss.
+    /// Forward through vision, projector, splice, decoder, lm_head and the mean loss.
     pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
+        self.forward_norm(batch, LossNorm::Mean)
+    }
+
+    /// [`Mistral3::forward`] with the summed loss divided as `norm` says: `Divisor(n)` with the
+    /// trained targets of a whole optimizer step makes the backward of each micro batch its
+    /// share of that step's mean-loss gradient (gradient accumulation).
+    pub fn forward_norm<A: Act>(
+        &self,
+        batch: &Batch,
+        norm: LossNorm,
+    ) -> Result<ForwardActs<A>, ModelError> {
         let cfg = &self.cfg;
         let ex = &self.exec;
         let t = &cfg.text_config;
@@ -244,7 +259,7 @@ impl Mistral3 {
         let targets = batch.targets();
         let w = self.params.text_head()?.lm_head;
         let dv = (t.hidden_size, t.vocab_size);
-        let head = head::forward(ex, self.loss_mode, &text.xf, &w, &targets, dv)?;
+        let head = head::forward(ex, self.loss_mode, &text.xf, &w, &targets, dv, norm)?;
         Ok(ForwardActs {
             vision,
             projector,
