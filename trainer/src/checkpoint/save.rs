@@ -44,6 +44,9 @@ pub struct SaveMeta {
     pub optimizer: OptimizerState,
     pub scheduler: serde_json::Value,
     pub data: DataState,
+    /// Small files written beside the manifest, `(name, contents)`: e.g. the run's TOML
+    /// config, so that `cannon eval` finds it in the checkpoint.
+    pub extra_files: Vec<(String, String)>,
 }
 
 /// Where a shard's values are: on the rank's device (copied to the host one tensor at a time
@@ -338,6 +341,16 @@ impl PendingSave {
         manifest.check()?;
         let pretty = |v: &serde_json::Value| serde_json::to_vec_pretty(v).unwrap_or_default();
         write_synced(&self.tmp.join(CONFIG_FILE), &pretty(&meta.model_config))?;
+        for (name, text) in &meta.extra_files {
+            let reserved =
+                name == CONFIG_FILE || name == MANIFEST_FILE || name.ends_with(".safetensors");
+            if reserved || name.is_empty() || name.contains('/') || name.contains("..") {
+                return Err(CheckpointError::Argument(format!(
+                    "extra checkpoint file name {name:?} is reserved or leaves the directory"
+                )));
+            }
+            write_synced(&self.tmp.join(name), text.as_bytes())?;
+        }
         #[cfg(test)]
         if self.fail_before_manifest {
             return Err(CheckpointError::Injected("crash before the manifest"));

@@ -54,6 +54,7 @@ pub fn one_rank_meta(
         optimizer: OptimizerState::adamw(&opt.cfg, opt.step),
         scheduler: progress.scheduler.clone(),
         data: progress.data,
+        extra_files: Vec::new(),
     })
 }
 

@@ -6,10 +6,11 @@
 //! built-in default, the accuracy bar met), 1 the default run finished below its accuracy
 //! bar, 2 unusable config or input, or a failure during the run.
 
-use crate::config::TrainConfig;
+use crate::config::{Resume, TrainConfig};
 use crate::data::dataset::DataSet;
 use crate::data::Tekken;
 use crate::model::{weights, Exec, ParamLayout};
+use crate::train::resume;
 use crate::train::run::{self, image_config, model_config, ModelSource, RunPlan};
 use crate::train::{TrainError, Trainer};
 use clap::Args;
@@ -58,10 +59,15 @@ pub fn run(args: TrainArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if run::wants_resume(&cfg) {
+    if cfg.checkpoint.resume == Resume::Latest(true)
+        && cfg.log.dir.is_none()
+        && cfg.checkpoint.dir.is_none()
+    {
         eprintln!(
-            "cannon train: checkpoint.resume: resuming from a checkpoint is not available in \
-             this build yet (checkpoint loading lands separately); set checkpoint.resume = false"
+            "cannon train: checkpoint.resume = true looks for the newest checkpoint in \
+             checkpoint.dir, and without log.dir or checkpoint.dir this run would get a new, \
+             empty folder: set log.dir to the run folder to continue (or checkpoint.dir, or \
+             checkpoint.resume = \"DIR\")"
         );
         return ExitCode::from(2);
     }
@@ -100,6 +106,23 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
     print_config(&plan);
     println!("# command: {}", command_line());
     let mut trainer = Trainer::new(plan, Exec::cpu())?;
+    if let Some(mut ckpt) = resume::resume_from(&trainer.plan)? {
+        let r = resume::resume(&mut trainer, &mut ckpt)?;
+        eprintln!(
+            "resumed from {} at step {} (saved over {} rank(s))",
+            r.dir.display(),
+            r.step,
+            r.world_size
+        );
+        if let Some(saved) = r.schedule_changed {
+            eprintln!("note: the LR schedule differs from the checkpoint's: {saved}");
+        }
+    } else if run::wants_resume(&trainer.plan.cfg) {
+        eprintln!(
+            "no checkpoint in {} yet: starting at step 0",
+            trainer.plan.checkpoint_dir.display()
+        );
+    }
     let st = &trainer.state;
     let layout = &st.model.params.layout;
     let trained: usize = layout
@@ -128,7 +151,14 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         trainer.plan.cfg.train.dtype.name(),
     );
     eprintln!("run folder: {}", trainer.plan.out_dir.display());
-    let summary = trainer.run(&mut [])?;
+    let mut hook = resume::CheckpointHook::new(&trainer);
+    let summary = match hook.as_mut() {
+        Some(h) => trainer.run(&mut [h])?,
+        None => trainer.run(&mut [])?,
+    };
+    if let Some(last) = hook.as_ref().and_then(|h| h.saved.last()) {
+        eprintln!("last checkpoint: {}", last.display());
+    }
     let mean_last = {
         let n = summary.losses.len().min(50);
         summary.losses[summary.losses.len() - n..]
@@ -228,6 +258,22 @@ fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
                 path.display()
             )));
         }
+    }
+    match resume::resume_from(plan)? {
+        Some(ckpt) => {
+            ckpt.manifest().check_layout(&layout)?;
+            println!(
+                "# resume: {} (step {}, saved over {} rank(s))",
+                ckpt.dir().display(),
+                ckpt.step(),
+                ckpt.manifest().world_size
+            );
+        }
+        None if run::wants_resume(cfg) => println!(
+            "# resume: no checkpoint in {} yet, the run starts at step 0",
+            plan.checkpoint_dir.display()
+        ),
+        None => {}
     }
     print_config(plan);
     println!("# command: {}", command_line());

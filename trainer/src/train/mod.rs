@@ -7,11 +7,14 @@
 //! - [`run`]: the run: a config resolved into paths ([`run::RunPlan`]), the state a checkpoint
 //!   holds ([`run::TrainState`]), the loop ([`run::Trainer::run`]) with a hook after every
 //!   step ([`run::StepHook`]), the final evaluation.
+//! - [`resume`]: saving checkpoints from the loop ([`resume::CheckpointHook`]) and resuming
+//!   a run from one.
 //! - [`metrics`], [`flops`], [`identity`], [`sha256`]: what a run reports and records.
 
 pub mod flops;
 pub mod identity;
 pub mod metrics;
+pub mod resume;
 pub mod run;
 pub mod schedule;
 pub mod sha256;

@@ -42,6 +42,8 @@ pub enum TrainError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Eval(#[from] EvalError),
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -765,7 +767,7 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, TrainError> {
     Ok(files)
 }
 
-/// Whether `cfg.checkpoint.resume` asks for a checkpoint (loading them lands separately).
+/// Whether `cfg.checkpoint.resume` asks for a checkpoint (see [`super::resume`]).
 pub fn wants_resume(cfg: &TrainConfig) -> bool {
     !matches!(cfg.checkpoint.resume, Resume::Latest(false))
 }

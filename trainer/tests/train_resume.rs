@@ -1,0 +1,181 @@
+//! `cannon train` with checkpoints: a run that crashes after step 4 and is resumed
+//! (`checkpoint.resume = true`) from its step-3 checkpoint ends with the uninterrupted run's
+//! losses and weights, bit for bit; `cannon eval` reads the checkpoint like the final model.
+
+mod common;
+
+use cannon_trainer::config::TrainConfig;
+use cannon_trainer::data::synth;
+use cannon_trainer::model::Exec;
+use cannon_trainer::train::resume::{self, CheckpointHook};
+use cannon_trainer::train::{RunPlan, StepHook, TrainError, TrainState, Trainer};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cannon");
+
+fn scratch() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cannon-train-resume-{}", std::process::id()));
+    std::fs::remove_dir_all(&d).ok();
+    d
+}
+
+fn plan(root: &Path, run: &str, extra: &[&str]) -> RunPlan {
+    let tok = common::shared_path("tokenizers/tekken_240911.json");
+    let mut sets: Vec<String> = vec![
+        format!(
+            "data.dataset={:?}",
+            root.join("data/train.jsonl").display().to_string()
+        ),
+        format!("data.tokenizer={:?}", tok.display().to_string()),
+        format!("log.dir={:?}", root.join(run).display().to_string()),
+        "train.steps=6".into(),
+        "train.micro_batch=4".into(),
+        "train.grad_accum=2".into(),
+        "train.warmup_steps=2".into(),
+        "checkpoint.every=3".into(),
+        "checkpoint.keep_last=1".into(),
+        "log.every=1".into(),
+    ];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    let cfg = TrainConfig::load(None, &sets).unwrap();
+    RunPlan::resolve(cfg, None).unwrap()
+}
+
+/// Stops the run after step `at` (its update done, its checkpoint not due): a crash.
+struct CrashAfter(usize);
+
+impl StepHook for CrashAfter {
+    fn after_step(&mut self, _: &RunPlan, state: &TrainState) -> Result<(), TrainError> {
+        if state.step == self.0 {
+            return Err(TrainError::Input("simulated crash".into()));
+        }
+        Ok(())
+    }
+}
+
+fn weights(t: &Trainer) -> Vec<Vec<u32>> {
+    let st = t.state.model.exec.stream();
+    let mut out: Vec<Vec<u32>> = Vec::new();
+    let host = |x: &cannon_kernels::Tensor<f32>| -> Vec<u32> {
+        x.to_host(st).unwrap().iter().map(|v| v.to_bits()).collect()
+    };
+    out.extend(t.state.model.params.data.iter().map(host));
+    out.extend(
+        t.state
+            .opt
+            .m
+            .iter()
+            .chain(&t.state.opt.v)
+            .flatten()
+            .map(host),
+    );
+    out
+}
+
+fn bits(v: &[f64]) -> Vec<u64> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn a_crashed_run_resumed_from_its_checkpoint_matches_the_uninterrupted_run() {
+    let root = scratch();
+    synth::write(&root.join("data"), 48, 3).unwrap();
+
+    // The uninterrupted run.
+    let mut a = Trainer::new(plan(&root, "a", &[]), Exec::cpu()).unwrap();
+    let mut hook = CheckpointHook::new(&a).unwrap();
+    let full = a.run(&mut [&mut hook]).unwrap();
+    assert_eq!(full.losses.len(), 6);
+    let names = |h: &CheckpointHook| -> Vec<String> {
+        h.saved
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(names(&hook), ["step-000003", "step-000006"]);
+
+    // The same run, crashing after step 4 (its last checkpoint: step 3).
+    let mut b = Trainer::new(plan(&root, "b", &[]), Exec::cpu()).unwrap();
+    let mut hook = CheckpointHook::new(&b).unwrap();
+    let err = b.run(&mut [&mut hook, &mut CrashAfter(4)]).unwrap_err();
+    assert!(err.to_string().contains("simulated crash"), "{err}");
+    drop(b);
+
+    // Resumed in the same run folder.
+    let p = plan(&root, "b", &["checkpoint.resume=true"]);
+    let mut ckpt = resume::resume_from(&p)
+        .unwrap()
+        .expect("the step-3 checkpoint");
+    let mut c = Trainer::new(p, Exec::cpu()).unwrap();
+    let r = resume::resume(&mut c, &mut ckpt).unwrap();
+    assert_eq!(
+        (r.step, r.world_size, r.schedule_changed.clone()),
+        (3, 1, None)
+    );
+    let mut hook = CheckpointHook::new(&c).unwrap();
+    let rest = c.run(&mut [&mut hook]).unwrap();
+    assert_eq!(
+        bits(&rest.losses),
+        bits(&full.losses[3..]),
+        "{:?} vs {:?}",
+        rest.losses,
+        full.losses
+    );
+    assert_eq!(weights(&c), weights(&a), "weights and AdamW moments");
+    assert_eq!(
+        (
+            c.state.step,
+            c.state.samples,
+            c.state.tokens,
+            c.state.position
+        ),
+        (
+            a.state.step,
+            a.state.samples,
+            a.state.tokens,
+            a.state.position
+        )
+    );
+    assert_eq!(c.state.opt.step, a.state.opt.step);
+
+    // keep_last = 1 left the final checkpoint only; its run config is beside it.
+    let ckpts = root.join("b/checkpoints");
+    let left: Vec<String> = std::fs::read_dir(&ckpts)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["step-000006"]);
+    assert!(ckpts.join("step-000006/cannon_train.toml").is_file());
+
+    // cannon eval reads the checkpoint folder like the final model, with the same answers.
+    let heldout = root.join("data/heldout.jsonl");
+    let eval = |dir: &Path| {
+        let o = Command::new(BIN)
+            .args(["eval", "--checkpoint"])
+            .arg(dir)
+            .arg("--dataset")
+            .arg(&heldout)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    // The first line names the folder; the table is the same.
+    let table = |out: String| out.lines().skip(1).collect::<Vec<_>>().join("\n");
+    let from_ckpt = table(eval(&ckpts));
+    assert!(from_ckpt.contains("colour"), "{from_ckpt}");
+    assert_eq!(from_ckpt, table(eval(&root.join("b/final"))));
+}
+
+#[test]
+fn resume_latest_without_a_run_folder_is_a_usage_error() {
+    let o = Command::new(BIN)
+        .args(["train", "--set", "checkpoint.resume=true", "--dry-run"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("log.dir"), "{err}");
+}
