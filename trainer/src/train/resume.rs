@@ -91,7 +91,7 @@ impl CheckpointHook {
 
 impl StepHook for CheckpointHook {
     fn after_step(&mut self, plan: &RunPlan, state: &TrainState) -> Result<(), TrainError> {
-        if state.step % self.every == 0 || state.step == state.total_steps {
+        if state.step.is_multiple_of(self.every) || state.step == state.total_steps {
             self.saved.push(save(plan, state, &self.model_json)?);
         }
         Ok(())
