@@ -1,7 +1,8 @@
 //! The `cannon` command line. Each subcommand lives in its own module with its own args struct.
-//! Only the subcommands below exist; `bench` and `export` are planned and are not accepted
-//! until they do.
+//! Only the subcommands below exist; `export` is planned and is not accepted until it does.
 
+pub mod bench;
+pub mod compare;
 pub mod data;
 pub mod doctor;
 pub mod eval;
@@ -16,11 +17,12 @@ use std::process::ExitCode;
     name = "cannon",
     version,
     about = "Mistral3 (Pixtral + Mistral) trainer: train (the main job), evaluate, prepare \
-             data, verify the model against a reference, check the machine",
+             data, verify the model against a reference, time training steps, compare two \
+             runs' metrics, check the machine",
     after_help = "Start with `cannon train`: with no arguments it trains a tiny Mistral3 on a \
                   synthetic shapes set on the CPU (a few minutes) and prints its held-out \
-                  accuracy. Planned, not yet available: bench, export. The model runs on the \
-                  CPU; its NPU path is not implemented yet."
+                  accuracy. Planned, not yet available: export. The model runs on the CPU; its \
+                  NPU path is not implemented yet."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -39,6 +41,11 @@ pub enum Command {
     Data(data::DataArgs),
     /// Compare the model's forward, gradients and AdamW steps with an eager reference fixture.
     Verify(verify::VerifyArgs),
+    /// Time full training steps (`bench step`) beside PyTorch's baseline script.
+    Bench(bench::BenchArgs),
+    /// Compare two runs' metrics JSONL: normalised loss difference and step time over a window
+    /// (exit 0 within --threshold, 1 above, 2 unusable input).
+    Compare(compare::CompareArgs),
 }
 
 /// Parse the command line and run it; the exit code follows the subcommand's convention
@@ -51,5 +58,7 @@ pub fn main() -> ExitCode {
         Command::Doctor => doctor::run(),
         Command::Data(args) => data::run(args),
         Command::Verify(args) => verify::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Compare(args) => compare::run(args),
     }
 }

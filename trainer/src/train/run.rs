@@ -20,6 +20,7 @@ use super::step::accumulate;
 use crate::config::{self, preset, ConfigError, Dtype, Resume, TrainConfig};
 use crate::data::dataset::DataSet;
 use crate::data::image::ImageConfig;
+use crate::data::info::DatasetSpec;
 use crate::data::shuffle::{Position, Shuffler};
 use crate::data::{synth, DataConfig, DataError, Loader, Tekken};
 use crate::eval::{self, EvalError, EvalReport};
@@ -207,6 +208,7 @@ impl RunPlan {
         let d = &self.cfg.data;
         DataConfig {
             dataset: Some(self.dataset.clone()),
+            dataset_dir: d.dataset_dir.clone(),
             tokenizer: Some(self.tokenizer.clone()),
             vocab_size: d.vocab_size,
             max_len: d.max_len,
@@ -639,7 +641,8 @@ impl Trainer {
         std::fs::write(&cfg_copy, self.plan.effective().to_toml()).map_err(io(&cfg_copy))?;
         let eval = match &self.plan.eval_dataset {
             Some(path) => {
-                let data = DataSet::read(path, &self.tok, &self.loader_settings())?;
+                let spec = DatasetSpec::resolve(path, self.plan.cfg.data.dataset_dir.as_deref())?;
+                let data = DataSet::open(&spec, &self.tok, &self.loader_settings())?;
                 let rep = eval::evaluate::<A>(
                     &self.state.model,
                     &data,
