@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 #[derive(Args, Debug, Clone)]
 pub struct TrainArgs {
-    /// TOML run config ([model], [data], [train], [parallel], [checkpoint], [log]); without
+    /// TOML run config (sections model, data, train, parallel, checkpoint, log); without
     /// it, the built-in tiny default.
     #[arg(long)]
     pub config: Option<PathBuf>,
