@@ -17,12 +17,12 @@ use std::process::ExitCode;
     name = "cannon",
     version,
     about = "Mistral3 (Pixtral + Mistral) trainer: train (the main job), evaluate, prepare \
-             data, verify the model against a reference, time training steps, compare two \
-             runs' metrics, check the machine",
+             data, verify the model against a reference, time training steps, compare runs, \
+             check the machine",
     after_help = "Start with `cannon train`: with no arguments it trains a tiny Mistral3 on a \
                   synthetic shapes set on the CPU (a few minutes) and prints its held-out \
-                  accuracy. Planned, not yet available: export. The model runs on the CPU; its \
-                  NPU path is not implemented yet."
+                  accuracy. Planned, not yet available: export. The model runs on the CPU; \
+                  its NPU path is not implemented yet."
 )]
 pub struct Cli {
     #[command(subcommand)]
