@@ -6,18 +6,20 @@
 //!   them today; the NPU bodies are pending); read from an HF `config.json` and safetensors
 //!   weights; global-norm clipping and AdamW; [`model::memory`] predicts a step's peak.
 //! - [`data`]: the data pipeline (Tekken tokenizer, chat template, Pixtral images, batches).
-//! - [`train`]: K optimizer steps on one batch (what `cannon verify` checks; `cannon train`
-//!   will grow from it).
+//! - [`config`]: the TOML run config of `cannon train` and the built-in model presets.
+//! - [`train`]: the training run (data loader, gradient accumulation, LR schedule, clipping,
+//!   AdamW, metrics, run identity) and K optimizer steps on one batch (what `cannon verify`
+//!   checks).
+//! - [`eval`]: held-out greedy accuracy per question type of the synthetic shapes set.
 //! - [`verify`]: parity against an eager float64 reference fixture.
 //! - [`batch`]: the one training batch, what the data loader produces and the model takes.
 //! - [`checkpoint`]: sharded checkpoints (one safetensors file per rank + a JSON manifest),
 //!   written atomically, resumed bit for bit, resharded to another world size, and exported
 //!   as an HF checkpoint.
-//! - [`cli`]: the `cannon` subcommands that exist: `doctor`, `data`, `verify`, `bench`,
-//!   `export`.
+//! - [`cli`]: the `cannon` subcommands: `train`, `eval`, `doctor`, `data`, `verify`, `bench`,
+//!   `compare`, `export`.
 //!
-//! Not here yet: the `train` subcommand, sharded or context-parallel training, the model on
-//! NPUs.
+//! Not here yet: sharded or context-parallel training, the model on NPUs.
 pub mod batch;
 pub mod bench;
 pub mod checkpoint;

@@ -8,6 +8,7 @@
 
 use crate::config::{Resume, TrainConfig};
 use crate::data::dataset::DataSet;
+use crate::data::info::DatasetSpec;
 use crate::data::Tekken;
 use crate::model::{weights, Exec, ParamLayout};
 use crate::train::resume;
@@ -19,7 +20,7 @@ use std::process::ExitCode;
 
 #[derive(Args, Debug, Clone)]
 pub struct TrainArgs {
-    /// TOML run config ([model], [data], [train], [parallel], [checkpoint], [log]); without
+    /// TOML run config (sections model, data, train, parallel, checkpoint, log); without
     /// it, the built-in tiny default.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -238,7 +239,8 @@ fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
             );
             continue;
         }
-        let ds = DataSet::read(path, &tok, &settings)?;
+        let spec = DatasetSpec::resolve(path, cfg.data.dataset_dir.as_deref())?;
+        let ds = DataSet::open(&spec, &tok, &settings)?;
         let st = &ds.stats;
         println!(
             "# {role} {}: {} samples, {} tokens, {} images, {} dropped by truncation, {} bad lines",
