@@ -1,9 +1,11 @@
 //! `cannon train` with checkpoints: a run that crashes after step 4 and is resumed
 //! (`checkpoint.resume = true`) from its step-3 checkpoint ends with the uninterrupted run's
-//! losses and weights, bit for bit; `cannon eval` reads the checkpoint like the final model.
+//! losses and weights, bit for bit; `cannon eval` reads the checkpoint like the final model;
+//! an export of the checkpoint is the `[model] weights` of a new run.
 
 mod common;
 
+use cannon_trainer::checkpoint::{export, Checkpoint, ExportDtype, ExportOptions};
 use cannon_trainer::config::TrainConfig;
 use cannon_trainer::data::synth;
 use cannon_trainer::model::Exec;
@@ -167,6 +169,49 @@ fn a_crashed_run_resumed_from_its_checkpoint_matches_the_uninterrupted_run() {
     let from_ckpt = table(eval(&ckpts));
     assert!(from_ckpt.contains("colour"), "{from_ckpt}");
     assert_eq!(from_ckpt, table(eval(&root.join("b/final"))));
+
+    start_from_export(&root, &a);
+}
+
+/// A run's checkpoint exported (sharded, bf16) is a `[model] config` + `weights` another run
+/// starts from: its parameters are the checkpoint's, rounded to bf16.
+fn start_from_export(root: &Path, trained: &Trainer) {
+    let hf = root.join("hf");
+    let mut ckpt = Checkpoint::open(&root.join("a/checkpoints")).unwrap();
+    let opts = ExportOptions {
+        max_shard_size: 200_000,
+        dtype: ExportDtype::Bf16,
+        force: false,
+    };
+    let report = export(&mut ckpt, &hf, &opts).unwrap();
+    assert!(report.files.len() > 1, "{:?}", report.files);
+    let dir = format!("{:?}", hf.display().to_string());
+    let p = plan(
+        root,
+        "from-export",
+        &[
+            &format!("model.config={dir}"),
+            &format!("model.weights={dir}"),
+        ],
+    );
+    let t = Trainer::new(p, Exec::cpu()).unwrap();
+    let st = t.state.model.exec.stream();
+    for (x, y) in trained
+        .state
+        .model
+        .params
+        .data
+        .iter()
+        .zip(&t.state.model.params.data)
+    {
+        let want: Vec<f32> = x
+            .to_host(st)
+            .unwrap()
+            .iter()
+            .map(|v| half::bf16::from_f32(*v).to_f32())
+            .collect();
+        assert_eq!(y.to_host(st).unwrap(), want);
+    }
 }
 
 #[test]
