@@ -12,9 +12,10 @@
 //! lm_head GEMM per chunk) and takes their loss without gradient; the backward makes them
 //! again, overwrites them with their gradient (`ops::cross_entropy_in_place`) and hands
 //! it straight to the lm_head backward (`dxf[rows] += dl W`, `dW += dl^T xf[rows]`): one more
-//! lm_head GEMM for at most `rows x V` floats instead of `T x V`. Both divide by the count of
-//! the whole batch's targets, and skip chunks whose targets are all ignored, as the kernels'
-//! `cross_entropy_chunked` does.
+//! lm_head GEMM for at most `rows x V` floats instead of `T x V`. Both divide the summed loss
+//! by the whole batch's trained targets, or by a count the caller gives (data parallel: the
+//! trained targets of every micro batch on every rank of the step), and the chunked loss skips
+//! chunks whose targets are all ignored, as the kernels' `cross_entropy_chunked` does.
 
 use super::exec::Exec;
 use super::ops::{linear, linear_back, Act};
@@ -42,10 +43,15 @@ pub struct HeadActs {
     pub logits: Option<Tensor<f32>>,
     /// `[T,V]` d loss / d logits (full mode only).
     pub dlogits: Option<Tensor<f32>>,
-    /// Mean loss over the targets.
+    /// The loss: `sum / divisor`.
     pub loss: f64,
-    /// Targets that count in the mean.
+    /// Sum of the per-target losses (for reductions across micro batches and ranks).
+    pub sum: f64,
+    /// Trained targets of this batch.
     pub targets: usize,
+    /// What the sum is divided by: the batch's trained targets, or the count the caller gave
+    /// (the whole step's); 0 when neither has any.
+    pub divisor: usize,
 }
 
 /// The row chunks of `targets` that hold a trained target, `rows` at a time.
@@ -62,7 +68,8 @@ fn count(targets: &[i32]) -> usize {
     targets.iter().filter(|&&l| l != IGNORE_INDEX).count()
 }
 
-/// Logits and loss of `xf [T,D]` against `targets [T]` (`IGNORE_INDEX` = ignored).
+/// Logits and loss of `xf [T,D]` against `targets [T]` (`IGNORE_INDEX` = ignored): the
+/// summed loss over `divisor` (None: this batch's trained targets, the mean).
 pub fn forward<A: Act>(
     exec: &Exec,
     mode: LossMode,
@@ -70,32 +77,34 @@ pub fn forward<A: Act>(
     w: &BufferView<'_, f32>,
     targets: &[i32],
     (d, v): (usize, usize),
+    divisor: Option<usize>,
 ) -> Result<HeadActs> {
     let st = exec.stream();
     let t = targets.len();
+    let n = count(targets);
+    // A given divisor is positive (the pass checks): Divisor(n) with n the batch's own count
+    // is the same arithmetic as Mean.
+    let (norm, div) = match divisor {
+        None => (LossNorm::Mean, n),
+        Some(k) => (LossNorm::Divisor(k as f64), k),
+    };
     match mode {
         LossMode::Full => {
             let mut logits = exec.empty(&[t, v])?;
             linear(st, &mut logits.view_mut(), &xf.view(), w, d, v)?;
             let mut dlogits = exec.empty(&[t, v])?;
             let mut dl = dlogits.view_mut();
-            let ce = ops::cross_entropy(
-                st,
-                &logits.view(),
-                targets,
-                v,
-                Some(&mut dl),
-                LossNorm::Mean,
-            )?;
+            let ce = ops::cross_entropy(st, &logits.view(), targets, v, Some(&mut dl), norm)?;
             Ok(HeadActs {
                 logits: Some(logits),
                 dlogits: Some(dlogits),
                 loss: ce.loss,
+                sum: ce.sum,
                 targets: ce.count,
+                divisor: div,
             })
         }
         LossMode::Chunked(rows) => {
-            let n = count(targets);
             let mut sum = 0.0;
             if n > 0 {
                 let mut buf = exec.empty::<f32>(&[rows.min(t), v])?;
@@ -103,7 +112,7 @@ pub fn forward<A: Act>(
                     let mut logits = buf.rows_mut(0..r.len())?;
                     let x = xf.rows(r.clone())?;
                     linear(st, &mut logits, &x, w, d, v)?;
-                    let norm = LossNorm::Divisor(n as f64);
+                    let norm = LossNorm::Divisor(div as f64);
                     let lab = &targets[r];
                     let ce = ops::cross_entropy(st, &logits.as_view(), lab, v, None, norm)?;
                     sum += ce.sum;
@@ -112,8 +121,10 @@ pub fn forward<A: Act>(
             Ok(HeadActs {
                 logits: None,
                 dlogits: None,
-                loss: if n > 0 { sum / n as f64 } else { 0.0 },
+                loss: if n > 0 { sum / div as f64 } else { 0.0 },
+                sum,
                 targets: n,
+                divisor: div,
             })
         }
     }
@@ -146,8 +157,7 @@ pub fn backward<A: Act>(
             v,
         ),
         (LossMode::Chunked(rows), _) => {
-            let n = count(targets);
-            if n == 0 {
+            if count(targets) == 0 {
                 return Ok(());
             }
             let mut buf = exec.empty::<f32>(&[rows.min(targets.len()), v])?;
@@ -155,7 +165,7 @@ pub fn backward<A: Act>(
                 let mut logits = buf.rows_mut(0..r.len())?;
                 let x = xf.rows(r.clone())?;
                 linear(st, &mut logits, &x, w, d, v)?;
-                let norm = LossNorm::Divisor(n as f64);
+                let norm = LossNorm::Divisor(h.divisor as f64);
                 ops::cross_entropy_in_place(st, &mut logits, &targets[r.clone()], v, norm)?;
                 let dx = Some(dxf.rows_mut(r)?);
                 let dwv = dw
