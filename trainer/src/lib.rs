@@ -17,6 +17,7 @@
 pub mod batch;
 pub mod cli;
 pub mod data;
+pub mod fsdp;
 pub mod model;
 pub mod train;
 pub mod verify;

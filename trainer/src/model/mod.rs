@@ -80,6 +80,9 @@ pub enum ModelError {
     /// A collective of a sharded pass (gathering a group, reduce-scattering its gradient).
     #[error("collective failed: {0}")]
     Comm(#[from] CommError),
+    /// A pass asked a sharded source or sink for a group out of its [`PassPlan`].
+    #[error("the pass left its plan: {0}")]
+    Plan(String),
 }
 
 impl From<cannon_runtime::Error> for ModelError {
@@ -452,7 +455,7 @@ pub(crate) fn head_view<'w>(
 
 /// What the batch alone cannot check: labels inside the vocabulary and as many `[IMG]`
 /// tokens as the images make.
-fn check_batch(cfg: &Mistral3Config, batch: &Batch) -> Result<(), ModelError> {
+pub fn check_batch(cfg: &Mistral3Config, batch: &Batch) -> Result<(), ModelError> {
     batch.check()?;
     let vocab = cfg.text_config.vocab_size;
     if let Some(l) = batch
