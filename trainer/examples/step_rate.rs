@@ -1,6 +1,7 @@
-//! Forward + backward of one Mistral3 training batch, timed: the bench configuration of
-//! `shared/bench` (random weights, B rows of S tokens, one IMG x IMG image per row, vision
-//! tower and projector frozen, as `shared/bench/torch_train_step.py`).
+//! Forward + backward of one Mistral3 training batch, timed, with the memory plan's peak beside
+//! the allocator's, on the batch of `cannon bench step` (which times whole steps, clip and
+//! AdamW included): random weights, B rows of S tokens, one IMG x IMG image per row, vision
+//! tower and projector frozen, as `shared/bench/torch_train_step.py`.
 //!
 //! ```sh
 //! cargo run -p cannon-trainer --release --example step_rate -- [CONFIG_DIR] [--batch 2]
@@ -12,12 +13,9 @@
 //! The machine's speed drifts from minute to minute: compare two builds by running them
 //! interleaved, not one after the other.
 
-use cannon_kernels::cross_entropy::IGNORE_INDEX;
-use cannon_trainer::data::shuffle::SplitMix64;
+use cannon_trainer::bench;
 use cannon_trainer::model::memory::{plan, StepShape};
-use cannon_trainer::model::{
-    Act, Batch, Exec, Images, Mistral3, Mistral3Config, ParamLayout, Params, Precision, StepMemory,
-};
+use cannon_trainer::model::{Act, Batch, Exec, Mistral3, Mistral3Config, Precision, StepMemory};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -54,73 +52,6 @@ fn parse() -> Args {
     a
 }
 
-/// Random weights: norms 1, everything else uniform in +-0.02 (the config's init range),
-/// made on the host and uploaded.
-fn random_params(exec: &Exec, cfg: &Mistral3Config, rng: &mut SplitMix64) -> Params {
-    let layout = ParamLayout::new(cfg);
-    let mut host: Vec<Vec<f32>> = layout.groups.iter().map(|g| vec![0.0; g.len]).collect();
-    for (g, group) in layout.groups.iter().enumerate() {
-        for slot in &group.slots {
-            let norm = slot.name.contains("norm");
-            for x in &mut host[g][slot.range()] {
-                *x = if norm {
-                    1.0
-                } else {
-                    ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04
-                };
-            }
-        }
-    }
-    Params::from_host(exec, layout, &host).expect("upload the weights")
-}
-
-/// One row per image: BOS, the image's [IMG]/[IMG_BREAK]/[IMG_END] tokens, random text.
-fn bench_batch(cfg: &Mistral3Config, a: &Args, rng: &mut SplitMix64) -> Batch {
-    let v = cfg.vision_config.patch_size;
-    let side = a.img / (v * cfg.spatial_merge_size);
-    let mut img_toks = Vec::new();
-    for _ in 0..side {
-        img_toks.extend(std::iter::repeat_n(cfg.image_token_index, side));
-        img_toks.push(12);
-    }
-    *img_toks.last_mut().expect("image has tokens") = 13;
-    let vocab = cfg.text_config.vocab_size as u64;
-    let (mut ids, mut labels) = (Vec::new(), Vec::new());
-    for _ in 0..a.batch {
-        let mut row = vec![1u32];
-        row.extend(&img_toks);
-        let prompt = row.len();
-        while row.len() < a.seq {
-            row.push(16 + rng.below(vocab - 16) as u32);
-        }
-        labels.extend(
-            row.iter()
-                .enumerate()
-                .map(|(i, &t)| if i < prompt { IGNORE_INDEX } else { t as i32 }),
-        );
-        ids.extend(row);
-    }
-    let c = cfg.vision_config.num_channels;
-    let n = a.batch * c * a.img * a.img;
-    let pixel_values = (0..n)
-        .map(|_| (rng.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
-        .collect();
-    Batch {
-        input_ids: ids,
-        labels,
-        position_ids: Vec::new(),
-        cu_seqlens: Vec::new(),
-        rows: a.batch,
-        seq: a.seq,
-        images: Images {
-            pixel_values,
-            channels: c,
-            sizes: vec![(a.img, a.img); a.batch],
-        },
-        samples_per_row: Vec::new(),
-    }
-}
-
 fn time<A: Act>(model: &Mistral3, batch: &Batch, runs: usize) -> (Vec<f64>, f64, StepMemory) {
     let mut grads = model
         .grads(&[cannon_trainer::model::Part::Text])
@@ -147,15 +78,8 @@ fn time<A: Act>(model: &Mistral3, batch: &Batch, runs: usize) -> (Vec<f64>, f64,
 fn main() {
     let a = parse();
     let cfg = Mistral3Config::from_file(&a.config.join("config.json")).expect("config");
-    let mut rng = SplitMix64::new(0);
-    let exec = Exec::cpu();
-    let model = Mistral3 {
-        params: random_params(&exec, &cfg, &mut rng),
-        cfg: cfg.clone(),
-        loss_mode: cannon_trainer::model::LossMode::Full,
-        exec,
-    };
-    let batch = bench_batch(&cfg, &a, &mut rng);
+    let model = bench::random_model(&cfg, Exec::cpu(), 0).expect("random weights");
+    let batch = bench::bench_batch(&cfg, a.batch, a.seq, a.img, 0).expect("bench batch");
     for dt in &a.dtypes {
         let (times, loss, mem) = match dt.as_str() {
             "f32" => time::<f32>(&model, &batch, a.runs),

@@ -15,6 +15,7 @@
 //! Not here yet: the `train`, `bench` and `export` subcommands, sharded or context-parallel
 //! training, the model on NPUs, checkpoint saving.
 pub mod batch;
+pub mod bench;
 pub mod cli;
 pub mod data;
 pub mod fsdp;

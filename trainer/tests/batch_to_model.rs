@@ -2,6 +2,9 @@
 //! function as `cannon data synth`) read with the Tekken tokenizer, padded and packed by the
 //! loader, goes straight into a tiny Mistral3's forward and backward.
 
+mod common;
+use common::shared_path;
+
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_runtime::rng::SplitMix64;
 use cannon_trainer::data::shuffle::Position;
@@ -13,17 +16,15 @@ use cannon_trainer::model::{
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-const TOKENIZER: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/tokenizers/tekken_240911.json"
-);
 /// Truncated vocabulary: 1000 specials + 1048 byte-level ranks keep the embedding and the
 /// logits small while every text still encodes.
 const VOCAB: u32 = 2048;
 
 fn tok() -> &'static Tekken {
     static T: OnceLock<Tekken> = OnceLock::new();
-    T.get_or_init(|| Tekken::from_file(TOKENIZER, Some(VOCAB)).unwrap())
+    T.get_or_init(|| {
+        Tekken::from_file(shared_path("tokenizers/tekken_240911.json"), Some(VOCAB)).unwrap()
+    })
 }
 
 /// A synthetic set shared by the tests of this file (written once).

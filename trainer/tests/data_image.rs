@@ -2,14 +2,14 @@
 //! (shared/images/pixtral_processor.reference.safetensors, longest_edge 224, patch 14), the
 //! image token block, and the errors for unreadable files.
 
+mod common;
+use common::shared_path;
+
 use cannon_trainer::data::image::{
     image_block, load_and_process, load_rgb, process, regularize, ImageConfig, ImageTokens,
 };
 use cannon_trainer::data::DataError;
 use safetensors::SafeTensors;
-use std::path::PathBuf;
-
-const IMAGES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/images");
 
 fn reference_config() -> ImageConfig {
     ImageConfig {
@@ -31,7 +31,10 @@ fn f32s(t: &safetensors::tensor::TensorView<'_>) -> Vec<f32> {
 /// is the reference backend's own rounding; the figure reached is printed.
 #[test]
 fn image_processor_matches_transformers_reference() {
-    let raw = std::fs::read(format!("{IMAGES}/pixtral_processor.reference.safetensors")).unwrap();
+    let raw = std::fs::read(shared_path(
+        "images/pixtral_processor.reference.safetensors",
+    ))
+    .unwrap();
     let st = SafeTensors::deserialize(&raw).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&raw).unwrap();
     let meta = meta.metadata().as_ref().unwrap();
@@ -41,7 +44,7 @@ fn image_processor_matches_transformers_reference() {
     let cfg = reference_config();
     assert_eq!(files.len(), 3);
     for (i, f) in files.iter().enumerate() {
-        let got = load_and_process(&PathBuf::from(format!("{IMAGES}/{f}")), &cfg).unwrap();
+        let got = load_and_process(&shared_path(&format!("images/{f}")), &cfg).unwrap();
         let size = st.tensor(&format!("img{i}.image_size")).unwrap();
         let size: Vec<i64> = size
             .data()
@@ -143,7 +146,7 @@ fn gray_and_alpha_images_become_rgb() {
 fn corrupt_and_missing_images_are_errors_naming_the_file() {
     let dir = std::env::temp_dir().join(format!("cannon-data-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let png = std::fs::read(format!("{IMAGES}/shapes_320x200.png")).unwrap();
+    let png = std::fs::read(shared_path("images/shapes_320x200.png")).unwrap();
     let cut = dir.join("truncated.png");
     std::fs::write(&cut, &png[..png.len() / 2]).unwrap();
     let junk = dir.join("junk.jpg");

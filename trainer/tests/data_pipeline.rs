@@ -1,26 +1,24 @@
 //! The sample pipeline: template and labels, bad lines, truncation filter, padding, packing,
 //! resumable shuffling and the synthetic dataset.
 
+mod common;
+use common::shared_path;
+
 use cannon_kernels::cross_entropy::IGNORE_INDEX as IGNORE;
 use cannon_trainer::batch::BatchError;
 use cannon_trainer::data::batch::{pad_batch, RowBuilder, Sample};
 use cannon_trainer::data::dataset::{DataSet, SampleSettings};
 use cannon_trainer::data::image::{image_block, ImageConfig, PixtralImage};
 use cannon_trainer::data::shuffle::{epoch_order, Position, Shuffler};
-use cannon_trainer::data::template::{encode_turns, Message, Role, SpecialIds};
+use cannon_trainer::data::template::{check_roles, encode_turns, Message, Role, SpecialIds};
 use cannon_trainer::data::truncate::{assemble, infer_seqlen, validate_input_ids};
 use cannon_trainer::data::{synth, Batch, DataConfig, DataError, Loader, Tekken};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-const TEKKEN: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/tokenizers/tekken_240911.json"
-);
-
 fn tok() -> &'static Tekken {
     static T: OnceLock<Tekken> = OnceLock::new();
-    T.get_or_init(|| Tekken::from_file(TEKKEN, None).unwrap())
+    T.get_or_init(|| Tekken::from_file(shared_path("tokenizers/tekken_240911.json"), None).unwrap())
 }
 
 fn ids() -> SpecialIds {
@@ -144,7 +142,10 @@ fn data_config_defaults_and_overrides() {
 }
 
 /// Text-only conversations against mistral-common's InstructTokenizerV7 (the [SYSTEM_PROMPT]
-/// layout; tests/fixtures/data/make_chat_reference.py): identical ids.
+/// layout; tests/fixtures/data/make_chat_reference.py): identical ids, multi-turn included
+/// (a system message after the first turn, answers with trailing spaces). The labels train
+/// exactly every answer: the tokens after each `[/INST]` (id 4) up to and including its `</s>`
+/// (id 2), read off the reference ids; everything else is IGNORE_INDEX.
 #[test]
 fn template_matches_mistral_common_v7() {
     let raw = std::fs::read_to_string(concat!(
@@ -154,12 +155,33 @@ fn template_matches_mistral_common_v7() {
     .unwrap();
     let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
     let cases = v["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 4);
+    assert_eq!(cases.len(), 7);
     for c in cases {
         let messages: Vec<Message> = serde_json::from_value(c["messages"].clone()).unwrap();
         let want: Vec<u32> = serde_json::from_value(c["ids"].clone()).unwrap();
+        check_roles(&messages).unwrap();
         let turns = encode_turns(tok(), &ids(), &messages, None, &[]);
-        assert_eq!(assemble(&turns, 1 << 20).input_ids, want, "{messages:?}");
+        let a = assemble(&turns, 1 << 20);
+        assert_eq!(a.input_ids, want, "{messages:?}");
+        let mut in_answer = false;
+        let want_labels: Vec<i32> = want
+            .iter()
+            .map(|&id| {
+                let l = if in_answer { id as i32 } else { IGNORE };
+                in_answer = match id {
+                    4 => true,
+                    2 => false,
+                    _ => in_answer,
+                };
+                l
+            })
+            .collect();
+        assert_eq!(a.labels, want_labels, "{messages:?}");
+        let answers = messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .count();
+        assert_eq!(turns.len(), answers);
     }
 }
 

@@ -2,27 +2,32 @@
 //! on random Unicode, and piece-for-piece equality of the hand-written pre-tokenizer with
 //! fancy-regex running the file's pattern.
 
+mod common;
+use common::shared_path;
+
 use cannon_trainer::data::pretok::{Pretokenizer, TEKKEN_PATTERN};
 use cannon_trainer::data::Tekken;
 use proptest::prelude::*;
 use std::sync::OnceLock;
 
-const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/tokenizers");
+fn tekken_json() -> std::path::PathBuf {
+    shared_path("tokenizers/tekken_240911.json")
+}
 
 fn full() -> &'static Tekken {
     static T: OnceLock<Tekken> = OnceLock::new();
-    T.get_or_init(|| Tekken::from_file(format!("{DIR}/tekken_240911.json"), None).unwrap())
+    T.get_or_init(|| Tekken::from_file(tekken_json(), None).unwrap())
 }
 
 fn small() -> &'static Tekken {
     static T: OnceLock<Tekken> = OnceLock::new();
-    T.get_or_init(|| Tekken::from_file(format!("{DIR}/tekken_240911.json"), Some(8192)).unwrap())
+    T.get_or_init(|| Tekken::from_file(tekken_json(), Some(8192)).unwrap())
 }
 
 /// Every case of a reference file (made by make_tekken_reference.py with mistral-common)
 /// must give exactly the reference ids.
 fn check_reference(tok: &Tekken, file: &str) {
-    let raw = std::fs::read_to_string(format!("{DIR}/{file}")).unwrap();
+    let raw = std::fs::read_to_string(shared_path(&format!("tokenizers/{file}"))).unwrap();
     let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
     let meta = &v["meta"];
     assert_eq!(
@@ -133,9 +138,9 @@ fn tekken_special_tokens_are_the_documented_defaults() {
 
 #[test]
 fn tekken_rejects_a_vocab_without_all_bytes() {
-    let e = Tekken::from_file(format!("{DIR}/tekken_240911.json"), Some(1100)).unwrap_err();
+    let e = Tekken::from_file(tekken_json(), Some(1100)).unwrap_err();
     assert!(e.to_string().contains("256 byte tokens"), "{e}");
-    let e = Tekken::from_file(format!("{DIR}/tekken_240911.json"), Some(10_000_000)).unwrap_err();
+    let e = Tekken::from_file(tekken_json(), Some(10_000_000)).unwrap_err();
     assert!(e.to_string().contains("exceeds"), "{e}");
 }
 

@@ -7,6 +7,9 @@
 //! Each model gets a private allocator, so tests running in parallel threads (or anything
 //! else in the process) cannot move its figures.
 
+mod common;
+use common::shared_path;
+
 use cannon_kernels::Tensor;
 use cannon_runtime::{CachingAllocator, Stream};
 use cannon_trainer::model::config::HiddenAct;
@@ -18,7 +21,7 @@ use std::sync::Arc;
 fn fixture(name: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     match name {
-        "shared" => root.join("../../shared/reference/mistral3-tiny"),
+        "shared" => shared_path("reference/mistral3-tiny"),
         own => root.join("tests/fixtures/model").join(own),
     }
 }

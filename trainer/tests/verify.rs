@@ -6,13 +6,16 @@
 //! `verify`; the tests assert that every row passes, or for the negative control that rows
 //! fail.
 
+mod common;
+use common::shared_path;
+
 use cannon_trainer::model::{Mistral3, Precision};
 use cannon_trainer::verify::{verify, Reference, Report, Tolerances};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn shared_fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/mistral3-tiny")
+    shared_path("reference/mistral3-tiny")
 }
 
 fn own_fixtures() -> Vec<PathBuf> {

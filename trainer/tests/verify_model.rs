@@ -1,11 +1,14 @@
 //! Model-level equivalences on the shared tiny fixture's weights: the chunked loss equals the
 //! full one, and a row packing two sequences equals the two sequences as separate rows.
 
+mod common;
+use common::shared_path;
+
 use cannon_trainer::model::{Act, Batch, LossMode, Mistral3, ModelError, Part};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn shared_fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/mistral3-tiny")
+    shared_path("reference/mistral3-tiny")
 }
 
 fn shared_batch() -> Batch {

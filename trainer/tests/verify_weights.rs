@@ -1,6 +1,9 @@
 //! Checkpoint loading (single file / sharded, 4.x / 5.x names, f32 / bf16 / f16) and the
 //! model's input checks, on the shared tiny fixture rewritten into temporary directories.
 
+mod common;
+use common::shared_path;
+
 use cannon_trainer::model::weights::{legacy_name, load_params};
 use cannon_trainer::model::{
     Batch, Exec, Mistral3, Mistral3Config, ModelError, ParamLayout, Part, Visited, WeightsError,
@@ -10,7 +13,7 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 fn shared_fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/mistral3-tiny")
+    shared_path("reference/mistral3-tiny")
 }
 
 /// A tensor for `safetensors::serialize`.

@@ -1,11 +1,23 @@
 //! `cannon data ...`: make, inspect and check datasets.
 
 use crate::data::dataset::DataSet;
+use crate::data::info::DatasetSpec;
 use crate::data::loader::DataConfig;
+use crate::data::records::Layout;
 use crate::data::{synth, Tekken};
+use clap::builder::RangedU64ValueParser;
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+/// A count that must be at least 1: 0 is a usage error (exit 2) before anything is read.
+fn positive<T>() -> RangedU64ValueParser<T>
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+    <T as TryFrom<u64>>::Error: std::fmt::Display + Send + Sync + 'static,
+{
+    RangedU64ValueParser::<T>::new().range(1..)
+}
 
 #[derive(clap::Args, Debug)]
 pub struct DataArgs {
@@ -16,6 +28,8 @@ pub struct DataArgs {
 #[derive(clap::Subcommand, Debug)]
 pub enum DataCommand {
     /// Tokenize: one JSON string per line on stdin, one JSON array of ids per line on stdout.
+    ///
+    /// Output line N always answers input line N: a blank input line gives `null`.
     Encode {
         #[arg(long)]
         tokenizer: PathBuf,
@@ -27,31 +41,47 @@ pub enum DataCommand {
         #[arg(long)]
         eos: bool,
     },
-    /// Read a JSONL dataset and report samples, tokens, images, dropped and bad lines.
+    /// Read a dataset (JSONL or a JSON array) and report samples, tokens, images, dropped and
+    /// bad records.
+    ///
+    /// Exit codes: 0 every record is a kept sample; 1 some records are bad or were dropped by
+    /// truncation; 2 unusable input (missing file, unreadable tokenizer, an array that is not
+    /// JSON, or a dataset with no record at all).
     Check {
+        /// A JSONL or JSON array file, or the name of an entry of DATASET_DIR/dataset_info.json.
         #[arg(long)]
         dataset: PathBuf,
+        /// LLaMA-Factory's dataset_dir: holds dataset_info.json; relative image paths start
+        /// here (default: the dataset file's folder).
+        #[arg(long)]
+        dataset_dir: Option<PathBuf>,
         #[arg(long)]
         tokenizer: PathBuf,
         #[arg(long)]
         vocab_size: Option<u32>,
-        #[arg(long, default_value_t = 2048)]
+        #[arg(long, default_value_t = 2048, value_parser = positive::<usize>())]
         max_len: usize,
         /// Image longest edge after resizing.
-        #[arg(long, default_value_t = 1540)]
+        #[arg(long, default_value_t = 1540, value_parser = positive::<u32>())]
         longest_edge: u32,
         /// System prompt for samples that bring none.
         #[arg(long)]
         system: Option<String>,
     },
     /// Generate the synthetic shapes dataset (train.jsonl, heldout.jsonl, images/).
+    ///
+    /// Files are written under temporary names and renamed when complete, so an interrupted
+    /// run leaves no partial dataset under the final names.
     Synth {
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = positive::<usize>())]
         samples: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Replace a dataset already in OUT (refused otherwise).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -66,6 +96,7 @@ pub fn run(args: DataArgs) -> ExitCode {
         } => encode(&tokenizer, vocab_size, bos, eos),
         DataCommand::Check {
             dataset,
+            dataset_dir,
             tokenizer,
             vocab_size,
             max_len,
@@ -74,6 +105,7 @@ pub fn run(args: DataArgs) -> ExitCode {
         } => {
             let mut cfg = DataConfig {
                 dataset: Some(dataset),
+                dataset_dir,
                 vocab_size,
                 max_len,
                 system_prompt: system,
@@ -82,19 +114,12 @@ pub fn run(args: DataArgs) -> ExitCode {
             cfg.image.longest_edge = longest_edge;
             check(&cfg, &tokenizer)
         }
-        DataCommand::Synth { out, samples, seed } => match synth::write(&out, samples, seed) {
-            Ok(o) => {
-                println!(
-                    "wrote {} ({} samples) and {} ({} samples)",
-                    o.train.display(),
-                    o.train_samples,
-                    o.heldout.display(),
-                    o.heldout_samples
-                );
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(e),
-        },
+        DataCommand::Synth {
+            out,
+            samples,
+            seed,
+            force,
+        } => synth_cmd(&out, samples, seed, force),
     }
 }
 
@@ -115,14 +140,15 @@ fn encode(path: &PathBuf, vocab_size: Option<u32>, bos: bool, eos: bool) -> Exit
             Ok(l) => l,
             Err(e) => return fail(format!("stdin: {e}")),
         };
-        if line.trim().is_empty() {
-            continue;
-        }
-        let text: String = match serde_json::from_str(&line) {
-            Ok(t) => t,
-            Err(e) => return fail(format!("stdin line {}: not a JSON string: {e}", i + 1)),
+        // A blank line answers `null` (not `[]`, the ids of "") so line N out stays line N in.
+        let ids = if line.trim().is_empty() {
+            None
+        } else {
+            match serde_json::from_str::<String>(&line) {
+                Ok(text) => Some(tok.encode(&text, bos, eos)),
+                Err(e) => return fail(format!("stdin line {}: not a JSON string: {e}", i + 1)),
+            }
         };
-        let ids = tok.encode(&text, bos, eos);
         let r = serde_json::to_writer(&mut out, &ids)
             .map_err(std::io::Error::from)
             .and_then(|_| out.write_all(b"\n"));
@@ -136,20 +162,63 @@ fn encode(path: &PathBuf, vocab_size: Option<u32>, bos: bool, eos: bool) -> Exit
     }
 }
 
+fn synth_cmd(out: &Path, samples: usize, seed: u64, force: bool) -> ExitCode {
+    let found = synth::existing(out);
+    if !force && !found.is_empty() {
+        let names: Vec<String> = found.iter().map(|p| p.display().to_string()).collect();
+        return fail(format!(
+            "{} already holds a dataset ({}): refusing to overwrite it; pass --force to replace it",
+            out.display(),
+            names.join(", ")
+        ));
+    }
+    // Drawn only on a terminal (indicatif hides itself when stderr is not one).
+    let bar = indicatif::ProgressBar::new(samples as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} samples ({per_sec}, ETA {eta})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message("synth");
+    let r = synth::write_with(out, samples, seed, force, &mut |done| {
+        bar.set_position(done as u64)
+    });
+    bar.finish_and_clear();
+    match r {
+        Ok(o) => {
+            println!(
+                "wrote {} ({} samples) and {} ({} samples)",
+                o.train.display(),
+                o.train_samples,
+                o.heldout.display(),
+                o.heldout_samples
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
+}
+
 fn check(cfg: &DataConfig, tokenizer: &PathBuf) -> ExitCode {
     let tok = match Tekken::from_file(tokenizer, cfg.vocab_size) {
         Ok(t) => t,
         Err(e) => return fail(e),
     };
-    let Some(path) = cfg.dataset.as_ref() else {
+    let Some(dataset) = cfg.dataset.as_ref() else {
         return fail("no dataset");
     };
-    let ds = match DataSet::read(path, &tok, &cfg.sample_settings()) {
+    let spec = match DatasetSpec::resolve(dataset, cfg.dataset_dir.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let ds = match DataSet::open(&spec, &tok, &cfg.sample_settings()) {
         Ok(d) => d,
         Err(e) => return fail(e),
     };
+    let path = &ds.path;
     for e in &ds.bad {
-        eprintln!("bad line: {e}");
+        eprintln!("bad record: {e}");
     }
     for line in &ds.dropped {
         eprintln!(
@@ -159,16 +228,32 @@ fn check(cfg: &DataConfig, tokenizer: &PathBuf) -> ExitCode {
         );
     }
     let s = &ds.stats;
-    println!("dataset            {}", path.display());
-    println!("lines              {}", s.lines);
+    let layout = match ds.layout {
+        Layout::Jsonl => "JSONL",
+        Layout::JsonArray => "JSON array",
+    };
+    match &spec.name {
+        Some(name) => println!("dataset            {name} ({})", path.display()),
+        None => println!("dataset            {}", path.display()),
+    }
+    println!("layout             {layout}");
+    println!("images from        {}", spec.media_dir.display());
+    println!("records            {}", s.lines);
     println!("samples            {}", s.samples);
     println!("tokens             {}", s.tokens);
     println!("trained tokens     {}", s.label_tokens);
     println!("images             {}", s.images);
     println!("truncated (kept)   {}", s.truncated);
     println!("dropped-truncated  {}", s.dropped_truncated);
-    println!("bad lines          {}", s.bad_lines);
-    if s.bad_lines > 0 || s.dropped_truncated > 0 {
+    println!("bad records        {}", s.bad_lines);
+    if s.lines == 0 {
+        // Nothing to check is not a passed check: like a missing file, the input is unusable.
+        eprintln!(
+            "cannon data: {}: the dataset has no records",
+            path.display()
+        );
+        ExitCode::from(2)
+    } else if s.bad_lines > 0 || s.dropped_truncated > 0 {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS

@@ -1,7 +1,9 @@
 //! The `cannon` command line. Each subcommand lives in its own module with its own args struct.
-//! Only the subcommands below exist; `train`, `bench` and `export` are planned and are not
+//! Only the subcommands below exist; `train` and `export` are planned and are not
 //! accepted until they do.
 
+pub mod bench;
+pub mod compare;
 pub mod data;
 pub mod doctor;
 pub mod verify;
@@ -14,8 +16,8 @@ use std::process::ExitCode;
     name = "cannon",
     version,
     about = "Mistral3 (Pixtral + Mistral) model tools: check the machine, prepare data, verify \
-             the model against a reference",
-    after_help = "Planned, not yet available: train, bench, export. The model runs on the CPU; \
+             the model against a reference, time training steps, compare two runs' metrics",
+    after_help = "Planned, not yet available: train, export. The model runs on the CPU; \
                   its NPU path is not implemented yet."
 )]
 pub struct Cli {
@@ -31,6 +33,11 @@ pub enum Command {
     Data(data::DataArgs),
     /// Compare the model's forward, gradients and AdamW steps with an eager reference fixture.
     Verify(verify::VerifyArgs),
+    /// Time full training steps (`bench step`) beside PyTorch's baseline script.
+    Bench(bench::BenchArgs),
+    /// Compare two runs' metrics JSONL: normalised loss difference and step time over a window
+    /// (exit 0 within --threshold, 1 above, 2 unusable input).
+    Compare(compare::CompareArgs),
 }
 
 /// Parse the command line and run it; the exit code follows the subcommand's convention
@@ -41,5 +48,7 @@ pub fn main() -> ExitCode {
         Command::Doctor => doctor::run(),
         Command::Data(args) => data::run(args),
         Command::Verify(args) => verify::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Compare(args) => compare::run(args),
     }
 }

@@ -1,30 +1,22 @@
-//! Reading a JSONL conversation dataset (LLaMA-Factory / MindSpeed-MM layout):
-//! `{"messages":[{"role":..,"content":..}], "images":["a.png", ...]}` per line, image paths
-//! relative to the file. Every line is turned into a tokenized sample or reported as bad (with
-//! its line number) and skipped; a bad line never stops the reading of the rest.
+//! Reading a conversation dataset (LLaMA-Factory / MindSpeed-MM layouts) into tokenized
+//! samples: a JSONL file or one JSON array ([`super::records`]), each record read through the
+//! dataset's schema ([`super::schema`]: `messages` or ShareGPT `conversations`, or the columns
+//! a `dataset_info.json` entry maps, see [`super::info`]), image paths relative to the dataset's
+//! media folder. Every record is turned into a tokenized sample or reported as bad (with its
+//! line number) and skipped; a bad record never stops the reading of the rest.
 
 use super::image::{self, ImageConfig};
-use super::template::{self, check_roles, count_placeholders, Message, SpecialIds};
+use super::info::DatasetSpec;
+use super::records::{self, Layout, Record};
+use super::template::{self, check_roles, count_placeholders, SpecialIds};
 use super::truncate::{assemble, validate_input_ids};
 use super::{DataError, Result, Tekken};
-use serde::Deserialize;
 use std::path::{Path, PathBuf};
-
-/// Unknown keys (ids, sources, ...) are ignored, as LLaMA-Factory does.
-#[derive(Deserialize)]
-struct Line {
-    messages: Vec<Message>,
-    #[serde(default)]
-    images: Vec<String>,
-    /// LLaMA-Factory allows a per-sample system prompt beside the messages.
-    #[serde(default)]
-    system: Option<String>,
-}
 
 /// A sample ready for batching: ids, labels and where its images are.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prepared {
-    /// 1-based line in the dataset file.
+    /// 1-based line of the dataset file the sample's record starts on.
     pub line: usize,
     pub input_ids: Vec<u32>,
     pub labels: Vec<i32>,
@@ -36,7 +28,7 @@ pub struct Prepared {
 /// What reading a dataset found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DatasetStats {
-    /// Non-empty lines read.
+    /// Records read: non-blank JSONL lines, or elements of a JSON array.
     pub lines: usize,
     /// Samples kept.
     pub samples: usize,
@@ -50,7 +42,7 @@ pub struct DatasetStats {
     pub truncated: usize,
     /// Samples dropped because truncation cut an image block.
     pub dropped_truncated: usize,
-    /// Lines skipped as bad (see `DataSet::bad`).
+    /// Records skipped as bad (see `DataSet::bad`).
     pub bad_lines: usize,
 }
 
@@ -62,10 +54,33 @@ pub struct SampleSettings<'a> {
     pub image: &'a ImageConfig,
 }
 
+impl SampleSettings<'_> {
+    /// Rejects settings no sample can be made with (zero lengths would otherwise turn every
+    /// record into a drop, or every image into one token).
+    pub fn check(&self) -> Result<()> {
+        let i = self.image;
+        for (name, v) in [
+            ("max_len", self.max_len as u64),
+            ("image.longest_edge", i.longest_edge as u64),
+            ("image.patch_size", i.patch_size as u64),
+            ("image.merge_size", i.merge_size as u64),
+        ] {
+            if v == 0 {
+                return Err(DataError::Config(format!("{name} must be > 0")));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A dataset read into tokenized samples.
 #[derive(Debug)]
 pub struct DataSet {
+    /// The dataset file.
     pub path: PathBuf,
+    /// Where it came from and how it was read.
+    pub spec: DatasetSpec,
+    pub layout: Layout,
     pub samples: Vec<Prepared>,
     /// One [`DataError::BadLine`] (or image/sample error) per skipped line.
     pub bad: Vec<DataError>,
@@ -80,32 +95,32 @@ enum Outcome {
 }
 
 impl DataSet {
-    /// Reads and tokenizes the whole file. Only an unreadable file is an error.
+    /// Reads and tokenizes a file with the guessed schema, images relative to its folder.
+    /// Only an unreadable file (or an array that is not JSON) is an error.
     pub fn read(path: &Path, tok: &Tekken, s: &SampleSettings) -> Result<Self> {
+        Self::open(&DatasetSpec::file(path), tok, s)
+    }
+
+    /// Reads and tokenizes the dataset `spec` names (see [`DatasetSpec::resolve`]).
+    pub fn open(spec: &DatasetSpec, tok: &Tekken, s: &SampleSettings) -> Result<Self> {
+        s.check()?;
+        let path = spec.file.as_path();
         let raw = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
         let ids = SpecialIds::from_tekken(tok)?;
-        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let layout = records::layout(&raw);
         let mut ds = DataSet {
             path: path.to_path_buf(),
+            spec: spec.clone(),
+            layout,
             samples: Vec::new(),
             bad: Vec::new(),
             dropped: Vec::new(),
             stats: DatasetStats::default(),
         };
-        // Split bytes, not text: one line of invalid UTF-8 is a bad line, not a bad file.
-        for (i, raw_line) in raw.split(|&b| b == b'\n').enumerate() {
-            let line = std::str::from_utf8(raw_line).map_err(|e| DataError::BadLine {
-                path: path.to_path_buf(),
-                line: i + 1,
-                reason: format!("not UTF-8: {e}"),
-            });
-            if line.as_ref().is_ok_and(|l| l.trim().is_empty()) {
-                continue;
-            }
+        records::for_each(path, &raw, |r| {
             ds.stats.lines += 1;
-            let outcome = line
-                .and_then(|l| prepare(path, &dir, i + 1, l.trim_end_matches('\r'), tok, &ids, s));
-            match outcome {
+            let line = r.line;
+            match prepare(spec, layout, r, tok, &ids, s) {
                 Ok(Outcome::Kept(p, truncated)) => {
                     ds.stats.samples += 1;
                     ds.stats.tokens += p.input_ids.len();
@@ -116,38 +131,44 @@ impl DataSet {
                 }
                 Ok(Outcome::Dropped) => {
                     ds.stats.dropped_truncated += 1;
-                    ds.dropped.push(i + 1);
+                    ds.dropped.push(line);
                 }
                 Err(e) => {
                     ds.stats.bad_lines += 1;
                     ds.bad.push(e);
                 }
             }
-        }
+        })?;
         Ok(ds)
     }
 }
 
 fn prepare(
-    path: &Path,
-    dir: &Path,
-    line_no: usize,
-    line: &str,
+    spec: &DatasetSpec,
+    layout: Layout,
+    r: Record,
     tok: &Tekken,
     ids: &SpecialIds,
     s: &SampleSettings,
 ) -> Result<Outcome> {
-    let bad = |reason: String| DataError::BadLine {
-        path: path.to_path_buf(),
-        line: line_no,
-        reason,
+    let line_no = r.line;
+    // An array element is named by its position too: several may start on one line.
+    let at = match layout {
+        Layout::Jsonl => String::new(),
+        Layout::JsonArray => format!("sample {}: ", r.index),
     };
-    let parsed: Line = serde_json::from_str(line).map_err(|e| bad(format!("invalid JSON: {e}")))?;
+    let bad = |reason: String| DataError::BadLine {
+        path: spec.file.clone(),
+        line: line_no,
+        reason: format!("{at}{reason}"),
+    };
+    let value = r.value.map_err(bad)?;
+    let parsed = spec.schema.conversation(&value).map_err(bad)?;
     check_roles(&parsed.messages).map_err(bad)?;
     let placeholders = count_placeholders(&parsed.messages);
     if placeholders != parsed.images.len() {
         return Err(DataError::PlaceholderMismatch {
-            sample: format!("{}:{line_no}", path.display()),
+            sample: format!("{}:{line_no}", spec.file.display()),
             placeholders,
             images: parsed.images.len(),
         });
@@ -157,7 +178,7 @@ fn prepare(
     let mut sizes = Vec::with_capacity(parsed.images.len());
     let mut grids = Vec::with_capacity(parsed.images.len());
     for rel in &parsed.images {
-        let p = dir.join(rel);
+        let p = spec.image_path(rel);
         // Decoding the whole image here catches truncated files before training starts.
         let img = image::load_regularized(&p, s.image).map_err(|e| bad(e.to_string()))?;
         let (h, w) = s.image.output_size(img.height(), img.width());

@@ -50,6 +50,8 @@ pub enum DataError {
         line: usize,
         reason: String,
     },
+    #[error("{path} already exists: refusing to overwrite a dataset (force replaces it)")]
+    Exists { path: PathBuf },
     #[error("invalid data config: {0}")]
     Config(String),
     #[error(transparent)]

@@ -4,6 +4,7 @@
 use super::batch::{pad_batch, RowBuilder, Sample};
 use super::dataset::{DataSet, DatasetStats, SampleSettings};
 use super::image::{self, ImageConfig};
+use super::info::DatasetSpec;
 use super::shuffle::{Position, Shuffler};
 use super::{Batch, DataError, Result, Tekken};
 use serde::Deserialize;
@@ -13,8 +14,12 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DataConfig {
-    /// JSONL dataset; None lets the trainer pick its default (the synthetic shapes set).
+    /// A JSONL or JSON array file, or the name of an entry of `dataset_dir/dataset_info.json`;
+    /// None lets the trainer pick its default (the synthetic shapes set).
     pub dataset: Option<PathBuf>,
+    /// LLaMA-Factory's `dataset_dir`: where `dataset_info.json` is looked for and what relative
+    /// image paths start from (None: the dataset file's folder).
+    pub dataset_dir: Option<PathBuf>,
     /// tekken.json.
     pub tokenizer: Option<PathBuf>,
     /// Truncated vocabulary size (mistral-common `Tekkenizer(vocab_size=)`); None: the file's.
@@ -38,6 +43,7 @@ impl Default for DataConfig {
     fn default() -> Self {
         DataConfig {
             dataset: None,
+            dataset_dir: None,
             tokenizer: None,
             vocab_size: None,
             max_len: 2048,
@@ -77,7 +83,8 @@ impl Loader {
             .dataset
             .as_ref()
             .ok_or_else(|| DataError::Config("no dataset given".into()))?;
-        let data = DataSet::read(path, tok, &cfg.sample_settings())?;
+        let spec = DatasetSpec::resolve(path, cfg.dataset_dir.as_deref())?;
+        let data = DataSet::open(&spec, tok, &cfg.sample_settings())?;
         Self::new(data, cfg, tok.pad_id(), pos)
     }
 

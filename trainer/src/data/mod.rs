@@ -1,16 +1,20 @@
 //! Data pipeline: Tekken tokenizer, Mistral template, Pixtral images, truncation filter,
 //! padding and packing, resumable shuffling, and a synthetic shapes dataset.
 //!
-//! Flow: [`dataset::DataSet::read`] (JSONL -> checked, tokenized, truncated samples, bad lines
-//! counted) -> [`loader::Loader`] (shuffled resumable order -> padded or packed batches with
+//! Flow: [`info::DatasetSpec::resolve`] (a file, or a name in a LLaMA-Factory
+//! `dataset_info.json`) -> [`dataset::DataSet::open`] (JSONL or JSON array records -> schema ->
+//! checked, tokenized, truncated samples, bad records counted) -> [`loader::Loader`] (shuffled resumable order -> padded or packed batches with
 //! processed images). The batches are [`crate::batch::Batch`], the model's own input.
 
 pub mod batch;
 pub mod dataset;
 pub mod error;
 pub mod image;
+pub mod info;
 pub mod loader;
 pub mod pretok;
+pub mod records;
+pub mod schema;
 pub mod shuffle;
 pub mod synth;
 pub mod tekken;
@@ -19,6 +23,7 @@ pub mod truncate;
 
 pub use crate::batch::Batch;
 pub use error::{DataError, Result};
+pub use info::DatasetSpec;
 pub use loader::{DataConfig, Loader};
 pub use shuffle::Position;
 pub use tekken::Tekken;

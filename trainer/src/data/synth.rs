@@ -185,35 +185,81 @@ pub struct SynthOutput {
     pub heldout_samples: usize,
 }
 
+/// The names a finished dataset has under its folder.
+pub const TRAIN: &str = "train.jsonl";
+pub const HELDOUT: &str = "heldout.jsonl";
+pub const IMAGES: &str = "images";
+
+/// Temporary names: everything is written under these and renamed when complete, so a killed
+/// run leaves nothing under the final names (and the next run clears these first).
+fn tmp_name(name: &str) -> String {
+    format!(".{name}.partial")
+}
+
+/// The final names already present under `out` (what writing would replace).
+pub fn existing(out: &Path) -> Vec<PathBuf> {
+    [TRAIN, HELDOUT, IMAGES]
+        .iter()
+        .map(|n| out.join(n))
+        .filter(|p| p.exists())
+        .collect()
+}
+
 /// Writes `samples` samples (one in ten, at least one, held out) under `out`:
-/// `train.jsonl`, `heldout.jsonl` and `images/NNNNNN_k.png`.
+/// `train.jsonl`, `heldout.jsonl` and `images/NNNNNN_k.png`. Refuses to replace an existing
+/// dataset there ([`write_with`] with `force` does).
 pub fn write(out: &Path, samples: usize, seed: u64) -> Result<SynthOutput> {
-    let img_dir = out.join("images");
-    std::fs::create_dir_all(&img_dir).map_err(|e| DataError::io(&img_dir, e))?;
+    write_with(out, samples, seed, false, &mut |_| {})
+}
+
+/// [`write()`], replacing an existing dataset when `force`, and calling `progress(done)` after
+/// each sample. The files are written under temporary names (`.train.jsonl.partial`, ...) and
+/// renamed when all are complete (images first, `train.jsonl` last).
+pub fn write_with(
+    out: &Path,
+    samples: usize,
+    seed: u64,
+    force: bool,
+    progress: &mut dyn FnMut(usize),
+) -> Result<SynthOutput> {
+    if samples == 0 {
+        return Err(DataError::Config(
+            "a synthetic dataset needs samples > 0".into(),
+        ));
+    }
+    let found = existing(out);
+    if !force && !found.is_empty() {
+        return Err(DataError::Exists {
+            path: found[0].clone(),
+        });
+    }
+    let tmp = |n: &str| out.join(tmp_name(n));
+    let (train_tmp, held_tmp, img_tmp) = (tmp(TRAIN), tmp(HELDOUT), tmp(IMAGES));
+    // Leftovers of a killed run are ours to clear.
+    remove(&img_tmp)?;
+    std::fs::create_dir_all(&img_tmp).map_err(|e| DataError::io(&img_tmp, e))?;
     let heldout_n = if samples >= 2 {
         (samples / 10).max(1)
     } else {
         0
     };
-    let train_path = out.join("train.jsonl");
-    let held_path = out.join("heldout.jsonl");
     let open = |p: &Path| {
         std::fs::File::create(p)
             .map(std::io::BufWriter::new)
             .map_err(|e| DataError::io(p, e))
     };
-    let (mut train, mut held) = (open(&train_path)?, open(&held_path)?);
+    let (mut train, mut held) = (open(&train_tmp)?, open(&held_tmp)?);
     let mut rng = SplitMix64::new(seed);
     for i in 0..samples {
         let s = sample(&mut rng);
         let mut names = Vec::with_capacity(s.images.len());
         for (k, (w, h, shapes)) in s.images.iter().enumerate() {
-            let name = format!("images/{i:06}_{k}.png");
-            let p = out.join(&name);
+            let file = format!("{i:06}_{k}.png");
+            let p = img_tmp.join(&file);
             render(*w, *h, shapes)
                 .save(&p)
                 .map_err(|source| DataError::Image { path: p, source })?;
-            names.push(name);
+            names.push(format!("{IMAGES}/{file}"));
         }
         let line = serde_json::json!({
             "messages": [
@@ -223,19 +269,45 @@ pub fn write(out: &Path, samples: usize, seed: u64) -> Result<SynthOutput> {
             "images": names,
         });
         let (f, p) = if i < samples - heldout_n {
-            (&mut train, &train_path)
+            (&mut train, &train_tmp)
         } else {
-            (&mut held, &held_path)
+            (&mut held, &held_tmp)
         };
         writeln!(f, "{line}").map_err(|e| DataError::io(p, e))?;
+        progress(i + 1);
     }
-    for (f, p) in [(&mut train, &train_path), (&mut held, &held_path)] {
-        f.flush().map_err(|e| DataError::io(p, e))?;
+    for (f, p) in [(train, &train_tmp), (held, &held_tmp)] {
+        let file = f
+            .into_inner()
+            .map_err(|e| DataError::io(p, e.into_error()))?;
+        file.sync_all().map_err(|e| DataError::io(p, e))?;
     }
+    let (train_path, held_path, img_path) = (out.join(TRAIN), out.join(HELDOUT), out.join(IMAGES));
+    // A folder cannot be renamed over a non-empty one: the old images go first.
+    remove(&img_path)?;
+    rename(&img_tmp, &img_path)?;
+    rename(&held_tmp, &held_path)?;
+    rename(&train_tmp, &train_path)?;
     Ok(SynthOutput {
         train: train_path,
         heldout: held_path,
         train_samples: samples - heldout_n,
         heldout_samples: heldout_n,
     })
+}
+
+fn remove(p: &Path) -> Result<()> {
+    let r = if p.is_dir() {
+        std::fs::remove_dir_all(p)
+    } else {
+        std::fs::remove_file(p)
+    };
+    match r {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(DataError::io(p, e)),
+        _ => Ok(()),
+    }
+}
+
+fn rename(from: &Path, to: &Path) -> Result<()> {
+    std::fs::rename(from, to).map_err(|e| DataError::io(to, e))
 }

@@ -65,32 +65,42 @@ impl SpecialIds {
     }
 }
 
-/// Checks the order of roles: an optional system message first, then user/assistant
-/// alternating, ending with an assistant answer.
+/// Checks the order of roles: turns of `system* user assistant`, at least one, ending with an
+/// assistant answer. A system message may open the conversation (LLaMA-Factory's only place for
+/// it) or precede any later user message (mistral-common encodes it in place there).
 pub fn check_roles(messages: &[Message]) -> std::result::Result<(), String> {
-    let body = match messages.first() {
-        Some(m) if m.role == Role::System => &messages[1..],
-        _ => messages,
-    };
-    if body.is_empty() {
-        return Err("no user/assistant messages".into());
-    }
-    for (i, m) in body.iter().enumerate() {
-        let want = if i % 2 == 0 {
-            Role::User
-        } else {
-            Role::Assistant
+    let mut want_answer = false;
+    let mut turns = 0;
+    for (i, m) in messages.iter().enumerate() {
+        let ok = match m.role {
+            Role::System | Role::User => !want_answer,
+            Role::Assistant => want_answer,
         };
-        if m.role != want {
+        if !ok {
+            let want = if want_answer {
+                "Assistant"
+            } else {
+                "User (or System)"
+            };
             return Err(format!(
-                "message {} is {:?}, expected {want:?} (roles must be [system] user assistant ...)",
-                i + messages.len() - body.len(),
+                "message {i} is {:?}, expected {want} (roles must be [system] user assistant ...)",
                 m.role
             ));
         }
+        match m.role {
+            Role::System => {}
+            Role::User => want_answer = true,
+            Role::Assistant => {
+                want_answer = false;
+                turns += 1;
+            }
+        }
     }
-    if body.len() % 2 != 0 {
+    if want_answer {
         return Err("the conversation does not end with an assistant answer".into());
+    }
+    if turns == 0 {
+        return Err("no user/assistant messages".into());
     }
     Ok(())
 }
@@ -110,8 +120,14 @@ pub struct Turn {
     pub target: Vec<u32>,
 }
 
-/// Encodes a conversation whose roles passed [`check_roles`] into turns. `system` is used when
-/// the conversation brings no system message; `image_blocks[k]` replaces the k-th placeholder.
+/// Encodes a conversation into turns (one per assistant answer; a trailing prompt becomes a last
+/// turn without target). Training data passes [`check_roles`] first. `system` is used when
+/// the conversation does not open with a system message; `image_blocks[k]` replaces the k-th
+/// placeholder.
+///
+/// As mistral-common's `InstructTokenizerV7`: every system message is
+/// `[SYSTEM_PROMPT]text[/SYSTEM_PROMPT]` in its place (so it belongs to the source of the turn
+/// it precedes), and an answer loses its trailing spaces (`content.rstrip(" ")`) before EOS.
 pub fn encode_turns(
     tok: &Tekken,
     ids: &SpecialIds,
@@ -132,28 +148,37 @@ pub fn encode_turns(
             tok.encode_into(part, out);
         }
     };
-    let (sys, body) = match messages.first() {
-        Some(m) if m.role == Role::System => (Some(m.content.as_str()), &messages[1..]),
-        _ => (system, messages),
-    };
-    let mut turns = Vec::with_capacity(body.len() / 2);
-    for (k, pair) in body.chunks(2).enumerate() {
-        let mut t = Turn::default();
-        if k == 0 {
-            t.source.push(ids.bos);
-            if let Some(s) = sys {
+    let opens_with_system = messages.first().is_some_and(|m| m.role == Role::System);
+    let mut turns = Vec::with_capacity(messages.len() / 2);
+    let mut t = Turn::default();
+    t.source.push(ids.bos);
+    if let (false, Some(s)) = (opens_with_system, system) {
+        t.source.push(ids.system);
+        encode(s, &mut t.source);
+        t.source.push(ids.system_end);
+    }
+    for m in messages {
+        match m.role {
+            Role::System => {
                 t.source.push(ids.system);
-                encode(s, &mut t.source);
+                encode(&m.content, &mut t.source);
                 t.source.push(ids.system_end);
             }
+            Role::User => {
+                t.source.push(ids.inst);
+                encode(&m.content, &mut t.source);
+                t.source.push(ids.inst_end);
+            }
+            Role::Assistant => {
+                encode(m.content.trim_end_matches(' '), &mut t.target);
+                t.target.push(ids.eos);
+                turns.push(std::mem::take(&mut t));
+            }
         }
-        t.source.push(ids.inst);
-        encode(&pair[0].content, &mut t.source);
-        t.source.push(ids.inst_end);
-        if let Some(answer) = pair.get(1) {
-            encode(&answer.content, &mut t.target);
-            t.target.push(ids.eos);
-        }
+    }
+    // A conversation that ends in a prompt (what generation starts from) keeps it as a last
+    // turn with an empty target.
+    if messages.last().is_some_and(|m| m.role != Role::Assistant) {
         turns.push(t);
     }
     turns

@@ -117,15 +117,8 @@ impl CpuCommunicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        const OP: &str = "all_reduce";
-        self.on_host(
-            OP,
-            true,
-            stream,
-            &[("send", send.device()), ("recv", recv.device())],
-        )?;
-        let send = send.as_host_slice().map_err(host(OP))?;
-        self.all_reduce_host(send, recv.as_host_slice_mut().map_err(host(OP))?, op)
+        let (send, recv) = self.host_pair("all_reduce", true, send, recv, stream)?;
+        self.all_reduce_host(send, recv, op)
     }
 
     pub(crate) fn all_reduce_in_place<T: Element>(
@@ -145,15 +138,8 @@ impl CpuCommunicator {
         recv: &mut BufferViewMut<'_, T>,
         stream: &Stream,
     ) -> CommResult<()> {
-        const OP: &str = "all_gather";
-        self.on_host(
-            OP,
-            true,
-            stream,
-            &[("send", send.device()), ("recv", recv.device())],
-        )?;
-        let send = send.as_host_slice().map_err(host(OP))?;
-        self.all_gather_host(send, recv.as_host_slice_mut().map_err(host(OP))?)
+        let (send, recv) = self.host_pair("all_gather", true, send, recv, stream)?;
+        self.all_gather_host(send, recv)
     }
 
     pub(crate) fn all_gather_v<T: Element>(
@@ -163,15 +149,8 @@ impl CpuCommunicator {
         counts: &[usize],
         stream: &Stream,
     ) -> CommResult<()> {
-        const OP: &str = "all_gather_v";
-        self.on_host(
-            OP,
-            true,
-            stream,
-            &[("send", send.device()), ("recv", recv.device())],
-        )?;
-        let send = send.as_host_slice().map_err(host(OP))?;
-        self.all_gather_v_host(send, recv.as_host_slice_mut().map_err(host(OP))?, counts)
+        let (send, recv) = self.host_pair("all_gather_v", true, send, recv, stream)?;
+        self.all_gather_v_host(send, recv, counts)
     }
 
     pub(crate) fn reduce_scatter<T: Element>(
@@ -181,15 +160,8 @@ impl CpuCommunicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        const OP: &str = "reduce_scatter";
-        self.on_host(
-            OP,
-            true,
-            stream,
-            &[("send", send.device()), ("recv", recv.device())],
-        )?;
-        let send = send.as_host_slice().map_err(host(OP))?;
-        self.reduce_scatter_host(send, recv.as_host_slice_mut().map_err(host(OP))?, op)
+        let (send, recv) = self.host_pair("reduce_scatter", true, send, recv, stream)?;
+        self.reduce_scatter_host(send, recv, op)
     }
 
     pub(crate) fn reduce_scatter_v<T: Element>(
@@ -200,15 +172,7 @@ impl CpuCommunicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        const OP: &str = "reduce_scatter_v";
-        self.on_host(
-            OP,
-            true,
-            stream,
-            &[("send", send.device()), ("recv", recv.device())],
-        )?;
-        let send = send.as_host_slice().map_err(host(OP))?;
-        let recv = recv.as_host_slice_mut().map_err(host(OP))?;
+        let (send, recv) = self.host_pair("reduce_scatter_v", true, send, recv, stream)?;
         self.reduce_scatter_v_host(send, recv, counts, op)
     }
 
@@ -229,15 +193,8 @@ impl CpuCommunicator {
         recv: &mut BufferViewMut<'_, T>,
         stream: &Stream,
     ) -> CommResult<()> {
-        const OP: &str = "all_to_all";
-        self.on_host(
-            OP,
-            true,
-            stream,
-            &[("send", send.device()), ("recv", recv.device())],
-        )?;
-        let send = send.as_host_slice().map_err(host(OP))?;
-        self.all_to_all_host(send, recv.as_host_slice_mut().map_err(host(OP))?)
+        let (send, recv) = self.host_pair("all_to_all", true, send, recv, stream)?;
+        self.all_to_all_host(send, recv)
     }
 
     pub(crate) fn all_to_all_v<T: Element>(
@@ -248,15 +205,7 @@ impl CpuCommunicator {
         recv_counts: &[usize],
         stream: &Stream,
     ) -> CommResult<()> {
-        const OP: &str = "all_to_all_v";
-        self.on_host(
-            OP,
-            true,
-            stream,
-            &[("send", send.device()), ("recv", recv.device())],
-        )?;
-        let send = send.as_host_slice().map_err(host(OP))?;
-        let recv = recv.as_host_slice_mut().map_err(host(OP))?;
+        let (send, recv) = self.host_pair("all_to_all_v", true, send, recv, stream)?;
         self.all_to_all_v_host(send, send_counts, recv, recv_counts)
     }
 
@@ -308,6 +257,22 @@ impl CpuCommunicator {
     /// Checks that the stream and every buffer are on the CPU. A mismatch is this rank's own
     /// mistake and fails the group like a bad length (`collective`: as this rank's call), so
     /// peers learn of it at once instead of waiting for the timeout.
+    /// The host slices of a send/recv pair, once [`Self::on_host`] has checked that both
+    /// and the stream are on the host.
+    fn host_pair<'s, 'r, T: Element>(
+        &self,
+        op: &'static str,
+        collective: bool,
+        send: &'s BufferView<'_, T>,
+        recv: &'r mut BufferViewMut<'_, T>,
+        stream: &Stream,
+    ) -> CommResult<(&'s [T], &'r mut [T])> {
+        let bufs = [("send", send.device()), ("recv", recv.device())];
+        self.on_host(op, collective, stream, &bufs)?;
+        let send = send.as_host_slice().map_err(host(op))?;
+        Ok((send, recv.as_host_slice_mut().map_err(host(op))?))
+    }
+
     fn on_host(
         &self,
         op: &'static str,

@@ -1,0 +1,284 @@
+//! `cannon bench step`: full training steps (forward, backward, global-norm clip, AdamW) of an
+//! HF config with random weights, on the batch layout of `shared/bench/torch_train_step.py`
+//! (B rows of S tokens, one PX x PX image per row, vision tower and projector frozen), timed
+//! the way that script times PyTorch, so the two can be run side by side and compared as
+//! ratios.
+//!
+//! ```text
+//! row  = BOS, the image's [IMG] x side + [IMG_BREAK] per patch row ([IMG_END] last), random
+//!        text tokens in 16..V up to S;  labels = the tokens, IGNORE on BOS and the image block
+//! step = zero grads; forward; backward; clip_grad_norm(1.0); AdamW(lr 1e-4, betas (0.9,
+//!        0.95), eps 1e-8, weight decay 0.1)      (the script's optimizer)
+//! ```
+
+use crate::batch::{Batch, Images};
+use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
+use crate::model::{Act, Exec, LossMode, Mistral3, Mistral3Config, ModelError, Part};
+use cannon_kernels::cross_entropy::IGNORE_INDEX;
+use cannon_kernels::Precision;
+use cannon_runtime::rng::SplitMix64;
+use std::time::Instant;
+
+/// The `[IMG_BREAK]` and `[IMG_END]` ids of Tekken (and of the script's batch).
+const IMG_BREAK: u32 = 12;
+const IMG_END: u32 = 13;
+
+/// What to time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepBench {
+    /// Rows B.
+    pub batch: usize,
+    /// Tokens per row S.
+    pub seq: usize,
+    /// Image side PX in pixels (one square image per row).
+    pub img: usize,
+    /// Timed steps.
+    pub steps: usize,
+    /// Untimed steps first (caches, allocator, thread pool).
+    pub warmup: usize,
+    pub precision: Precision,
+    /// Seed of the random weights, tokens and pixels.
+    pub seed: u64,
+}
+
+impl Default for StepBench {
+    fn default() -> Self {
+        // torch_train_step.py's defaults.
+        StepBench {
+            batch: 2,
+            seq: 1024,
+            img: 224,
+            steps: 6,
+            warmup: 2,
+            precision: Precision::F32,
+            seed: 0,
+        }
+    }
+}
+
+/// What one run measured (the script's JSON fields plus the allocator's).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepReport {
+    pub precision: Precision,
+    pub threads: usize,
+    pub batch: usize,
+    pub seq: usize,
+    pub median_step_s: f64,
+    pub min_step_s: f64,
+    pub tokens_per_s: f64,
+    /// The process's peak resident set (VmHWM), MiB; `None` where /proc is not readable.
+    pub peak_rss_mib: Option<f64>,
+    pub trainable_params: usize,
+    /// The last step's loss.
+    pub loss: f64,
+    /// The allocator's peaks over the timed steps, MiB.
+    pub max_allocated_mib: f64,
+    pub max_reserved_mib: f64,
+}
+
+impl StepReport {
+    /// One JSON object, the field names of torch_train_step.py where they exist.
+    pub fn to_json(&self) -> String {
+        let rss = self
+            .peak_rss_mib
+            .map_or("null".to_string(), |r| format!("{r:.1}"));
+        format!(
+            "{{\"impl\": \"cannon\", \"dtype\": \"{}\", \"threads\": {}, \"batch\": {}, \
+             \"seq\": {}, \"median_step_s\": {:.4}, \"min_step_s\": {:.4}, \
+             \"tokens_per_s\": {:.1}, \"peak_rss_mib\": {rss}, \"trainable_params\": {}, \
+             \"loss\": {:.4}, \"max_allocated_mib\": {:.1}, \"max_reserved_mib\": {:.1}}}",
+            self.precision,
+            self.threads,
+            self.batch,
+            self.seq,
+            self.median_step_s,
+            self.min_step_s,
+            self.tokens_per_s,
+            self.trainable_params,
+            self.loss,
+            self.max_allocated_mib,
+            self.max_reserved_mib,
+        )
+    }
+}
+
+/// Uniform in `[-1, 1)` from 24 random bits.
+fn unit(rng: &mut SplitMix64) -> f32 {
+    (rng.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+}
+
+/// A model of `cfg` with random weights on `exec`: norm weights 1, everything else uniform
+/// in +-0.02 (the configs' initializer_range), made on the host and uploaded once.
+pub fn random_model(cfg: &Mistral3Config, exec: Exec, seed: u64) -> Result<Mistral3, ModelError> {
+    let mut rng = SplitMix64::new(seed);
+    let layout = crate::model::ParamLayout::new(cfg);
+    let mut host: Vec<Vec<f32>> = layout.groups.iter().map(|g| vec![0.0; g.len]).collect();
+    for (g, group) in layout.groups.iter().enumerate() {
+        for slot in &group.slots {
+            let norm = slot.name.contains("norm");
+            for x in &mut host[g][slot.range()] {
+                *x = if norm { 1.0 } else { unit(&mut rng) * 0.02 };
+            }
+        }
+    }
+    let params = crate::model::Params::from_host(&exec, layout, &host)?;
+    Ok(Mistral3 {
+        cfg: cfg.clone(),
+        params,
+        loss_mode: LossMode::Full,
+        exec,
+    })
+}
+
+/// The script's batch: `rows` rows of `seq` tokens, each starting with one `img` x `img`
+/// image (random pixels in [-1, 1)).
+pub fn bench_batch(
+    cfg: &Mistral3Config,
+    rows: usize,
+    seq: usize,
+    img: usize,
+    seed: u64,
+) -> Result<Batch, ModelError> {
+    let cell = cfg.vision_config.patch_size * cfg.spatial_merge_size;
+    let side = img / cell.max(1);
+    if side == 0 || !img.is_multiple_of(cell) {
+        return Err(ModelError::Input(format!(
+            "--img {img} must be a positive multiple of patch_size x spatial_merge_size = {cell}"
+        )));
+    }
+    let mut img_toks = Vec::with_capacity(side * (side + 1));
+    for _ in 0..side {
+        img_toks.extend(std::iter::repeat_n(cfg.image_token_index, side));
+        img_toks.push(IMG_BREAK);
+    }
+    *img_toks.last_mut().unwrap_or(&mut 0) = IMG_END;
+    let vocab = cfg.text_config.vocab_size as u64;
+    if 1 + img_toks.len() >= seq || vocab <= 16 {
+        return Err(ModelError::Input(format!(
+            "--seq {seq} must exceed the image's {} tokens + BOS, and the vocabulary ({vocab}) 16",
+            img_toks.len()
+        )));
+    }
+    let mut rng = SplitMix64::new(seed ^ 0x5eed);
+    let (mut ids, mut labels) = (
+        Vec::with_capacity(rows * seq),
+        Vec::with_capacity(rows * seq),
+    );
+    for _ in 0..rows {
+        let prompt = 1 + img_toks.len();
+        ids.push(1);
+        ids.extend(&img_toks);
+        while !ids.len().is_multiple_of(seq) {
+            ids.push(16 + rng.below(vocab - 16) as u32);
+        }
+        let row = &ids[ids.len() - seq..];
+        labels.extend(row.iter().enumerate().map(
+            |(i, &t)| {
+                if i < prompt {
+                    IGNORE_INDEX
+                } else {
+                    t as i32
+                }
+            },
+        ));
+    }
+    let c = cfg.vision_config.num_channels;
+    let pixel_values = (0..rows * c * img * img).map(|_| unit(&mut rng)).collect();
+    Ok(Batch {
+        rows,
+        seq,
+        input_ids: ids,
+        labels,
+        images: Images {
+            channels: c,
+            pixel_values,
+            sizes: vec![(img, img); rows],
+        },
+        ..Batch::default()
+    })
+}
+
+/// The process's peak resident set in MiB (Linux `VmHWM`).
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Times `b.warmup + b.steps` full training steps of a random model of `cfg` on the host.
+pub fn run(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, ModelError> {
+    match b.precision {
+        Precision::F32 => run_as::<f32>(cfg, b),
+        Precision::Bf16 => run_as::<half::bf16>(cfg, b),
+    }
+}
+
+fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, ModelError> {
+    if b.steps == 0 {
+        return Err(ModelError::Input("--steps must be > 0".into()));
+    }
+    let mut model = random_model(cfg, Exec::cpu(), b.seed)?;
+    let batch = bench_batch(cfg, b.batch, b.seq, b.img, b.seed)?;
+    let text = [Part::Text];
+    let mut grads = model.grads(&text)?;
+    let hp = AdamWConfig {
+        lr: 1e-4,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let mut opt = AdamW::new(&model.exec, hp, &grads)?;
+    let trainable_params = model
+        .params
+        .layout
+        .groups
+        .iter()
+        .filter(|g| text.contains(&g.part))
+        .map(|g| g.len)
+        .sum();
+    let exec = model.exec.clone();
+    let alloc = exec.allocator().clone();
+    let (mut times, mut loss) = (Vec::with_capacity(b.steps), 0.0);
+    for i in 0..b.warmup + b.steps {
+        if i == b.warmup {
+            alloc.reset_peak();
+        }
+        let t0 = Instant::now();
+        grads.zero(exec.stream())?;
+        let acts = model.forward::<A>(&batch)?;
+        model.backward(&batch, &acts, &mut grads, None)?;
+        loss = acts.loss();
+        drop(acts);
+        clip_grad_norm(exec.stream(), &mut grads, 1.0)?;
+        opt.update(exec.stream(), &mut model.params, &grads, hp.lr)?;
+        exec.stream()
+            .synchronize()
+            .map_err(cannon_kernels::KernelError::from)?;
+        if i >= b.warmup {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let stats = alloc.stats();
+    let mib = |bytes: usize| bytes as f64 / (1024.0 * 1024.0);
+    Ok(StepReport {
+        precision: b.precision,
+        threads: rayon::current_num_threads(),
+        batch: b.batch,
+        seq: b.seq,
+        median_step_s: median,
+        min_step_s: times[0],
+        tokens_per_s: (b.batch * b.seq) as f64 / median,
+        peak_rss_mib: peak_rss_mib(),
+        trainable_params,
+        loss,
+        max_allocated_mib: mib(stats.peak_allocated),
+        max_reserved_mib: mib(stats.peak_reserved),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,106 @@
+//! `cannon bench step`: times full training steps of an HF config (see [`crate::bench`]) and
+//! prints one JSON line with the fields of `shared/bench/torch_train_step.py`, so the two can
+//! be run side by side. Exit codes: 0 measured, 2 unusable input.
+
+use crate::bench::{self, StepBench};
+use crate::model::Mistral3Config;
+use cannon_kernels::Precision;
+use clap::{Args, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: BenchWhat,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum BenchWhat {
+    /// Full training steps (forward, backward, clip, AdamW) with random weights, vision tower
+    /// and projector frozen, on B rows of S tokens holding one PX x PX image each.
+    Step(StepArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StepArgs {
+    /// HF model directory (its config.json is read; weights are random).
+    #[arg(long)]
+    pub config: PathBuf,
+    #[arg(long, default_value_t = 2)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 1024)]
+    pub seq: usize,
+    /// Image side in pixels (a multiple of patch_size x spatial_merge_size).
+    #[arg(long, default_value_t = 224)]
+    pub img: usize,
+    #[arg(long, default_value_t = 6)]
+    pub steps: usize,
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+    /// Ranks (data-parallel FSDP); only 1 until sharded training lands.
+    #[arg(long, default_value_t = 1)]
+    pub nproc: usize,
+    /// Also append the JSON line to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Seed of the random weights and batch.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DtypeArg {
+    F32,
+    Bf16,
+}
+
+pub fn run(args: BenchArgs) -> ExitCode {
+    match args.what {
+        BenchWhat::Step(a) => match step(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cannon bench step: {e}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+fn step(a: &StepArgs) -> Result<(), String> {
+    if a.nproc != 1 {
+        return Err(format!(
+            "--nproc {}: only 1 rank is supported until sharded training lands",
+            a.nproc
+        ));
+    }
+    let cfg = Mistral3Config::from_file(&a.config.join("config.json"))
+        .map_err(|e| format!("{}: {e}", a.config.display()))?;
+    let b = StepBench {
+        batch: a.batch,
+        seq: a.seq,
+        img: a.img,
+        steps: a.steps,
+        warmup: a.warmup,
+        precision: match a.dtype {
+            DtypeArg::F32 => Precision::F32,
+            DtypeArg::Bf16 => Precision::Bf16,
+        },
+        seed: a.seed,
+    };
+    let report = bench::run(&cfg, &b).map_err(|e| e.to_string())?;
+    let line = report.to_json();
+    println!("{line}");
+    if let Some(path) = &a.json {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        writeln!(f, "{line}").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
