@@ -32,10 +32,12 @@ pub mod rank;
 pub mod reduce;
 pub mod schedule;
 pub mod shard;
+pub mod state;
 pub mod world;
 
-pub use rank::{FsdpRank, FsdpSettings, GroupState, ShardState, StepStats};
+pub use rank::{FsdpRank, FsdpSettings, StepStats};
 pub use shard::{GroupShard, ShardLayout};
+pub use state::{GroupState, ShardState};
 pub use world::{cpu_rank_exec, run_cpu_ranks};
 
 use crate::model::ModelError;

@@ -20,6 +20,7 @@
 use super::reduce::Reducer;
 use super::schedule::{GradShards, Schedule};
 use super::shard::ShardLayout;
+use super::state::{GroupState, ShardState};
 use super::FsdpError;
 use crate::model::optim::AdamWConfig;
 use crate::model::source::PlanInputs;
@@ -77,26 +78,6 @@ pub struct StepStats {
     pub for_peers: usize,
     /// This rank's allocator over the step.
     pub memory: StepMemory,
-}
-
-/// A host copy of one group's shard state (for checkpoints).
-#[derive(Clone, Debug, PartialEq)]
-pub struct GroupState {
-    /// `[shard]` master weights (padding included).
-    pub params: Vec<f32>,
-    /// `[shard]` AdamW moments, for trained groups.
-    pub m: Option<Vec<f32>>,
-    pub v: Option<Vec<f32>>,
-}
-
-/// A host copy of one rank's shards and optimizer state (for checkpoints).
-#[derive(Clone, Debug, PartialEq)]
-pub struct ShardState {
-    pub rank: usize,
-    pub world: usize,
-    /// AdamW steps taken.
-    pub step: u64,
-    pub groups: Vec<GroupState>,
 }
 
 /// One rank of an FSDP (ZeRO-3) run (see the module docs).
