@@ -6,14 +6,15 @@
 //!   them today; the NPU bodies are pending); read from an HF `config.json` and safetensors
 //!   weights; global-norm clipping and AdamW; [`model::memory`] predicts a step's peak.
 //! - [`data`]: the data pipeline (Tekken tokenizer, chat template, Pixtral images, batches).
+//! - [`fsdp`]: sharded (ZeRO-3) data-parallel training steps over the runtime's communicator.
 //! - [`train`]: K optimizer steps on one batch (what `cannon verify` checks; `cannon train`
 //!   will grow from it).
 //! - [`verify`]: parity against an eager float64 reference fixture.
 //! - [`batch`]: the one training batch, what the data loader produces and the model takes.
 //! - [`cli`]: the `cannon` subcommands that exist: `doctor`, `data`, `verify`.
 //!
-//! Not here yet: the `train`, `bench` and `export` subcommands, sharded or context-parallel
-//! training, the model on NPUs, checkpoint saving.
+//! Not here yet: the `train` and `export` subcommands, context-parallel training, the model on
+//! NPUs, checkpoint saving.
 pub mod batch;
 pub mod bench;
 pub mod cli;
