@@ -18,7 +18,9 @@
 pub mod batch;
 pub mod bench;
 pub mod cli;
+pub mod config;
 pub mod data;
+pub mod eval;
 pub mod fsdp;
 pub mod model;
 pub mod train;

@@ -1,11 +1,12 @@
 //! The `cannon` command line. Each subcommand lives in its own module with its own args struct.
-//! Only the subcommands below exist; `train` and `export` are planned and are not
-//! accepted until they do.
+//! Only the subcommands below exist; `export` is planned and is not accepted until it does.
 
 pub mod bench;
 pub mod compare;
 pub mod data;
 pub mod doctor;
+pub mod eval;
+pub mod train;
 pub mod verify;
 
 use clap::{Parser, Subcommand};
@@ -15,9 +16,12 @@ use std::process::ExitCode;
 #[command(
     name = "cannon",
     version,
-    about = "Mistral3 (Pixtral + Mistral) model tools: check the machine, prepare data, verify \
-             the model against a reference, time training steps, compare two runs' metrics",
-    after_help = "Planned, not yet available: train, export. The model runs on the CPU; \
+    about = "Mistral3 (Pixtral + Mistral) trainer: train (the main job), evaluate, prepare \
+             data, verify the model against a reference, time training steps, compare runs, \
+             check the machine",
+    after_help = "Start with `cannon train`: with no arguments it trains a tiny Mistral3 on a \
+                  synthetic shapes set on the CPU (a few minutes) and prints its held-out \
+                  accuracy. Planned, not yet available: export. The model runs on the CPU; \
                   its NPU path is not implemented yet."
 )]
 pub struct Cli {
@@ -27,6 +31,10 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Train Mistral3 from a TOML config (default: the tiny built-in run on synthetic shapes).
+    Train(train::TrainArgs),
+    /// Held-out accuracy per question type of a saved model (a run's `final/` folder).
+    Eval(eval::EvalArgs),
     /// Report devices, CANN libraries and CPU features this build can use.
     Doctor,
     /// Make, inspect and check datasets (tokenize, synthesize, validate).
@@ -45,6 +53,8 @@ pub enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Train(args) => train::run(args),
+        Command::Eval(args) => eval::run(args),
         Command::Doctor => doctor::run(),
         Command::Data(args) => data::run(args),
         Command::Verify(args) => verify::run(args),

@@ -123,6 +123,12 @@ impl Loader {
         self.order.position()
     }
 
+    /// Moves the stream to `pos` (a checkpoint's loader position) without reading the
+    /// dataset again.
+    pub fn seek(&mut self, pos: Position) {
+        self.order = Shuffler::new(self.data.samples.len(), self.cfg.seed, pos);
+    }
+
     /// Sample `i` of the dataset with its images processed.
     pub fn sample(&self, i: usize) -> Result<Sample> {
         let p = &self.data.samples[i];

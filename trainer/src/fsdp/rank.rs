@@ -29,7 +29,7 @@ use crate::model::{
     StepMemory,
 };
 use crate::train::TrainSettings;
-use cannon_kernels::cross_entropy::IGNORE_INDEX;
+use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::comm::{Communicator, ReduceOp};
 use cannon_runtime::{BufferView, BufferViewMut, DeviceBuffer, Element};
@@ -204,11 +204,18 @@ impl FsdpRank {
         alloc.reset_peak();
         let start_allocated = alloc.stats().allocated;
         let head = self.agree(micro)?;
+        // No trained target anywhere (every rank knows): no pass, no update.
         let divisor = (head.targets > 0).then_some(head.targets);
+        let passes = if divisor.is_some() {
+            head.images.len()
+        } else {
+            0
+        };
+        let norm = LossNorm::Divisor(head.targets.max(1) as f64);
         let mut fresh = vec![true; self.layout.groups.len()];
         let (mut loss_sum, mut for_peers) = (0.0, 0);
-        for (p, &images) in head.images.iter().enumerate() {
-            let (sum, peers) = self.pass::<A>(micro.get(p), images, divisor, &mut fresh)?;
+        for (p, &images) in head.images.iter().enumerate().take(passes) {
+            let (sum, peers) = self.pass::<A>(micro.get(p), images, norm, &mut fresh)?;
             loss_sum += sum;
             for_peers += peers;
         }
@@ -221,11 +228,36 @@ impl FsdpRank {
             }
         }
         let loss_total = self.all_reduce_scalar(loss_sum)?;
-        let loss = match divisor {
-            Some(n) => loss_total / n as f64,
-            None => 0.0,
+        let (loss, grad_norm) = match divisor {
+            Some(n) => {
+                let grad_norm = self.clip()?;
+                self.update(lr)?;
+                (loss_total / n as f64, grad_norm)
+            }
+            // Nothing trained anywhere in this step (every answer cut away): no update, so
+            // AdamW's moments and step count do not move either (as the one-rank loop).
+            None => (0.0, 0.0),
         };
-        let grad_norm = self.clip()?;
+        let s = alloc.stats();
+        Ok(StepStats {
+            step: self.step,
+            loss,
+            grad_norm,
+            targets: head.targets,
+            tokens: head.tokens,
+            passes,
+            for_peers,
+            memory: StepMemory {
+                start_allocated,
+                max_allocated: s.peak_allocated,
+                max_reserved: s.peak_reserved,
+            },
+        })
+    }
+
+    /// AdamW at `lr` on this rank's parameter shards of the trained groups.
+    fn update(&mut self, lr: f64) -> Result<(), FsdpError> {
+        let st = self.exec.stream();
         self.step += 1;
         let hp = AdamWConfig {
             lr,
@@ -244,21 +276,7 @@ impl FsdpRank {
                 ops::adamw_step(st, &mut pv, &gv, &mut mv, &mut vv, self.step, &hp)?;
             }
         }
-        let s = alloc.stats();
-        Ok(StepStats {
-            step: self.step,
-            loss,
-            grad_norm,
-            targets: head.targets,
-            tokens: head.tokens,
-            passes: head.images.len(),
-            for_peers,
-            memory: StepMemory {
-                start_allocated,
-                max_allocated: s.peak_allocated,
-                max_reserved: s.peak_reserved,
-            },
-        })
+        Ok(())
     }
 
     /// The step's global facts, agreed by every rank before any pass (so that a batch one
@@ -327,7 +345,7 @@ impl FsdpRank {
         &mut self,
         batch: Option<&Batch>,
         images: bool,
-        loss_divisor: Option<usize>,
+        loss_norm: LossNorm,
         fresh: &mut [bool],
     ) -> Result<(f64, usize), FsdpError> {
         let grads = &self.grads;
@@ -350,7 +368,7 @@ impl FsdpRank {
                     exec,
                     loss_mode,
                     params: &fwd,
-                    loss_divisor,
+                    loss_norm,
                 };
                 Some(pass.forward::<A>(b)?)
             }
@@ -371,7 +389,7 @@ impl FsdpRank {
                 exec,
                 loss_mode,
                 params: &bwd,
-                loss_divisor,
+                loss_norm,
             };
             pass.backward(b, a, &mut sink, None)?;
             sum = a.head.sum;

@@ -12,10 +12,14 @@
 //! lm_head GEMM per chunk) and takes their loss without gradient; the backward makes them
 //! again, overwrites them with their gradient (`ops::cross_entropy_in_place`) and hands
 //! it straight to the lm_head backward (`dxf[rows] += dl W`, `dW += dl^T xf[rows]`): one more
-//! lm_head GEMM for at most `rows x V` floats instead of `T x V`. Both divide the summed loss
-//! by the whole batch's trained targets, or by a count the caller gives (data parallel: the
-//! trained targets of every micro batch on every rank of the step), and the chunked loss skips
-//! chunks whose targets are all ignored, as the kernels' `cross_entropy_chunked` does.
+//! lm_head GEMM for at most `rows x V` floats instead of `T x V`. Both divide by the count of
+//! the whole batch's targets, and skip chunks whose targets are all ignored, as the kernels'
+//! `cross_entropy_chunked` does.
+//!
+//! The divisor can be given instead ([`LossNorm::Divisor`]): gradient accumulation divides
+//! every micro batch's summed loss by the trained targets of the whole optimizer step (HF's
+//! `num_items_in_batch`), so that K micro batches give the gradient of one batch of all their
+//! rows, not the mean of K means.
 
 use super::exec::Exec;
 use super::ops::{linear, linear_back, Act};
@@ -43,15 +47,14 @@ pub struct HeadActs {
     pub logits: Option<Tensor<f32>>,
     /// `[T,V]` d loss / d logits (full mode only).
     pub dlogits: Option<Tensor<f32>>,
-    /// The loss: `sum / divisor`.
+    /// Summed loss over the targets divided by the divisor (the mean by default).
     pub loss: f64,
-    /// Sum of the per-target losses (for reductions across micro batches and ranks).
+    /// Summed loss over the targets (for reductions across micro batches or ranks).
     pub sum: f64,
-    /// Trained targets of this batch.
+    /// Targets that count in the sum.
     pub targets: usize,
-    /// What the sum is divided by: the batch's trained targets, or the count the caller gave
-    /// (the whole step's); 0 when neither has any.
-    pub divisor: usize,
+    /// What the sum (and so the gradient) was divided by.
+    pub norm: LossNorm,
 }
 
 /// The row chunks of `targets` that hold a trained target, `rows` at a time.
@@ -68,8 +71,22 @@ fn count(targets: &[i32]) -> usize {
     targets.iter().filter(|&&l| l != IGNORE_INDEX).count()
 }
 
-/// Logits and loss of `xf [T,D]` against `targets [T]` (`IGNORE_INDEX` = ignored): the
-/// summed loss over `divisor` (None: this batch's trained targets, the mean).
+/// The divisor `norm` stands for with `n` trained targets (`Mean`: `n`, and 0 targets give a
+/// zero loss); a given divisor must be positive and finite.
+fn divisor(norm: LossNorm, n: usize) -> Result<f64> {
+    match norm {
+        LossNorm::Mean => Ok(n as f64),
+        LossNorm::Divisor(x) if x > 0.0 && x.is_finite() => Ok(x),
+        LossNorm::Divisor(x) => Err(KernelError::InvalidArgument {
+            op: "head::forward",
+            detail: format!("loss divisor {x} must be positive and finite"),
+        }),
+    }
+}
+
+/// Logits and loss of `xf [T,D]` against `targets [T]` (`IGNORE_INDEX` = ignored), the summed
+/// loss divided as `norm` says.
+#[allow(clippy::too_many_arguments)]
 pub fn forward<A: Act>(
     exec: &Exec,
     mode: LossMode,
@@ -77,17 +94,10 @@ pub fn forward<A: Act>(
     w: &BufferView<'_, f32>,
     targets: &[i32],
     (d, v): (usize, usize),
-    divisor: Option<usize>,
+    norm: LossNorm,
 ) -> Result<HeadActs> {
     let st = exec.stream();
     let t = targets.len();
-    let n = count(targets);
-    // A given divisor is positive (the pass checks): Divisor(n) with n the batch's own count
-    // is the same arithmetic as Mean.
-    let (norm, div) = match divisor {
-        None => (LossNorm::Mean, n),
-        Some(k) => (LossNorm::Divisor(k as f64), k),
-    };
     match mode {
         LossMode::Full => {
             let mut logits = exec.empty(&[t, v])?;
@@ -101,10 +111,12 @@ pub fn forward<A: Act>(
                 loss: ce.loss,
                 sum: ce.sum,
                 targets: ce.count,
-                divisor: div,
+                norm,
             })
         }
         LossMode::Chunked(rows) => {
+            let n = count(targets);
+            let div = divisor(norm, n)?;
             let mut sum = 0.0;
             if n > 0 {
                 let mut buf = exec.empty::<f32>(&[rows.min(t), v])?;
@@ -112,7 +124,7 @@ pub fn forward<A: Act>(
                     let mut logits = buf.rows_mut(0..r.len())?;
                     let x = xf.rows(r.clone())?;
                     linear(st, &mut logits, &x, w, d, v)?;
-                    let norm = LossNorm::Divisor(div as f64);
+                    let norm = LossNorm::Divisor(div);
                     let lab = &targets[r];
                     let ce = ops::cross_entropy(st, &logits.as_view(), lab, v, None, norm)?;
                     sum += ce.sum;
@@ -121,10 +133,10 @@ pub fn forward<A: Act>(
             Ok(HeadActs {
                 logits: None,
                 dlogits: None,
-                loss: if n > 0 { sum / div as f64 } else { 0.0 },
+                loss: if n > 0 { sum / div } else { 0.0 },
                 sum,
                 targets: n,
-                divisor: div,
+                norm,
             })
         }
     }
@@ -157,15 +169,17 @@ pub fn backward<A: Act>(
             v,
         ),
         (LossMode::Chunked(rows), _) => {
-            if count(targets) == 0 {
+            let n = count(targets);
+            if n == 0 {
                 return Ok(());
             }
+            let div = divisor(h.norm, n)?;
             let mut buf = exec.empty::<f32>(&[rows.min(targets.len()), v])?;
             for r in chunks(targets, rows) {
                 let mut logits = buf.rows_mut(0..r.len())?;
                 let x = xf.rows(r.clone())?;
                 linear(st, &mut logits, &x, w, d, v)?;
-                let norm = LossNorm::Divisor(h.divisor as f64);
+                let norm = LossNorm::Divisor(div);
                 ops::cross_entropy_in_place(st, &mut logits, &targets[r.clone()], v, norm)?;
                 let dx = Some(dxf.rows_mut(r)?);
                 let dwv = dw

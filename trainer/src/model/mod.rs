@@ -35,6 +35,7 @@ pub mod block;
 pub mod config;
 pub mod exec;
 pub mod head;
+pub mod init;
 pub mod memory;
 pub mod mistral;
 pub mod ops;
@@ -42,6 +43,7 @@ pub mod optim;
 pub mod params;
 pub mod pixtral;
 pub mod projector;
+pub mod save;
 pub mod source;
 pub mod weights;
 
@@ -54,6 +56,7 @@ pub use params::{Grads, ParamLayout, Params, Part};
 pub use source::{GradSink, GroupWeights, ParamSource, PassPlan};
 pub use weights::WeightsError;
 
+use cannon_kernels::cross_entropy::LossNorm;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::comm::CommError;
 use cannon_runtime::{BufferView, MemoryStats};
@@ -108,7 +111,8 @@ impl<A: cannon_runtime::Element> ForwardActs<A> {
         self.projector.as_ref().map(|p| &p.out)
     }
 
-    /// Mean loss over the targets.
+    /// The loss: summed over the targets, divided as the forward was asked (the mean by
+    /// default).
     pub fn loss(&self) -> f64 {
         self.head.loss
     }
@@ -220,13 +224,28 @@ impl Mistral3 {
             exec: &self.exec,
             loss_mode: self.loss_mode,
             params: &self.params,
-            loss_divisor: None,
+            loss_norm: LossNorm::Mean,
         }
     }
 
-    /// Forward through vision, projector, splice, decoder, lm_head and the loss.
+    /// Forward through vision, projector, splice, decoder, lm_head and the mean loss.
     pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
         self.pass().forward(batch)
+    }
+
+    /// [`Mistral3::forward`] with the summed loss divided as `norm` says: `Divisor(n)` with the
+    /// trained targets of a whole optimizer step makes the backward of each micro batch its
+    /// share of that step's mean-loss gradient (gradient accumulation).
+    pub fn forward_norm<A: Act>(
+        &self,
+        batch: &Batch,
+        norm: LossNorm,
+    ) -> Result<ForwardActs<A>, ModelError> {
+        Pass {
+            loss_norm: norm,
+            ..self.pass()
+        }
+        .forward(batch)
     }
 
     /// Backward of the mean loss: accumulates into the groups of `grads` that exist and, if
@@ -268,10 +287,10 @@ pub struct Pass<'a> {
     pub exec: &'a Exec,
     pub loss_mode: LossMode,
     pub params: &'a dyn ParamSource,
-    /// What the summed loss is divided by: None, the batch's own trained targets (the mean
-    /// over the batch); `Some(n)`, the trained targets of every micro batch on every rank of
-    /// the optimizer step, so that the summed gradients are the gradient of the step's mean.
-    pub loss_divisor: Option<usize>,
+    /// What the summed loss is divided by: `Mean`, the batch's own trained targets;
+    /// `Divisor(n)`, the trained targets of every micro batch on every rank of the optimizer
+    /// step, so that the summed gradients are the gradient of the step's mean.
+    pub loss_norm: LossNorm,
 }
 
 impl Pass<'_> {
@@ -292,9 +311,6 @@ impl Pass<'_> {
         if let LossMode::Chunked(0) = self.loss_mode {
             return Err(ModelError::Input("loss chunk size must be > 0".into()));
         }
-        if self.loss_divisor == Some(0) {
-            return Err(ModelError::Input("the loss divisor must be > 0".into()));
-        }
         let (vision, projector) = if batch.images.is_empty() {
             (None, None)
         } else {
@@ -314,7 +330,7 @@ impl Pass<'_> {
         let targets = batch.targets();
         let w = head_view(params.layout(), &head_w)?.lm_head;
         let dv = (t.hidden_size, t.vocab_size);
-        let norm = self.loss_divisor;
+        let norm = self.loss_norm;
         let head = head::forward(ex, self.loss_mode, &text.xf, &w, &targets, dv, norm)?;
         drop(head_w);
         Ok(ForwardActs {

@@ -1,9 +1,22 @@
-//! Training: K optimizer steps of the Mistral3 model on a batch.
+//! Training: the loop of `cannon train` and the steps it is made of.
 //!
-//! Today this is the loop `cannon verify` checks against the reference fixture's
-//! `train.*` rows ([`train_steps`]: forward, backward, global-norm clipping, AdamW); the
-//! `cannon train` subcommand (data loader, schedule, checkpoints) will be built on it.
+//! - [`step`]: one optimizer step's pieces: [`accumulate`] (micro batches into one step's
+//!   gradients, the loss normalised over all their targets) and [`train_steps`] (K AdamW
+//!   steps on one batch, what `cannon verify` checks against the reference fixture).
+//! - [`schedule`]: warm-up + cosine or constant learning rate.
+//! - [`run`]: the run: a config resolved into paths ([`run::RunPlan`]), the state a checkpoint
+//!   holds ([`run::TrainState`]), the loop ([`run::Trainer::run`]) with a hook after every
+//!   step ([`run::StepHook`]), the final evaluation.
+//! - [`metrics`], [`flops`], [`identity`], [`sha256`]: what a run reports and records.
 
+pub mod flops;
+pub mod identity;
+pub mod metrics;
+pub mod run;
+pub mod schedule;
+pub mod sha256;
 pub mod step;
 
-pub use step::{train_steps, StepLog, TrainSettings};
+pub use run::{RunPlan, RunSummary, StepHook, TrainError, TrainState, Trainer};
+pub use schedule::LrSchedule;
+pub use step::{accumulate, train_steps, Accumulated, StepLog, TrainSettings};

@@ -56,3 +56,44 @@ pub fn train_steps<A: Act>(
     }
     Ok(log)
 }
+
+/// What [`accumulate`] measured over the micro batches of one optimizer step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Accumulated {
+    /// Mean loss over every trained target of the step.
+    pub loss: f64,
+    /// Trained targets of the step (the divisor of every micro batch's summed loss).
+    pub targets: usize,
+}
+
+/// Forward and backward of the micro batches of one optimizer step into `grads` (which the
+/// caller zeroed), each micro batch's summed loss divided by the trained targets of *all* of
+/// them, as transformers does with `num_items_in_batch`: the gradients are those of one batch
+/// holding every row of every micro batch, whatever their split, and so is the loss. A step
+/// whose micro batches hold no trained target adds nothing (loss 0, no target).
+pub fn accumulate<A: Act>(
+    model: &Mistral3,
+    micro: &[Batch],
+    grads: &mut crate::model::Grads,
+) -> Result<Accumulated, ModelError> {
+    let targets: usize = micro
+        .iter()
+        .map(|b| {
+            b.targets()
+                .iter()
+                .filter(|&&t| t != cannon_kernels::cross_entropy::IGNORE_INDEX)
+                .count()
+        })
+        .sum();
+    if targets == 0 {
+        return Ok(Accumulated { loss: 0.0, targets });
+    }
+    let norm = cannon_kernels::cross_entropy::LossNorm::Divisor(targets as f64);
+    let mut loss = 0.0;
+    for b in micro {
+        let acts = model.forward_norm::<A>(b, norm)?;
+        model.backward(b, &acts, grads, None)?;
+        loss += acts.loss();
+    }
+    Ok(Accumulated { loss, targets })
+}

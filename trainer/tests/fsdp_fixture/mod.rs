@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use cannon_kernels::cross_entropy::IGNORE_INDEX;
+use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
 use cannon_runtime::rng::SplitMix64;
 use cannon_trainer::batch::{Batch, Images};
 use cannon_trainer::fsdp::{run_cpu_ranks, FsdpRank, FsdpSettings, ShardState, StepStats};
@@ -222,7 +222,7 @@ pub fn run_unsharded(
                 exec: &exec,
                 loss_mode: s.loss_mode,
                 params: &params,
-                loss_divisor: Some(count),
+                loss_norm: LossNorm::Divisor(count as f64),
             };
             let acts = pass.forward::<f32>(b).unwrap();
             pass.backward(b, &acts, &mut grads, None).unwrap();

@@ -1,0 +1,235 @@
+//! `cannon train [--config FILE.toml] [--set section.key=value ...] [--dry-run]`: the
+//! project's main job (see [`crate::train::run`] and [`crate::config`]).
+//!
+//! With no arguments it trains the built-in tiny Mistral3 on the synthetic shapes set on the
+//! CPU and ends with the held-out accuracy per question type. Exit codes: 0 done (and, for the
+//! built-in default, the accuracy bar met), 1 the default run finished below its accuracy
+//! bar, 2 unusable config or input, or a failure during the run.
+
+use crate::config::TrainConfig;
+use crate::data::dataset::DataSet;
+use crate::data::Tekken;
+use crate::model::{weights, Exec, ParamLayout};
+use crate::train::run::{self, image_config, model_config, ModelSource, RunPlan};
+use crate::train::{TrainError, Trainer};
+use clap::Args;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Args, Debug, Clone)]
+pub struct TrainArgs {
+    /// TOML run config ([model], [data], [train], [parallel], [checkpoint], [log]); without
+    /// it, the built-in tiny default.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override one key: `--set train.lr=1e-3 --set data.packing=true` (checked like the file).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Check config, data, tokenizer and weights, print the resolved config and the command,
+    /// and exit without training.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The command line as typed (less `--dry-run`: the command that trains), quoted for a POSIX
+/// shell.
+pub fn command_line() -> String {
+    std::env::args()
+        .filter(|a| a != "--dry-run")
+        .map(|a| {
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+            {
+                a
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub fn run(args: TrainArgs) -> ExitCode {
+    let cfg = match TrainConfig::load(args.config.as_deref(), &args.sets) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannon train: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if run::wants_resume(&cfg) {
+        eprintln!(
+            "cannon train: checkpoint.resume: resuming from a checkpoint is not available in \
+             this build yet (checkpoint loading lands separately); set checkpoint.resume = false"
+        );
+        return ExitCode::from(2);
+    }
+    let plan = match RunPlan::resolve(cfg, args.config.as_deref()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("cannon train: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.dry_run {
+        return match dry_run(&plan) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cannon train --dry-run: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    match train(plan) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cannon train: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn print_config(plan: &RunPlan) {
+    println!("# effective config");
+    print!("{}", plan.effective().to_toml());
+}
+
+fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
+    let default_run = plan.cfg.data.dataset.is_none() && plan.cfg.is_preset();
+    print_config(&plan);
+    println!("# command: {}", command_line());
+    let mut trainer = Trainer::new(plan, Exec::cpu())?;
+    let st = &trainer.state;
+    let layout = &st.model.params.layout;
+    let trained: usize = layout
+        .groups
+        .iter()
+        .filter(|g| st.trainable.contains(&g.part))
+        .map(|g| g.len)
+        .sum();
+    eprintln!(
+        "model {:?}: {} parameters, {} trained ({:?}); {} samples ({} dropped by truncation, {} \
+         bad lines); {} steps of {} x {} rows; GEMM peak {:.1} GFLOP/s ({})",
+        match &trainer.plan.model {
+            ModelSource::Preset(n, _) => n.clone(),
+            ModelSource::Dir(d) => d.display().to_string(),
+        },
+        layout.num_params(),
+        trained,
+        st.trainable,
+        trainer.loader.stats().samples,
+        trainer.loader.stats().dropped_truncated,
+        trainer.loader.stats().bad_lines,
+        st.total_steps,
+        trainer.plan.cfg.train.grad_accum,
+        trainer.plan.cfg.train.micro_batch,
+        trainer.gemm_peak / 1e9,
+        trainer.plan.cfg.train.dtype.name(),
+    );
+    eprintln!("run folder: {}", trainer.plan.out_dir.display());
+    let summary = trainer.run(&mut [])?;
+    let mean_last = {
+        let n = summary.losses.len().min(50);
+        summary.losses[summary.losses.len() - n..]
+            .iter()
+            .sum::<f64>()
+            / n.max(1) as f64
+    };
+    println!(
+        "trained {} steps in {} (mean loss of the last {} steps {:.4}); metrics: {}; final \
+         model: {}",
+        summary.steps,
+        crate::train::metrics::clock(summary.wall_s),
+        summary.losses.len().min(50),
+        mean_last,
+        trainer.plan.jsonl.display(),
+        summary.final_model.display()
+    );
+    let Some(rep) = summary.eval else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    println!("held-out greedy answers ({} samples):", rep.samples);
+    print!("{}", rep.table());
+    if rep.meets_targets() {
+        println!("every question type is at or above its target (error <= chance's / 3)");
+        Ok(ExitCode::SUCCESS)
+    } else if default_run {
+        println!(
+            "below the target on some question type: the built-in default did not learn enough"
+        );
+        Ok(ExitCode::from(1))
+    } else {
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Checks what a run would read, prints the resolved config and the command.
+fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
+    let cfg = &plan.cfg;
+    let tok = Tekken::from_file(&plan.tokenizer, cfg.data.vocab_size)?;
+    println!(
+        "# tokenizer {}: vocabulary {}",
+        plan.tokenizer.display(),
+        tok.vocab_size()
+    );
+    let (mcfg, _) = model_config(&plan.model, &tok)?;
+    let layout = ParamLayout::new(&mcfg);
+    println!("# model: {} parameters", layout.num_params());
+    match &cfg.model.weights {
+        Some(dir) => {
+            weights::load_host(dir, &layout).map_err(crate::model::ModelError::from)?;
+            println!(
+                "# weights {}: every tensor present, shapes match",
+                dir.display()
+            );
+        }
+        None => println!(
+            "# weights: random initialisation (model.seed = {})",
+            cfg.model.seed
+        ),
+    }
+    let image = image_config(&mcfg, cfg.data.longest_edge);
+    let settings = crate::data::dataset::SampleSettings {
+        max_len: cfg.data.max_len,
+        system_prompt: cfg.data.system_prompt.as_deref(),
+        image: &image,
+    };
+    let sets: Vec<(&str, &PathBuf)> = std::iter::once(("dataset", &plan.dataset))
+        .chain(plan.eval_dataset.iter().map(|p| ("eval_dataset", p)))
+        .collect();
+    for (role, path) in sets {
+        if let Some(s) = &plan.synth {
+            println!(
+                "# {role} {}: the synthetic set ({} samples) will be made in {} on the first run",
+                path.display(),
+                s.samples,
+                s.dir.display()
+            );
+            continue;
+        }
+        let ds = DataSet::read(path, &tok, &settings)?;
+        let st = &ds.stats;
+        println!(
+            "# {role} {}: {} samples, {} tokens, {} images, {} dropped by truncation, {} bad lines",
+            path.display(),
+            st.samples,
+            st.tokens,
+            st.images,
+            st.dropped_truncated,
+            st.bad_lines
+        );
+        if let Some(e) = ds.bad.first() {
+            println!("#   first bad line: {e}");
+        }
+        if st.samples == 0 {
+            return Err(TrainError::Input(format!(
+                "{}: no usable sample",
+                path.display()
+            )));
+        }
+    }
+    print_config(plan);
+    println!("# command: {}", command_line());
+    Ok(())
+}

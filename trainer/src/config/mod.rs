@@ -1,0 +1,703 @@
+//! The run configuration of `cannon train`: a TOML file in sections, as MindSpeed-MM's YAML
+//! recipes are laid out, every key optional (the defaults are the built-in tiny run).
+//!
+//! ```toml
+//! [model]
+//! config = "tiny"            # a built-in preset, or an HF model directory (config.json)
+//! # weights = "path/to/dir"  # safetensors (sharded or not); absent: random init from `seed`
+//! seed = 0
+//! # freeze = ["vision", "projector"]   # default: these two for an HF model, nothing for a preset
+//!
+//! [data]
+//! # dataset = "train.jsonl"  # absent: the synthetic shapes set, made in the cache folder
+//! # eval_dataset = "heldout.jsonl"
+//! # tokenizer = "tekken.json"
+//! vocab_size = 1280
+//! max_len = 512
+//! packing = false
+//! longest_edge = 112
+//!
+//! [train]
+//! micro_batch = 64
+//! grad_accum = 1
+//! steps = 2500               # or epochs = 2.0
+//! lr = 2e-3
+//! schedule = "cosine"        # or "constant"
+//! warmup_steps = 50
+//! min_lr = 2e-4
+//! weight_decay = 0.0
+//! betas = [0.9, 0.95]
+//! eps = 1e-8
+//! max_grad_norm = 1.0
+//! seed = 42
+//! dtype = "f32"              # or "bf16"
+//!
+//! [parallel]
+//! nproc = 1
+//! fsdp = true
+//!
+//! [checkpoint]
+//! # dir = "runs/x/checkpoints"
+//! every = 0                  # steps between checkpoints, 0: none
+//! keep_last = 2
+//! resume = false             # true: the newest checkpoint in `dir`; or a checkpoint's path
+//!
+//! [log]
+//! # dir = "runs/x"           # the run's output folder; absent: runs/<date>-<time>
+//! # jsonl = "runs/x/metrics.jsonl"
+//! every = 1
+//! ```
+//!
+//! Unknown sections and keys are errors that name them (serde `deny_unknown_fields`), and so
+//! is every value out of its range ([`TrainConfig::validate`]: `train.lr = -1: must be > 0`).
+//! `--set section.key=value` overrides go through the same parsing and the same checks
+//! ([`TrainConfig::load`]).
+
+pub mod preset;
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// A configuration that cannot be used. Every variant names the file or the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("--set {arg}: {reason}")]
+    Override { arg: String, reason: String },
+    #[error("{key} = {value}: {reason}")]
+    Invalid {
+        key: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+/// `[model]`: what model, from which weights, and what of it trains.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// A built-in preset name ([`preset::PRESETS`]) or an HF model directory holding
+    /// `config.json` (write `./tiny` for a directory that shares a preset's name).
+    pub config: String,
+    /// Directory of safetensors weights (single or sharded, f32 or bf16); absent: random
+    /// initialisation from `seed`.
+    pub weights: Option<PathBuf>,
+    /// Seed of the random initialisation.
+    pub seed: u64,
+    /// Parts that do not train: any of "vision", "projector", "text". Absent: vision and
+    /// projector for an HF model (the usual fine-tuning recipe), nothing for a preset (its
+    /// weights are random, so every part has to learn).
+    pub freeze: Option<Vec<FreezePart>>,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            config: "tiny".into(),
+            weights: None,
+            seed: 0,
+            freeze: None,
+        }
+    }
+}
+
+/// A part of the model that can be frozen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FreezePart {
+    Vision,
+    Projector,
+    Text,
+}
+
+impl From<FreezePart> for crate::model::Part {
+    fn from(p: FreezePart) -> Self {
+        match p {
+            FreezePart::Vision => crate::model::Part::Vision,
+            FreezePart::Projector => crate::model::Part::Projector,
+            FreezePart::Text => crate::model::Part::Text,
+        }
+    }
+}
+
+/// `[data]`: what is read and how samples are shaped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataSection {
+    /// Training set (JSONL conversations with images); absent: the synthetic shapes set,
+    /// generated into the cache folder on first use.
+    pub dataset: Option<PathBuf>,
+    /// Held-out set the final evaluation scores; absent: the synthetic set's `heldout.jsonl`
+    /// when training on the default, no evaluation otherwise.
+    pub eval_dataset: Option<PathBuf>,
+    /// `tekken.json`; absent: the project's `../shared/tokenizers/tekken_240911.json`.
+    pub tokenizer: Option<PathBuf>,
+    /// Truncated vocabulary (the model's vocabulary for a preset); absent: the tokenizer's.
+    pub vocab_size: Option<u32>,
+    /// Longest sample (and packed row) in tokens.
+    pub max_len: usize,
+    /// Pack several samples per row instead of one padded sample per row.
+    pub packing: bool,
+    /// Images are resized so that their longest edge is at most this many pixels.
+    pub longest_edge: u32,
+    /// Samples of the synthetic set made for the default run (one in ten held out).
+    pub synth_samples: usize,
+    /// System prompt for samples that bring none.
+    pub system_prompt: Option<String>,
+}
+
+impl Default for DataSection {
+    fn default() -> Self {
+        DataSection {
+            dataset: None,
+            eval_dataset: None,
+            tokenizer: None,
+            vocab_size: Some(1280),
+            max_len: 512,
+            packing: false,
+            longest_edge: 112,
+            synth_samples: 40_000,
+            system_prompt: None,
+        }
+    }
+}
+
+/// The learning-rate schedule after warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// Half a cosine from `lr` down to `min_lr` at the last step.
+    Cosine,
+    /// `lr` throughout.
+    Constant,
+}
+
+/// Precision of the activations: f32, or bf16 autocast (f32 master weights and gradients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    F32,
+    Bf16,
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// `[train]`: the optimisation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainSection {
+    /// Rows per forward/backward pass.
+    pub micro_batch: usize,
+    /// Micro batches per optimizer step (the loss is normalised over all their targets).
+    pub grad_accum: usize,
+    /// Optimizer steps; exactly one of `steps` and `epochs` is given.
+    pub steps: Option<usize>,
+    /// Passes over the training set, converted to steps once its size is known.
+    pub epochs: Option<f64>,
+    /// Peak learning rate.
+    pub lr: f64,
+    pub schedule: Schedule,
+    /// Steps of linear warm-up from `lr / warmup_steps` to `lr`.
+    pub warmup_steps: usize,
+    /// Learning rate at the end of the cosine.
+    pub min_lr: f64,
+    pub weight_decay: f64,
+    pub betas: [f64; 2],
+    pub eps: f64,
+    /// Global gradient norm clip; 0 measures the norm without clipping.
+    pub max_grad_norm: f64,
+    /// Seed of the data order.
+    pub seed: u64,
+    pub dtype: Dtype,
+    /// Rows per forward pass of the final evaluation.
+    pub eval_batch: usize,
+}
+
+impl Default for TrainSection {
+    fn default() -> Self {
+        TrainSection {
+            micro_batch: 64,
+            grad_accum: 1,
+            steps: None,
+            epochs: None,
+            lr: 2e-3,
+            schedule: Schedule::Cosine,
+            warmup_steps: 50,
+            min_lr: 2e-4,
+            weight_decay: 0.0,
+            betas: [0.9, 0.95],
+            eps: 1e-8,
+            max_grad_norm: 1.0,
+            seed: 42,
+            dtype: Dtype::F32,
+            eval_batch: 32,
+        }
+    }
+}
+
+/// Steps of the default run when neither `steps` nor `epochs` is given.
+pub const DEFAULT_STEPS: usize = 2500;
+
+/// `[parallel]`: ranks and sharding.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ParallelSection {
+    /// Ranks (CPU threads today, NPUs with HCCL later).
+    pub nproc: usize,
+    /// Shard parameters, gradients and optimizer state over the ranks (ZeRO-3).
+    pub fsdp: bool,
+}
+
+impl Default for ParallelSection {
+    fn default() -> Self {
+        ParallelSection {
+            nproc: 1,
+            fsdp: true,
+        }
+    }
+}
+
+/// Which checkpoint a run resumes from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Resume {
+    /// `false`: start fresh; `true`: the newest checkpoint in `checkpoint.dir`.
+    Latest(bool),
+    /// A checkpoint directory.
+    Path(PathBuf),
+}
+
+impl<'de> Deserialize<'de> for Resume {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Resume;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false or a checkpoint directory")
+            }
+            fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<Resume, E> {
+                Ok(Resume::Latest(b))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Resume, E> {
+                Ok(Resume::Path(PathBuf::from(s)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `[checkpoint]`: saving and resuming.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CheckpointSection {
+    /// Where checkpoints go; absent: `<log.dir>/checkpoints`.
+    pub dir: Option<PathBuf>,
+    /// Steps between checkpoints; 0 saves none.
+    pub every: usize,
+    /// Checkpoints kept (older ones are pruned); at least 1.
+    pub keep_last: usize,
+    pub resume: Resume,
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        CheckpointSection {
+            dir: None,
+            every: 0,
+            keep_last: 2,
+            resume: Resume::Latest(false),
+        }
+    }
+}
+
+/// `[log]`: where the run's records go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSection {
+    /// The run's output folder (config.toml, metrics, run_identity.json, checkpoints);
+    /// absent: `runs/<UTC date>-<time>` under the working directory.
+    pub dir: Option<PathBuf>,
+    /// Per-step metrics; absent: `<dir>/metrics.jsonl`.
+    pub jsonl: Option<PathBuf>,
+    /// Steps between metric records (and plain log lines); the last step is always written.
+    pub every: usize,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        LogSection {
+            dir: None,
+            jsonl: None,
+            every: 1,
+        }
+    }
+}
+
+/// The whole configuration of a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    pub model: ModelSection,
+    pub data: DataSection,
+    pub train: TrainSection,
+    pub parallel: ParallelSection,
+    pub checkpoint: CheckpointSection,
+    pub log: LogSection,
+}
+
+/// The sections, in file order.
+pub const SECTIONS: [&str; 6] = ["model", "data", "train", "parallel", "checkpoint", "log"];
+
+impl TrainConfig {
+    /// Reads `file` (None: the defaults), applies the `--set section.key=value` overrides in
+    /// order and validates the result.
+    pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Self, ConfigError> {
+        let (mut table, origin) = match file {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Io {
+                    path: p.to_path_buf(),
+                    source,
+                })?;
+                (
+                    parse_table(&text, &p.display().to_string())?,
+                    p.display().to_string(),
+                )
+            }
+            None => (toml::Table::new(), "the built-in defaults".to_string()),
+        };
+        // Parse the file alone first, so that its own mistakes are reported against it.
+        from_table(table.clone(), &origin)?;
+        for arg in sets {
+            apply_override(&mut table, arg)?;
+        }
+        let origin = if sets.is_empty() {
+            origin
+        } else {
+            format!("{origin} with --set overrides")
+        };
+        let cfg = from_table(table, &origin)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses and validates a TOML document.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let cfg = from_table(parse_table(text, "<string>")?, "<string>")?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The configuration as TOML (what `config.toml` in the run folder holds); reading it back
+    /// gives the same configuration.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot write the config: {e}\n"))
+    }
+
+    /// Values out of range, inconsistent combinations and what is not wired yet, each error
+    /// naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let m = &self.model;
+        let d = &self.data;
+        let t = &self.train;
+        if m.config.trim().is_empty() {
+            return invalid("model.config", "\"\"", "must name a preset or a directory");
+        }
+        if let Some(v) = d.vocab_size {
+            if v == 0 {
+                return invalid("data.vocab_size", v, "must be > 0");
+            }
+        }
+        positive("data.max_len", d.max_len)?;
+        positive("data.longest_edge", d.longest_edge as usize)?;
+        if d.synth_samples < 20 {
+            return invalid(
+                "data.synth_samples",
+                d.synth_samples,
+                "must be >= 20 (one in ten is held out)",
+            );
+        }
+        positive("train.micro_batch", t.micro_batch)?;
+        positive("train.grad_accum", t.grad_accum)?;
+        positive("train.eval_batch", t.eval_batch)?;
+        match (t.steps, t.epochs) {
+            (Some(_), Some(_)) => {
+                return invalid(
+                    "train.epochs",
+                    t.epochs.unwrap_or_default(),
+                    "give either train.steps or train.epochs, not both",
+                )
+            }
+            (Some(0), _) => return invalid("train.steps", 0, "must be > 0"),
+            (_, Some(e)) if !(e > 0.0 && e.is_finite()) => {
+                return invalid("train.epochs", e, "must be > 0")
+            }
+            _ => {}
+        }
+        finite_positive("train.lr", t.lr)?;
+        if !(t.min_lr >= 0.0 && t.min_lr.is_finite()) {
+            return invalid("train.min_lr", t.min_lr, "must be >= 0");
+        }
+        if t.min_lr > t.lr {
+            return invalid(
+                "train.min_lr",
+                t.min_lr,
+                format!("must be <= train.lr ({})", t.lr),
+            );
+        }
+        if !(t.weight_decay >= 0.0 && t.weight_decay.is_finite()) {
+            return invalid("train.weight_decay", t.weight_decay, "must be >= 0");
+        }
+        for (i, b) in t.betas.iter().enumerate() {
+            if !(0.0..1.0).contains(b) {
+                return invalid(
+                    "train.betas",
+                    format!("{:?}", t.betas),
+                    format!("beta{} = {b} must be in [0, 1)", i + 1),
+                );
+            }
+        }
+        finite_positive("train.eps", t.eps)?;
+        if !(t.max_grad_norm >= 0.0 && t.max_grad_norm.is_finite()) {
+            return invalid(
+                "train.max_grad_norm",
+                t.max_grad_norm,
+                "must be >= 0 (0: no clipping)",
+            );
+        }
+        positive("parallel.nproc", self.parallel.nproc)?;
+        if self.parallel.nproc > 1 {
+            return invalid(
+                "parallel.nproc",
+                self.parallel.nproc,
+                "more than one rank is not wired into `cannon train` yet (the FSDP engine \
+                 lands separately); use 1",
+            );
+        }
+        let c = &self.checkpoint;
+        positive("checkpoint.keep_last", c.keep_last)?;
+        if let Resume::Path(p) = &c.resume {
+            if p.as_os_str().is_empty() {
+                return invalid(
+                    "checkpoint.resume",
+                    "\"\"",
+                    "must be a checkpoint directory",
+                );
+            }
+        }
+        positive("log.every", self.log.every)?;
+        Ok(())
+    }
+
+    /// The frozen parts: as configured, or the default of the model source.
+    pub fn frozen(&self) -> Vec<crate::model::Part> {
+        match &self.model.freeze {
+            Some(list) => list.iter().map(|&p| p.into()).collect(),
+            None if self.is_preset() => Vec::new(),
+            None => vec![crate::model::Part::Vision, crate::model::Part::Projector],
+        }
+    }
+
+    /// True when `model.config` names a built-in preset.
+    pub fn is_preset(&self) -> bool {
+        preset::sizes(&self.model.config).is_some()
+    }
+}
+
+fn invalid<T>(
+    key: &'static str,
+    value: impl ToString,
+    reason: impl Into<String>,
+) -> Result<T, ConfigError> {
+    Err(ConfigError::Invalid {
+        key,
+        value: value.to_string(),
+        reason: reason.into(),
+    })
+}
+
+fn positive(key: &'static str, v: usize) -> Result<(), ConfigError> {
+    if v == 0 {
+        return invalid(key, v, "must be > 0");
+    }
+    Ok(())
+}
+
+fn finite_positive(key: &'static str, v: f64) -> Result<(), ConfigError> {
+    if !(v > 0.0 && v.is_finite()) {
+        return invalid(key, v, "must be > 0");
+    }
+    Ok(())
+}
+
+fn parse_table(text: &str, origin: &str) -> Result<toml::Table, ConfigError> {
+    text.parse::<toml::Table>().map_err(|e| ConfigError::Parse {
+        origin: origin.to_string(),
+        message: e.to_string().trim_end().to_string(),
+    })
+}
+
+/// Deserializes one section at a time, so that an error names its section as well as the key
+/// serde reports (serde's messages name the field but not where it sits).
+fn from_table(table: toml::Table, origin: &str) -> Result<TrainConfig, ConfigError> {
+    let err = |message: String| ConfigError::Parse {
+        origin: origin.to_string(),
+        message,
+    };
+    for (name, value) in &table {
+        if !SECTIONS.contains(&name.as_str()) {
+            return Err(err(format!(
+                "unknown section [{name}] (sections: {})",
+                SECTIONS.join(", ")
+            )));
+        }
+        if !value.is_table() {
+            return Err(err(format!("[{name}] must be a table of keys")));
+        }
+    }
+    fn section<T: serde::de::DeserializeOwned + Default>(
+        table: &toml::Table,
+        name: &str,
+    ) -> Result<T, String> {
+        match table.get(name) {
+            None => Ok(T::default()),
+            Some(v) => v
+                .clone()
+                .try_into::<T>()
+                .map_err(|e| name_the_key(name, e.to_string().trim_end())),
+        }
+    }
+    Ok(TrainConfig {
+        model: section(&table, "model").map_err(err)?,
+        data: section(&table, "data").map_err(err)?,
+        train: section(&table, "train").map_err(err)?,
+        parallel: section(&table, "parallel").map_err(err)?,
+        checkpoint: section(&table, "checkpoint").map_err(err)?,
+        log: section(&table, "log").map_err(err)?,
+    })
+}
+
+/// Rewrites serde's message about a key of `[section]` so that it starts with the dotted key:
+/// toml reports a bad value as "message\nin `key`" and an unknown key as "unknown field `key`,
+/// expected one of ...".
+fn name_the_key(section: &str, msg: &str) -> String {
+    if let Some(rest) = msg.strip_prefix("unknown field `") {
+        if let Some((key, expected)) = rest.split_once('`') {
+            let expected = expected.trim_start_matches(',').trim();
+            return format!("{section}.{key}: unknown key ({expected})");
+        }
+    }
+    if let Some((what, key)) = msg.rsplit_once("\nin `") {
+        let key = key.trim_end_matches('`');
+        return format!("{section}.{key}: {}", what.trim());
+    }
+    format!("[{section}]: {msg}")
+}
+
+/// Applies one `section.key=value`: the value is read as a TOML value (`3e-4`, `true`,
+/// `[0.9, 0.95]`, `"text"`), and as a plain string when it is not one (`data.dataset=a/b.json`).
+fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
+    let bad = |reason: String| ConfigError::Override {
+        arg: arg.to_string(),
+        reason,
+    };
+    let (key, raw) = arg
+        .split_once('=')
+        .ok_or_else(|| bad("expected section.key=value".into()))?;
+    let (sec, field) = key
+        .trim()
+        .split_once('.')
+        .ok_or_else(|| bad("the key must be section.key, e.g. train.lr".into()))?;
+    if !SECTIONS.contains(&sec) {
+        return Err(bad(format!(
+            "unknown section {sec:?} (sections: {})",
+            SECTIONS.join(", ")
+        )));
+    }
+    if field.is_empty() || field.contains('.') {
+        return Err(bad("the key must be section.key, e.g. train.lr".into()));
+    }
+    let raw = raw.trim();
+    let value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let entry = table
+        .entry(sec.to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let toml::Value::Table(section) = entry else {
+        return Err(bad(format!("[{sec}] is not a table in the config file")));
+    };
+    section.insert(field.to_string(), value);
+    Ok(())
+}
+
+/// Where the built-in defaults look for the project's shared folder: `../shared` of the
+/// working directory (a checkout run from its root), then of the source tree this binary was
+/// built from.
+pub fn shared_candidates() -> Vec<PathBuf> {
+    vec![
+        PathBuf::from("../shared"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
+    ]
+}
+
+/// The Tekken file of the project's shared folder.
+pub const SHARED_TOKENIZER: &str = "tokenizers/tekken_240911.json";
+
+/// The default tokenizer: the first `<shared>/tokenizers/tekken_240911.json` that exists, or
+/// an error listing where it looked.
+pub fn default_tokenizer() -> Result<PathBuf, ConfigError> {
+    let tried: Vec<PathBuf> = shared_candidates()
+        .into_iter()
+        .map(|s| s.join(SHARED_TOKENIZER))
+        .collect();
+    if let Some(p) = tried.iter().find(|p| p.is_file()) {
+        return Ok(p.clone());
+    }
+    let list: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+    Err(ConfigError::Invalid {
+        key: "data.tokenizer",
+        value: "(default)".into(),
+        reason: format!(
+            "the built-in default uses the Tekken tokenizer of the project's shared folder \
+             (../shared beside the checkout), which is missing: looked for {}. Set \
+             data.tokenizer to a tekken.json",
+            list.join(" and ")
+        ),
+    })
+}
+
+/// The cache folder of generated data: `$CANNON_CACHE`, else `$XDG_CACHE_HOME/cannon`, else
+/// `~/.cache/cannon`, else `./.cannon-cache`.
+pub fn cache_dir() -> PathBuf {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(p) = var("CANNON_CACHE") {
+        return p;
+    }
+    if let Some(p) = var("XDG_CACHE_HOME") {
+        return p.join("cannon");
+    }
+    if let Some(p) = var("HOME") {
+        return p.join(".cache").join("cannon");
+    }
+    PathBuf::from(".cannon-cache")
+}

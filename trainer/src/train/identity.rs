@@ -1,0 +1,107 @@
+//! `run_identity.json`: what a run was made of, so that two runs can be told apart or shown to
+//! be the same: the source revision the binary was built from (`git describe` at build time),
+//! the versions, SHA-256 of every input file (dataset, held-out set, tokenizer, config, weights),
+//! the command line, the machine, and the environment variables that change behaviour.
+
+use super::sha256::sha256_file;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// `git describe --always --dirty --tags` of the trainer's sources at build time, or
+/// "unknown" when the build had no git.
+pub const SOURCE_REVISION: &str = env!("CANNON_GIT_DESCRIBE");
+/// The compiler that built this binary.
+pub const RUSTC_VERSION: &str = env!("CANNON_RUSTC_VERSION");
+/// The workspace version (every cannon crate shares it).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// One input file and its digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileDigest {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+impl FileDigest {
+    /// Reads and digests `path`.
+    pub fn of(path: &Path) -> std::io::Result<Self> {
+        Ok(FileDigest {
+            path: path.to_path_buf(),
+            bytes: std::fs::metadata(path)?.len(),
+            sha256: sha256_file(path)?,
+        })
+    }
+}
+
+/// The whole record.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunIdentity {
+    pub source_revision: String,
+    pub versions: BTreeMap<String, String>,
+    /// Input files by role: `dataset`, `eval_dataset`, `tokenizer`, `config` (the file given
+    /// with --config), `effective_config` (the run folder's config.toml), `weights/<name>`.
+    pub files: BTreeMap<String, FileDigest>,
+    pub command: Vec<String>,
+    pub host: BTreeMap<String, String>,
+    /// RAYON_NUM_THREADS and every CANNON_* and ASCEND_* variable that is set.
+    pub env: BTreeMap<String, String>,
+}
+
+/// Environment variables that change what a run does or how fast: the thread pool's size,
+/// the project's own switches, and CANN's.
+pub fn behaviour_env() -> BTreeMap<String, String> {
+    std::env::vars()
+        .filter(|(k, _)| {
+            k == "RAYON_NUM_THREADS" || k.starts_with("CANNON_") || k.starts_with("ASCEND_")
+        })
+        .collect()
+}
+
+/// The CPU's model name (from /proc/cpuinfo where there is one) and its thread count.
+pub fn host() -> BTreeMap<String, String> {
+    let mut h = BTreeMap::new();
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    h.insert("cpu".into(), model);
+    h.insert(
+        "threads".into(),
+        std::thread::available_parallelism()
+            .map(|n| n.get().to_string())
+            .unwrap_or_else(|_| "unknown".into()),
+    );
+    h.insert("os".into(), std::env::consts::OS.into());
+    h.insert("arch".into(), std::env::consts::ARCH.into());
+    h
+}
+
+impl RunIdentity {
+    /// The record of a run over `files` (role, path); a file that cannot be read is an error
+    /// naming it.
+    pub fn new(files: &[(String, PathBuf)]) -> Result<Self, (PathBuf, std::io::Error)> {
+        let mut digests = BTreeMap::new();
+        for (role, path) in files {
+            let d = FileDigest::of(path).map_err(|e| (path.clone(), e))?;
+            digests.insert(role.clone(), d);
+        }
+        let mut versions = BTreeMap::new();
+        versions.insert("cannon".into(), VERSION.into());
+        versions.insert("rustc".into(), RUSTC_VERSION.into());
+        Ok(RunIdentity {
+            source_revision: SOURCE_REVISION.into(),
+            versions,
+            files: digests,
+            command: std::env::args().collect(),
+            host: host(),
+            env: behaviour_env(),
+        })
+    }
+}

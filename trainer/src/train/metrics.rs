@@ -1,0 +1,172 @@
+//! What a run reports: one JSON line per logged step (for machines), and a progress bar on a
+//! terminal or plain log lines otherwise (for people).
+
+use crate::eval::EvalReport;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// One optimizer step's record (a line of `metrics.jsonl`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepRecord {
+    /// Optimizer steps done, this one included (1-based).
+    pub step: usize,
+    /// Mean loss over the step's trained targets (all micro batches).
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Learning rate this step's update used.
+    pub lr: f64,
+    /// Wall time of the step: loading its micro batches, forward, backward, clip, AdamW.
+    pub step_ms: f64,
+    /// Of which reading and batching the data.
+    pub data_ms: f64,
+    /// Non-padding tokens of the step per second of `step_ms`.
+    pub tokens_per_s: f64,
+    /// Model FLOPs of the step / (step time x the GEMM peak measured at start-up).
+    pub mfu: f64,
+    /// The allocator's peaks over this step (torch's max_memory_allocated / _reserved).
+    pub max_allocated_mib: f64,
+    pub max_reserved_mib: f64,
+    /// Samples the dataset reading dropped because truncation would cut an image block
+    /// (the whole set is read and filtered before the first step).
+    pub dropped_samples: u64,
+    /// Samples and non-padding tokens consumed so far.
+    pub samples: u64,
+    pub tokens: u64,
+    /// Trained targets of this step (the loss's divisor).
+    pub targets: usize,
+}
+
+/// The final record: `{"eval": {...}}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalRecord<'a> {
+    pub eval: &'a EvalReport,
+}
+
+/// Appends JSON lines to a file, flushed after each line so that a killed run keeps what it
+/// logged.
+#[derive(Debug)]
+pub struct JsonlWriter {
+    path: PathBuf,
+    file: std::io::BufWriter<std::fs::File>,
+}
+
+impl JsonlWriter {
+    /// Creates (or appends to, when resuming) `path`.
+    pub fn open(path: &Path, append: bool) -> std::io::Result<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(path)?;
+        Ok(JsonlWriter {
+            path: path.to_path_buf(),
+            file: std::io::BufWriter::new(file),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn write<T: Serialize>(&mut self, record: &T) -> std::io::Result<()> {
+        serde_json::to_writer(&mut self.file, record)?;
+        self.file.write_all(b"\n")?;
+        self.file.flush()
+    }
+}
+
+/// Progress for people: an indicatif bar (step, loss, tokens/s, ETA) when stderr is a
+/// terminal, else a plain line at most every `min_gap` (and for the last step).
+#[derive(Debug)]
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    total: usize,
+    last_line: Option<Instant>,
+    min_gap: Duration,
+    started: Instant,
+}
+
+impl Progress {
+    pub fn new(total: usize, start_step: usize) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(total as u64);
+            let style = ProgressStyle::with_template(
+                "{bar:30} step {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            bar.set_style(style);
+            bar.set_position(start_step as u64);
+            bar
+        });
+        Progress {
+            bar,
+            total,
+            last_line: None,
+            min_gap: Duration::from_secs(5),
+            started: Instant::now(),
+        }
+    }
+
+    pub fn update(&mut self, r: &StepRecord, done_since_start: usize) {
+        let msg = format!(
+            "loss {:.4} lr {:.2e} {:.0} tok/s",
+            r.loss, r.lr, r.tokens_per_s
+        );
+        if let Some(bar) = &self.bar {
+            bar.set_position(r.step as u64);
+            bar.set_message(msg);
+            return;
+        }
+        let last = r.step == self.total;
+        if !last && self.last_line.is_some_and(|t| t.elapsed() < self.min_gap) {
+            return;
+        }
+        self.last_line = Some(Instant::now());
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let per_step = elapsed / done_since_start.max(1) as f64;
+        let eta = per_step * (self.total - r.step) as f64;
+        eprintln!(
+            "step {}/{} {msg} grad_norm {:.3} step {:.0} ms eta {}",
+            r.step,
+            self.total,
+            r.grad_norm,
+            r.step_ms,
+            clock(eta)
+        );
+    }
+
+    /// Prints a line without breaking the bar.
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
+}
+
+/// `1h02m03s`, `4m05s` or `6s`.
+pub fn clock(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    if h > 0 {
+        format!("{h}h{m:02}m{s:02}s")
+    } else if m > 0 {
+        format!("{m}m{s:02}s")
+    } else {
+        format!("{s}s")
+    }
+}
