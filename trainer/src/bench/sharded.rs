@@ -5,29 +5,11 @@
 //! the ranks finish together); the allocator figures are the largest rank's.
 
 use super::{bench_batch, peak_rss_mib, random_host, StepBench, StepReport};
-use crate::batch::{Batch, Images};
-use crate::fsdp::{run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings};
+use crate::fsdp::{run_cpu_ranks, split_rows, FsdpError, FsdpRank, FsdpSettings};
 use crate::model::optim::AdamWConfig;
 use crate::model::{Act, LossMode, Mistral3Config, ModelError, ParamLayout, Part};
 use cannon_kernels::Precision;
 use std::time::{Duration, Instant};
-
-/// Rows `r0..r1` of a batch whose row i holds image i (the bench layout).
-fn rows(b: &Batch, r0: usize, r1: usize) -> Batch {
-    let s = b.seq;
-    let mut images = Images::new(b.images.channels);
-    let px = b.images.range(r0).start..b.images.range(r1 - 1).end;
-    images.pixel_values = b.images.pixel_values[px].to_vec();
-    images.sizes = b.images.sizes[r0..r1].to_vec();
-    Batch {
-        rows: r1 - r0,
-        seq: s,
-        input_ids: b.input_ids[r0 * s..r1 * s].to_vec(),
-        labels: b.labels[r0 * s..r1 * s].to_vec(),
-        images,
-        ..Batch::default()
-    }
-}
 
 /// Times `b.warmup + b.steps` sharded steps on `nproc` CPU ranks.
 pub fn run_sharded(
@@ -72,7 +54,7 @@ fn run_as<A: Act>(
     };
     let per_rank = run_cpu_ranks(nproc, Duration::from_secs(600), |comm, exec| {
         let r = comm.rank();
-        let mine = [rows(&batch, r * per, (r + 1) * per)];
+        let mine = [split_rows(cfg, &batch, r * per..(r + 1) * per)?];
         let mut rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
         let (mut times, mut loss, mut peaks) = (Vec::new(), 0.0, (0, 0));
         for i in 0..b.warmup + b.steps {

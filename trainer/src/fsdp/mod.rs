@@ -32,11 +32,13 @@ pub mod rank;
 pub mod reduce;
 pub mod schedule;
 pub mod shard;
+pub mod split;
 pub mod state;
 pub mod world;
 
 pub use rank::{FsdpRank, FsdpSettings, StepStats};
 pub use shard::{GroupShard, ShardLayout};
+pub use split::{rank_share, split_rows};
 pub use state::{GroupState, ShardState};
 pub use world::{cpu_rank_exec, run_cpu_ranks};
 
