@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 #[derive(Args, Debug, Clone)]
 pub struct TrainArgs {
-    /// TOML run config ([model], [data], [train], [parallel], [checkpoint], [log]); without
+    /// TOML run config (sections model, data, train, parallel, checkpoint, log); without
     /// it, the built-in tiny default.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -128,7 +128,15 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         trainer.plan.cfg.train.dtype.name(),
     );
     eprintln!("run folder: {}", trainer.plan.out_dir.display());
-    let summary = trainer.run(&mut [])?;
+    let summary = if trainer.plan.cfg.parallel.nproc > 1 {
+        eprintln!(
+            "sharded over {} CPU ranks (FSDP): memory figures are rank 0's",
+            trainer.plan.cfg.parallel.nproc
+        );
+        crate::train::sharded::run_sharded(&mut trainer)?
+    } else {
+        trainer.run(&mut [])?
+    };
     let mean_last = {
         let n = summary.losses.len().min(50);
         summary.losses[summary.losses.len() - n..]

@@ -7,6 +7,7 @@
 //! - [`run`]: the run: a config resolved into paths ([`run::RunPlan`]), the state a checkpoint
 //!   holds ([`run::TrainState`]), the loop ([`run::Trainer::run`]) with a hook after every
 //!   step ([`run::StepHook`]), the final evaluation.
+//! - [`sharded`]: the run on `parallel.nproc` CPU ranks of an FSDP run.
 //! - [`metrics`], [`flops`], [`identity`], [`sha256`]: what a run reports and records.
 
 pub mod flops;
@@ -15,6 +16,7 @@ pub mod metrics;
 pub mod run;
 pub mod schedule;
 pub mod sha256;
+pub mod sharded;
 pub mod step;
 
 pub use run::{RunPlan, RunSummary, StepHook, TrainError, TrainState, Trainer};
