@@ -7,14 +7,18 @@
 //!   weights; global-norm clipping and AdamW; [`model::memory`] predicts a step's peak.
 //! - [`data`]: the data pipeline (Tekken tokenizer, chat template, Pixtral images, batches).
 //! - [`fsdp`]: sharded (ZeRO-3) data-parallel training steps over the runtime's communicator.
-//! - [`train`]: K optimizer steps on one batch (what `cannon verify` checks; `cannon train`
-//!   will grow from it).
+//! - [`config`]: the TOML run config of `cannon train` and the built-in model presets.
+//! - [`train`]: the training run (data loader, gradient accumulation, LR schedule, clipping,
+//!   AdamW, metrics, run identity; on one rank or sharded over several) and K optimizer steps
+//!   on one batch (what `cannon verify` checks).
+//! - [`eval`]: held-out greedy accuracy per question type of the synthetic shapes set.
 //! - [`verify`]: parity against an eager float64 reference fixture.
 //! - [`batch`]: the one training batch, what the data loader produces and the model takes.
-//! - [`cli`]: the `cannon` subcommands that exist: `doctor`, `data`, `verify`.
+//! - [`cli`]: the `cannon` subcommands: `train`, `eval`, `doctor`, `data`, `verify`, `bench`,
+//!   `compare`.
 //!
-//! Not here yet: the `train` and `export` subcommands, context-parallel training, the model on
-//! NPUs, checkpoint saving.
+//! Not here yet: the `export` subcommand, context-parallel training, the model on NPUs,
+//! checkpoint saving and resuming.
 pub mod batch;
 pub mod bench;
 pub mod cli;

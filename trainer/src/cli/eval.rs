@@ -8,6 +8,7 @@
 
 use crate::config::TrainConfig;
 use crate::data::dataset::{DataSet, SampleSettings};
+use crate::data::info::DatasetSpec;
 use crate::data::Tekken;
 use crate::eval::evaluate;
 use crate::model::Mistral3;
@@ -73,7 +74,8 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
         system_prompt: plan.cfg.data.system_prompt.as_deref(),
         image: &image,
     };
-    let data = DataSet::read(&dataset, &tok, &settings)?;
+    let spec = DatasetSpec::resolve(&dataset, plan.cfg.data.dataset_dir.as_deref())?;
+    let data = DataSet::open(&spec, &tok, &settings)?;
     let rep = match plan.cfg.train.dtype {
         crate::config::Dtype::F32 => {
             evaluate::<f32>(&model, &data, &tok, &image, plan.cfg.train.eval_batch)?

@@ -8,6 +8,7 @@
 
 use crate::config::TrainConfig;
 use crate::data::dataset::DataSet;
+use crate::data::info::DatasetSpec;
 use crate::data::Tekken;
 use crate::model::{weights, Exec, ParamLayout};
 use crate::train::run::{self, image_config, model_config, ModelSource, RunPlan};
@@ -216,7 +217,8 @@ fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
             );
             continue;
         }
-        let ds = DataSet::read(path, &tok, &settings)?;
+        let spec = DatasetSpec::resolve(path, cfg.data.dataset_dir.as_deref())?;
+        let ds = DataSet::open(&spec, &tok, &settings)?;
         let st = &ds.stats;
         println!(
             "# {role} {}: {} samples, {} tokens, {} images, {} dropped by truncation, {} bad lines",

@@ -131,9 +131,13 @@ impl From<FreezePart> for crate::model::Part {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DataSection {
-    /// Training set (JSONL conversations with images); absent: the synthetic shapes set,
-    /// generated into the cache folder on first use.
+    /// Training set: a JSONL or JSON array file of conversations with images, or the name of
+    /// an entry of `dataset_dir/dataset_info.json`; absent: the synthetic shapes set, made in
+    /// the cache folder on first use.
     pub dataset: Option<PathBuf>,
+    /// LLaMA-Factory's `dataset_dir`: where `dataset_info.json` is looked for and what image
+    /// paths are relative to (absent: the dataset file's folder).
+    pub dataset_dir: Option<PathBuf>,
     /// Held-out set the final evaluation scores; absent: the synthetic set's `heldout.jsonl`
     /// when training on the default, no evaluation otherwise.
     pub eval_dataset: Option<PathBuf>,
@@ -157,6 +161,7 @@ impl Default for DataSection {
     fn default() -> Self {
         DataSection {
             dataset: None,
+            dataset_dir: None,
             eval_dataset: None,
             tokenizer: None,
             vocab_size: Some(1280),

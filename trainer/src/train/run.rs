@@ -20,6 +20,7 @@ use super::step::accumulate;
 use crate::config::{self, preset, ConfigError, Dtype, Resume, TrainConfig};
 use crate::data::dataset::DataSet;
 use crate::data::image::ImageConfig;
+use crate::data::info::DatasetSpec;
 use crate::data::shuffle::{Position, Shuffler};
 use crate::data::{synth, DataConfig, DataError, Loader, Tekken};
 use crate::eval::{self, EvalError, EvalReport};
@@ -207,7 +208,7 @@ impl RunPlan {
         let d = &self.cfg.data;
         DataConfig {
             dataset: Some(self.dataset.clone()),
-            dataset_dir: None,
+            dataset_dir: d.dataset_dir.clone(),
             tokenizer: Some(self.tokenizer.clone()),
             vocab_size: d.vocab_size,
             max_len: d.max_len,
@@ -658,7 +659,8 @@ impl Trainer {
         std::fs::write(&cfg_copy, self.plan.effective().to_toml()).map_err(io(&cfg_copy))?;
         let eval = match &self.plan.eval_dataset {
             Some(path) => {
-                let data = DataSet::read(path, &self.tok, &self.loader_settings())?;
+                let spec = DatasetSpec::resolve(path, self.plan.cfg.data.dataset_dir.as_deref())?;
+                let data = DataSet::open(&spec, &self.tok, &self.loader_settings())?;
                 let rep = eval::evaluate::<A>(
                     model,
                     &data,
@@ -716,6 +718,15 @@ impl Trainer {
         st.synchronize().map_err(ModelError::from)?;
         let step_s = t0.elapsed().as_secs_f64();
         let mem = alloc.stats();
+        // The caching allocator serves a request only from a cached block of exactly its
+        // rounded size, and the synthetic set's batches come in many shapes (image sizes,
+        // padded lengths): without a release the cache grows by every new shape (to ~10 GB
+        // over the default run for a 130 MB working set). Releasing it when it holds more
+        // than CACHE_SLACK times the step's peak keeps the steady-shape reuse and bounds
+        // the memory.
+        if mem.reserved > CACHE_SLACK * mem.peak_allocated.max(1 << 24) {
+            alloc.empty_cache();
+        }
         let pad = self.tok.pad_id();
         let tokens: u64 = micro
             .iter()
@@ -752,6 +763,10 @@ impl Trainer {
         })
     }
 }
+
+/// How many times a step's peak allocation the allocator may keep reserved before the loop
+/// releases its cache (see [`Trainer::step`]).
+pub const CACHE_SLACK: usize = 4;
 
 /// The copy of the run config saved beside the final weights (what `cannon eval` reads).
 pub const FINAL_RUN_CONFIG: &str = "cannon_train.toml";

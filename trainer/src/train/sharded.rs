@@ -19,7 +19,7 @@
 
 use super::flops::step_flops;
 use super::metrics::{JsonlWriter, Progress, StepRecord};
-use super::run::{RunSummary, TrainError, Trainer};
+use super::run::{RunSummary, TrainError, Trainer, CACHE_SLACK};
 use crate::config::Dtype;
 use crate::data::shuffle::Position;
 use crate::data::Loader;
@@ -104,6 +104,12 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
             let lr = t.state.schedule.at(step);
             let st = rank.step::<A>(&mine, lr)?;
             let step_s = t0.elapsed().as_secs_f64();
+            // Each rank's allocator is bounded as the one-rank loop bounds its own (see
+            // `Trainer::step`: the batches' many shapes would grow the exact-size cache).
+            let alloc = rank.exec().allocator();
+            if alloc.stats().reserved > CACHE_SLACK * st.memory.max_allocated.max(1 << 24) {
+                alloc.empty_cache();
+            }
             if !st.loss.is_finite() {
                 return Err(fail(TrainError::Input(format!(
                     "step {}: the loss is {} (lower train.lr or check the data)",

@@ -1,0 +1,310 @@
+//! `cannon train` end to end on a tiny config (JSONL metrics with every field, the final eval
+//! record, run_identity.json, the saved config, `cannon eval` on the final model), `--dry-run`,
+//! and gradient accumulation: two micro batches of B rows give the loss and gradients of one
+//! batch of 2B rows.
+
+use cannon_trainer::config::preset::{self, PresetSizes};
+use cannon_trainer::data::batch::pad_batch;
+use cannon_trainer::data::shuffle::Position;
+use cannon_trainer::data::{synth, DataConfig, Loader, Tekken};
+use cannon_trainer::model::init::{self, Init};
+use cannon_trainer::model::{Exec, Grads, LossMode, Mistral3, ParamLayout, Part};
+use cannon_trainer::train::accumulate;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cannon");
+
+/// The project's Tekken file; a missing `../shared` fails here with a message naming it.
+fn tokenizer() -> PathBuf {
+    let p =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tokenizers/tekken_240911.json");
+    assert!(
+        p.is_file(),
+        "these tests need the project's shared folder: {} is missing",
+        p.display()
+    );
+    p
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cannon-train-run-{}-{name}", std::process::id()));
+    std::fs::remove_dir_all(&d).ok();
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A small synthetic set shared by the tests of this file.
+fn dataset() -> &'static PathBuf {
+    static D: OnceLock<PathBuf> = OnceLock::new();
+    D.get_or_init(|| {
+        let d = tmp("data");
+        synth::write(&d, 40, 5).unwrap();
+        d
+    })
+}
+
+fn tiny_toml(out: &Path) -> String {
+    format!(
+        r#"
+[model]
+config = "tiny"
+seed = 1
+
+[data]
+dataset = "{data}/train.jsonl"
+eval_dataset = "{data}/heldout.jsonl"
+tokenizer = "{tok}"
+vocab_size = 1280
+max_len = 256
+longest_edge = 56
+
+[train]
+micro_batch = 3
+grad_accum = 2
+steps = 3
+lr = 1e-3
+warmup_steps = 1
+min_lr = 1e-4
+eval_batch = 4
+
+[log]
+dir = "{out}"
+every = 1
+"#,
+        data = dataset().display(),
+        tok = tokenizer().display(),
+        out = out.display()
+    )
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(BIN).args(args).output().unwrap();
+    let s = |b: Vec<u8>| String::from_utf8(b).unwrap();
+    (o.status.code().unwrap_or(-1), s(o.stdout), s(o.stderr))
+}
+
+#[test]
+fn train_writes_metrics_identity_config_and_a_model_eval_reads() {
+    let dir = tmp("e2e");
+    let out = dir.join("run");
+    let cfg = dir.join("tiny.toml");
+    std::fs::write(&cfg, tiny_toml(&out)).unwrap();
+    let (code, stdout, stderr) = run(&["train", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("# effective config"), "{stdout}");
+    assert!(stdout.contains("question"), "the accuracy table: {stdout}");
+
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4, "3 steps and the eval record:\n{text}");
+    let fields = [
+        "step",
+        "loss",
+        "grad_norm",
+        "lr",
+        "step_ms",
+        "tokens_per_s",
+        "mfu",
+        "max_allocated_mib",
+        "max_reserved_mib",
+        "dropped_samples",
+    ];
+    for (i, l) in lines[..3].iter().enumerate() {
+        for f in fields {
+            let v = l[f]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{f} missing in {l}"));
+            assert!(v.is_finite() && v >= 0.0, "{f} = {v}");
+        }
+        assert_eq!(l["step"], i + 1);
+        assert!(l["loss"].as_f64().unwrap() > 0.0);
+        assert!(l["mfu"].as_f64().unwrap() > 0.0 && l["mfu"].as_f64().unwrap() < 1.0);
+        assert!(l["max_allocated_mib"].as_f64().unwrap() > 0.0);
+        assert!(l["max_reserved_mib"].as_f64() >= l["max_allocated_mib"].as_f64());
+    }
+    // Warm-up of 1 step then cosine over 2: lr, then (lr + min_lr) / 2 = 5.5e-4.
+    assert_eq!(lines[0]["lr"].as_f64().unwrap(), 1e-3);
+    assert!((lines[2]["lr"].as_f64().unwrap() - 5.5e-4).abs() < 1e-12);
+    let eval = &lines[3]["eval"];
+    assert_eq!(eval["samples"], 4, "{eval}");
+    assert!(eval["per_kind"].as_array().is_some_and(|k| !k.is_empty()));
+
+    let id: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run_identity.json")).unwrap())
+            .unwrap();
+    for role in [
+        "dataset",
+        "eval_dataset",
+        "tokenizer",
+        "config",
+        "effective_config",
+    ] {
+        let sha = id["files"][role]["sha256"].as_str().unwrap_or_default();
+        assert_eq!(sha.len(), 64, "{role}: {id}");
+    }
+    let want = cannon_trainer::train::sha256::sha256_file(&cfg).unwrap();
+    assert_eq!(id["files"]["config"]["sha256"], want.as_str());
+    assert!(id["source_revision"]
+        .as_str()
+        .is_some_and(|s| !s.is_empty()));
+    assert!(id["versions"]["cannon"].is_string());
+
+    // The saved config reads back, with the resolved paths written in.
+    let saved = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    let c = cannon_trainer::config::TrainConfig::from_toml(&saved).unwrap();
+    assert_eq!(c.train.steps, Some(3));
+    assert_eq!(c.log.dir.as_deref(), Some(out.as_path()));
+
+    // `cannon eval` on the final model gives the run's own held-out accuracy.
+    let (code, stdout, stderr) =
+        run(&["eval", "--checkpoint", out.join("final").to_str().unwrap()]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("(4 samples)"), "{stdout}");
+    let acc = 100.0 * eval["correct"].as_u64().unwrap() as f64 / 4.0;
+    let all = stdout.lines().find(|l| l.starts_with("all ")).unwrap();
+    assert!(all.contains(&format!("{acc:.1}%")), "{acc} in {all}");
+}
+
+#[test]
+fn dry_run_checks_and_prints_without_training() {
+    let dir = tmp("dry");
+    let out = dir.join("run");
+    let cfg = dir.join("tiny.toml");
+    std::fs::write(&cfg, tiny_toml(&out)).unwrap();
+    let (code, stdout, stderr) = run(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--set",
+        "train.lr=5e-4",
+        "--dry-run",
+    ]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("lr = 0.0005"), "{stdout}");
+    assert!(stdout.contains("samples"), "the dataset was read: {stdout}");
+    let cmd = stdout
+        .lines()
+        .find(|l| l.starts_with("# command:"))
+        .unwrap();
+    assert!(
+        cmd.contains("--set train.lr=5e-4") && !cmd.contains("--dry-run"),
+        "{cmd}"
+    );
+    assert!(!out.exists(), "a dry run writes nothing");
+
+    // A dataset that is not there is named, exit 2.
+    let (code, _, stderr) = run(&[
+        "train",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--set",
+        "data.dataset=/nonexistent/train.jsonl",
+        "--dry-run",
+    ]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("/nonexistent/train.jsonl"), "{stderr}");
+    // A bad value is named, exit 2.
+    let (code, _, stderr) = run(&["train", "--set", "train.lr=-1", "--dry-run"]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("train.lr = -1: must be > 0"), "{stderr}");
+}
+
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    num.sqrt() / den.sqrt().max(1e-30)
+}
+
+fn grads_of(model: &Mistral3, micro: &[cannon_trainer::data::Batch]) -> (f64, Vec<Vec<f32>>) {
+    let mut g: Grads = model
+        .grads(&[Part::Vision, Part::Projector, Part::Text])
+        .unwrap();
+    let acc = accumulate::<f32>(model, micro, &mut g).unwrap();
+    let host = g.to_host(model.exec.stream()).unwrap();
+    (acc.loss, host.into_iter().map(Option::unwrap).collect())
+}
+
+#[test]
+fn two_micro_batches_equal_one_batch_of_both() {
+    let tok = Tekken::from_file(tokenizer(), Some(1280)).unwrap();
+    let sizes = PresetSizes {
+        text_hidden: 32,
+        text_intermediate: 64,
+        text_layers: 2,
+        text_heads: 4,
+        text_kv_heads: 2,
+        vision_hidden: 32,
+        vision_intermediate: 64,
+        vision_layers: 1,
+        vision_heads: 2,
+        rope_theta: 10_000.0,
+    };
+    let img = tok.special_id("[IMG]").unwrap();
+    let cfg = preset::config(sizes, tok.vocab_size() as usize, img, 14).unwrap();
+    let exec = Exec::cpu();
+    let params = init::random_params(&exec, ParamLayout::new(&cfg), 2, Init::FanIn).unwrap();
+    let model = Mistral3 {
+        cfg,
+        params,
+        loss_mode: LossMode::Full,
+        exec,
+    };
+    let dc = DataConfig {
+        dataset: Some(dataset().join("train.jsonl")),
+        max_len: 256,
+        batch_size: 1,
+        image: cannon_trainer::data::image::ImageConfig {
+            longest_edge: 56,
+            ..Default::default()
+        },
+        ..DataConfig::default()
+    };
+    let loader = Loader::open(&dc, &tok, Position::default()).unwrap();
+    let samples: Vec<_> = (0..4).map(|i| loader.sample(i).unwrap()).collect();
+    let labels = |s: &[cannon_trainer::data::batch::Sample]| -> usize {
+        s.iter()
+            .map(|s| s.labels.iter().filter(|&&l| l >= 0).count())
+            .sum()
+    };
+    // Different target counts per micro batch, so a mean of means would differ.
+    assert_ne!(labels(&samples[..2]), labels(&samples[2..]));
+    let pad = tok.pad_id();
+    let whole = pad_batch(&samples, pad, 8).unwrap();
+    let halves = [
+        pad_batch(&samples[..2], pad, 8).unwrap(),
+        pad_batch(&samples[2..], pad, 8).unwrap(),
+    ];
+    let (loss_whole, g_whole) = grads_of(&model, std::slice::from_ref(&whole));
+    let (loss_halves, g_halves) = grads_of(&model, &halves);
+    // f32 rounding: the two layouts sum the same terms in different orders (one GEMM over 4
+    // rows vs two accumulating GEMMs, different padding); relative differences of a few ulp
+    // of the sums, far below 1e-5.
+    assert!(
+        (loss_whole - loss_halves).abs() <= 1e-6 * loss_whole,
+        "{loss_whole} vs {loss_halves}"
+    );
+    for (g, (a, b)) in g_halves.iter().zip(&g_whole).enumerate() {
+        let e = rel_l2(a, b);
+        assert!(e <= 1e-5, "group {g}: relative L2 {e:e}");
+    }
+    // Each micro batch divided by its own target count is a different gradient: the check
+    // above can fail.
+    let mut g = model
+        .grads(&[Part::Vision, Part::Projector, Part::Text])
+        .unwrap();
+    for b in &halves {
+        let acts = model.forward::<f32>(b).unwrap();
+        model.backward(b, &acts, &mut g, None).unwrap();
+    }
+    let means = g.to_host(model.exec.stream()).unwrap();
+    let e = rel_l2(
+        means.last().unwrap().as_ref().unwrap(),
+        g_whole.last().unwrap(),
+    );
+    assert!(e > 1e-2, "mean of means should differ, relative L2 {e:e}");
+}
