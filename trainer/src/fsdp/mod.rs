@@ -12,16 +12,16 @@
 //! gradient of the global mean and N ranks step like one rank over the same micro batches.
 //!
 //! ```no_run
-//! use cannon_trainer::fsdp::{run_cpu_ranks, FsdpRank, FsdpSettings};
+//! use cannon_trainer::fsdp::{rank_share, run_cpu_ranks, FsdpRank, FsdpSettings};
 //! # fn demo(cfg: cannon_trainer::model::Mistral3Config, host: Vec<Vec<f32>>,
-//! #         settings: FsdpSettings, batches: Vec<cannon_trainer::batch::Batch>)
+//! #         settings: FsdpSettings, micro: Vec<cannon_trainer::batch::Batch>)
 //! #         -> Result<(), cannon_trainer::fsdp::FsdpError> {
 //! let world = 2;
 //! let losses = run_cpu_ranks(world, std::time::Duration::from_secs(60), |comm, exec| {
 //!     let r = comm.rank();
 //!     let mut rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
-//!     // this rank's micro batches of the global batch
-//!     let mine: Vec<_> = batches.iter().skip(r).step_by(world).cloned().collect();
+//!     // this rank's rows of every micro batch of the step
+//!     let mine = rank_share(&cfg, &micro, r, world)?;
 //!     let stats = rank.step::<f32>(&mine, 1e-3)?;
 //!     Ok(stats.loss)
 //! })?;

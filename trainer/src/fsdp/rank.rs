@@ -101,7 +101,7 @@ pub struct FsdpRank {
 impl FsdpRank {
     /// This rank of `comm`'s group, on `exec` (whose allocator holds the rank's memory),
     /// keeping only its shard of the full host groups `full` (one `Vec` per group of
-    /// `ParamLayout::new(&cfg)`, the same on every rank). Collective: every rank calls it.
+    /// `ParamLayout::new(&cfg)`, the same on every rank). Local: no collective.
     pub fn new(
         comm: Communicator,
         exec: Exec,
