@@ -6,10 +6,11 @@
 //!   them today; the NPU bodies are pending); read from an HF `config.json` and safetensors
 //!   weights; global-norm clipping and AdamW; [`model::memory`] predicts a step's peak.
 //! - [`data`]: the data pipeline (Tekken tokenizer, chat template, Pixtral images, batches).
+//! - [`fsdp`]: sharded (ZeRO-3) data-parallel training steps over the runtime's communicator.
 //! - [`config`]: the TOML run config of `cannon train` and the built-in model presets.
 //! - [`train`]: the training run (data loader, gradient accumulation, LR schedule, clipping,
-//!   AdamW, metrics, run identity) and K optimizer steps on one batch (what `cannon verify`
-//!   checks).
+//!   AdamW, metrics, run identity; on one rank or sharded over several) and K optimizer steps
+//!   on one batch (what `cannon verify` checks).
 //! - [`eval`]: held-out greedy accuracy per question type of the synthetic shapes set.
 //! - [`verify`]: parity against an eager float64 reference fixture.
 //! - [`batch`]: the one training batch, what the data loader produces and the model takes.
@@ -19,7 +20,7 @@
 //! - [`cli`]: the `cannon` subcommands: `train`, `eval`, `doctor`, `data`, `verify`, `bench`,
 //!   `compare`, `export`.
 //!
-//! Not here yet: sharded or context-parallel training, the model on NPUs.
+//! Not here yet: context-parallel training, the model on NPUs.
 pub mod batch;
 pub mod bench;
 pub mod checkpoint;
@@ -27,6 +28,7 @@ pub mod cli;
 pub mod config;
 pub mod data;
 pub mod eval;
+pub mod fsdp;
 pub mod model;
 pub mod train;
 pub mod verify;

@@ -147,10 +147,10 @@ fn bad_values_are_named() {
     assert!(e.contains("either train.steps or train.epochs"), "{e}");
     let e = err(None, &["checkpoint.resume=3"]);
     assert!(e.contains("checkpoint.resume"), "{e}");
-    // Parsed and checked, but not wired yet: a clear error, not a silent single-rank run.
-    let e = err(None, &["parallel.nproc=2"]);
+    // Several ranks are sharded ranks: unsharded data parallelism is a clear error.
+    let e = err(None, &["parallel.nproc=2", "parallel.fsdp=false"]);
     assert!(
-        e.contains("parallel.nproc = 2") && e.contains("not wired"),
+        e.contains("parallel.fsdp = false") && e.contains("not implemented"),
         "{e}"
     );
     // A file's own mistakes are reported against the file.

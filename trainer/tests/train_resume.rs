@@ -215,6 +215,24 @@ fn start_from_export(root: &Path, trained: &Trainer) {
 }
 
 #[test]
+fn checkpoints_of_a_sharded_run_are_a_usage_error_not_silently_skipped() {
+    let o = Command::new(BIN)
+        .args([
+            "train",
+            "--set",
+            "parallel.nproc=2",
+            "--set",
+            "checkpoint.every=5",
+            "--dry-run",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("parallel.nproc > 1"), "{err}");
+}
+
+#[test]
 fn resume_latest_without_a_run_folder_is_a_usage_error() {
     let o = Command::new(BIN)
         .args(["train", "--set", "checkpoint.resume=true", "--dry-run"])

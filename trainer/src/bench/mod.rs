@@ -61,6 +61,8 @@ impl Default for StepBench {
 pub struct StepReport {
     pub precision: Precision,
     pub threads: usize,
+    /// Ranks (in-process CPU ranks of a sharded run; 1 unsharded).
+    pub nproc: usize,
     pub batch: usize,
     pub seq: usize,
     pub median_step_s: f64,
@@ -83,12 +85,13 @@ impl StepReport {
             .peak_rss_mib
             .map_or("null".to_string(), |r| format!("{r:.1}"));
         format!(
-            "{{\"impl\": \"cannon\", \"dtype\": \"{}\", \"threads\": {}, \"batch\": {}, \
-             \"seq\": {}, \"median_step_s\": {:.4}, \"min_step_s\": {:.4}, \
+            "{{\"impl\": \"cannon\", \"dtype\": \"{}\", \"threads\": {}, \"nproc\": {}, \
+             \"batch\": {}, \"seq\": {}, \"median_step_s\": {:.4}, \"min_step_s\": {:.4}, \
              \"tokens_per_s\": {:.1}, \"peak_rss_mib\": {rss}, \"trainable_params\": {}, \
              \"loss\": {:.4}, \"max_allocated_mib\": {:.1}, \"max_reserved_mib\": {:.1}}}",
             self.precision,
             self.threads,
+            self.nproc,
             self.batch,
             self.seq,
             self.median_step_s,
@@ -107,9 +110,9 @@ fn unit(rng: &mut SplitMix64) -> f32 {
     (rng.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
 }
 
-/// A model of `cfg` with random weights on `exec`: norm weights 1, everything else uniform
-/// in +-0.02 (the configs' initializer_range), made on the host and uploaded once.
-pub fn random_model(cfg: &Mistral3Config, exec: Exec, seed: u64) -> Result<Mistral3, ModelError> {
+/// Random host groups of `cfg` (one `Vec` per group of its `ParamLayout`): norm weights 1,
+/// everything else uniform in +-0.02 (the configs' initializer_range).
+pub fn random_host(cfg: &Mistral3Config, seed: u64) -> Vec<Vec<f32>> {
     let mut rng = SplitMix64::new(seed);
     let layout = crate::model::ParamLayout::new(cfg);
     let mut host: Vec<Vec<f32>> = layout.groups.iter().map(|g| vec![0.0; g.len]).collect();
@@ -121,6 +124,14 @@ pub fn random_model(cfg: &Mistral3Config, exec: Exec, seed: u64) -> Result<Mistr
             }
         }
     }
+    host
+}
+
+/// A model of `cfg` with [`random_host`] weights on `exec`, made on the host and uploaded
+/// once.
+pub fn random_model(cfg: &Mistral3Config, exec: Exec, seed: u64) -> Result<Mistral3, ModelError> {
+    let layout = crate::model::ParamLayout::new(cfg);
+    let host = random_host(cfg, seed);
     let params = crate::model::Params::from_host(&exec, layout, &host)?;
     Ok(Mistral3 {
         cfg: cfg.clone(),
@@ -267,6 +278,7 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
     Ok(StepReport {
         precision: b.precision,
         threads: rayon::current_num_threads(),
+        nproc: 1,
         batch: b.batch,
         seq: b.seq,
         median_step_s: median,
@@ -280,5 +292,6 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
     })
 }
 
+pub mod sharded;
 #[cfg(test)]
 mod tests;

@@ -40,7 +40,7 @@ pub struct StepArgs {
     pub warmup: usize,
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     pub dtype: DtypeArg,
-    /// Ranks (data-parallel FSDP); only 1 until sharded training lands.
+    /// In-process CPU ranks of a sharded (FSDP) run; the batch's rows are split evenly.
     #[arg(long, default_value_t = 1)]
     pub nproc: usize,
     /// Also append the JSON line to this file.
@@ -70,12 +70,6 @@ pub fn run(args: BenchArgs) -> ExitCode {
 }
 
 fn step(a: &StepArgs) -> Result<(), String> {
-    if a.nproc != 1 {
-        return Err(format!(
-            "--nproc {}: only 1 rank is supported until sharded training lands",
-            a.nproc
-        ));
-    }
     let cfg = Mistral3Config::from_file(&a.config.join("config.json"))
         .map_err(|e| format!("{}: {e}", a.config.display()))?;
     let b = StepBench {
@@ -90,7 +84,11 @@ fn step(a: &StepArgs) -> Result<(), String> {
         },
         seed: a.seed,
     };
-    let report = bench::run(&cfg, &b).map_err(|e| e.to_string())?;
+    let report = if a.nproc == 1 {
+        bench::run(&cfg, &b).map_err(|e| e.to_string())?
+    } else {
+        bench::sharded::run_sharded(&cfg, &b, a.nproc).map_err(|e| e.to_string())?
+    };
     let line = report.to_json();
     println!("{line}");
     if let Some(path) = &a.json {

@@ -60,6 +60,14 @@ pub fn run(args: TrainArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if cfg.parallel.nproc > 1 && (cfg.checkpoint.every > 0 || run::wants_resume(&cfg)) {
+        eprintln!(
+            "cannon train: checkpoint.every / checkpoint.resume with parallel.nproc > 1: the \
+             sharded loop does not save or resume checkpoints yet; train with nproc = 1 (its \
+             checkpoints load on any world size) or set checkpoint.every = 0"
+        );
+        return ExitCode::from(2);
+    }
     if cfg.checkpoint.resume == Resume::Latest(true)
         && cfg.log.dir.is_none()
         && cfg.checkpoint.dir.is_none()
@@ -152,14 +160,23 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         trainer.plan.cfg.train.dtype.name(),
     );
     eprintln!("run folder: {}", trainer.plan.out_dir.display());
-    let mut hook = resume::CheckpointHook::new(&trainer);
-    let summary = match hook.as_mut() {
-        Some(h) => trainer.run(&mut [h])?,
-        None => trainer.run(&mut [])?,
+    let summary = if trainer.plan.cfg.parallel.nproc > 1 {
+        eprintln!(
+            "sharded over {} CPU ranks (FSDP): memory figures are rank 0's",
+            trainer.plan.cfg.parallel.nproc
+        );
+        crate::train::sharded::run_sharded(&mut trainer)?
+    } else {
+        let mut hook = resume::CheckpointHook::new(&trainer);
+        let summary = match hook.as_mut() {
+            Some(h) => trainer.run(&mut [h])?,
+            None => trainer.run(&mut [])?,
+        };
+        if let Some(last) = hook.as_ref().and_then(|h| h.saved.last()) {
+            eprintln!("last checkpoint: {}", last.display());
+        }
+        summary
     };
-    if let Some(last) = hook.as_ref().and_then(|h| h.saved.last()) {
-        eprintln!("last checkpoint: {}", last.display());
-    }
     let mean_last = {
         let n = summary.losses.len().min(50);
         summary.losses[summary.losses.len() - n..]

@@ -261,7 +261,8 @@ pub const DEFAULT_STEPS: usize = 2500;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ParallelSection {
-    /// Ranks (CPU threads today, NPUs with HCCL later).
+    /// Ranks (CPU threads today, NPUs with HCCL later): every step's micro batches are split
+    /// row-wise over them, so the global batch is the same for any count.
     pub nproc: usize,
     /// Shard parameters, gradients and optimizer state over the ranks (ZeRO-3).
     pub fsdp: bool,
@@ -484,12 +485,12 @@ impl TrainConfig {
             );
         }
         positive("parallel.nproc", self.parallel.nproc)?;
-        if self.parallel.nproc > 1 {
+        if self.parallel.nproc > 1 && !self.parallel.fsdp {
             return invalid(
-                "parallel.nproc",
-                self.parallel.nproc,
-                "more than one rank is not wired into `cannon train` yet (the FSDP engine \
-                 lands separately); use 1",
+                "parallel.fsdp",
+                false,
+                "more than one rank without sharding is not implemented: set fsdp = true (or \
+                 nproc = 1)",
             );
         }
         let c = &self.checkpoint;

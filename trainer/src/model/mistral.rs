@@ -22,8 +22,9 @@ use super::block::{
 use super::config::{HiddenAct, Mistral3Config};
 use super::exec::Exec;
 use super::ops::{store, Act};
-use super::params::{Grads, Params, TextHead, TextLayer};
-use super::ModelError;
+use super::params::{TextEmbed, TextHead, TextLayer};
+use super::source::{group_grad, GradSink, GroupWeights, ParamSource};
+use super::{head_view, ModelError};
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::BufferViewMut;
@@ -105,7 +106,7 @@ pub fn image_slots(cfg: &Mistral3Config, ids: &[u32]) -> Vec<usize> {
 pub fn embed(
     exec: &Exec,
     cfg: &Mistral3Config,
-    params: &Params,
+    params: &dyn ParamSource,
     ids: &[u32],
     image_features: Option<&Tensor<f32>>,
 ) -> Result<Tensor<f32>, ModelError> {
@@ -120,8 +121,11 @@ pub fn embed(
         });
     }
     let mut x = exec.empty(&[ids.len(), d])?;
-    let table = params.text_embed()?.embed;
+    let g = params.layout().text_embed();
+    let w = params.fetch(g)?;
+    let table = TextEmbed::split(w.view()?, &params.layout().groups[g])?.embed;
     ops::embedding_forward(st, &mut x.view_mut(), ids, &table, d)?;
+    drop(w);
     if let Some(f) = image_features.filter(|_| !slots.is_empty()) {
         ops::scatter_rows(st, &mut x.view_mut(), &f.view(), &slots, d)?;
     }
@@ -153,15 +157,17 @@ pub fn embed_backward(
 }
 
 /// Decoder forward from `x0 [T,D]` (tokens at position ids `pos`, packed sequences ending at
-/// `cu_seqlens`, see [`crate::batch::sequence_ends`]) to the final norm's output.
-pub fn forward<A: Act>(
+/// `cu_seqlens`, see [`crate::batch::sequence_ends`]) to the final norm's output. Each layer's
+/// group is fetched just before the layer runs and let go after it; the head group, fetched
+/// for the final norm, is handed back for the lm_head.
+pub fn forward<'p, A: Act>(
     exec: &Exec,
     cfg: &Mistral3Config,
-    params: &Params,
+    params: &'p dyn ParamSource,
     x0: Tensor<f32>,
     pos: Vec<u32>,
     cu_seqlens: Vec<usize>,
-) -> Result<TextActs<A>, ModelError> {
+) -> Result<(TextActs<A>, GroupWeights<'p>), ModelError> {
     let st = exec.stream();
     let t = &cfg.text_config;
     if cu_seqlens.last() != Some(&pos.len()) || pos.len() * t.hidden_size != x0.numel() {
@@ -197,6 +203,7 @@ pub fn forward<A: Act>(
         )));
     }
     let rope = RopeTable::text(t.head_dim(), t.rope_theta(), max_pos)?;
+    let layout = params.layout();
     let mut scratch = FwdScratch::new(exec, &dims, n)?;
     let mut outs: Vec<Tensor<f32>> = Vec::with_capacity(t.num_hidden_layers);
     let mut blocks = Vec::with_capacity(t.num_hidden_layers);
@@ -209,7 +216,9 @@ pub fn forward<A: Act>(
         };
         let mut acts = BlockActs::new(exec, &dims, n)?;
         let mut out = exec.empty(&[n, d])?;
-        let w = params.text_layer(l)?.block();
+        let g = layout.text_layer(l);
+        let fetched = params.fetch(g)?;
+        let w = TextLayer::split(fetched.view()?, &layout.groups[g])?.block();
         let x = outs.last().unwrap_or(&x0).view();
         block_forward(
             st,
@@ -224,7 +233,8 @@ pub fn forward<A: Act>(
         blocks.push(acts);
     }
     drop(scratch);
-    let head = params.text_head()?;
+    let head_w = params.fetch(layout.text_head())?;
+    let head = head_view(layout, &head_w)?;
     let mut rstd_f = exec.empty(&[n])?;
     let mut xf = exec.empty(&[n, d])?;
     let mut xf32 = exec.empty::<f32>(&[n, d])?;
@@ -240,7 +250,7 @@ pub fn forward<A: Act>(
         dims.eps,
     )?;
     store(st, &xf32.view(), &mut xf.view_mut())?;
-    Ok(TextActs {
+    let acts = TextActs {
         rope,
         pos,
         cu_seqlens,
@@ -249,7 +259,8 @@ pub fn forward<A: Act>(
         blocks,
         rstd_f,
         xf,
-    })
+    };
+    Ok((acts, head_w))
 }
 
 /// What the decoder backward did.
@@ -261,29 +272,32 @@ pub struct TextVisit {
 
 /// Decoder backward from `dxf [T,D]` (the gradient of the final norm's output, consumed: it
 /// becomes a working tensor): accumulates into the text groups that train and, when
-/// `want_dx0`, returns the gradient of `x0`. Layers below the lowest trained one are not
-/// visited when `x0` needs no gradient.
+/// `want_dx0`, returns the gradient of `x0`. `head_w` is the head group the caller fetched
+/// for the lm_head backward; the final norm's backward uses it and lets it go. Layers below
+/// the lowest trained one are not visited when `x0` needs no gradient.
+#[allow(clippy::too_many_arguments)]
 pub fn backward<A: Act>(
     exec: &Exec,
     cfg: &Mistral3Config,
-    params: &Params,
+    params: &dyn ParamSource,
+    head_w: GroupWeights<'_>,
     a: &TextActs<A>,
     dxf: Tensor<f32>,
-    grads: &mut Grads,
+    grads: &mut dyn GradSink,
     want_dx0: bool,
 ) -> Result<(Option<Tensor<f32>>, TextVisit), ModelError> {
     let st = exec.stream();
     let t = &cfg.text_config;
     let d = t.hidden_size;
     let n = a.tokens();
-    let layout = &params.layout;
-    let head = params.text_head()?;
+    let layout = params.layout();
     let hg = layout.text_head();
     let dims = dims(cfg);
     let mut scratch = BwdScratch::<A>::new(exec, &dims, n)?;
     let mut dx = exec.zeros(&[n, d])?;
     {
-        let mut head_grad = grads.group(hg, TextHead::ranges(&layout.groups[hg]));
+        let head = head_view(layout, &head_w)?;
+        let mut head_grad = group_grad(grads, hg, TextHead::ranges(&layout.groups[hg]))?;
         let mut gnorm = match head_grad.as_mut() {
             Some(g) => g.win(|r| &r.norm)?,
             None => scratch.dw_sink.view_mut(),
@@ -292,12 +306,14 @@ pub fn backward<A: Act>(
         let mut dxv = dx.view_mut();
         ops::rmsnorm_backward(st, &mut dxv, &mut gnorm, &dxf, &last, &head.norm, &rstd, d)?;
     }
+    drop(head_w);
+    grads.release(hg)?;
 
     // dxf is spent: it holds each layer's input gradient in turn.
     let mut dprev = dxf;
     let mut visit = TextVisit::default();
     for l in (0..a.blocks.len()).rev() {
-        let below_trains = (0..=l).any(|k| grads.has(layout.text_layer(k)));
+        let below_trains = (0..=l).any(|k| grads.trains(layout.text_layer(k)));
         if !below_trains && !want_dx0 {
             return Ok((None, visit));
         }
@@ -308,8 +324,9 @@ pub fn backward<A: Act>(
             cu_seqlens: &a.cu_seqlens,
         };
         let g = layout.text_layer(l);
-        let gl = grads.group(g, TextLayer::ranges(&layout.groups[g]).block());
-        let w = params.text_layer(l)?.block();
+        let fetched = params.fetch(g)?;
+        let w = TextLayer::split(fetched.view()?, &layout.groups[g])?.block();
+        let gl = group_grad(grads, g, TextLayer::ranges(&layout.groups[g]).block())?;
         let (x, dout) = (a.input(l).view(), dx.view());
         let mut dxl = dprev.view_mut();
         block_backward(
@@ -323,13 +340,10 @@ pub fn backward<A: Act>(
             &dout,
             &mut dxl,
         )?;
+        drop(fetched);
+        grads.release(g)?;
         std::mem::swap(&mut dx, &mut dprev);
         visit.layers += 1;
     }
     Ok((want_dx0.then_some(dx), visit))
-}
-
-/// The embedding gradient view of `grads`, if the embedding trains.
-pub fn embed_grad<'a>(params: &Params, grads: &'a mut Grads) -> Option<BufferViewMut<'a, f32>> {
-    grads.group_mut(params.layout.text_embed())
 }

@@ -24,6 +24,12 @@
 //! Frozen parts (by default the vision tower and the projector, [`Part`]) have no gradient
 //! buffer, and their backward is not run at all unless something below them needs it
 //! ([`Visited`] reports what ran).
+//!
+//! A pass ([`Pass`]) takes each layer group's parameters from a [`ParamSource`] at the point
+//! of use and hands each group's gradient to a [`GradSink`] when it is done with it, in the
+//! order of [`PassPlan`] ([`source`]). The model's own [`Params`] and [`Grads`] are the
+//! trivial source and sink (views, no copies); a sharded rank (`crate::fsdp`) gathers and
+//! reduce-scatters there.
 
 pub mod block;
 pub mod config;
@@ -38,6 +44,7 @@ pub mod params;
 pub mod pixtral;
 pub mod projector;
 pub mod save;
+pub mod source;
 pub mod weights;
 
 pub use crate::batch::{Batch, BatchError, Images};
@@ -46,11 +53,14 @@ pub use exec::Exec;
 pub use head::LossMode;
 pub use ops::{Act, Precision};
 pub use params::{Grads, ParamLayout, Params, Part};
+pub use source::{GradSink, GroupWeights, ParamSource, PassPlan};
 pub use weights::WeightsError;
 
 use cannon_kernels::cross_entropy::LossNorm;
 use cannon_kernels::{KernelError, Tensor};
-use cannon_runtime::MemoryStats;
+use cannon_runtime::comm::CommError;
+use cannon_runtime::{BufferView, MemoryStats};
+use source::group_grad;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +80,12 @@ pub enum ModelError {
     Batch(#[from] BatchError),
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// A collective of a sharded pass (gathering a group, reduce-scattering its gradient).
+    #[error("collective failed: {0}")]
+    Comm(#[from] CommError),
+    /// A pass asked a sharded source or sink for a group out of its [`PassPlan`].
+    #[error("the pass left its plan: {0}")]
+    Plan(String),
 }
 
 impl From<cannon_runtime::Error> for ModelError {
@@ -198,32 +214,23 @@ impl Mistral3 {
     /// What the batch alone cannot check: labels inside the vocabulary and as many `[IMG]`
     /// tokens as the images make (before any vision compute is spent on a bad batch).
     pub fn check_batch(&self, batch: &Batch) -> Result<(), ModelError> {
-        batch.check()?;
-        let vocab = self.cfg.text_config.vocab_size;
-        if let Some(l) = batch
-            .labels
-            .iter()
-            .find(|&&l| l >= 0 && l as usize >= vocab)
-        {
-            return Err(ModelError::Input(format!(
-                "label {l} is outside the vocabulary ({vocab})"
-            )));
+        check_batch(&self.cfg, batch)
+    }
+
+    /// The pass over this model's own parameters (the mean loss over the batch's targets).
+    pub fn pass(&self) -> Pass<'_> {
+        Pass {
+            cfg: &self.cfg,
+            exec: &self.exec,
+            loss_mode: self.loss_mode,
+            params: &self.params,
+            loss_norm: LossNorm::Mean,
         }
-        let img = self.cfg.image_token_index;
-        let tokens = batch.input_ids.iter().filter(|&&id| id == img).count();
-        let patch = self.cfg.vision_config.patch_size;
-        let features = batch
-            .images
-            .image_tokens(patch, self.cfg.spatial_merge_size);
-        if tokens != features {
-            return Err(ModelError::ImageTokens { tokens, features });
-        }
-        Ok(())
     }
 
     /// Forward through vision, projector, splice, decoder, lm_head and the mean loss.
     pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
-        self.forward_norm(batch, LossNorm::Mean)
+        self.pass().forward(batch)
     }
 
     /// [`Mistral3::forward`] with the summed loss divided as `norm` says: `Divisor(n)` with the
@@ -234,39 +241,11 @@ impl Mistral3 {
         batch: &Batch,
         norm: LossNorm,
     ) -> Result<ForwardActs<A>, ModelError> {
-        let cfg = &self.cfg;
-        let ex = &self.exec;
-        let t = &cfg.text_config;
-        self.check_batch(batch)?;
-        if let LossMode::Chunked(0) = self.loss_mode {
-            return Err(ModelError::Input("loss chunk size must be > 0".into()));
+        Pass {
+            loss_norm: norm,
+            ..self.pass()
         }
-        let (vision, projector) = if batch.images.is_empty() {
-            (None, None)
-        } else {
-            let v = pixtral::forward::<A>(ex, cfg, &self.params, &batch.images)?;
-            let x = v.output().view();
-            let p = projector::forward(ex, cfg, &self.params, &v.grid, &x)?;
-            (Some(v), Some(p))
-        };
-        let feats = projector.as_ref().map(|p| &p.out);
-        let x0 = mistral::embed(ex, cfg, &self.params, &batch.input_ids, feats)?;
-        let (pos, ends) = (
-            batch.positions().into_owned(),
-            batch.sequence_ends().into_owned(),
-        );
-        let text = mistral::forward(ex, cfg, &self.params, x0, pos, ends)?;
-        let targets = batch.targets();
-        let w = self.params.text_head()?.lm_head;
-        let dv = (t.hidden_size, t.vocab_size);
-        let head = head::forward(ex, self.loss_mode, &text.xf, &w, &targets, dv, norm)?;
-        Ok(ForwardActs {
-            vision,
-            projector,
-            text,
-            head,
-            targets,
-        })
+        .forward(batch)
     }
 
     /// Backward of the mean loss: accumulates into the groups of `grads` that exist and, if
@@ -279,32 +258,128 @@ impl Mistral3 {
         grads: &mut Grads,
         dpixels: Option<&mut Tensor<f32>>,
     ) -> Result<Visited, ModelError> {
-        let cfg = &self.cfg;
-        let ex = &self.exec;
+        self.pass().backward(batch, a, grads, dpixels)
+    }
+
+    /// Projector + vision backward from the gradient of the image features `[M, D]`
+    /// (consumed).
+    pub fn backward_images<A: Act>(
+        &self,
+        batch: &Batch,
+        v: &pixtral::PixtralActs<A>,
+        p: &projector::ProjectorActs<A>,
+        dfeat: Tensor<f32>,
+        grads: &mut Grads,
+        dpixels: Option<&mut Tensor<f32>>,
+    ) -> Result<Visited, ModelError> {
+        self.pass()
+            .backward_images(batch, v, p, dfeat, grads, dpixels)
+    }
+}
+
+/// One forward or backward over a [`ParamSource`]: the model as a pass sees it. The
+/// [`Mistral3`] methods are passes over the model's own [`Params`] and [`Grads`]; a sharded
+/// rank (`crate::fsdp`) runs the same passes over its gathering source and reduce-scattering
+/// sink, with the step's global target count as the loss divisor.
+#[derive(Clone, Copy)]
+pub struct Pass<'a> {
+    pub cfg: &'a Mistral3Config,
+    pub exec: &'a Exec,
+    pub loss_mode: LossMode,
+    pub params: &'a dyn ParamSource,
+    /// What the summed loss is divided by: `Mean`, the batch's own trained targets;
+    /// `Divisor(n)`, the trained targets of every micro batch on every rank of the optimizer
+    /// step, so that the summed gradients are the gradient of the step's mean.
+    pub loss_norm: LossNorm,
+}
+
+impl Pass<'_> {
+    /// What the batch alone cannot check: labels inside the vocabulary and as many `[IMG]`
+    /// tokens as the images make (before any vision compute is spent on a bad batch).
+    pub fn check_batch(&self, batch: &Batch) -> Result<(), ModelError> {
+        check_batch(self.cfg, batch)
+    }
+
+    /// Forward through vision, projector, splice, decoder, lm_head and the loss, fetching
+    /// each group in the order of [`PassPlan::forward`].
+    pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
+        let cfg = self.cfg;
+        let ex = self.exec;
+        let params = self.params;
         let t = &cfg.text_config;
-        let layout = &self.params.layout;
-        let trains = |part: Part| {
-            layout
-                .groups
-                .iter()
-                .zip(&grads.data)
-                .any(|(g, d)| g.part == part && d.is_some())
+        self.check_batch(batch)?;
+        if let LossMode::Chunked(0) = self.loss_mode {
+            return Err(ModelError::Input("loss chunk size must be > 0".into()));
+        }
+        let (vision, projector) = if batch.images.is_empty() {
+            (None, None)
+        } else {
+            let v = pixtral::forward::<A>(ex, cfg, params, &batch.images)?;
+            let x = v.output().view();
+            let p = projector::forward(ex, cfg, params, &v.grid, &x)?;
+            (Some(v), Some(p))
         };
-        let vision_needed = trains(Part::Vision) || dpixels.is_some();
-        let image_needed = a.projector.is_some() && (trains(Part::Projector) || vision_needed);
-        let embed_trains = grads.has(layout.text_embed());
+        let feats = projector.as_ref().map(|p| &p.out);
+        let x0 = mistral::embed(ex, cfg, params, &batch.input_ids, feats)?;
+        let (pos, ends) = (
+            batch.positions().into_owned(),
+            batch.sequence_ends().into_owned(),
+        );
+        // The head group (final norm + lm_head) is fetched once, by the decoder's final norm.
+        let (text, head_w) = mistral::forward(ex, cfg, params, x0, pos, ends)?;
+        let targets = batch.targets();
+        let w = head_view(params.layout(), &head_w)?.lm_head;
+        let dv = (t.hidden_size, t.vocab_size);
+        let norm = self.loss_norm;
+        let head = head::forward(ex, self.loss_mode, &text.xf, &w, &targets, dv, norm)?;
+        drop(head_w);
+        Ok(ForwardActs {
+            vision,
+            projector,
+            text,
+            head,
+            targets,
+        })
+    }
+
+    /// Backward of the loss: accumulates into the groups `grads` trains and, if `dpixels`
+    /// (laid out like `Images::pixel_values`) is given, into its gradient, visiting the groups
+    /// in the order of [`PassPlan::backward`]. Parts that neither train nor lead to something
+    /// that needs a gradient are not visited.
+    pub fn backward<A: Act>(
+        &self,
+        batch: &Batch,
+        a: &ForwardActs<A>,
+        grads: &mut dyn GradSink,
+        dpixels: Option<&mut Tensor<f32>>,
+    ) -> Result<Visited, ModelError> {
+        let cfg = self.cfg;
+        let ex = self.exec;
+        let params = self.params;
+        let t = &cfg.text_config;
+        let layout = params.layout();
+        let trains = |grads: &dyn GradSink, part: Part| {
+            (0..layout.groups.len()).any(|g| layout.groups[g].part == part && grads.trains(g))
+        };
+        let vision_needed = trains(grads, Part::Vision) || dpixels.is_some();
+        let image_needed =
+            a.projector.is_some() && (trains(grads, Part::Projector) || vision_needed);
+        let embed_trains = grads.trains(layout.text_embed());
         let want_dx0 = embed_trains || image_needed;
-        if !want_dx0 && grads.data.iter().all(Option::is_none) {
+        if !want_dx0 && !(0..layout.groups.len()).any(|g| grads.trains(g)) {
             return Ok(Visited::default());
         }
 
         let dv = (t.hidden_size, t.vocab_size);
         let mut dxf = ex.zeros(&[a.text.tokens(), t.hidden_size])?;
-        let w = self.params.text_head()?.lm_head;
+        let hg = layout.text_head();
+        // The head group is fetched once: the lm_head backward here, the final norm's in the
+        // decoder backward, which lets it go before the first layer is fetched.
+        let head_w = params.fetch(hg)?;
         {
-            let hg = layout.text_head();
+            let w = head_view(layout, &head_w)?.lm_head;
             let at = params::TextHead::ranges(&layout.groups[hg]);
-            let mut hgrad = grads.group(hg, at);
+            let mut hgrad = group_grad(grads, hg, at)?;
             let dw = hgrad.as_mut().map(|g| g.win(|r| &r.lm_head)).transpose()?;
             let (xf, targets) = (&a.text.xf, &a.targets);
             head::backward(
@@ -319,7 +394,8 @@ impl Mistral3 {
                 dw,
             )?;
         }
-        let (dx0, text) = mistral::backward(ex, cfg, &self.params, &a.text, dxf, grads, want_dx0)?;
+        let (dx0, text) =
+            mistral::backward(ex, cfg, params, head_w, &a.text, dxf, grads, want_dx0)?;
         let mut visited = Visited {
             text_layers: text.layers,
             ..Visited::default()
@@ -327,8 +403,12 @@ impl Mistral3 {
         let Some(mut dx0) = dx0 else {
             return Ok(visited);
         };
-        let dembed = mistral::embed_grad(&self.params, grads);
-        let dfeat = mistral::embed_backward(ex, cfg, &batch.input_ids, &mut dx0, dembed)?;
+        let eg = layout.text_embed();
+        let dfeat = {
+            let dembed = grads.grad(eg)?;
+            mistral::embed_backward(ex, cfg, &batch.input_ids, &mut dx0, dembed)?
+        };
+        grads.release(eg)?;
         drop(dx0);
         let (Some(v), Some(p)) = (&a.vision, &a.projector) else {
             return Ok(visited);
@@ -351,19 +431,20 @@ impl Mistral3 {
         v: &pixtral::PixtralActs<A>,
         p: &projector::ProjectorActs<A>,
         dfeat: Tensor<f32>,
-        grads: &mut Grads,
+        grads: &mut dyn GradSink,
         dpixels: Option<&mut Tensor<f32>>,
     ) -> Result<Visited, ModelError> {
-        let cfg = &self.cfg;
-        let ex = &self.exec;
-        let layout = &self.params.layout;
-        let vision_trains = (0..=layout.vision_layers).any(|g| grads.has(g));
+        let cfg = self.cfg;
+        let ex = self.exec;
+        let params = self.params;
+        let layout = params.layout();
+        let vision_trains = (0..=layout.vision_layers).any(|g| grads.trains(g));
         let vision_needed = vision_trains || dpixels.is_some();
         let x = v.output();
         let mut dvis = vision_needed.then(|| ex.zeros(x.shape())).transpose()?;
         let dvis_view = dvis.as_mut().map(Tensor::view_mut);
         let (xv, dfv) = (x.view(), dfeat.view());
-        projector::backward(ex, cfg, &self.params, p, &xv, &dfv, grads, dvis_view)?;
+        projector::backward(ex, cfg, params, p, &xv, &dfv, grads, dvis_view)?;
         drop(dfeat);
         let mut visited = Visited {
             projector: true,
@@ -371,10 +452,43 @@ impl Mistral3 {
         };
         if let Some(dvis) = dvis {
             let images = &batch.images;
-            let vv = pixtral::backward(ex, cfg, &self.params, v, images, dvis, grads, dpixels)?;
+            let vv = pixtral::backward(ex, cfg, params, v, images, dvis, grads, dpixels)?;
             visited.vision_layers = vv.layers;
             visited.patch_embed = vv.patch_embed;
         }
         Ok(visited)
     }
+}
+
+/// The head group's tensors in a fetched buffer.
+pub(crate) fn head_view<'w>(
+    layout: &ParamLayout,
+    w: &'w GroupWeights<'_>,
+) -> Result<params::TextHead<BufferView<'w, f32>>, KernelError> {
+    let g = layout.text_head();
+    params::TextHead::split(w.view()?, &layout.groups[g])
+}
+
+/// What the batch alone cannot check: labels inside the vocabulary and as many `[IMG]`
+/// tokens as the images make.
+pub fn check_batch(cfg: &Mistral3Config, batch: &Batch) -> Result<(), ModelError> {
+    batch.check()?;
+    let vocab = cfg.text_config.vocab_size;
+    if let Some(l) = batch
+        .labels
+        .iter()
+        .find(|&&l| l >= 0 && l as usize >= vocab)
+    {
+        return Err(ModelError::Input(format!(
+            "label {l} is outside the vocabulary ({vocab})"
+        )));
+    }
+    let img = cfg.image_token_index;
+    let tokens = batch.input_ids.iter().filter(|&&id| id == img).count();
+    let patch = cfg.vision_config.patch_size;
+    let features = batch.images.image_tokens(patch, cfg.spatial_merge_size);
+    if tokens != features {
+        return Err(ModelError::ImageTokens { tokens, features });
+    }
+    Ok(())
 }

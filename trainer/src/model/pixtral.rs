@@ -23,7 +23,8 @@ use super::config::{Mistral3Config, VISION_RMS_EPS};
 use super::exec::Exec;
 use super::ops::Act;
 use super::ops::{patch_embed, patch_embed_back};
-use super::params::{Grads, ParamLayout, Params, VisionEmbed, VisionLayer};
+use super::params::{ParamLayout, VisionEmbed, VisionLayer};
+use super::source::{group_grad, GradSink, ParamSource};
 use super::{Images, ModelError};
 use cannon_kernels::ops;
 use cannon_kernels::patch_embed::{PatchEmbedGradBufs, PatchGeom};
@@ -180,7 +181,7 @@ impl<T> VisionLayer<T> {
 pub fn forward<A: Act>(
     exec: &Exec,
     cfg: &Mistral3Config,
-    params: &Params,
+    params: &dyn ParamSource,
     img: &Images,
 ) -> Result<PixtralActs<A>, ModelError> {
     let st = exec.stream();
@@ -189,7 +190,10 @@ pub fn forward<A: Act>(
     let dv = v.hidden_size;
     let n = grid.patches();
     let dims = dims(cfg);
-    let e = params.vision_embed()?;
+    let layout = params.layout();
+    let eg = ParamLayout::VISION_EMBED;
+    let fetched = params.fetch(eg)?;
+    let e = VisionEmbed::split(fetched.view()?, &layout.groups[eg])?;
     let pixels = exec.upload(&img.pixel_values, &[img.pixel_values.len()])?;
     let mut embed = exec.empty(&[n, dv])?;
     for i in 0..img.len() {
@@ -202,6 +206,7 @@ pub fn forward<A: Act>(
     let mut rstd_pre = exec.empty(&[n])?;
     let (mut xv, mut rv) = (x0.view_mut(), rstd_pre.view_mut());
     ops::rmsnorm_forward(st, &mut xv, &mut rv, &embed.view(), &e.ln_pre, dv, dims.eps)?;
+    drop(fetched);
 
     let (rope, pos) = grid.rope(v.head_dim(), v.rope_theta())?;
     let layers = cfg.vision_layers_used();
@@ -217,7 +222,9 @@ pub fn forward<A: Act>(
         };
         let mut acts = BlockActs::new(exec, &dims, n)?;
         let mut out = exec.empty(&[n, dv])?;
-        let w = params.vision_layer(l)?.block();
+        let g = layout.vision_layer(l);
+        let fetched = params.fetch(g)?;
+        let w = VisionLayer::split(fetched.view()?, &layout.groups[g])?.block();
         let x = outs.last().unwrap_or(&x0).view();
         block_forward(
             st,
@@ -228,6 +235,7 @@ pub fn forward<A: Act>(
             &x,
             &mut out.view_mut(),
         )?;
+        drop(fetched);
         outs.push(out);
         blocks.push(acts);
     }
@@ -260,11 +268,11 @@ pub struct VisionVisit {
 pub fn backward<A: Act>(
     exec: &Exec,
     cfg: &Mistral3Config,
-    params: &Params,
+    params: &dyn ParamSource,
     a: &PixtralActs<A>,
     img: &Images,
     dout: Tensor<f32>,
-    grads: &mut Grads,
+    grads: &mut dyn GradSink,
     mut dpixels: Option<&mut Tensor<f32>>,
 ) -> Result<VisionVisit, ModelError> {
     let st = exec.stream();
@@ -272,7 +280,7 @@ pub fn backward<A: Act>(
     let dv = v.hidden_size;
     let n = a.grid.patches();
     let dims = dims(cfg);
-    let layout: &ParamLayout = &params.layout;
+    let layout: &ParamLayout = params.layout();
     if let Some(dp) = &dpixels {
         if dp.numel() != img.pixel_values.len() {
             return Err(ModelError::Input(format!(
@@ -294,9 +302,10 @@ pub fn backward<A: Act>(
             cu_seqlens: &a.grid.cu_seqlens,
         };
         let g = layout.vision_layer(l);
+        let fetched = params.fetch(g)?;
+        let w: BlockWeights = VisionLayer::split(fetched.view()?, &layout.groups[g])?.block();
         let at = VisionLayer::ranges(&layout.groups[g]).block();
-        let gl: Option<BlockGrads> = grads.group(g, at);
-        let w: BlockWeights = params.vision_layer(l)?.block();
+        let gl: Option<BlockGrads> = group_grad(grads, g, at)?;
         let (x, dv_) = (a.input(l).view(), d.view());
         let mut dx = dprev.view_mut();
         block_backward(
@@ -310,18 +319,21 @@ pub fn backward<A: Act>(
             &dv_,
             &mut dx,
         )?;
+        drop(fetched);
+        grads.release(g)?;
         std::mem::swap(&mut d, &mut dprev);
         visit.layers += 1;
     }
     // x0 = ln_pre(embed); embed = patch_conv(pixels)
-    let e = params.vision_embed()?;
     let g = ParamLayout::VISION_EMBED;
-    let at = VisionEmbed::ranges(&layout.groups[g]);
-    let mut ge = grads.group(g, at);
-    if ge.is_none() && dpixels.is_none() {
+    if !grads.trains(g) && dpixels.is_none() {
         return Ok(visit);
     }
     drop(dprev);
+    let fetched = params.fetch(g)?;
+    let e = VisionEmbed::split(fetched.view()?, &layout.groups[g])?;
+    let at = VisionEmbed::ranges(&layout.groups[g]);
+    let mut ge = group_grad(grads, g, at)?;
     let mut dembed = exec.zeros(&[n, dv])?;
     let mut gln = match ge.as_mut() {
         Some(ge) => ge.win(|r| &r.ln_pre)?,
@@ -344,6 +356,9 @@ pub fn backward<A: Act>(
         let pixels = a.pixels.view().slice(img.range(i))?; // [C, h, w]
         patch_embed_back::<A>(st, grads, &dout, &pixels, &e.patch_conv, geom, dv)?;
     }
+    drop(dembed);
+    drop(fetched);
+    grads.release(g)?;
     visit.patch_embed = true;
     Ok(visit)
 }

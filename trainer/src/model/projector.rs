@@ -19,8 +19,10 @@
 use super::config::Mistral3Config;
 use super::exec::Exec;
 use super::ops::{linear, linear_back, store, Act};
-use super::params::{Grads, Params, Projector};
+use super::params::Projector;
 use super::pixtral::PatchGrid;
+use super::source::{group_grad, GradSink, ParamSource};
+use super::ModelError;
 use cannon_kernels::index::TransposeDims;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut};
@@ -75,16 +77,18 @@ fn merge_dims(tokens: usize, dv: usize, mm: usize) -> TransposeDims {
 pub fn forward<A: Act>(
     exec: &Exec,
     cfg: &Mistral3Config,
-    params: &Params,
+    params: &dyn ParamSource,
     grid: &PatchGrid,
     x: &BufferView<'_, f32>,
-) -> Result<ProjectorActs<A>, KernelError> {
+) -> Result<ProjectorActs<A>, ModelError> {
     let st = exec.stream();
     let dv = cfg.vision_config.hidden_size;
     let d = cfg.text_config.hidden_size;
     let m = cfg.spatial_merge_size;
     let mm = m * m;
-    let w = params.projector()?;
+    let pg = params.layout().projector();
+    let fetched = params.fetch(pg)?;
+    let w = Projector::split(fetched.view()?, &params.layout().groups[pg])?;
     let p = x.len() / dv.max(1);
     let eps = cfg.text_config.rms_norm_eps as f32;
     let sources = merge_sources(grid, m);
@@ -131,6 +135,7 @@ pub fn forward<A: Act>(
     ops::gelu_forward(st, &mut g.view_mut(), &a.h1.view())?;
     store(st, &g.view(), &mut a.act.view_mut())?;
     linear(st, &mut a.out.view_mut(), &a.act.view(), &w.linear_2, d, d)?;
+    drop(fetched);
     Ok(a)
 }
 
@@ -141,22 +146,24 @@ pub fn forward<A: Act>(
 pub fn backward<A: Act>(
     exec: &Exec,
     cfg: &Mistral3Config,
-    params: &Params,
+    params: &dyn ParamSource,
     a: &ProjectorActs<A>,
     x: &BufferView<'_, f32>,
     dout: &BufferView<'_, f32>,
-    grads: &mut Grads,
+    grads: &mut dyn GradSink,
     dx: Option<BufferViewMut<'_, f32>>,
-) -> Result<(), KernelError> {
+) -> Result<(), ModelError> {
     let st = exec.stream();
     let dv = cfg.vision_config.hidden_size;
     let d = cfg.text_config.hidden_size;
     let mm = cfg.spatial_merge_size * cfg.spatial_merge_size;
     let tokens = a.sources.len() / mm.max(1);
     let p = x.len() / dv.max(1);
-    let w = params.projector()?;
-    let gi = params.layout.projector();
-    let mut g = grads.group(gi, Projector::ranges(&params.layout.groups[gi]));
+    let layout = params.layout();
+    let gi = layout.projector();
+    let fetched = params.fetch(gi)?;
+    let w = Projector::split(fetched.view()?, &layout.groups[gi])?;
+    let mut g = group_grad(grads, gi, Projector::ranges(&layout.groups[gi]))?;
     // Working tensors, freed on return: the gradients of every saved activation, back to
     // the norm's input (a throwaway one when nothing below the projector needs it: the norm
     // weight's gradient needs the same pass).
@@ -218,14 +225,16 @@ pub fn backward<A: Act>(
     let mut dx = match (dx, x_sink.as_mut()) {
         (Some(dx), _) => dx,
         (None, Some(sink)) => sink.view_mut(),
-        (None, None) => return Err(missing("projector x gradient")),
+        (None, None) => return Err(missing("projector x gradient").into()),
     };
     let mut gn = match g.as_mut() {
         Some(g) => g.win(|r| &r.norm)?,
         None => norm_sink.view_mut(),
     };
     let (dxn, rstd) = (dxn.view(), a.rstd.view());
-    ops::rmsnorm_backward(st, &mut dx, &mut gn, &dxn, x, &w.norm, &rstd, dv)
+    ops::rmsnorm_backward(st, &mut dx, &mut gn, &dxn, x, &w.norm, &rstd, dv)?;
+    drop(fetched);
+    grads.release(gi)
 }
 
 fn missing(what: &str) -> KernelError {

@@ -9,6 +9,7 @@
 //!   step ([`run::StepHook`]), the final evaluation.
 //! - [`resume`]: saving checkpoints from the loop ([`resume::CheckpointHook`]) and resuming
 //!   a run from one.
+//! - [`sharded`]: the run on `parallel.nproc` CPU ranks of an FSDP run.
 //! - [`metrics`], [`flops`], [`identity`], [`sha256`]: what a run reports and records.
 
 pub mod flops;
@@ -18,6 +19,7 @@ pub mod resume;
 pub mod run;
 pub mod schedule;
 pub mod sha256;
+pub mod sharded;
 pub mod step;
 
 pub use run::{RunPlan, RunSummary, StepHook, TrainError, TrainState, Trainer};

@@ -579,7 +579,7 @@ impl Trainer {
         }
     }
 
-    fn write_run_files(&self) -> Result<(), TrainError> {
+    pub(crate) fn write_run_files(&self) -> Result<(), TrainError> {
         let out = &self.plan.out_dir;
         std::fs::create_dir_all(out).map_err(io(out))?;
         let cfg_path = out.join("config.toml");
@@ -637,8 +637,26 @@ impl Trainer {
         }
         progress.finish();
         let wall_s = started.elapsed().as_secs_f64();
+        let (final_model, eval) = self.finish::<A>(&self.state.model, &mut jsonl)?;
+        Ok(RunSummary {
+            steps: self.state.step - first,
+            losses,
+            wall_s,
+            eval,
+            final_model,
+        })
+    }
+
+    /// The end of a run: writes `model` (the trained weights) with the run's config into
+    /// `<run folder>/final`, evaluates it on the held-out set if there is one, and logs the
+    /// evaluation to `jsonl`.
+    pub(crate) fn finish<A: Act>(
+        &self,
+        model: &Mistral3,
+        jsonl: &mut JsonlWriter,
+    ) -> Result<(PathBuf, Option<EvalReport>), TrainError> {
         let final_model = self.plan.out_dir.join("final");
-        crate::model::save::save_hf(&self.state.model, &self.model_json, &final_model)?;
+        crate::model::save::save_hf(model, &self.model_json, &final_model)?;
         let cfg_copy = final_model.join(FINAL_RUN_CONFIG);
         std::fs::write(&cfg_copy, self.plan.effective().to_toml()).map_err(io(&cfg_copy))?;
         let eval = match &self.plan.eval_dataset {
@@ -646,7 +664,7 @@ impl Trainer {
                 let spec = DatasetSpec::resolve(path, self.plan.cfg.data.dataset_dir.as_deref())?;
                 let data = DataSet::open(&spec, &self.tok, &self.loader_settings())?;
                 let rep = eval::evaluate::<A>(
-                    &self.state.model,
+                    model,
                     &data,
                     &self.tok,
                     &self.image,
@@ -659,13 +677,7 @@ impl Trainer {
             }
             None => None,
         };
-        Ok(RunSummary {
-            steps: self.state.step - first,
-            losses,
-            wall_s,
-            eval,
-            final_model,
-        })
+        Ok((final_model, eval))
     }
 
     fn loader_settings(&self) -> crate::data::dataset::SampleSettings<'_> {

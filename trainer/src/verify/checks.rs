@@ -86,8 +86,7 @@ pub fn independence<A: Act>(
     let run = |images: &Images| -> Result<_, VerifyError> {
         let v = crate::model::pixtral::forward::<A>(ex, cfg, &model.params, images)?;
         let x = v.output().view();
-        let p = crate::model::projector::forward(ex, cfg, &model.params, &v.grid, &x)
-            .map_err(ModelError::from)?;
+        let p = crate::model::projector::forward(ex, cfg, &model.params, &v.grid, &x)?;
         Ok((v, p))
     };
     let host = |t: &Tensor<f32>| t.to_host(st).map_err(ModelError::from);

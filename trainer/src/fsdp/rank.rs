@@ -1,0 +1,553 @@
+//! One rank of a sharded data-parallel run: its shards, its optimizer state and its step.
+//!
+//! ```text
+//! step(micro batches of this rank, lr):
+//!   all-reduce   trained targets, tokens, bad batches (sum); passes, images per pass (max)
+//!   per pass p (the max over ranks of micro batches; a rank out of batches runs an empty one):
+//!     forward    every group of the plan gathered in order (next one prefetched), freed
+//!                after use; the loss summed, divided by the step's global target count
+//!     backward   groups gathered again in reverse, each full gradient reduce-scattered
+//!                (sum) into this rank's shard and freed
+//!   loss         all-reduce of the summed losses / global target count
+//!   clip         local sum of squares of the gradient shards, all-reduced; shards scaled
+//!   AdamW        on this rank's parameter, moment and gradient shards only
+//! ```
+//!
+//! One communicator carries every collective of the rank: on the CPU a collective blocks its
+//! rank until all ranks join, so the rank's collectives are one sequence, the same on every
+//! rank by construction (the step's scalars, then each pass's [`Schedule`]).
+
+use super::reduce::Reducer;
+use super::schedule::{GradShards, Schedule};
+use super::shard::ShardLayout;
+use super::state::{GroupState, ShardState};
+use super::FsdpError;
+use crate::model::optim::AdamWConfig;
+use crate::model::source::PlanInputs;
+use crate::model::{
+    Act, Batch, Exec, LossMode, Mistral3Config, ParamLayout, Params, Part, Pass, PassPlan,
+    StepMemory,
+};
+use crate::train::TrainSettings;
+use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
+use cannon_kernels::{ops, Tensor};
+use cannon_runtime::comm::{Communicator, ReduceOp};
+use cannon_runtime::{BufferView, BufferViewMut, DeviceBuffer, Element};
+
+/// What a sharded step needs besides the batches and the learning rate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FsdpSettings {
+    /// torch.optim.AdamW's hyper-parameters (`lr` is given per step).
+    pub adamw: AdamWConfig,
+    /// Global L2 norm the gradients are clipped to (`<= 0` or infinite only measures).
+    pub max_grad_norm: f64,
+    /// Parts that get neither gradients nor optimizer state.
+    pub frozen: Vec<Part>,
+    pub loss_mode: LossMode,
+}
+
+impl FsdpSettings {
+    /// The settings of an unsharded training run, full loss.
+    pub fn from_train(t: &TrainSettings) -> Self {
+        FsdpSettings {
+            adamw: t.adamw,
+            max_grad_norm: t.max_grad_norm,
+            frozen: t.frozen.clone(),
+            loss_mode: LossMode::Full,
+        }
+    }
+}
+
+/// What one step did (the same on every rank except `for_peers` and `memory`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepStats {
+    /// Optimizer steps taken so far, this one included.
+    pub step: u64,
+    /// Mean loss over the trained targets of every micro batch on every rank.
+    pub loss: f64,
+    /// Global gradient L2 norm before clipping.
+    pub grad_norm: f64,
+    /// Trained targets of the step (the loss divisor).
+    pub targets: usize,
+    /// Tokens of the step, every rank.
+    pub tokens: usize,
+    /// Micro-batch passes every rank ran.
+    pub passes: usize,
+    /// Gathers and reduce-scatters this rank issued only because its peers needed them
+    /// (groups its own micro batches did not use).
+    pub for_peers: usize,
+    /// This rank's allocator over the step.
+    pub memory: StepMemory,
+}
+
+/// One rank of an FSDP (ZeRO-3) run (see the module docs).
+#[derive(Debug)]
+pub struct FsdpRank {
+    cfg: Mistral3Config,
+    layout: ParamLayout,
+    exec: Exec,
+    comm: Communicator,
+    cut: ShardLayout,
+    /// `[shard]` f32 master weights of every group.
+    params: Vec<Tensor<f32>>,
+    /// `[shard]` gradient, first and second moment of every trained group.
+    grads: Vec<Option<Tensor<f32>>>,
+    m: Vec<Option<Tensor<f32>>>,
+    v: Vec<Option<Tensor<f32>>>,
+    step: u64,
+    settings: FsdpSettings,
+}
+
+impl FsdpRank {
+    /// This rank of `comm`'s group, on `exec` (whose allocator holds the rank's memory),
+    /// keeping only its shard of the full host groups `full` (one `Vec` per group of
+    /// `ParamLayout::new(&cfg)`, the same on every rank). Local: no collective.
+    pub fn new(
+        comm: Communicator,
+        exec: Exec,
+        cfg: Mistral3Config,
+        full: &[Vec<f32>],
+        settings: FsdpSettings,
+    ) -> Result<Self, FsdpError> {
+        if comm.device() != exec.device() {
+            return Err(FsdpError::Invalid(format!(
+                "the communicator is on {}, the rank's stream on {}",
+                comm.device(),
+                exec.device()
+            )));
+        }
+        let layout = ParamLayout::new(&cfg);
+        if full.len() != layout.groups.len() {
+            return Err(FsdpError::Invalid(format!(
+                "{} parameter groups given, the model has {}",
+                full.len(),
+                layout.groups.len()
+            )));
+        }
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let cut = ShardLayout::new(&layout, world);
+        let mut params = Vec::with_capacity(full.len());
+        for (g, host) in full.iter().enumerate() {
+            let shard = cut.cut(g, rank, host)?;
+            params.push(exec.upload(&shard, &[shard.len()])?);
+        }
+        let trains = |g: usize| !settings.frozen.contains(&layout.groups[g].part);
+        let zeros = || -> Result<Vec<Option<Tensor<f32>>>, FsdpError> {
+            (0..layout.groups.len())
+                .map(|g| {
+                    let z = trains(g).then(|| exec.zeros(&[cut.groups[g].shard]));
+                    Ok(z.transpose()?)
+                })
+                .collect()
+        };
+        let (grads, m, v) = (zeros()?, zeros()?, zeros()?);
+        Ok(FsdpRank {
+            cfg,
+            layout,
+            exec,
+            comm,
+            cut,
+            params,
+            grads,
+            m,
+            v,
+            step: 0,
+            settings,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    pub fn cfg(&self) -> &Mistral3Config {
+        &self.cfg
+    }
+
+    pub fn layout(&self) -> &ParamLayout {
+        &self.layout
+    }
+
+    /// How the groups are cut over the ranks.
+    pub fn shard_layout(&self) -> &ShardLayout {
+        &self.cut
+    }
+
+    pub fn exec(&self) -> &Exec {
+        &self.exec
+    }
+
+    pub fn settings(&self) -> &FsdpSettings {
+        &self.settings
+    }
+
+    /// AdamW steps taken.
+    pub fn steps_taken(&self) -> u64 {
+        self.step
+    }
+
+    /// Whether group `g` trains.
+    pub fn trains(&self, g: usize) -> bool {
+        self.grads.get(g).is_some_and(Option::is_some)
+    }
+
+    /// One optimizer step over this rank's micro batches `micro` (the global batch is every
+    /// rank's micro batches): forward and backward of each, gradient shards summed over
+    /// micro batches and ranks, clipped by the global norm, AdamW at `lr` on the shards.
+    /// Collective: every rank calls it, with its own batches (possibly none).
+    pub fn step<A: Act>(&mut self, micro: &[Batch], lr: f64) -> Result<StepStats, FsdpError> {
+        let alloc = self.exec.allocator().clone();
+        alloc.reset_peak();
+        let start_allocated = alloc.stats().allocated;
+        let head = self.agree(micro)?;
+        // No trained target anywhere (every rank knows): no pass, no update.
+        let divisor = (head.targets > 0).then_some(head.targets);
+        let passes = if divisor.is_some() {
+            head.images.len()
+        } else {
+            0
+        };
+        let norm = LossNorm::Divisor(head.targets.max(1) as f64);
+        let mut fresh = vec![true; self.layout.groups.len()];
+        let (mut loss_sum, mut for_peers) = (0.0, 0);
+        for (p, &images) in head.images.iter().enumerate().take(passes) {
+            let (sum, peers) = self.pass::<A>(micro.get(p), images, norm, &mut fresh)?;
+            loss_sum += sum;
+            for_peers += peers;
+        }
+        let exec = self.exec.clone();
+        let st = exec.stream();
+        // A trained group no pass released (vision with no image anywhere) got no gradient.
+        for (g, shard) in self.grads.iter_mut().enumerate() {
+            if let (Some(shard), true) = (shard.as_mut(), fresh[g]) {
+                shard.zero(st)?;
+            }
+        }
+        let loss_total = self.all_reduce_scalar(loss_sum)?;
+        let (loss, grad_norm) = match divisor {
+            Some(n) => {
+                let grad_norm = self.clip()?;
+                self.update(lr)?;
+                (loss_total / n as f64, grad_norm)
+            }
+            // Nothing trained anywhere in this step (every answer cut away): no update, so
+            // AdamW's moments and step count do not move either (as the one-rank loop).
+            None => (0.0, 0.0),
+        };
+        let s = alloc.stats();
+        Ok(StepStats {
+            step: self.step,
+            loss,
+            grad_norm,
+            targets: head.targets,
+            tokens: head.tokens,
+            passes,
+            for_peers,
+            memory: StepMemory {
+                start_allocated,
+                max_allocated: s.peak_allocated,
+                max_reserved: s.peak_reserved,
+            },
+        })
+    }
+
+    /// AdamW at `lr` on this rank's parameter shards of the trained groups.
+    fn update(&mut self, lr: f64) -> Result<(), FsdpError> {
+        let st = self.exec.stream();
+        self.step += 1;
+        let hp = AdamWConfig {
+            lr,
+            ..self.settings.adamw
+        };
+        for (((p, g), m), v) in self
+            .params
+            .iter_mut()
+            .zip(&self.grads)
+            .zip(&mut self.m)
+            .zip(&mut self.v)
+        {
+            if let (Some(g), Some(m), Some(v)) = (g, m.as_mut(), v.as_mut()) {
+                let (mut pv, gv) = (p.view_mut(), g.view());
+                let (mut mv, mut vv) = (m.view_mut(), v.view_mut());
+                ops::adamw_step(st, &mut pv, &gv, &mut mv, &mut vv, self.step, &hp)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The step's global facts, agreed by every rank before any pass (so that a batch one
+    /// rank rejects stops every rank with an error instead of leaving them waiting).
+    fn agree(&self, micro: &[Batch]) -> Result<StepHead, FsdpError> {
+        let st = self.exec.stream();
+        let mut bad = None;
+        let (mut targets, mut tokens) = (0i64, 0i64);
+        for (i, b) in micro.iter().enumerate() {
+            if let Err(e) = crate::model::check_batch(&self.cfg, b) {
+                bad.get_or_insert((i, e));
+            }
+            let t = b.targets();
+            targets += t.iter().filter(|&&l| l != IGNORE_INDEX).count() as i64;
+            tokens += b.tokens() as i64;
+        }
+        let sums = [
+            targets,
+            tokens,
+            i64::from(bad.is_some()),
+            micro.len() as i64,
+        ];
+        let mut buf = DeviceBuffer::clone_htod(st, &sums)?;
+        let mut sums_view = buf.view_mut();
+        self.comm
+            .all_reduce_in_place(&mut sums_view, ReduceOp::Sum, st)?;
+        let sums = buf.clone_dtoh(st)?;
+        if let Some((i, e)) = bad {
+            return Err(FsdpError::Batch {
+                rank: self.rank(),
+                index: i,
+                source: e,
+            });
+        }
+        if sums[2] > 0 {
+            return Err(FsdpError::PeerBatch {
+                rank: self.rank(),
+                ranks: sums[2] as usize,
+            });
+        }
+        let mut passes = DeviceBuffer::clone_htod(st, &[micro.len() as i64])?;
+        self.comm
+            .all_reduce_in_place(&mut passes.view_mut(), ReduceOp::Max, st)?;
+        let passes = passes.clone_dtoh(st)?[0] as usize;
+        let flags: Vec<i64> = (0..passes)
+            .map(|p| i64::from(micro.get(p).is_some_and(|b| !b.images.is_empty())))
+            .collect();
+        let images = if passes == 0 {
+            Vec::new()
+        } else {
+            let mut f = DeviceBuffer::clone_htod(st, &flags)?;
+            self.comm
+                .all_reduce_in_place(&mut f.view_mut(), ReduceOp::Max, st)?;
+            f.clone_dtoh(st)?.iter().map(|&x| x > 0).collect()
+        };
+        Ok(StepHead {
+            targets: sums[0] as usize,
+            tokens: sums[1] as usize,
+            images,
+        })
+    }
+
+    /// Forward + backward of one micro batch (None: this rank has none left and only takes
+    /// part in the collectives). Returns the summed loss and the collectives made for peers.
+    fn pass<A: Act>(
+        &mut self,
+        batch: Option<&Batch>,
+        images: bool,
+        loss_norm: LossNorm,
+        fresh: &mut [bool],
+    ) -> Result<(f64, usize), FsdpError> {
+        let grads = &self.grads;
+        let trains = |g: usize| grads[g].is_some();
+        let inputs = PlanInputs {
+            trains: &trains,
+            images,
+            dpixels: false,
+        };
+        let plan = PassPlan::new(&self.cfg, &self.layout, inputs);
+        let (exec, layout, cut) = (&self.exec, &self.layout, &self.cut);
+        let (cfg, loss_mode) = (&self.cfg, self.settings.loss_mode);
+        let (comm, shards) = (&self.comm, &self.params[..]);
+        let steps = Schedule::forward_steps(&plan.forward);
+        let fwd = Schedule::new(exec, comm, layout, cut, shards, steps, None);
+        let acts = match batch {
+            Some(b) => {
+                let pass = Pass {
+                    cfg,
+                    exec,
+                    loss_mode,
+                    params: &fwd,
+                    loss_norm,
+                };
+                Some(pass.forward::<A>(b)?)
+            }
+            None => None,
+        };
+        let mut for_peers = fwd.finish()?;
+
+        let grads = GradShards {
+            shards: &mut self.grads,
+            fresh,
+        };
+        let bwd = Schedule::new(exec, comm, layout, cut, shards, plan.backward, Some(grads));
+        let mut sink = Reducer::new(exec, cut, &bwd);
+        let mut sum = 0.0;
+        if let (Some(b), Some(a)) = (batch, &acts) {
+            let pass = Pass {
+                cfg,
+                exec,
+                loss_mode,
+                params: &bwd,
+                loss_norm,
+            };
+            pass.backward(b, a, &mut sink, None)?;
+            sum = a.head.sum;
+        }
+        drop(acts);
+        sink.finish()?;
+        for_peers += bwd.finish()?;
+        Ok((sum, for_peers))
+    }
+
+    /// Sum over the ranks of one f64.
+    fn all_reduce_scalar(&self, x: f64) -> Result<f64, FsdpError> {
+        let st = self.exec.stream();
+        let mut buf = DeviceBuffer::clone_htod(st, &[x])?;
+        self.comm
+            .all_reduce_in_place(&mut buf.view_mut(), ReduceOp::Sum, st)?;
+        Ok(buf.clone_dtoh(st)?[0])
+    }
+
+    /// torch's `clip_grad_norm_` on sharded gradients: the local sum of squares of the
+    /// shards (padding is zero), summed over the ranks, gives the global norm; every rank
+    /// scales its shards by the same coefficient. Returns the norm before clipping.
+    fn clip(&mut self) -> Result<f64, FsdpError> {
+        let st = self.exec.stream();
+        let views: Vec<BufferView<'_, f32>> =
+            self.grads.iter().flatten().map(Tensor::view).collect();
+        let local = ops::grad_sum_squares(st, &views)?;
+        drop(views);
+        let total = self.all_reduce_scalar(local)?;
+        let max_norm = self.settings.max_grad_norm;
+        if max_norm > 0.0 && max_norm.is_finite() {
+            let mut views: Vec<BufferViewMut<'_, f32>> = self
+                .grads
+                .iter_mut()
+                .flatten()
+                .map(Tensor::view_mut)
+                .collect();
+            Ok(ops::clip_with_sum_squares(st, &mut views, total, max_norm)?)
+        } else {
+            Ok(total.sqrt())
+        }
+    }
+
+    /// The full f32 parameters on this rank's device (for export and evaluation).
+    /// Collective: every rank calls it.
+    pub fn gather_full_params(&self) -> Result<Params, FsdpError> {
+        let st = self.exec.stream();
+        let mut data = Vec::with_capacity(self.params.len());
+        for (g, shard) in self.params.iter().enumerate() {
+            let cut = self.cut.groups[g];
+            let mut full = self.exec.empty::<f32>(&[cut.padded(self.cut.world)])?;
+            self.comm
+                .all_gather(&shard.view(), &mut full.view_mut(), st)?;
+            let mut group = self.exec.empty::<f32>(&[cut.len])?;
+            group
+                .view_mut()
+                .memcpy_dtod(st, &full.view().slice(0..cut.len)?)?;
+            data.push(group);
+        }
+        Ok(Params {
+            layout: self.layout.clone(),
+            data,
+        })
+    }
+
+    /// Host copies of this rank's shards and optimizer state.
+    pub fn state(&self) -> Result<ShardState, FsdpError> {
+        let st = self.exec.stream();
+        let host = |t: &Option<Tensor<f32>>| t.as_ref().map(|t| t.to_host(st)).transpose();
+        let groups = (0..self.params.len())
+            .map(|g| {
+                Ok(GroupState {
+                    params: self.params[g].to_host(st)?,
+                    m: host(&self.m[g])?,
+                    v: host(&self.v[g])?,
+                })
+            })
+            .collect::<Result<_, FsdpError>>()?;
+        Ok(ShardState {
+            rank: self.rank(),
+            world: self.world_size(),
+            step: self.step,
+            groups,
+        })
+    }
+
+    /// Restores a state saved by [`FsdpRank::state`] on the same rank of a world of the same
+    /// size and model.
+    pub fn load_state(&mut self, s: &ShardState) -> Result<(), FsdpError> {
+        if (s.rank, s.world) != (self.rank(), self.world_size()) {
+            return Err(FsdpError::Invalid(format!(
+                "a state of rank {} of {} cannot be loaded on rank {} of {}",
+                s.rank,
+                s.world,
+                self.rank(),
+                self.world_size()
+            )));
+        }
+        if s.groups.len() != self.params.len() {
+            return Err(FsdpError::Invalid(format!(
+                "the state has {} groups, the model {}",
+                s.groups.len(),
+                self.params.len()
+            )));
+        }
+        let st = self.exec.stream();
+        for (g, gs) in s.groups.iter().enumerate() {
+            let shard = self.cut.groups[g].shard;
+            let fits = |x: &[f32]| x.len() == shard;
+            let moments = (&gs.m, &gs.v, &self.m[g]);
+            let moments_ok = match moments {
+                (Some(m), Some(v), Some(_)) => fits(m) && fits(v),
+                (None, None, None) => true,
+                _ => false,
+            };
+            if !fits(&gs.params) || !moments_ok {
+                return Err(FsdpError::Invalid(format!(
+                    "group {g} ({}): the state's shard does not match this rank's \
+                     ({shard} values, {})",
+                    self.layout.groups[g]
+                        .slots
+                        .first()
+                        .map_or("", |s| s.name.as_str()),
+                    if self.m[g].is_some() {
+                        "trained: moments expected"
+                    } else {
+                        "frozen: no moments"
+                    }
+                )));
+            }
+        }
+        for (g, gs) in s.groups.iter().enumerate() {
+            self.params[g].view_mut().memcpy_htod(st, &gs.params)?;
+            if let (Some(m), Some(v)) = (&gs.m, &gs.v) {
+                upload_into(st, &mut self.m[g], m)?;
+                upload_into(st, &mut self.v[g], v)?;
+            }
+        }
+        self.step = s.step;
+        Ok(())
+    }
+}
+
+fn upload_into<T: Element>(
+    st: &cannon_runtime::Stream,
+    dst: &mut Option<Tensor<T>>,
+    src: &[T],
+) -> Result<(), FsdpError> {
+    if let Some(t) = dst.as_mut() {
+        t.view_mut().memcpy_htod(st, src)?;
+    }
+    Ok(())
+}
+
+/// The facts of a step every rank agreed on.
+struct StepHead {
+    targets: usize,
+    tokens: usize,
+    /// Per pass: whether any rank's micro batch of that pass has images.
+    images: Vec<bool>,
+}

@@ -1,0 +1,78 @@
+//! N in-process CPU ranks: one thread each, one communicator each (`CpuWorld`), and each
+//! with its own caching allocator, so every rank's memory figures are its own.
+
+use super::FsdpError;
+use crate::model::Exec;
+use cannon_runtime::comm::{Communicator, CpuWorld};
+use cannon_runtime::{CachingAllocator, Stream};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A stream and a private allocator on the host: one CPU rank's device.
+pub fn cpu_rank_exec() -> Result<Exec, FsdpError> {
+    let exec = Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu())?;
+    Ok(exec)
+}
+
+/// Runs `f(communicator, exec)` on `world` CPU ranks, each in its own thread, and returns
+/// their results in rank order. `timeout` bounds every wait of a rank for its peers. A rank
+/// that fails drops its communicator, which fails its peers' pending collectives at once; the
+/// error returned is the failing rank's own (not its peers' "a peer is gone").
+pub fn run_cpu_ranks<R, F>(world: usize, timeout: Duration, f: F) -> Result<Vec<R>, FsdpError>
+where
+    R: Send,
+    F: Fn(Communicator, Exec) -> Result<R, FsdpError> + Sync,
+{
+    let comms = CpuWorld::new(world, timeout)?;
+    let results: Vec<Result<R, FsdpError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let f = &f;
+                let h = std::thread::Builder::new()
+                    .name(format!("cannon-rank-{rank}"))
+                    .spawn_scoped(s, move || f(comm, cpu_rank_exec()?));
+                (rank, h)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(rank, h)| match h {
+                Err(e) => Err(FsdpError::Invalid(format!(
+                    "rank {rank}: thread not started: {e}"
+                ))),
+                Ok(h) => h.join().unwrap_or_else(|p| {
+                    let message = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panicked".into());
+                    Err(FsdpError::RankPanicked { rank, message })
+                }),
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(world);
+    let mut first_err: Option<FsdpError> = None;
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(x) => out.push(x),
+            Err(e) => {
+                let e = e.on_rank(rank);
+                // The root cause wins over the peers' reports of it.
+                let replace = match &first_err {
+                    None => true,
+                    Some(prev) => prev.is_peer_failure() && !e.is_peer_failure(),
+                };
+                if replace {
+                    first_err = Some(e);
+                }
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}

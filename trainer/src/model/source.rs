@@ -1,0 +1,198 @@
+//! Where a pass gets each layer group's parameters and puts each group's gradient: the two
+//! hooks that let the same forward and backward run on a model that holds all its groups
+//! ([`Params`], [`Grads`]) and on one rank of a sharded model (`crate::fsdp`), which gathers
+//! a group just before it is used and reduce-scatters its gradient just after.
+//!
+//! The model asks for groups in a fixed order, the [`PassPlan`]:
+//!
+//! ```text
+//! forward    [vision embed, vision layer 0 .. used-1, projector]  (if the batch has images)
+//!            text embed, text layer 0 .. Lt-1, text head
+//! backward   text head, text layer Lt-1 .. 0    (down to the lowest one that trains, or all
+//!                                               when something below needs a gradient)
+//!            text embed                          (gradient only: its backward reads no weight)
+//!            projector, vision layer used-1 .. 0, vision embed   (when anything there needs it)
+//! ```
+//!
+//! Each group is one step: fetch its weights ([`ParamSource::fetch`]), compute, let the
+//! weights go (drop), hand its gradient back ([`GradSink::release`]). One step at a time is
+//! what lets a sharded source hold at most the current group and the prefetched next one.
+
+use super::config::Mistral3Config;
+use super::params::{Grads, GroupGrad, ParamLayout, Params, Part};
+use super::ModelError;
+use cannon_kernels::{KernelError, Tensor};
+use cannon_runtime::{BufferView, BufferViewMut};
+
+/// A group's full f32 buffer at its point of use.
+#[derive(Debug)]
+pub enum GroupWeights<'a> {
+    /// The group as the model holds it (one rank: a view, no copy).
+    Resident(BufferView<'a, f32>),
+    /// A full buffer gathered for this use, padded past `len` to a multiple of the world
+    /// size; freed when dropped.
+    Gathered { buf: Tensor<f32>, len: usize },
+}
+
+impl GroupWeights<'_> {
+    /// The group's `len` elements.
+    pub fn view(&self) -> Result<BufferView<'_, f32>, KernelError> {
+        match self {
+            GroupWeights::Resident(v) => Ok(*v),
+            GroupWeights::Gathered { buf, len } => Ok(buf.view().slice(0..*len)?),
+        }
+    }
+}
+
+/// Gives the pass each group's parameters at the point of use.
+pub trait ParamSource {
+    fn layout(&self) -> &ParamLayout;
+
+    /// Group `g`'s full buffer. A sharded source gathers it (or takes the gather it issued
+    /// as a prefetch) and issues the gather of the next group of the plan before returning,
+    /// so that on an asynchronous backend it overlaps the compute of `g`.
+    fn fetch(&self, g: usize) -> Result<GroupWeights<'_>, ModelError>;
+}
+
+/// Takes the gradients the pass computes, one group at a time.
+pub trait GradSink {
+    /// Whether group `g` trains (has a gradient).
+    fn trains(&self, g: usize) -> bool;
+
+    /// Group `g`'s full gradient (`[len]`, accumulated into), or None when it does not train.
+    /// A sharded sink allocates it zeroed on the first call of a step.
+    fn grad(&mut self, g: usize) -> Result<Option<BufferViewMut<'_, f32>>, ModelError>;
+
+    /// The pass is done with group `g`'s gradient: a sharded sink reduce-scatters it into
+    /// this rank's shard and frees it; resident gradients stay as they are.
+    fn release(&mut self, g: usize) -> Result<(), ModelError>;
+}
+
+impl ParamSource for Params {
+    fn layout(&self) -> &ParamLayout {
+        &self.layout
+    }
+
+    fn fetch(&self, g: usize) -> Result<GroupWeights<'_>, ModelError> {
+        let t = self
+            .data
+            .get(g)
+            .ok_or_else(|| no_group(g, self.data.len()))?;
+        Ok(GroupWeights::Resident(t.view()))
+    }
+}
+
+impl GradSink for Grads {
+    fn trains(&self, g: usize) -> bool {
+        self.has(g)
+    }
+
+    fn grad(&mut self, g: usize) -> Result<Option<BufferViewMut<'_, f32>>, ModelError> {
+        Ok(self.group_mut(g))
+    }
+
+    fn release(&mut self, _g: usize) -> Result<(), ModelError> {
+        Ok(())
+    }
+}
+
+fn no_group(g: usize, groups: usize) -> ModelError {
+    ModelError::Input(format!(
+        "parameter group {g} does not exist (the model has {groups})"
+    ))
+}
+
+/// Group `g`'s gradient in `sink` with the ranges of its typed view `at` (None if frozen).
+pub fn group_grad<'a, S>(
+    sink: &'a mut dyn GradSink,
+    g: usize,
+    at: S,
+) -> Result<Option<GroupGrad<'a, S>>, ModelError> {
+    Ok(sink.grad(g)?.map(|buf| GroupGrad { buf, at }))
+}
+
+/// One step of the backward: a group whose weights are fetched and/or whose gradient is
+/// released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackwardStep {
+    pub group: usize,
+    /// The step reads the group's weights.
+    pub fetch: bool,
+    /// The group trains: the step releases its gradient.
+    pub release: bool,
+}
+
+/// The order in which a pass visits the groups (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassPlan {
+    /// Groups the forward fetches, in order.
+    pub forward: Vec<usize>,
+    /// Steps of the backward, in order.
+    pub backward: Vec<BackwardStep>,
+}
+
+/// What decides a pass's plan besides the config.
+#[derive(Clone, Copy)]
+pub struct PlanInputs<'a> {
+    /// Whether group `g` trains.
+    pub trains: &'a dyn Fn(usize) -> bool,
+    /// Whether the batch has images (for data parallel ranks: whether any rank's has).
+    pub images: bool,
+    /// Whether the pixel gradient is asked for.
+    pub dpixels: bool,
+}
+
+impl PassPlan {
+    /// The plan [`super::Pass::forward`] and [`super::Pass::backward`] follow (a test checks
+    /// that they do, call for call).
+    pub fn new(cfg: &Mistral3Config, layout: &ParamLayout, x: PlanInputs<'_>) -> Self {
+        let trains = x.trains;
+        let part_trains = |part: Part| {
+            (0..layout.groups.len()).any(|g| layout.groups[g].part == part && trains(g))
+        };
+        let used = cfg.vision_layers_used();
+        let mut forward = Vec::new();
+        if x.images {
+            forward.push(ParamLayout::VISION_EMBED);
+            forward.extend((0..used).map(|i| layout.vision_layer(i)));
+            forward.push(layout.projector());
+        }
+        forward.push(layout.text_embed());
+        forward.extend((0..layout.text_layers).map(|i| layout.text_layer(i)));
+        forward.push(layout.text_head());
+
+        let step = |group: usize, fetch: bool| BackwardStep {
+            group,
+            fetch,
+            release: trains(group),
+        };
+        let vision_needed = part_trains(Part::Vision) || x.dpixels;
+        let image_needed = x.images && (part_trains(Part::Projector) || vision_needed);
+        let want_dx0 = trains(layout.text_embed()) || image_needed;
+        let mut backward = Vec::new();
+        if want_dx0 || (0..layout.groups.len()).any(trains) {
+            backward.push(step(layout.text_head(), true));
+            for l in (0..layout.text_layers).rev() {
+                let below_trains = (0..=l).any(|k| trains(layout.text_layer(k)));
+                if !below_trains && !want_dx0 {
+                    break;
+                }
+                backward.push(step(layout.text_layer(l), true));
+            }
+        }
+        if want_dx0 {
+            backward.push(step(layout.text_embed(), false));
+        }
+        if want_dx0 && image_needed {
+            backward.push(step(layout.projector(), true));
+            if vision_needed {
+                backward.extend((0..used).rev().map(|i| step(layout.vision_layer(i), true)));
+                let e = ParamLayout::VISION_EMBED;
+                if trains(e) || x.dpixels {
+                    backward.push(step(e, true));
+                }
+            }
+        }
+        PassPlan { forward, backward }
+    }
+}

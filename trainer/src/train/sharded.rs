@@ -1,0 +1,205 @@
+//! `cannon train` with `parallel.nproc = N > 1`: the same run on N in-process CPU ranks of
+//! an FSDP (ZeRO-3) run ([`crate::fsdp`]), one thread and one caching allocator each.
+//!
+//! ```text
+//! driver   Trainer::new as for one rank (data, tokenizer, model init, GEMM peak); its full
+//!          model is cut into the ranks' shards and released
+//! rank r   its own loader at the run's position (the same stream on every rank): per step
+//!          the grad_accum micro batches of the global batch, of which it takes its rows
+//!          (fsdp::rank_share); FsdpRank::step at the schedule's learning rate
+//! rank 0   the metrics line and progress of every step (memory figures: rank 0's
+//!          allocator; tokens, samples, FLOPs: the whole global batch)
+//! end      the full parameters gathered, the final model written and evaluated as for one
+//!          rank
+//! ```
+//!
+//! The global batch does not depend on N, and neither does the loss normalisation (the step's
+//! trained targets over every rank), so N ranks follow the one-rank loss curve up to the
+//! order of f32 gradient sums.
+
+use super::flops::step_flops;
+use super::metrics::{JsonlWriter, Progress, StepRecord};
+use super::run::{RunSummary, TrainError, Trainer, CACHE_SLACK};
+use crate::config::Dtype;
+use crate::data::shuffle::Position;
+use crate::data::Loader;
+use crate::fsdp::{rank_share, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings};
+use crate::model::{Act, Params};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a rank waits for its peers at a collective before the run fails (a rank that
+/// errors drops its communicator, which fails the others at once; this bounds a hang).
+const RANK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Trains `trainer`'s run on `parallel.nproc` CPU ranks from its state's step to the last,
+/// then writes the final model and evaluates it, as [`Trainer::run`] does for one rank.
+pub fn run_sharded(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
+    match trainer.plan.cfg.train.dtype {
+        Dtype::F32 => run_as::<f32>(trainer),
+        Dtype::Bf16 => run_as::<half::bf16>(trainer),
+    }
+}
+
+/// What rank 0 brings back.
+struct Rank0 {
+    losses: Vec<f64>,
+    params: Params,
+    last: Option<StepRecord>,
+    position: Position,
+}
+
+fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
+    let world = trainer.plan.cfg.parallel.nproc;
+    if trainer.state.step > 0 {
+        return Err(TrainError::Input(
+            "parallel.nproc > 1: resuming a sharded run is not available yet".into(),
+        ));
+    }
+    // The ranks take their shards of the driver's model; the driver's full copy (and its
+    // gradients and moments) are released while they train.
+    let s = &mut trainer.state;
+    let model_exec = s.model.exec.clone();
+    let host = s.model.params.to_host(model_exec.stream())?;
+    s.model.params.data.clear();
+    s.grads.data.clear();
+    s.opt.m.clear();
+    s.opt.v.clear();
+    let settings = FsdpSettings {
+        adamw: s.opt.cfg,
+        max_grad_norm: trainer.plan.cfg.train.max_grad_norm,
+        frozen: trainer.plan.frozen.clone(),
+        loss_mode: s.model.loss_mode,
+    };
+    trainer.write_run_files()?;
+    let jsonl = JsonlWriter::open(&trainer.plan.jsonl, false).map_err(|e| TrainError::Io {
+        path: trainer.plan.jsonl.clone(),
+        source: e,
+    })?;
+    let (first, total) = (trainer.state.step, trainer.state.total_steps);
+    let log = Mutex::new((jsonl, Progress::new(total, first)));
+    let started = Instant::now();
+    let t: &Trainer = trainer;
+    let cfg = &t.state.model.cfg;
+    let data_cfg = t.plan.data_config(t.image.clone());
+    let (accum, every) = (t.plan.cfg.train.grad_accum, t.plan.cfg.log.every);
+    let pad = t.tok.pad_id();
+
+    let ranks = run_cpu_ranks(world, RANK_TIMEOUT, |comm, exec| {
+        let r = comm.rank();
+        let fail = |e: TrainError| FsdpError::Invalid(format!("rank {r}: {e}"));
+        let mut loader =
+            Loader::open(&data_cfg, &t.tok, t.state.position).map_err(|e| fail(e.into()))?;
+        let mut rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
+        let (mut losses, mut last) = (Vec::new(), None);
+        let (mut samples, mut tokens) = (t.state.samples, t.state.tokens);
+        for step in first..total {
+            let t0 = Instant::now();
+            let micro = (0..accum)
+                .map(|_| loader.next_batch())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| fail(e.into()))?;
+            let data_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let mine = rank_share(cfg, &micro, r, world)?;
+            let lr = t.state.schedule.at(step);
+            let st = rank.step::<A>(&mine, lr)?;
+            let step_s = t0.elapsed().as_secs_f64();
+            // Each rank's allocator is bounded as the one-rank loop bounds its own (see
+            // `Trainer::step`: the batches' many shapes would grow the exact-size cache).
+            let alloc = rank.exec().allocator();
+            if alloc.stats().reserved > CACHE_SLACK * st.memory.max_allocated.max(1 << 24) {
+                alloc.empty_cache();
+            }
+            if !st.loss.is_finite() {
+                return Err(fail(TrainError::Input(format!(
+                    "step {}: the loss is {} (lower train.lr or check the data)",
+                    step + 1,
+                    st.loss
+                ))));
+            }
+            losses.push(st.loss);
+            let step_tokens: u64 = micro
+                .iter()
+                .map(|b| b.input_ids.iter().filter(|&&x| x != pad).count() as u64)
+                .sum();
+            samples += micro
+                .iter()
+                .map(|b| b.samples_per_row.iter().sum::<usize>() as u64)
+                .sum::<u64>();
+            tokens += step_tokens;
+            if r != 0 {
+                continue;
+            }
+            let flops: f64 = micro
+                .iter()
+                .map(|b| step_flops(cfg, b, &t.state.trainable).total)
+                .sum();
+            const MIB: f64 = 1024.0 * 1024.0;
+            let rec = StepRecord {
+                step: step + 1,
+                loss: st.loss,
+                grad_norm: st.grad_norm,
+                lr: if st.targets == 0 { 0.0 } else { lr },
+                step_ms: step_s * 1e3,
+                data_ms,
+                tokens_per_s: step_tokens as f64 / step_s,
+                mfu: flops / (step_s * t.gemm_peak),
+                max_allocated_mib: st.memory.max_allocated as f64 / MIB,
+                max_reserved_mib: st.memory.max_reserved as f64 / MIB,
+                dropped_samples: t.state.dropped_samples,
+                samples,
+                tokens,
+                targets: st.targets,
+            };
+            let mut guard = log
+                .lock()
+                .map_err(|_| fail(TrainError::Input("the metrics log was poisoned".into())))?;
+            let (jsonl, progress) = &mut *guard;
+            if rec.step.is_multiple_of(every) || rec.step == total {
+                jsonl.write(&rec).map_err(|e| {
+                    fail(TrainError::Io {
+                        path: t.plan.jsonl.clone(),
+                        source: e,
+                    })
+                })?;
+            }
+            progress.update(&rec, rec.step - first);
+            last = Some(rec);
+        }
+        let params = rank.gather_full_params()?;
+        Ok((r == 0).then_some(Rank0 {
+            losses,
+            params,
+            last,
+            position: loader.position(),
+        }))
+    })
+    .map_err(|e| TrainError::Input(format!("sharded run ({world} ranks): {e}")))?;
+    let rank0 = ranks
+        .into_iter()
+        .flatten()
+        .next()
+        .ok_or_else(|| TrainError::Input("rank 0 returned nothing".into()))?;
+    let (mut jsonl, progress) = log
+        .into_inner()
+        .map_err(|_| TrainError::Input("the metrics log was poisoned".into()))?;
+    progress.finish();
+    let wall_s = started.elapsed().as_secs_f64();
+
+    let s = &mut trainer.state;
+    s.model.params = rank0.params;
+    s.step = total;
+    s.position = rank0.position;
+    if let Some(rec) = &rank0.last {
+        s.samples = rec.samples;
+        s.tokens = rec.tokens;
+    }
+    let (final_model, eval) = trainer.finish::<A>(&trainer.state.model, &mut jsonl)?;
+    Ok(RunSummary {
+        steps: total - first,
+        losses: rank0.losses,
+        wall_s,
+        eval,
+        final_model,
+    })
+}
