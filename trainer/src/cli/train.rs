@@ -60,14 +60,6 @@ pub fn run(args: TrainArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if cfg.parallel.nproc > 1 && (cfg.checkpoint.every > 0 || run::wants_resume(&cfg)) {
-        eprintln!(
-            "cannon train: checkpoint.every / checkpoint.resume with parallel.nproc > 1: the \
-             sharded loop does not save or resume checkpoints yet; train with nproc = 1 (its \
-             checkpoints load on any world size) or set checkpoint.every = 0"
-        );
-        return ExitCode::from(2);
-    }
     if cfg.checkpoint.resume == Resume::Latest(true)
         && cfg.log.dir.is_none()
         && cfg.checkpoint.dir.is_none()

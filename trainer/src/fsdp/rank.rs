@@ -164,6 +164,12 @@ impl FsdpRank {
         self.comm.world_size()
     }
 
+    /// The rank's communicator, for collectives outside the step (a checkpoint's agreement
+    /// that every rank wrote its file). Every rank must make the same calls in the same order.
+    pub fn comm(&self) -> &Communicator {
+        &self.comm
+    }
+
     pub fn cfg(&self) -> &Mistral3Config {
         &self.cfg
     }

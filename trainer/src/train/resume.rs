@@ -1,6 +1,8 @@
 //! Checkpoints of `cannon train`: the [`StepHook`] that saves `[checkpoint] every` steps
-//! (and at the last step), keeping `keep_last`, and the resume that puts a saved state back
-//! into a [`Trainer`] (`[checkpoint] resume = true | "DIR"`).
+//! (and at the last step), keeping `keep_last`, its FSDP counterpart [`save_sharded`] (one
+//! file per rank, called by every rank of `train::sharded`), and the resume that puts a saved
+//! state back into a [`Trainer`] (`[checkpoint] resume = true | "DIR"`): consolidated from
+//! any world size, then cut again for the ranks when `parallel.nproc > 1`.
 //!
 //! A checkpoint holds the [`TrainState`]: weights (f32 masters), AdamW moments and step, the
 //! step, the data position and the consumed/dropped counts. The LR schedule is a function of
@@ -11,34 +13,131 @@
 //! checkpoint like a run's `final/` folder.
 
 use super::run::{RunPlan, StepHook, TrainError, TrainState, Trainer, FINAL_RUN_CONFIG};
+use super::schedule::LrSchedule;
+use crate::checkpoint::manifest::{group_entries, OptimizerState};
 use crate::checkpoint::state::one_rank_meta;
 use crate::checkpoint::{
-    restore_one_rank, save_local, Checkpoint, CheckpointDir, CheckpointError, DataState, Progress,
-    RankShards,
+    padded_shards, restore_one_rank, save_distributed, save_local, Checkpoint, CheckpointDir,
+    CheckpointError, DataState, GroupShards, Progress, RankShards, SaveMeta, ShardData,
 };
 use crate::config::Resume;
+use crate::data::shuffle::Position;
+use crate::fsdp::FsdpRank;
 use std::path::PathBuf;
 
-/// The checkpoint progress record of a training state.
-pub fn progress(plan: &RunPlan, state: &TrainState) -> Progress {
+/// Where a run stands after a step: what a checkpoint's progress record is made of.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Counters {
+    pub schedule: LrSchedule,
+    /// Optimizer steps done.
+    pub step: usize,
+    pub position: Position,
+    pub samples: u64,
+    pub tokens: u64,
+    pub dropped_samples: u64,
+}
+
+impl Counters {
+    pub fn of(state: &TrainState) -> Self {
+        Counters {
+            schedule: state.schedule,
+            step: state.step,
+            position: state.position,
+            samples: state.samples,
+            tokens: state.tokens,
+            dropped_samples: state.dropped_samples,
+        }
+    }
+}
+
+/// The checkpoint progress record of a run at `c`.
+pub fn progress_at(plan: &RunPlan, c: &Counters) -> Progress {
     Progress {
-        step: state.step as u64,
+        step: c.step as u64,
         config: serde_json::to_value(plan.effective()).unwrap_or_default(),
         scheduler: serde_json::json!({
-            "schedule": state.schedule,
-            "step": state.step,
-            "next_lr": state.schedule.at(state.step),
+            "schedule": c.schedule,
+            "step": c.step,
+            "next_lr": c.schedule.at(c.step),
         }),
         data: DataState {
-            position: state.position,
-            consumed_samples: state.samples,
-            consumed_tokens: state.tokens,
-            dropped_samples: state.dropped_samples,
+            position: c.position,
+            consumed_samples: c.samples,
+            consumed_tokens: c.tokens,
+            dropped_samples: c.dropped_samples,
         },
         // The loop draws no random numbers (the data order is a function of the seed and
         // the position): the generator recorded is the seed's.
         rng: plan.cfg.train.seed,
     }
+}
+
+/// The checkpoint progress record of a training state.
+pub fn progress(plan: &RunPlan, state: &TrainState) -> Progress {
+    progress_at(plan, &Counters::of(state))
+}
+
+/// Whether a checkpoint is due after step `step` (1-based) of `total`.
+pub fn due(plan: &RunPlan, step: usize, total: usize) -> bool {
+    let every = plan.cfg.checkpoint.every;
+    every > 0 && (step.is_multiple_of(every) || step == total)
+}
+
+/// Saves one FSDP rank's shards as its part of `plan`'s checkpoint at `c` (collective: every
+/// rank calls it after the same step). The layout is the ranks' own (`fsdp::ShardLayout`,
+/// the padded even cut of [`padded_shards`]).
+pub fn save_sharded(
+    plan: &RunPlan,
+    model_json: &serde_json::Value,
+    rank: &FsdpRank,
+    c: &Counters,
+) -> Result<PathBuf, CheckpointError> {
+    let state = rank
+        .state()
+        .map_err(|e| CheckpointError::Argument(e.to_string()))?;
+    let world = rank.world_size();
+    let layout = rank.layout();
+    let shards: Vec<_> = layout
+        .groups
+        .iter()
+        .map(|g| padded_shards(g.len, world))
+        .collect();
+    let trained: Vec<bool> = (0..layout.groups.len()).map(|g| rank.trains(g)).collect();
+    let p = progress_at(plan, c);
+    let meta = SaveMeta {
+        step: p.step,
+        world_size: world,
+        config: p.config,
+        model_config: model_json.clone(),
+        groups: group_entries(layout, &shards, &trained)?,
+        optimizer: OptimizerState::adamw(&rank.settings().adamw, state.step),
+        scheduler: p.scheduler,
+        data: p.data,
+        extra_files: vec![(FINAL_RUN_CONFIG.to_string(), plan.effective().to_toml())],
+    };
+    let groups = state
+        .groups
+        .iter()
+        .map(|gs| GroupShards {
+            param: ShardData::Host(&gs.params),
+            exp_avg: gs.m.as_deref().map(ShardData::Host),
+            exp_avg_sq: gs.v.as_deref().map(ShardData::Host),
+        })
+        .collect();
+    let mine = RankShards {
+        rank: rank.rank(),
+        groups,
+        rng: p.rng,
+    };
+    let dir = CheckpointDir::new(&plan.checkpoint_dir);
+    save_distributed(
+        &dir,
+        &meta,
+        &mine,
+        rank.comm(),
+        rank.exec().stream(),
+        plan.cfg.checkpoint.keep_last,
+    )
 }
 
 /// Saves `state` as `plan`'s checkpoint of its current step, keeping `keep_last`.
@@ -71,7 +170,6 @@ pub fn save(
 /// Saves a checkpoint every `[checkpoint] every` steps and after the last step.
 #[derive(Debug)]
 pub struct CheckpointHook {
-    every: usize,
     model_json: serde_json::Value,
     /// The checkpoints written, in order.
     pub saved: Vec<PathBuf>,
@@ -80,9 +178,7 @@ pub struct CheckpointHook {
 impl CheckpointHook {
     /// The hook of `trainer`'s run (None when `[checkpoint] every` is 0).
     pub fn new(trainer: &Trainer) -> Option<Self> {
-        let every = trainer.plan.cfg.checkpoint.every;
-        (every > 0).then(|| CheckpointHook {
-            every,
+        (trainer.plan.cfg.checkpoint.every > 0).then(|| CheckpointHook {
             model_json: trainer.model_json.clone(),
             saved: Vec::new(),
         })
@@ -91,7 +187,7 @@ impl CheckpointHook {
 
 impl StepHook for CheckpointHook {
     fn after_step(&mut self, plan: &RunPlan, state: &TrainState) -> Result<(), TrainError> {
-        if state.step.is_multiple_of(self.every) || state.step == state.total_steps {
+        if due(plan, state.step, state.total_steps) {
             self.saved.push(save(plan, state, &self.model_json)?);
         }
         Ok(())

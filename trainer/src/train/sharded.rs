@@ -9,6 +9,10 @@
 //!          (fsdp::rank_share); FsdpRank::step at the schedule's learning rate
 //! rank 0   the metrics line and progress of every step (memory figures: rank 0's
 //!          allocator; tokens, samples, FLOPs: the whole global batch)
+//! ckpt     every `checkpoint.every` steps (and after the last) each rank writes its shards
+//!          into the step's checkpoint, rank 0 commits it (`train::resume::save_sharded`);
+//!          a resumed run (any world size: the driver's state was consolidated from the
+//!          checkpoint) hands each rank its shard of the weights and moments
 //! end      the full parameters gathered, the final model written and evaluated as for one
 //!          rank
 //! ```
@@ -19,11 +23,14 @@
 
 use super::flops::step_flops;
 use super::metrics::{JsonlWriter, Progress, StepRecord};
+use super::resume;
 use super::run::{RunSummary, TrainError, Trainer, CACHE_SLACK};
 use crate::config::Dtype;
 use crate::data::shuffle::Position;
 use crate::data::Loader;
-use crate::fsdp::{rank_share, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings};
+use crate::fsdp::{
+    rank_share, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings, GroupState, ShardState,
+};
 use crate::model::{Act, Params};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -51,16 +58,24 @@ struct Rank0 {
 
 fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
     let world = trainer.plan.cfg.parallel.nproc;
-    if trainer.state.step > 0 {
-        return Err(TrainError::Input(
-            "parallel.nproc > 1: resuming a sharded run is not available yet".into(),
-        ));
-    }
     // The ranks take their shards of the driver's model; the driver's full copy (and its
     // gradients and moments) are released while they train.
     let s = &mut trainer.state;
     let model_exec = s.model.exec.clone();
     let host = s.model.params.to_host(model_exec.stream())?;
+    // A resumed run (`train::resume` restored the driver's state, consolidated from a
+    // checkpoint of any world size): every rank also takes its shard of the AdamW moments.
+    let resumed = (s.step > 0).then(|| -> Result<_, TrainError> {
+        let st = model_exec.stream();
+        let host = |ts: &[Option<cannon_kernels::Tensor<f32>>]| {
+            ts.iter()
+                .map(|t| t.as_ref().map(|t| t.to_host(st)).transpose())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(crate::model::ModelError::from)
+        };
+        Ok((s.opt.step, host(&s.opt.m)?, host(&s.opt.v)?))
+    });
+    let resumed = resumed.transpose()?;
     s.model.params.data.clear();
     s.grads.data.clear();
     s.opt.m.clear();
@@ -72,7 +87,8 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
         loss_mode: s.model.loss_mode,
     };
     trainer.write_run_files()?;
-    let jsonl = JsonlWriter::open(&trainer.plan.jsonl, false).map_err(|e| TrainError::Io {
+    let appending = trainer.state.step > 0;
+    let jsonl = JsonlWriter::open(&trainer.plan.jsonl, appending).map_err(|e| TrainError::Io {
         path: trainer.plan.jsonl.clone(),
         source: e,
     })?;
@@ -91,6 +107,9 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
         let mut loader =
             Loader::open(&data_cfg, &t.tok, t.state.position).map_err(|e| fail(e.into()))?;
         let mut rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
+        if let Some((adam_step, m, v)) = &resumed {
+            rank.load_state(&resumed_shard(&rank, *adam_step, &host, m, v)?)?;
+        }
         let (mut losses, mut last) = (Vec::new(), None);
         let (mut samples, mut tokens) = (t.state.samples, t.state.tokens);
         for step in first..total {
@@ -127,6 +146,18 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
                 .map(|b| b.samples_per_row.iter().sum::<usize>() as u64)
                 .sum::<u64>();
             tokens += step_tokens;
+            if resume::due(&t.plan, step + 1, total) {
+                let at = resume::Counters {
+                    schedule: t.state.schedule,
+                    step: step + 1,
+                    position: loader.position(),
+                    samples,
+                    tokens,
+                    dropped_samples: t.state.dropped_samples,
+                };
+                resume::save_sharded(&t.plan, &t.model_json, &rank, &at)
+                    .map_err(|e| fail(e.into()))?;
+            }
             if r != 0 {
                 continue;
             }
@@ -201,5 +232,34 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
         wall_s,
         eval,
         final_model,
+    })
+}
+
+/// This rank's shard of a resumed run's full weights and moments (`m`, `v`: one entry per
+/// group, Some for the trained ones), as [`FsdpRank::load_state`] takes it.
+fn resumed_shard(
+    rank: &FsdpRank,
+    adam_step: u64,
+    params: &[Vec<f32>],
+    m: &[Option<Vec<f32>>],
+    v: &[Option<Vec<f32>>],
+) -> Result<ShardState, FsdpError> {
+    let (r, cut) = (rank.rank(), rank.shard_layout());
+    let groups = (0..params.len())
+        .map(|g| {
+            let part =
+                |full: &Option<Vec<f32>>| full.as_ref().map(|f| cut.cut(g, r, f)).transpose();
+            Ok(GroupState {
+                params: cut.cut(g, r, &params[g])?,
+                m: part(&m[g])?,
+                v: part(&v[g])?,
+            })
+        })
+        .collect::<Result<_, FsdpError>>()?;
+    Ok(ShardState {
+        rank: r,
+        world: rank.world_size(),
+        step: adam_step,
+        groups,
     })
 }
