@@ -8,7 +8,7 @@ mod common;
 use cannon_trainer::checkpoint::{export, Checkpoint, ExportDtype, ExportOptions};
 use cannon_trainer::config::TrainConfig;
 use cannon_trainer::data::synth;
-use cannon_trainer::model::Exec;
+use cannon_trainer::model::{Exec, Mistral3};
 use cannon_trainer::train::resume::{self, CheckpointHook};
 use cannon_trainer::train::sharded::run_sharded;
 use cannon_trainer::train::{RunPlan, StepHook, TrainError, TrainState, Trainer};
@@ -272,6 +272,19 @@ fn a_sharded_run_saves_per_rank_and_resumes_on_any_world_size() {
         t.state.model.params.data.iter().map(host).collect()
     };
     assert_eq!(params(&b), params(&a), "final weights");
+
+    // The 2-rank step-6 checkpoint exports (consolidated) to the run's final weights.
+    let hf = root.join("hf");
+    let mut last = Checkpoint::open(&root.join("a/checkpoints")).unwrap();
+    assert_eq!(last.step(), 6);
+    export(&mut last, &hf, &ExportOptions::default()).unwrap();
+    let exported = Mistral3::load(&hf).unwrap();
+    let st = exported.exec.stream();
+    let bits_of = |x: &cannon_kernels::Tensor<f32>| -> Vec<u32> {
+        x.to_host(st).unwrap().iter().map(|v| v.to_bits()).collect()
+    };
+    let got: Vec<Vec<u32>> = exported.params.data.iter().map(bits_of).collect();
+    assert_eq!(got, params(&a), "export of the sharded checkpoint");
 
     for nproc in ["parallel.nproc=1", "parallel.nproc=4"] {
         let (rest, _) = resumed(&nproc.replace('=', "-"), nproc);
