@@ -70,9 +70,10 @@ pub fn hf_config_json(cfg: &Mistral3Config) -> Value {
     })
 }
 
-/// `config` (a checkpoint's model config) as an export writes it: the class named, and the
+/// `config` (a checkpoint's model config) as an export writes it: the class named, the
 /// dtype the tensors are stored in (transformers 5.x loads in the config's `dtype` by
-/// default, so a stale `bfloat16` over f32 tensors would silently round them).
+/// default, so a stale `bfloat16` over f32 tensors would silently round them), and the
+/// embedding and lm_head untied.
 pub fn export_config(config: &Value, dtype: &str) -> Value {
     let mut c = config.clone();
     if let Some(obj) = c.as_object_mut() {
@@ -80,6 +81,12 @@ pub fn export_config(config: &Value, dtype: &str) -> Value {
             .or_insert_with(|| json!([ARCHITECTURE]));
         obj.remove("torch_dtype");
         obj.insert("dtype".into(), json!(dtype));
+        // The model's lm_head is its own tensor: a config that leaves tying to the class
+        // default (true in transformers 5) would make transformers tie it to the embedding.
+        obj.insert("tie_word_embeddings".into(), json!(false));
+        if let Some(text) = obj.get_mut("text_config").and_then(|t| t.as_object_mut()) {
+            text.insert("tie_word_embeddings".into(), json!(false));
+        }
     }
     c
 }
@@ -213,11 +220,14 @@ mod tests {
     }
 
     #[test]
-    fn export_config_names_the_class_and_the_dtype() {
+    fn export_config_names_the_class_the_dtype_and_no_tying() {
         let c = export_config(
-            &json!({"model_type": "mistral3", "torch_dtype": "bfloat16", "dtype": "bfloat16"}),
+            &json!({"model_type": "mistral3", "torch_dtype": "bfloat16", "dtype": "bfloat16",
+                    "text_config": {"model_type": "mistral"}}),
             "float32",
         );
+        assert_eq!(c["tie_word_embeddings"], false);
+        assert_eq!(c["text_config"]["tie_word_embeddings"], false);
         assert_eq!(c["architectures"][0], ARCHITECTURE);
         assert_eq!(c["dtype"], "float32");
         assert!(c.get("torch_dtype").is_none());
