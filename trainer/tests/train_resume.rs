@@ -17,8 +17,9 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cannon");
 
-fn scratch() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cannon-train-resume-{}", std::process::id()));
+/// A fresh folder per test (tests of this file run in parallel).
+fn scratch(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cannon-train-resume-{}-{test}", std::process::id()));
     std::fs::remove_dir_all(&d).ok();
     d
 }
@@ -82,7 +83,7 @@ fn bits(v: &[f64]) -> Vec<u64> {
 
 #[test]
 fn a_crashed_run_resumed_from_its_checkpoint_matches_the_uninterrupted_run() {
-    let root = scratch();
+    let root = scratch("one-rank");
     synth::write(&root.join("data"), 48, 3).unwrap();
 
     // The uninterrupted run.
@@ -228,8 +229,7 @@ fn normalised_diff(a: &[f64], b: &[f64]) -> f64 {
 /// order of the gradient sums over ranks differs).
 #[test]
 fn a_sharded_run_saves_per_rank_and_resumes_on_any_world_size() {
-    let root = scratch().with_extension("sharded");
-    std::fs::remove_dir_all(&root).ok();
+    let root = scratch("sharded");
     synth::write(&root.join("data"), 48, 3).unwrap();
     let two = ["parallel.nproc=2", "checkpoint.keep_last=2"];
     let mut a = Trainer::new(plan(&root, "a", &two), Exec::cpu()).unwrap();
