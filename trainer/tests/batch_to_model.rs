@@ -43,26 +43,7 @@ fn dataset() -> &'static PathBuf {
 /// weights (norm weights 1) so that every gradient is non-zero.
 fn tiny_model() -> Mistral3 {
     let img = tok().special_id("[IMG]").unwrap();
-    let cfg = format!(
-        r#"{{
-        "model_type": "mistral3", "image_token_index": {img}, "spatial_merge_size": 2,
-        "projector_hidden_act": "gelu", "multimodal_projector_bias": false,
-        "vision_feature_layer": -1,
-        "text_config": {{
-            "model_type": "mistral", "vocab_size": {vocab}, "hidden_size": 32,
-            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 512,
-            "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": null
-        }},
-        "vision_config": {{
-            "model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 16,
-            "num_channels": 3, "patch_size": 14, "image_size": 112, "rope_theta": 10000.0,
-            "hidden_act": "silu"
-        }}
-    }}"#,
-        vocab = tok().vocab_size()
-    );
+    let cfg = common::tiny_vlm_config_json(img, tok().vocab_size(), 2);
     let cfg = Mistral3Config::from_json(&cfg).unwrap();
     let layout = ParamLayout::new(&cfg);
     let mut host: Vec<Vec<f32>> = layout.groups.iter().map(|g| vec![0.0; g.len]).collect();

@@ -50,27 +50,7 @@ fn data_config() -> &'static DataConfig {
 /// A tiny model whose vocabulary, [IMG] id and patch size are the data pipeline's.
 fn model_config() -> Mistral3Config {
     let img = tok().special_id("[IMG]").unwrap();
-    Mistral3Config::from_json(&format!(
-        r#"{{
-        "model_type": "mistral3", "image_token_index": {img}, "spatial_merge_size": 2,
-        "projector_hidden_act": "gelu", "multimodal_projector_bias": false,
-        "vision_feature_layer": -1,
-        "text_config": {{
-            "model_type": "mistral", "vocab_size": {vocab}, "hidden_size": 32,
-            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 512,
-            "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": null
-        }},
-        "vision_config": {{
-            "model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
-            "num_hidden_layers": 1, "num_attention_heads": 2, "head_dim": 16,
-            "num_channels": 3, "patch_size": 14, "image_size": 112, "rope_theta": 10000.0,
-            "hidden_act": "silu"
-        }}
-    }}"#,
-        vocab = tok().vocab_size()
-    ))
-    .unwrap()
+    Mistral3Config::from_json(&common::tiny_vlm_config_json(img, tok().vocab_size(), 1)).unwrap()
 }
 
 /// Step 0 of the run: small random weights (norms 1), zero moments, the loader at its start.

@@ -1,4 +1,5 @@
-//! What the integration tests share: the path of a fixture under `../shared`.
+//! What the integration tests share: the path of a fixture under `../shared`, and the HF
+//! config of a tiny Mistral3 that fits the data pipeline.
 
 use std::path::PathBuf;
 
@@ -17,4 +18,33 @@ pub fn shared_path(rel: &str) -> PathBuf {
         );
     }
     p
+}
+
+/// The `config.json` of a tiny Mistral3 whose vocabulary (`vocab`), `[IMG]` id (`img`) and
+/// patch size (14, merged 2x2) are the data pipeline's, with `vision_layers` Pixtral layers.
+#[allow(dead_code)] // not every test crate builds a model
+pub fn tiny_vlm_config_json(
+    img: u32,
+    vocab: impl std::fmt::Display,
+    vision_layers: usize,
+) -> String {
+    format!(
+        r#"{{
+        "model_type": "mistral3", "image_token_index": {img}, "spatial_merge_size": 2,
+        "projector_hidden_act": "gelu", "multimodal_projector_bias": false,
+        "vision_feature_layer": -1,
+        "text_config": {{
+            "model_type": "mistral", "vocab_size": {vocab}, "hidden_size": 32,
+            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 512,
+            "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": null
+        }},
+        "vision_config": {{
+            "model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": {vision_layers}, "num_attention_heads": 2, "head_dim": 16,
+            "num_channels": 3, "patch_size": 14, "image_size": 112, "rope_theta": 10000.0,
+            "hidden_act": "silu"
+        }}
+    }}"#
+    )
 }
