@@ -110,21 +110,13 @@ fn unit(rng: &mut SplitMix64) -> f32 {
     (rng.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
 }
 
-/// Random host groups of `cfg` (one `Vec` per group of its `ParamLayout`): norm weights 1,
-/// everything else uniform in +-0.02 (the configs' initializer_range).
+/// Random host groups of `cfg` (one `Vec` per group of its `ParamLayout`): HF's init, as the
+/// PyTorch script's model has (norm weights 1, everything else normal with the configs'
+/// initializer_range), drawn by the model's own [`crate::model::init`].
 pub fn random_host(cfg: &Mistral3Config, seed: u64) -> Vec<Vec<f32>> {
-    let mut rng = SplitMix64::new(seed);
     let layout = crate::model::ParamLayout::new(cfg);
-    let mut host: Vec<Vec<f32>> = layout.groups.iter().map(|g| vec![0.0; g.len]).collect();
-    for (g, group) in layout.groups.iter().enumerate() {
-        for slot in &group.slots {
-            let norm = slot.name.contains("norm");
-            for x in &mut host[g][slot.range()] {
-                *x = if norm { 1.0 } else { unit(&mut rng) * 0.02 };
-            }
-        }
-    }
-    host
+    let init = crate::model::init::Init::Normal(crate::model::init::INITIALIZER_RANGE);
+    crate::model::init::random_host(&layout, seed, init)
 }
 
 /// A model of `cfg` with [`random_host`] weights on `exec`, made on the host and uploaded
