@@ -1,0 +1,24 @@
+//! A host emulation of the CANN subset cannon calls: the AscendCL runtime, the aclnn descriptor
+//! API and ops, and HCCL, exported as the C symbols the loader resolves.
+//!
+//! It exists so that CI, which has no NPU, runs the NPU code path for real: the loader opens this
+//! library only when asked (`CANNON_CANN_EMULATOR=/path/to/libcannon_cann_emu.so`, or the test
+//! harness), never in place of an installed CANN.
+//!
+//! What makes it worth running is that it is strict where CANN is: every argument is validated
+//! as CANN documents it, and a violation is the documented error code with a message behind
+//! `aclGetRecentErrMsg`, not a crash and not a silently wrong answer:
+//! - [`mem`]: device memory lives in a reserved address range the host cannot read (a host
+//!   read of a device pointer faults); only `aclrtMemcpy*` moves bytes across, and an op given
+//!   a pointer outside a live allocation fails.
+//! - [`stream`]: work queued on a stream runs on that stream's worker thread, so a missing
+//!   synchronise reads stale or poisoned memory, as on hardware.
+//! - [`handle`]: descriptors and executors are live-handle registries: use after destroy and a
+//!   second launch of a one-shot executor are errors.
+
+pub mod error;
+pub mod handle;
+pub mod mem;
+pub mod stream;
+
+pub use error::{EmuError, EmuResult};
