@@ -13,9 +13,11 @@
 //!   a pointer outside a live allocation fails.
 //! - [`stream`]: work queued on a stream runs on that stream's worker thread, so a missing
 //!   synchronise reads stale or poisoned memory, as on hardware.
+//! - [`device`]: the thread's current device (`aclrtSetDevice`) and default streams.
 //! - [`handle`]: descriptors and executors are live-handle registries: use after destroy and a
 //!   second launch of a one-shot executor are errors.
 
+pub mod device;
 pub mod error;
 pub mod handle;
 pub mod mem;

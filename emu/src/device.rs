@@ -1,0 +1,49 @@
+//! The calling thread's current device, as `aclrtSetDevice` leaves it (AscendCL binds devices
+//! per thread), and each device's default stream (what a null `aclrtStream` means).
+
+use crate::error::{EmuError, EmuResult};
+use crate::stream::Stream;
+use cannon_sys::acl::ACL_ERROR_RT_CONTEXT_NULL;
+use std::cell::Cell;
+use std::sync::{Arc, OnceLock};
+
+thread_local! {
+    static CURRENT: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+/// Binds `d` to the calling thread (the caller validated `d`).
+pub fn set_current(d: u32) {
+    CURRENT.with(|c| c.set(Some(d)));
+}
+
+/// The calling thread's device; an error when it never called `aclrtSetDevice` (CANN has no
+/// implicit device 0).
+pub fn current() -> EmuResult<u32> {
+    CURRENT.with(|c| c.get()).ok_or_else(|| {
+        EmuError::new(
+            ACL_ERROR_RT_CONTEXT_NULL,
+            "no current device on this thread: call aclrtSetDevice first",
+        )
+    })
+}
+
+/// Device `d`'s default stream (created on first use).
+pub fn default_stream(d: u32) -> EmuResult<Arc<Stream>> {
+    static DEFAULTS: OnceLock<Vec<OnceLock<Arc<Stream>>>> = OnceLock::new();
+    let all = DEFAULTS.get_or_init(|| {
+        (0..crate::mem::device_count())
+            .map(|_| OnceLock::new())
+            .collect()
+    });
+    let slot = all.get(d as usize).ok_or_else(|| {
+        EmuError::new(
+            cannon_sys::acl::ACL_ERROR_INVALID_PARAM,
+            format!("device {d} does not exist"),
+        )
+    })?;
+    if let Some(s) = slot.get() {
+        return Ok(s.clone());
+    }
+    let s = Arc::new(Stream::new(d)?);
+    Ok(slot.get_or_init(|| s).clone())
+}
