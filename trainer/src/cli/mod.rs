@@ -53,6 +53,14 @@ pub enum Command {
 /// (0 success, 1 a failed check, 2 unusable input).
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The command runs on a worker of the kernels' thread pool, not beside it: every parallel
+    // op is then a local push that the other workers steal, instead of an injection from
+    // outside that wakes the pool and parks this thread (thousands per step on small models),
+    // and the pool's idle spinning no longer competes with a third, driving thread for cores.
+    rayon::scope(|_| run(cli))
+}
+
+fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Train(args) => train::run(args),
         Command::Eval(args) => eval::run(args),
