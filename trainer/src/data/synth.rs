@@ -8,6 +8,10 @@ use super::{DataError, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// The generator's version: part of the default run's cache folder name, so a changed
+/// generator never reuses a set an older one wrote. 2: shapes on the `[IMG]` token grid.
+pub const VERSION: u32 = 2;
+
 pub const COLOURS: [(&str, [u8; 3]); 6] = [
     ("red", [220, 30, 30]),
     ("green", [30, 170, 40]),
@@ -55,32 +59,40 @@ const SIZES: [(u32, u32); 6] = [
     (112, 84),
 ];
 
-/// Draws 1..=3 non-overlapping shapes, each in its own cell of the image.
+/// Side of one scene cell in pixels: one `[IMG]` token of the vision tower (2 x 2 patches of
+/// 14 px after the patch merge). Every shape sits in its own cell.
+pub const CELL: u32 = 28;
+/// Half-sizes of a shape (it spans `2r + 1` pixels): 19 to 23 px across, wider than one 14 px
+/// patch (so its outline and not only its colour reaches the vision tower).
+const R_MIN: u32 = 9;
+const R_MAX: u32 = 11;
+/// How far a shape's centre may move from its cell's centre, in pixels each way: as far as
+/// keeps the largest shape inside its cell.
+const JITTER: u32 = CELL / 2 - R_MAX - 1;
+
+/// Draws 1..=3 shapes in distinct cells of the image's 28 px grid, at random cells, sizes and
+/// small offsets. A shape never straddles two `[IMG]` tokens: the small model has to learn
+/// what a shape is and where it is, not to reassemble one from fragments of several tokens.
 fn scene(rng: &mut SplitMix64) -> (u32, u32, Vec<Placed>) {
     let (w, h) = SIZES[rng.below(SIZES.len() as u64) as usize];
     let n = rng.range(1, 3) as usize;
-    // Split the longer side into n cells so shapes never overlap.
-    let (cells_x, cells_y) = if w >= h { (n as u32, 1) } else { (1, n as u32) };
-    let (cw, ch) = (w / cells_x, h / cells_y);
+    let (cols, rows) = (w / CELL, h / CELL);
+    // Which cells hold a shape, in reading order (row by row).
+    let mut cells: Vec<u32> = (0..cols * rows).collect();
+    while cells.len() > n {
+        cells.remove(rng.below(cells.len() as u64) as usize);
+    }
     let mut v = Vec::with_capacity(n);
-    for k in 0..n as u32 {
-        let (x0, y0) = if cells_x > 1 {
-            (k * cw, 0)
-        } else {
-            (0, k * ch)
-        };
-        let max_r = (cw.min(ch) / 2).saturating_sub(2).max(6) as i32;
-        let r = rng.range(6.min(max_r as u64), max_r as u64) as i32;
-        let slack_x = cw as i32 - 2 * r;
-        let slack_y = ch as i32 - 2 * r;
-        let cx = x0 as i32 + r + rng.below(slack_x.max(1) as u64) as i32;
-        let cy = y0 as i32 + r + rng.below(slack_y.max(1) as u64) as i32;
+    for k in cells {
+        let jitter = |rng: &mut SplitMix64| rng.range(0, 2 * JITTER as u64) as i32 - JITTER as i32;
+        let cx = ((k % cols) * CELL + CELL / 2) as i32 + jitter(rng);
+        let cy = ((k / cols) * CELL + CELL / 2) as i32 + jitter(rng);
         v.push(Placed {
             shape: Shape::ALL[rng.below(3) as usize],
             colour: rng.below(COLOURS.len() as u64) as usize,
             cx,
             cy,
-            r,
+            r: rng.range(R_MIN as u64, R_MAX as u64) as i32,
         });
     }
     (w, h, v)
@@ -310,4 +322,40 @@ fn remove(p: &Path) -> Result<()> {
 
 fn rename(from: &Path, to: &Path) -> Result<()> {
     std::fs::rename(from, to).map_err(|e| DataError::io(to, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every shape lies inside its own 28 px cell (so inside one `[IMG]` token's pixels) with
+    /// its whole outline in the image, at least 18 px across, and no two share a cell; the
+    /// scenes use every cell count, shape, colour and image size.
+    #[test]
+    fn shapes_sit_in_distinct_cells() {
+        let mut rng = SplitMix64::new(3);
+        let (mut counts, mut shapes, mut colours) = ([0; 4], [0; 3], [0; 6]);
+        let mut sizes = std::collections::BTreeSet::new();
+        for _ in 0..2000 {
+            let (w, h, v) = scene(&mut rng);
+            assert!(w % CELL == 0 && h % CELL == 0, "{w}x{h}");
+            sizes.insert((w, h));
+            counts[v.len()] += 1;
+            let mut cells = std::collections::BTreeSet::new();
+            for p in &v {
+                assert!((R_MIN as i32..=R_MAX as i32).contains(&p.r), "{p:?}");
+                let cell = ((p.cx / CELL as i32), (p.cy / CELL as i32));
+                let (x0, y0) = (cell.0 * CELL as i32, cell.1 * CELL as i32);
+                assert!(p.cx - p.r >= x0 && p.cx + p.r < x0 + CELL as i32, "{p:?}");
+                assert!(p.cy - p.r >= y0 && p.cy + p.r < y0 + CELL as i32, "{p:?}");
+                assert!(cells.insert(cell), "two shapes in cell {cell:?}");
+                shapes[Shape::ALL.iter().position(|s| *s == p.shape).unwrap()] += 1;
+                colours[p.colour] += 1;
+            }
+        }
+        assert_eq!(counts[0], 0);
+        assert!(counts[1..].iter().all(|&c| c > 0), "{counts:?}");
+        assert!(shapes.iter().all(|&c| c > 0) && colours.iter().all(|&c| c > 0));
+        assert_eq!(sizes.len(), SIZES.len());
+    }
 }

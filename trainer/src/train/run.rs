@@ -112,7 +112,8 @@ impl RunPlan {
             Some(p) => (p.clone(), None, None),
             None => {
                 let dir = config::cache_dir().join(format!(
-                    "synth-shapes-{}-seed{SYNTH_SEED}",
+                    "synth-shapes-v{}-{}-seed{SYNTH_SEED}",
+                    synth::VERSION,
                     cfg.data.synth_samples
                 ));
                 let plan = (!dir.join("heldout.jsonl").is_file()).then(|| SynthPlan {
