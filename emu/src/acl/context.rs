@@ -231,6 +231,8 @@ mod tests {
     use super::*;
     use crate::acl::test_support::init;
 
+    // Device 7: no other unit test sets it, so the unmatched reset below is not raced by a
+    // concurrent test's reference.
     #[test]
     fn a_new_thread_has_no_device_until_it_sets_one() {
         init();
@@ -238,13 +240,13 @@ mod tests {
             let mut d = -1;
             // SAFETY: valid out-pointer.
             assert_eq!(unsafe { aclrtGetDevice(&mut d) }, ACL_ERROR_RT_CONTEXT_NULL);
-            assert_eq!(aclrtSetDevice(3), 0);
+            assert_eq!(aclrtSetDevice(7), 0);
             // SAFETY: valid out-pointer.
             assert_eq!(unsafe { aclrtGetDevice(&mut d) }, 0);
-            assert_eq!(d, 3);
+            assert_eq!(d, 7);
             assert_eq!(aclrtSetDevice(99), ACL_ERROR_RT_INVALID_DEVICEID);
-            assert_eq!(aclrtResetDevice(3), 0);
-            assert_eq!(aclrtResetDevice(3), ACL_ERROR_RT_INVALID_DEVICEID);
+            assert_eq!(aclrtResetDevice(7), 0);
+            assert_eq!(aclrtResetDevice(7), ACL_ERROR_RT_INVALID_DEVICEID);
         })
         .join()
         .unwrap();
