@@ -7,6 +7,7 @@
 #![allow(non_snake_case)]
 
 pub mod elementwise;
+pub mod matmul;
 
 use crate::error::{EmuError, EmuResult};
 use crate::nnopbase::{access, TensorDesc, PARAM_INVALID, PARAM_NULLPTR, SCALARS, TENSORS};

@@ -24,6 +24,8 @@
 //! cu_seqlens) and the RoPE table are host slices: the host checks them (an id past the
 //! vocabulary must be a typed error, not an aicore fault) and the NPU bodies upload them.
 
+#[cfg(feature = "npu")]
+pub mod aclnn;
 mod cpu;
 mod npu;
 
@@ -165,6 +167,23 @@ pub fn npu_pending(op: &'static str, ordinal: u32, aclnn: &'static str) -> Kerne
         KernelError::NotCompiled { op, device }
     }
 }
+
+/// An op's NPU body: `$body` with `--features npu`, the typed [`npu_pending`] error
+/// (`NotCompiled`) without it. `$aclnn` names the aclnn call(s) for that error.
+macro_rules! npu_body {
+    ($op:expr, $ordinal:expr, $aclnn:expr, $body:block) => {{
+        #[cfg(feature = "npu")]
+        {
+            let _ = ($ordinal, $aclnn);
+            $body
+        }
+        #[cfg(not(feature = "npu"))]
+        {
+            Err($crate::backend::npu_pending($op, $ordinal, $aclnn))
+        }
+    }};
+}
+pub(crate) use npu_body;
 
 /// Every op of the crate over runtime buffers, as one backend runs it. Shapes, conventions
 /// and errors are those of the slice-level op (see each op's module); `stream` orders the
