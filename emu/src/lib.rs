@@ -17,6 +17,7 @@
 //! - [`handle`]: descriptors and executors are live-handle registries: use after destroy and a
 //!   second launch of a one-shot executor are errors.
 
+pub mod acl;
 pub mod device;
 pub mod error;
 pub mod handle;

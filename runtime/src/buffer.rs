@@ -586,5 +586,7 @@ mod npu_copy {
     }
 }
 
+#[cfg(feature = "npu")]
+mod pinned;
 #[cfg(test)]
 mod tests;
