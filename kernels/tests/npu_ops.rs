@@ -26,10 +26,18 @@ fn emu() {
     }
 }
 
-/// A CPU stream and an NPU stream.
-fn streams() -> (Stream, Stream) {
+/// One test at a time on the NPU. Scratch and workspace blocks go back to the device's
+/// caching allocator as soon as the op using them is queued, which is safe for reuse by later
+/// work on the same stream only (torch's rule without record_stream); two tests on two
+/// streams of one device at once would break it, as two streams would in a training step.
+static NPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A CPU stream and an NPU stream, and the NPU for this test alone.
+fn streams() -> (std::sync::MutexGuard<'static, ()>, Stream, Stream) {
     emu();
+    let g = NPU.lock().unwrap_or_else(|p| p.into_inner());
     (
+        g,
         Stream::new(Device::Cpu).unwrap(),
         Stream::new(Device::Npu(0)).unwrap(),
     )
@@ -54,7 +62,7 @@ fn bf(v: &[f32]) -> Vec<bf16> {
 
 #[test]
 fn cast_matches_the_cpu_bit_for_bit() {
-    let (c, n) = streams();
+    let (_g, c, n) = streams();
     // Ties, values past bf16's range, denormals and signed zeros.
     let mut src: Vec<f32> = Rng::new(1).normal_vec(1000, 3.0);
     src.extend([
@@ -87,7 +95,7 @@ fn cast_matches_the_cpu_bit_for_bit() {
 }
 
 fn elementwise<E: Float>(conv: impl Fn(&[f32]) -> Vec<E>) {
-    let (c, n) = streams();
+    let (_g, c, n) = streams();
     let mut rng = Rng::new(2);
     let a = conv(&rng.normal_vec(777, 1.0));
     let b = conv(&rng.normal_vec(777, 1.0));
@@ -117,7 +125,7 @@ fn elementwise_ops_match_the_cpu_exactly() {
 /// precisions, against the CPU's gemm.
 #[test]
 fn gemm_matches_the_cpu() {
-    let (c, n) = streams();
+    let (_g, c, n) = streams();
     let mut rng = Rng::new(3);
     let d = Dims {
         m: 37,
@@ -178,7 +186,7 @@ fn gemm_matches_the_cpu() {
 }
 
 fn linear<X: Float>(p: Precision, conv: impl Fn(&[f32]) -> Vec<X>, tol: f64) {
-    let (c, n) = streams();
+    let (_g, c, n) = streams();
     let mut rng = Rng::new(4);
     let d = LinearDims {
         t: 19,
@@ -236,7 +244,7 @@ fn linear_matches_the_cpu() {
 
 #[test]
 fn a_bf16_operand_under_f32_precision_is_a_typed_error() {
-    let (_, n) = streams();
+    let (_g, _, n) = streams();
     let a = up(&n, &bf(&[1.0; 4]));
     let b = up(&n, &[1.0f32; 4]);
     let mut z = up(&n, &[0.0f32; 4]);
@@ -273,7 +281,7 @@ fn aclnn_err(e: KernelError) -> (&'static str, String) {
 
 #[test]
 fn a_view_at_an_odd_offset_is_a_misaligned_address() {
-    let (_, n) = streams();
+    let (_g, _, n) = streams();
     let mut y = up(&n, &[1.0f32; 64]);
     let x = up(&n, &[1.0f32; 63]);
     let mut yv = y.slice_mut(1..64).unwrap();
@@ -282,4 +290,110 @@ fn a_view_at_an_odd_offset_is_a_misaligned_address() {
     assert!(m.contains("not 32-byte aligned"), "{m}");
     // Nothing ran: y is unchanged.
     assert_eq!(down(&n, &y), vec![1.0f32; 64]);
+}
+
+fn rmsnorm<E: Float>(conv: impl Fn(&[f32]) -> Vec<E>, tol: f64) {
+    let (_g, c, n) = streams();
+    let mut rng = Rng::new(5);
+    let (t, d) = (13, 48);
+    let x = conv(&rng.normal_vec(t * d, 1.0));
+    let w = conv(
+        &rng.normal_vec(d, 0.5)
+            .iter()
+            .map(|v| v + 1.0)
+            .collect::<Vec<_>>(),
+    );
+    let dout = conv(&rng.normal_vec(t * d, 1.0));
+    let dx0 = conv(&rng.normal_vec(t * d, 1.0));
+    let dw0 = rng.normal_vec(d, 1.0);
+    let run = |s: &Stream| {
+        let (xb, wb, db) = (up(s, &x), up(s, &w), up(s, &dout));
+        let mut y = DeviceBuffer::<E>::alloc(s, t * d).unwrap();
+        let mut r = DeviceBuffer::<f32>::alloc(s, t).unwrap();
+        ops::rmsnorm_forward(
+            s,
+            &mut y.view_mut(),
+            &mut r.view_mut(),
+            &xb.view(),
+            &wb.view(),
+            d,
+            1e-5,
+        )
+        .unwrap();
+        let (mut dx, mut dw) = (up(s, &dx0), up(s, &dw0));
+        ops::rmsnorm_backward(
+            s,
+            &mut dx.view_mut(),
+            &mut dw.view_mut(),
+            &db.view(),
+            &xb.view(),
+            &wb.view(),
+            &r.view(),
+            d,
+        )
+        .unwrap();
+        (down(s, &y), down(s, &r), down(s, &dx), down(s, &dw))
+    };
+    let (cr, nr) = (run(&c), run(&n));
+    for (what, e) in [
+        ("y", rel_l2(&f64s(&nr.0), &f64s(&cr.0))),
+        ("rstd", rel_l2(&nr.1, &cr.1)),
+        ("dx", rel_l2(&f64s(&nr.2), &f64s(&cr.2))),
+        ("dw", rel_l2(&nr.3, &cr.3)),
+    ] {
+        assert!(e <= tol, "{}: {what}: rel L2 {e:e}", E::DTYPE);
+    }
+}
+
+#[test]
+fn rmsnorm_matches_the_cpu() {
+    rmsnorm::<f32>(|v| v.to_vec(), 1e-6);
+    // bf16 dx: the grad op's rounding and then the accumulation's (the CPU rounds once).
+    rmsnorm::<bf16>(bf, 4e-3);
+}
+
+fn swiglu<E: Float>(conv: impl Fn(&[f32]) -> Vec<E>, tol: f64) {
+    let (_g, c, n) = streams();
+    let mut rng = Rng::new(6);
+    // N not a multiple of 16, so the 32-byte padding of the stacked operand is exercised.
+    let len = 1001;
+    let (g, u, dh) = (
+        conv(&rng.normal_vec(len, 2.0)),
+        conv(&rng.normal_vec(len, 1.0)),
+        conv(&rng.normal_vec(len, 1.0)),
+    );
+    let (dg0, du0) = (
+        conv(&rng.normal_vec(len, 1.0)),
+        conv(&rng.normal_vec(len, 1.0)),
+    );
+    let run = |s: &Stream| {
+        let (gb, ub, dhb) = (up(s, &g), up(s, &u), up(s, &dh));
+        let mut h = DeviceBuffer::<E>::alloc(s, len).unwrap();
+        ops::swiglu_forward(s, &mut h.view_mut(), &gb.view(), &ub.view()).unwrap();
+        let (mut dg, mut du) = (up(s, &dg0), up(s, &du0));
+        ops::swiglu_backward(
+            s,
+            &mut dg.view_mut(),
+            &mut du.view_mut(),
+            &dhb.view(),
+            &gb.view(),
+            &ub.view(),
+        )
+        .unwrap();
+        (down(s, &h), down(s, &dg), down(s, &du))
+    };
+    let (cr, nr) = (run(&c), run(&n));
+    assert_eq!(f64s(&cr.0), f64s(&nr.0), "{}: h", E::DTYPE);
+    for (what, e) in [
+        ("d_gate", rel_l2(&f64s(&nr.1), &f64s(&cr.1))),
+        ("d_up", rel_l2(&f64s(&nr.2), &f64s(&cr.2))),
+    ] {
+        assert!(e <= tol, "{}: {what}: rel L2 {e:e}", E::DTYPE);
+    }
+}
+
+#[test]
+fn swiglu_matches_the_cpu() {
+    swiglu::<f32>(|v| v.to_vec(), 1e-6);
+    swiglu::<bf16>(bf, 4e-3);
 }

@@ -8,6 +8,8 @@
 
 pub mod elementwise;
 pub mod matmul;
+pub mod norm;
+pub mod swiglu;
 
 use crate::error::{EmuError, EmuResult};
 use crate::nnopbase::{access, TensorDesc, PARAM_INVALID, PARAM_NULLPTR, SCALARS, TENSORS};
