@@ -6,9 +6,13 @@
 // The exported functions keep the C headers' parameter names (camelCase).
 #![allow(non_snake_case)]
 
+pub mod adamw;
 pub mod elementwise;
+pub mod embedding;
+pub mod loss;
 pub mod matmul;
 pub mod norm;
+pub mod rope;
 pub mod swiglu;
 
 use crate::error::{EmuError, EmuResult};
