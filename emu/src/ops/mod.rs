@@ -7,6 +7,7 @@
 #![allow(non_snake_case)]
 
 pub mod adamw;
+pub mod attention;
 pub mod elementwise;
 pub mod embedding;
 pub mod loss;
