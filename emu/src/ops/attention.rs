@@ -234,9 +234,11 @@ fn check_common(
             }
             true
         }
-        1 | 4 | 6 | 7 | 8 => return Err(invalid(format!(
+        1 | 4 | 6 | 7 | 8 => {
+            return Err(invalid(format!(
             "sparseMode {sparse_mode} is valid for TND on CANN but not implemented by the emulator"
-        ))),
+        )))
+        }
         m => {
             return Err(invalid(format!(
                 "sparseMode {m} is not valid for the TND layout (0-4, 6-8)"
