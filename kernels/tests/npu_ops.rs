@@ -663,3 +663,89 @@ fn flash_attention_matches_the_cpu() {
     attention::<f32>(|v| v.to_vec(), 1e-6, 1e-6);
     attention::<bf16>(bf, 1e-6, 1e-6);
 }
+
+#[test]
+fn grad_norm_pieces_match_the_cpu() {
+    let (_g, c, n) = streams();
+    let mut rng = Rng::new(12);
+    // One view of several 4096-element rows and a tail, one short view.
+    let a = rng.normal_vec(3 * 4096 + 100, 1.0);
+    let b = rng.normal_vec(77, 3.0);
+    let run = |s: &Stream| {
+        let (mut ab, mut bb) = (up(s, &a), up(s, &b));
+        let ss = ops::grad_sum_squares(s, &[ab.view(), bb.view()]).unwrap();
+        ops::scale_grads(s, &mut [ab.view_mut(), bb.view_mut()], 0.37).unwrap();
+        (ss, down(s, &ab), down(s, &bb))
+    };
+    let (cr, nr) = (run(&c), run(&n));
+    // f32 partial sums of 4096 squares against the CPU's f64: ~1e-7 relative.
+    assert!((nr.0 - cr.0).abs() / cr.0 <= 1e-6, "{} vs {}", nr.0, cr.0);
+    assert_eq!(nr.1, cr.1);
+    assert_eq!(nr.2, cr.2);
+}
+
+fn index_ops<E: Float>(conv: impl Fn(&[f32]) -> Vec<E>) {
+    use cannon_kernels::index::TransposeDims;
+    let (_g, c, n) = streams();
+    let mut rng = Rng::new(13);
+    let (r, d) = (17, 12);
+    let base = conv(&rng.normal_vec(r * d, 1.0));
+    let idx = [3usize, 0, 16, 3, 9];
+    let src = conv(&rng.normal_vec(idx.len() * d, 1.0));
+    let td = TransposeDims {
+        batch: 3,
+        rows: 5,
+        cols: 7,
+    };
+    let tx = conv(&rng.normal_vec(3 * 5 * 7, 1.0));
+    let run = |s: &Stream| {
+        let (bb, sb) = (up(s, &base), up(s, &src));
+        let mut g = DeviceBuffer::<E>::alloc(s, idx.len() * d).unwrap();
+        ops::gather_rows(s, &mut g.view_mut(), &bb.view(), &idx, d).unwrap();
+        let mut sc = up(s, &base);
+        ops::scatter_rows(s, &mut sc.view_mut(), &sb.view(), &idx, d).unwrap();
+        let mut sa = up(s, &base);
+        ops::scatter_add_rows(s, &mut sa.view_mut(), &sb.view(), &idx, d).unwrap();
+        let mut z = up(s, &base);
+        ops::zero_rows(s, &mut z.view_mut(), &idx, d).unwrap();
+        let xb = up(s, &tx);
+        let mut t = DeviceBuffer::<E>::alloc(s, tx.len()).unwrap();
+        ops::transpose(s, &mut t.view_mut(), &xb.view(), td).unwrap();
+        [
+            down(s, &g),
+            down(s, &sc),
+            down(s, &sa),
+            down(s, &z),
+            down(s, &t),
+        ]
+    };
+    let (cr, nr) = (run(&c), run(&n));
+    for (i, what) in ["gather", "scatter", "scatter_add", "zero", "transpose"]
+        .iter()
+        .enumerate()
+    {
+        if *what == "scatter_add" {
+            // Repeated index 3: the CPU rounds after each source row, the NPU once per row.
+            let e = rel_l2(&f64s(&nr[i]), &f64s(&cr[i]));
+            let tol = if E::DTYPE == cannon_runtime::DType::F32 {
+                1e-6
+            } else {
+                4e-3
+            };
+            assert!(e <= tol, "{} {what}: rel L2 {e:e}", E::DTYPE);
+        } else {
+            assert_eq!(
+                f64s(&nr[i]),
+                f64s(&cr[i]),
+                "{} {what} moves values exactly",
+                E::DTYPE
+            );
+        }
+    }
+}
+
+#[test]
+fn index_ops_match_the_cpu() {
+    index_ops::<f32>(|v| v.to_vec());
+    index_ops::<bf16>(bf);
+}
