@@ -749,3 +749,55 @@ fn index_ops_match_the_cpu() {
     index_ops::<f32>(|v| v.to_vec());
     index_ops::<bf16>(bf);
 }
+
+fn patch_embed<X: Float>(p: Precision, conv: impl Fn(&[f32]) -> Vec<X>, tol: f64) {
+    use cannon_kernels::patch_embed::{PatchEmbedGradBufs, PatchGeom};
+    let (_g, c, n) = streams();
+    let mut rng = Rng::new(14);
+    // A padded 3 x 20 x 24 image whose real 18 x 21 region crops to 4 x 5 patches of 4.
+    let g = PatchGeom {
+        channels: 3,
+        height: 20,
+        width: 24,
+        h: 18,
+        w: 21,
+        patch: 4,
+    };
+    let dm = 10;
+    let px = conv(&rng.normal_vec(3 * 20 * 24, 1.0));
+    let w = conv(&rng.normal_vec(dm * g.patch_len(), 0.2));
+    let dout = conv(&rng.normal_vec(g.num_patches() * dm, 1.0));
+    let (dw0, dp0) = (
+        rng.normal_vec(dm * g.patch_len(), 1.0),
+        rng.normal_vec(3 * 20 * 24, 1.0),
+    );
+    let run = |s: &Stream| {
+        let (pb, wb, db) = (up(s, &px), up(s, &w), up(s, &dout));
+        let mut out = DeviceBuffer::<f32>::alloc(s, g.num_patches() * dm).unwrap();
+        ops::patch_embed_forward(s, p, &mut out.view_mut(), &pb.view(), &wb.view(), g, dm).unwrap();
+        let (mut dw, mut dp) = (up(s, &dw0), up(s, &dp0));
+        let grads = PatchEmbedGradBufs {
+            dweight: Some(dw.view_mut()),
+            dpixels: Some(dp.view_mut()),
+        };
+        ops::patch_embed_backward(s, p, grads, &db.view(), &pb.view(), &wb.view(), g, dm).unwrap();
+        (down(s, &out), down(s, &dw), down(s, &dp))
+    };
+    let (cr, nr) = (run(&c), run(&n));
+    for (what, e) in [
+        ("out", rel_l2(&nr.0, &cr.0)),
+        ("dweight", rel_l2(&nr.1, &cr.1)),
+        ("dpixels", rel_l2(&nr.2, &cr.2)),
+    ] {
+        assert!(e <= tol, "{p} {what}: rel L2 {e:e}");
+    }
+    // Pixels outside the cropped region keep their gradient untouched.
+    assert_eq!(nr.2[20 * 24 - 1], dp0[20 * 24 - 1]);
+}
+
+#[test]
+fn patch_embed_matches_the_cpu() {
+    patch_embed::<f32>(Precision::F32, |v| v.to_vec(), 1e-6);
+    patch_embed::<f32>(Precision::Bf16, |v| v.to_vec(), 1e-6);
+    patch_embed::<bf16>(Precision::Bf16, bf, 1e-6);
+}
