@@ -144,7 +144,7 @@ fn plan_binary(
             Err(s) => vec![*s as f32; a.len()],
         };
         let r: Vec<f32> = match kind {
-            Kind::Add(alpha) if alpha == 1.0 => a.iter().zip(&b).map(|(x, y)| x + y).collect(),
+            Kind::Add(1.0) => a.iter().zip(&b).map(|(x, y)| x + y).collect(),
             Kind::Add(alpha) => a.iter().zip(&b).map(|(x, y)| x + alpha * y).collect(),
             Kind::Mul => a.iter().zip(&b).map(|(x, y)| x * y).collect(),
         };

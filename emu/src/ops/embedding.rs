@@ -2,9 +2,9 @@
 //! aclnn_embedding_dense_backward.h; docs/cann-api.md §4).
 //!
 //! `out[i] = weight[indices[i]]` (weight `[V, D]`, indices INT64/INT32 of any shape, out
-//! `indices.shape + [D]`); the backward writes `out [numWeights, D]` = the scatter-add of
-//! `grad` rows by index (f32 accumulation, one rounding), skipping `paddingIdx` (an index
-//! >= numWeights, e.g. torch's -1 as uint64, means no padding row); `scaleGradByFreq`
+//! `indices.shape + [D]`); the backward writes `out [numWeights, D]`, the scatter-add of
+//! `grad` rows by index (f32 accumulation, one rounding), skipping row `paddingIdx` (an index
+//! past the table, e.g. torch's -1 as uint64, means no padding row); `scaleGradByFreq`
 //! divides each row by its index's count. An index outside the table is a device-side fault
 //! when the op runs (the host cannot read device indices), reported at the next synchronise.
 #![allow(non_snake_case)]

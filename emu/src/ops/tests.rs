@@ -111,31 +111,26 @@ pub(crate) fn launch(
     r
 }
 
-/// Phase 1's status and outputs, asserting success.
-#[macro_export]
-macro_rules! phase1_ok {
-    ($f:ident ( $($a:expr),* $(,)? )) => {{
-        let mut ws = 0u64;
-        let mut ex: *mut ::cannon_sys::aclnn::aclOpExecutor = std::ptr::null_mut();
-        // SAFETY: valid handles and out-pointers.
-        let st = unsafe { $f($($a,)* &mut ws, &mut ex) };
-        assert_eq!(st, 0, "{:?}", $crate::error::take_recent());
-        (ws, ex)
-    }};
+/// Phase 1 of an op (`f` calls its GetWorkspaceSize with the test's handles and the given
+/// out-pointers): asserts success and returns the workspace size and executor.
+pub(crate) fn phase1_ok(
+    f: impl FnOnce(*mut u64, *mut *mut aclOpExecutor) -> i32,
+) -> (u64, *mut aclOpExecutor) {
+    let mut ws = 0u64;
+    let mut ex: *mut aclOpExecutor = std::ptr::null_mut();
+    let st = f(&mut ws, &mut ex);
+    assert_eq!(st, 0, "{:?}", crate::error::take_recent());
+    (ws, ex)
 }
 
-/// Phase 1's error message, asserting failure.
-#[macro_export]
-macro_rules! phase1_err {
-    ($f:ident ( $($a:expr),* $(,)? )) => {{
-        let mut ws = 0u64;
-        let mut ex: *mut ::cannon_sys::aclnn::aclOpExecutor = std::ptr::null_mut();
-        // SAFETY: valid out-pointers; the handles are what the test wants checked.
-        let st = unsafe { $f($($a,)* &mut ws, &mut ex) };
-        assert_ne!(st, 0);
-        assert!(ex.is_null());
-        $crate::error::take_recent().unwrap()
-    }};
+/// Phase 1 expected to fail: asserts no executor was made and returns the recorded message.
+pub(crate) fn phase1_err(f: impl FnOnce(*mut u64, *mut *mut aclOpExecutor) -> i32) -> String {
+    let mut ws = 0u64;
+    let mut ex: *mut aclOpExecutor = std::ptr::null_mut();
+    let st = f(&mut ws, &mut ex);
+    assert_ne!(st, 0);
+    assert!(ex.is_null());
+    crate::error::take_recent().unwrap()
 }
 
 mod elementwise {
@@ -154,7 +149,10 @@ mod elementwise {
         let b = Dev::f32(&[10.0, 20.0, 30.0], &[3]);
         let out = Dev::f32(&[0.0; 6], &[2, 3]);
         let al = alpha(0.5);
-        let (ws, ex) = phase1_ok!(aclnnAddGetWorkspaceSize(a.t, b.t, al, out.t));
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnAddGetWorkspaceSize(a.t, b.t, al, out.t, w, e) }
+        });
         launch(ws, ex, aclnnAdd).unwrap();
         let want: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]
             .iter()
@@ -170,11 +168,17 @@ mod elementwise {
     fn inplace_mul_and_cast_to_bf16() {
         let a = Dev::f32(&[1.5, -2.0, 3.25, 1.0 / 3.0], &[4]);
         let b = Dev::f32(&[2.0, 2.0, 2.0, 3.0], &[4]);
-        let (ws, ex) = phase1_ok!(aclnnInplaceMulGetWorkspaceSize(a.t, b.t));
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnInplaceMulGetWorkspaceSize(a.t, b.t, w, e) }
+        });
         launch(ws, ex, aclnnInplaceMul).unwrap();
         assert_eq!(a.get::<f32>(), vec![3.0, -4.0, 6.5, 1.0]);
         let h = Dev::new(&[0u16; 4], &[4], ACL_BF16);
-        let (ws, ex) = phase1_ok!(aclnnCastGetWorkspaceSize(a.t, ACL_BF16, h.t));
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnCastGetWorkspaceSize(a.t, ACL_BF16, h.t, w, e) }
+        });
         launch(ws, ex, aclnnCast).unwrap();
         let want: Vec<u16> = [3.0f32, -4.0, 6.5, 1.0]
             .iter()
@@ -188,12 +192,21 @@ mod elementwise {
         let a = Dev::f32(&[1.0; 4], &[4]);
         let b = Dev::f32(&[1.0; 3], &[3]);
         let out = Dev::f32(&[0.0; 4], &[4]);
-        let m = phase1_err!(aclnnMulGetWorkspaceSize(a.t, b.t, out.t));
+        let m = phase1_err(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnMulGetWorkspaceSize(a.t, b.t, out.t, w, e) }
+        });
         assert!(m.contains("do not broadcast"), "{m}");
-        let m = phase1_err!(aclnnMulGetWorkspaceSize(a.t, std::ptr::null(), out.t));
+        let m = phase1_err(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnMulGetWorkspaceSize(a.t, std::ptr::null(), out.t, w, e) }
+        });
         assert!(m.contains("other is null"), "{m}");
         let i = Dev::new(&[0i64; 4], &[4], ACL_INT64);
-        let m = phase1_err!(aclnnMulGetWorkspaceSize(a.t, i.t, out.t));
+        let m = phase1_err(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnMulGetWorkspaceSize(a.t, i.t, out.t, w, e) }
+        });
         assert!(m.contains("INT64"), "{m}");
     }
 
@@ -202,7 +215,10 @@ mod elementwise {
         let a = Dev::f32(&[1.0, 2.0], &[2]);
         let b = Dev::f32(&[1.0, 1.0], &[2]);
         let al = alpha(1.0);
-        let (ws, ex) = phase1_ok!(aclnnInplaceAddGetWorkspaceSize(a.t, b.t, al));
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnInplaceAddGetWorkspaceSize(a.t, b.t, al, w, e) }
+        });
         launch(ws, ex, aclnnInplaceAdd).unwrap();
         // SAFETY: the handle is only looked up.
         let st = unsafe { aclnnInplaceAdd(std::ptr::null_mut(), 0, ex, std::ptr::null_mut()) };
@@ -211,7 +227,10 @@ mod elementwise {
         assert!(m.contains("already launched"), "{m}");
         assert_eq!(a.get::<f32>(), vec![2.0, 3.0]);
 
-        let (ws, ex) = phase1_ok!(aclnnInplaceAddGetWorkspaceSize(a.t, b.t, al));
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnInplaceAddGetWorkspaceSize(a.t, b.t, al, w, e) }
+        });
         // SAFETY: a live executor.
         assert_eq!(unsafe { executor::aclSetAclOpExecutorRepeatable(ex) }, 0);
         launch(ws, ex, aclnnInplaceAdd).unwrap();
@@ -271,7 +290,7 @@ mod descriptors {
         assert!(e.contains("not a known aclDataType"), "{e}");
         let e = mk(&dims, &strides, 1, ACL_FORMAT_ND, ACL_FLOAT, &dims, addr).unwrap_err();
         assert!(e.contains("storage dims"), "{e}");
-        let host = vec![0f32; 16];
+        let host = [0f32; 16];
         let e = mk(
             &dims,
             &strides,

@@ -152,16 +152,17 @@ macro_rules! dispatch {
 }
 pub(crate) use dispatch;
 
-/// The error of an NPU body that has not landed: [`KernelError::NotCompiled`] when the crate
+/// The error of an NPU body that cannot run: [`KernelError::NotCompiled`] when the crate
 /// is built without `npu` (no NPU path exists in this build), otherwise
-/// [`KernelError::Unsupported`] naming the aclnn op (or composition) the body will call.
+/// [`KernelError::Unsupported`] naming the aclnn op (or composition) the body needs and
+/// that the bindings lack.
 pub fn npu_pending(op: &'static str, ordinal: u32, aclnn: &'static str) -> KernelError {
     let device = Device::Npu(ordinal).to_string();
     if cfg!(feature = "npu") {
         KernelError::Unsupported {
             op,
             device,
-            reason: format!("{aclnn} dispatch lands with the NPU issue"),
+            reason: format!("{aclnn} is not in the aclnn bindings yet (sys/README.md)"),
         }
     } else {
         KernelError::NotCompiled { op, device }
