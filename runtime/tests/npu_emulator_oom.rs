@@ -10,8 +10,13 @@ use cannon_runtime::{Device, DeviceBuffer, Error, Stream};
 #[test]
 fn the_emulators_capacity_is_the_runtimes_typed_oom() {
     std::env::set_var("CANNON_EMU_DEVICE_MEMORY_MIB", "1");
-    if let Err(e) = cannon_sys::emulator::use_built_emulator() {
-        panic!("{e}");
+    match cannon_sys::emulator::select_for_tests() {
+        Ok(c) if c.is_emulator() => {}
+        Ok(_) => {
+            eprintln!("skipped on the installed CANN (the capacity is the emulator's)");
+            return;
+        }
+        Err(e) => panic!("{e}"),
     }
     let d = Device::Npu(0);
     let s = Stream::new(d).unwrap();
