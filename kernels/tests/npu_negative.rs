@@ -137,13 +137,16 @@ fn lengths_instead_of_cumulative_ends_are_a_typed_error() {
 fn a_host_pointer_as_device_memory_is_a_typed_error() {
     let Some((_g, _s)) = npu() else { return };
     let host = vec![0f32; 64];
-    let e = AclTensor::strided::<f32>(
-        "test",
-        host.as_ptr() as *mut c_void,
-        &[8, 8],
-        &[8, 1],
-        &[8, 8],
-    )
+    // SAFETY: deliberately not device memory: the emulator must refuse it.
+    let e = unsafe {
+        AclTensor::strided::<f32>(
+            "test",
+            host.as_ptr() as *mut c_void,
+            &[8, 8],
+            &[8, 1],
+            &[8, 8],
+        )
+    }
     .err()
     .unwrap();
     let (call, _, m) = aclnn_err(e);

@@ -1,7 +1,7 @@
 //! Host access to a tensor's device memory, for op jobs running on a stream's worker.
 //!
-//! A job copies its inputs out of device memory ([`read`]), runs the CPU kernel on owned host
-//! vectors and copies results back ([`write`]). Copy-in/copy-out makes in-place ops and
+//! A job copies its inputs out of device memory ([`read()`]), runs the CPU kernel on owned host
+//! vectors and copies results back ([`write()`]). Copy-in/copy-out makes in-place ops and
 //! aliased operands behave as on hardware (every input is read before any output is written)
 //! and lets strided views (transposes) be gathered in one place. Every range is resolved
 //! against the live allocations when the job runs, not when it was queued, so memory freed in

@@ -76,13 +76,16 @@ mod imp {
         let seq = AclIntArray::new(op, &ends)?;
         let (mask, sparse_mode, pre, next) = if a.causal {
             let m = mask(stream)?;
-            let t = AclTensor::strided::<u8>(
-                op,
-                m as *mut std::ffi::c_void,
-                &[MASK as i64; 2],
-                &[MASK as i64, 1],
-                &[MASK as i64; 2],
-            )?;
+            // SAFETY: the cached mask buffer (2048 * 2048 u8), never freed.
+            let t = unsafe {
+                AclTensor::strided::<u8>(
+                    op,
+                    m as *mut std::ffi::c_void,
+                    &[MASK as i64; 2],
+                    &[MASK as i64, 1],
+                    &[MASK as i64; 2],
+                )
+            }?;
             // torch_npu's causal recipe: right-down causal, pre/next tokens (ignored by the
             // mode) as its docstring passes them.
             (Some(t), 3, 65536, 0)
@@ -155,12 +158,13 @@ pub fn forward<E: Float>(
         let mut args = imp::args(OP, stream, a)?;
         let [qt, kt, vt] = imp::qkv(OP, a, &x)?;
         let ot = AclTensor::from_view_mut(OP, out, &[a.tokens, a.q_heads, a.head_dim])?;
-        let mut mx = lse.slice_mut(0..half)?;
-        let mt = AclTensor::from_view_mut(OP, &mut mx, &[a.tokens, a.q_heads, 8])?;
-        drop(mx);
-        let mut sm = lse.slice_mut(half..2 * half)?;
-        let st = AclTensor::from_view_mut(OP, &mut sm, &[a.tokens, a.q_heads, 8])?;
-        drop(sm);
+        let mt =
+            AclTensor::from_view_mut(OP, &mut lse.slice_mut(0..half)?, &[a.tokens, a.q_heads, 8])?;
+        let st = AclTensor::from_view_mut(
+            OP,
+            &mut lse.slice_mut(half..2 * half)?,
+            &[a.tokens, a.q_heads, 8],
+        )?;
         let null = std::ptr::null();
         aclnn!(
             OP,

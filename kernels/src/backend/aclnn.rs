@@ -95,12 +95,19 @@ impl AclTensor {
                 detail: format!("a view of {n} values described as shape {shape:?}"),
             });
         }
-        Self::strided::<T>(op, data, &d, &contiguous_strides(&d), &d)
+        // SAFETY: `data` is the start of a runtime buffer view of `n` = numel values (the
+        // callers pass a view's or buffer's own pointer and length).
+        unsafe { Self::strided::<T>(op, data, &d, &contiguous_strides(&d), &d) }
     }
 
     /// A descriptor with explicit strides (elements) over `storage` at `data`: transposes
     /// expressed as views, as aclnn ops marked non-contiguous-capable take them.
-    pub fn strided<T: Element>(
+    ///
+    /// # Safety
+    /// `data` must be device memory holding `storage` (its product of dims) values of `T`,
+    /// alive and not aliased by host writes for as long as any op using this descriptor may
+    /// run on its stream (CANN does not check the pointer; the emulator does).
+    pub unsafe fn strided<T: Element>(
         op: &'static str,
         data: *mut c_void,
         dims: &[i64],
@@ -272,7 +279,8 @@ pub type Phase2 = unsafe fn(
 
 /// The two-phase call of aclnn op `call` for kernels op `op` on `stream`: `phase1` is the
 /// op's `GetWorkspaceSize` (named `call_ws`) with its arguments bound (it gets the
-/// workspace-size and executor out-pointers), `phase2` the op itself. Use [`aclnn!`].
+/// workspace-size and executor out-pointers), `phase2` the op itself. The crate's bodies
+/// call it through its `aclnn!` macro.
 pub fn run(
     op: &'static str,
     call: &'static str,

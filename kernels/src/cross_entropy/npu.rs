@@ -50,7 +50,8 @@ mod imp {
         let mut logp = DeviceBuffer::<f32>::alloc(stream, n * v)?;
         let mut z = DeviceBuffer::<f32>::alloc(stream, n)?;
         let dims = [n as i64, v as i64];
-        let xt = AclTensor::strided::<f32>(op, logits, &dims, &[v as i64, 1], &dims)?;
+        // SAFETY: the caller's logits/gradient view of n * v f32 values, alive across the call.
+        let xt = unsafe { AclTensor::strided::<f32>(op, logits, &dims, &[v as i64, 1], &dims) }?;
         let tt = AclTensor::from_buffer(op, &mut tgt, &[n])?;
         let lt = AclTensor::from_buffer(op, &mut losses, &[n])?;
         let pt = AclTensor::from_buffer(op, &mut logp, &[n, v])?;
@@ -82,7 +83,8 @@ mod imp {
         if let Some(g) = grad {
             let mut gl = DeviceBuffer::<f32>::clone_htod(stream, &vec![scale; n])?;
             let gt = AclTensor::from_buffer(op, &mut gl, &[n])?;
-            let ot = AclTensor::strided::<f32>(op, g, &dims, &[v as i64, 1], &dims)?;
+            // SAFETY: the caller's logits/gradient view of n * v f32 values, alive across the call.
+            let ot = unsafe { AclTensor::strided::<f32>(op, g, &dims, &[v as i64, 1], &dims) }?;
             aclnn!(
                 op,
                 stream,

@@ -147,13 +147,16 @@ pub(crate) mod imp {
             Trans::N => [ld as i64, 1],
             Trans::T => [1, ld as i64],
         };
-        AclTensor::strided::<f32>(
-            op,
-            x.ptr,
-            &[r as i64, c as i64],
-            &strides,
-            &[x.len.max(1) as i64],
-        )
+        // SAFETY: a device operand/C view whose stored extent is the storage given.
+        unsafe {
+            AclTensor::strided::<f32>(
+                op,
+                x.ptr,
+                &[r as i64, c as i64],
+                &strides,
+                &[x.len.max(1) as i64],
+            )
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -179,13 +182,16 @@ pub(crate) mod imp {
         let c_len = super::super::strided_len(d.m, d.n, ldc);
         let c_ptr = c.as_raw_mut_ptr() as *mut c_void;
         let c_t = || {
-            AclTensor::strided::<f32>(
-                op,
-                c_ptr,
-                &[d.m as i64, d.n as i64],
-                &[ldc as i64, 1],
-                &[c_len as i64],
-            )
+            // SAFETY: a device operand/C view whose stored extent is the storage given.
+            unsafe {
+                AclTensor::strided::<f32>(
+                    op,
+                    c_ptr,
+                    &[d.m as i64, d.n as i64],
+                    &[ldc as i64, 1],
+                    &[c_len as i64],
+                )
+            }
         };
         let direct = alpha == 1.0 && beta == 0.0 && ldc == d.n && d.k > 0;
         // P = op(A) op(B), into C itself when nothing else is needed.

@@ -34,8 +34,11 @@ fn row_dots(
     use cannon_runtime::DeviceBuffer;
     let (r64, c64) = (r as i64, c as i64);
     let storage = [r64 * c64];
-    let a = AclTensor::strided::<f32>(op, ptr, &[r64, 1, c64], &[c64, c64, 1], &storage)?;
-    let b = AclTensor::strided::<f32>(op, ptr, &[r64, c64, 1], &[c64, 1, 1], &storage)?;
+    // SAFETY: `ptr` holds r * c f32 values of the caller's gradient view.
+    let a =
+        unsafe { AclTensor::strided::<f32>(op, ptr, &[r64, 1, c64], &[c64, c64, 1], &storage) }?;
+    // SAFETY: `ptr` holds r * c f32 values of the caller's gradient view.
+    let b = unsafe { AclTensor::strided::<f32>(op, ptr, &[r64, c64, 1], &[c64, 1, 1], &storage) }?;
     let mut out = DeviceBuffer::<f32>::alloc(stream, r)?;
     {
         let o = AclTensor::from_buffer(op, &mut out, &[r, 1, 1])?;

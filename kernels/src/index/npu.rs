@@ -243,13 +243,16 @@ pub fn transpose<T: Element>(
             return Ok(());
         }
         let (b, r, c) = (d.batch as i64, d.rows as i64, d.cols as i64);
-        let xt = AclTensor::strided::<T>(
-            OP,
-            x.as_raw_ptr() as *mut std::ffi::c_void,
-            &[b, c, r],
-            &[r * c, 1, c],
-            &[n as i64],
-        )?;
+        // SAFETY: x's view holds n values of T.
+        let xt = unsafe {
+            AclTensor::strided::<T>(
+                OP,
+                x.as_raw_ptr() as *mut std::ffi::c_void,
+                &[b, c, r],
+                &[r * c, 1, c],
+                &[n as i64],
+            )
+        }?;
         let ot = AclTensor::from_view_mut(OP, out, &[d.batch, d.cols, d.rows])?;
         aclnn!(
             OP,

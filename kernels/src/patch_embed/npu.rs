@@ -59,13 +59,16 @@ mod imp {
             g.width as i64,
             g.patch as i64,
         );
-        AclTensor::strided::<T>(
-            op,
-            ptr,
-            &[gh as i64, gw as i64, c, p, p],
-            &[p * w, p, h * w, w, 1],
-            &[c * h * w],
-        )
+        // SAFETY: `ptr` is a pixels (or dpixels) view of C * H * W values.
+        unsafe {
+            AclTensor::strided::<T>(
+                op,
+                ptr,
+                &[gh as i64, gw as i64, c, p, p],
+                &[p * w, p, h * w, w, 1],
+                &[c * h * w],
+            )
+        }
     }
 
     /// P `[Np, K]` contiguous, in the pixels' dtype (a strided aclnnCast copy).
