@@ -829,3 +829,112 @@ fn gelu_is_a_typed_pending_error_on_the_npu() {
     );
     assert!(e.to_string().contains("aclnnGeluV2"), "{e}");
 }
+
+/// The emulator's count of live aclnn descriptors and executors (a test hook it exports).
+fn live_aclnn_objects() -> u64 {
+    type Live = unsafe extern "C" fn() -> u64;
+    let lib = cannon_sys::loader::library(cannon_sys::Lib::NnopBase).unwrap();
+    let f = lib.symbol(c"cannon_emu_live_aclnn_objects").unwrap();
+    // SAFETY: the emulator exports the hook with this signature.
+    let f: Live = unsafe { std::mem::transmute::<*mut std::ffi::c_void, Live>(f.as_ptr()) };
+    // SAFETY: no arguments; it reads the emulator's registries.
+    unsafe { f() }
+}
+
+#[test]
+fn every_descriptor_and_executor_is_released() {
+    use cannon_kernels::attention::{lse_len_npu, QkvBuf, QkvGradBuf, VarlenAttention};
+    use cannon_kernels::cross_entropy::LossNorm;
+    let (_g, _, n) = streams();
+    if !emu() {
+        eprintln!("skipped on the installed CANN: the count is an emulator hook");
+        return;
+    }
+    // Tests hold the device lock for their whole body, so nothing else is in flight.
+    let before = live_aclnn_objects();
+    let mut rng = Rng::new(15);
+    let d = LinearDims {
+        t: 8,
+        d_in: 16,
+        d_out: 24,
+    };
+    let (x, w) = (
+        up(&n, &rng.normal_vec(8 * 16, 1.0)),
+        up(&n, &rng.normal_vec(24 * 16, 1.0)),
+    );
+    let mut y = DeviceBuffer::<f32>::alloc(&n, 8 * 24).unwrap();
+    ops::linear_forward(
+        &n,
+        Precision::Bf16,
+        &mut y.view_mut(),
+        &x.view(),
+        &w.view(),
+        None,
+        d,
+    )
+    .unwrap();
+    let mut dx = DeviceBuffer::<f32>::alloc_zeros(&n, 8 * 16).unwrap();
+    let grads = LinearGradBufs {
+        dx: Some(dx.view_mut()),
+        dw: None,
+        db: None,
+    };
+    ops::linear_backward(
+        &n,
+        Precision::F32,
+        grads,
+        &y.view(),
+        &x.view(),
+        &w.view(),
+        d,
+    )
+    .unwrap();
+    ops::cross_entropy_in_place(
+        &n,
+        &mut y.view_mut(),
+        &[1, 2, 3, -100, 4, 5, 6, 7],
+        24,
+        LossNorm::Mean,
+    )
+    .unwrap();
+    let cu = [3usize, 8];
+    let a = VarlenAttention::new(&cu, 8, 2, 1, 8, true);
+    let (q, k) = (
+        up(&n, &rng.normal_vec(8 * 2 * 8, 1.0)),
+        up(&n, &rng.normal_vec(8 * 8, 1.0)),
+    );
+    let qkv = QkvBuf {
+        q: &q.view(),
+        k: &k.view(),
+        v: &k.view(),
+    };
+    let mut o = DeviceBuffer::<f32>::alloc(&n, 8 * 2 * 8).unwrap();
+    let mut lse = DeviceBuffer::<f32>::alloc(&n, lse_len_npu(&a)).unwrap();
+    ops::attention_forward(&n, &a, qkv, &mut o.view_mut(), &mut lse.view_mut()).unwrap();
+    let (mut dq, mut dk, mut dv) = (
+        DeviceBuffer::<f32>::alloc(&n, 128).unwrap(),
+        DeviceBuffer::<f32>::alloc(&n, 64).unwrap(),
+        DeviceBuffer::<f32>::alloc(&n, 64).unwrap(),
+    );
+    let g = QkvGradBuf {
+        dq: &mut dq.view_mut(),
+        dk: &mut dk.view_mut(),
+        dv: &mut dv.view_mut(),
+    };
+    ops::attention_backward(&n, &a, qkv, &o.view(), &lse.view(), &q.view(), g).unwrap();
+    // A failing call releases what it made too.
+    let mut bad = up(&n, &[1.0f32; 64]);
+    ops::add_into(
+        &n,
+        &mut bad.slice_mut(1..64).unwrap(),
+        &x.slice(0..63).unwrap(),
+    )
+    .unwrap_err();
+    n.synchronize().unwrap();
+    assert_eq!(
+        live_aclnn_objects(),
+        before,
+        "aclnn descriptors or executors leaked"
+    );
+    assert!(cannon_kernels::backend::aclnn::take_drop_errors().is_empty());
+}

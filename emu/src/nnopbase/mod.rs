@@ -357,3 +357,11 @@ pub unsafe extern "C" fn aclnnInit(_configPath: *const std::ffi::c_char) -> acln
 pub unsafe extern "C" fn aclnnFinalize() -> aclnnStatus {
     0
 }
+
+/// Test hook (not a CANN function): the number of live aclnn descriptors and executors, so a
+/// caller's tests can show that every descriptor it created was destroyed and every executor
+/// launched or destroyed.
+#[no_mangle]
+pub extern "C" fn cannon_emu_live_aclnn_objects() -> u64 {
+    live_objects() as u64
+}
