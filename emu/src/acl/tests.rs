@@ -307,3 +307,47 @@ fn calls_without_a_device_name_the_missing_call() {
     .join()
     .unwrap();
 }
+
+#[test]
+fn device_synchronise_waits_for_every_stream_and_a_timeout_is_reported() {
+    on_device(6, || {
+        let mut s: aclrtStream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { aclrtCreateStream(&mut s) }, 0);
+        let d = malloc(64);
+        assert_eq!(aclrtMemset(d, 64, 1, 64), 0);
+        assert_eq!(cannon_emu_stream_hold(s, 1), 0);
+        assert_eq!(aclrtMemsetAsync(d, 64, 2, 64, s), 0);
+        assert_eq!(
+            aclrtSynchronizeStreamWithTimeout(s, 20),
+            cannon_sys::acl::ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+        );
+        assert_eq!(
+            aclrtSynchronizeStreamWithTimeout(s, 0),
+            ACL_ERROR_INVALID_PARAM
+        );
+        let raw = s as usize;
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            assert_eq!(cannon_emu_stream_hold(raw as aclrtStream, 0), 0);
+        });
+        // Returns only once the held stream has run its memset.
+        assert_eq!(aclrtSynchronizeDevice(), 0);
+        let mut back = [0u8; 64];
+        // SAFETY: a host buffer and a live device block of 64 bytes.
+        let r = unsafe {
+            aclrtMemcpy(
+                back.as_mut_ptr().cast(),
+                64,
+                d,
+                64,
+                ACL_MEMCPY_DEVICE_TO_HOST,
+            )
+        };
+        assert_eq!(r, 0);
+        assert_eq!(back, [2u8; 64]);
+        release.join().unwrap();
+        assert_eq!(aclrtDestroyStream(s), 0);
+        assert_eq!(aclrtFree(d), 0);
+    });
+}
