@@ -22,6 +22,8 @@ pub mod device;
 pub mod error;
 pub mod handle;
 pub mod mem;
+pub mod nnopbase;
+pub mod ops;
 pub mod stream;
 
 pub use error::{EmuError, EmuResult};

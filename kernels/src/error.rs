@@ -20,8 +20,26 @@ pub enum KernelError {
         device: String,
         reason: String,
     },
+    /// An aclnn call returned a non-zero `aclnnStatus` (or an aclnn descriptor could not be
+    /// created): the op, the C function, the status and `aclGetRecentErrMsg`'s text.
+    #[error("{op}: {call} failed with aclnnStatus {status} ({name}){}", fmt_msg(.message))]
+    Aclnn {
+        op: &'static str,
+        call: &'static str,
+        status: i32,
+        name: &'static str,
+        message: String,
+    },
     #[error(transparent)]
     Runtime(#[from] cannon_runtime::Error),
+}
+
+fn fmt_msg(m: &str) -> String {
+    if m.is_empty() {
+        String::new()
+    } else {
+        format!(": {m}")
+    }
 }
 
 pub type Result<T> = std::result::Result<T, KernelError>;

@@ -3,8 +3,9 @@
 //!
 //! One directory per op (as dfdx does): `mod.rs` holds the slice-level API, its shapes and
 //! checks; `cpu.rs` the CPU kernel (fast: threaded with rayon, vectorised, cache-blocked);
-//! `npu.rs` the op's aclnn body (until the NPU issue lands them, a typed `NotCompiled` /
-//! `Unsupported` error naming the aclnn call, never a host fallback); `tests.rs` the checks
+//! `npu.rs` the op's aclnn body (one aclnn call or a documented composition of bound aclnn
+//! ops; where the bindings lack the op, GELU, a typed `Unsupported` error naming it, and
+//! `NotCompiled` without `--features npu`; never a host fallback); `tests.rs` the checks
 //! against a naive float64 implementation written for clarity, plus finite differences on
 //! tiny shapes.
 //!

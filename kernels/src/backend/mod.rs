@@ -24,6 +24,8 @@
 //! cu_seqlens) and the RoPE table are host slices: the host checks them (an id past the
 //! vocabulary must be a typed error, not an aicore fault) and the NPU bodies upload them.
 
+#[cfg(feature = "npu")]
+pub mod aclnn;
 mod cpu;
 mod npu;
 
@@ -150,21 +152,39 @@ macro_rules! dispatch {
 }
 pub(crate) use dispatch;
 
-/// The error of an NPU body that has not landed: [`KernelError::NotCompiled`] when the crate
+/// The error of an NPU body that cannot run: [`KernelError::NotCompiled`] when the crate
 /// is built without `npu` (no NPU path exists in this build), otherwise
-/// [`KernelError::Unsupported`] naming the aclnn op (or composition) the body will call.
+/// [`KernelError::Unsupported`] naming the aclnn op (or composition) the body needs and
+/// that the bindings lack.
 pub fn npu_pending(op: &'static str, ordinal: u32, aclnn: &'static str) -> KernelError {
     let device = Device::Npu(ordinal).to_string();
     if cfg!(feature = "npu") {
         KernelError::Unsupported {
             op,
             device,
-            reason: format!("{aclnn} dispatch lands with the NPU issue"),
+            reason: format!("{aclnn} is not in the aclnn bindings yet (sys/README.md)"),
         }
     } else {
         KernelError::NotCompiled { op, device }
     }
 }
+
+/// An op's NPU body: `$body` with `--features npu`, the typed [`npu_pending`] error
+/// (`NotCompiled`) without it. `$aclnn` names the aclnn call(s) for that error.
+macro_rules! npu_body {
+    ($op:expr, $ordinal:expr, $aclnn:expr, $body:block) => {{
+        #[cfg(feature = "npu")]
+        {
+            let _ = ($ordinal, $aclnn);
+            $body
+        }
+        #[cfg(not(feature = "npu"))]
+        {
+            Err($crate::backend::npu_pending($op, $ordinal, $aclnn))
+        }
+    }};
+}
+pub(crate) use npu_body;
 
 /// Every op of the crate over runtime buffers, as one backend runs it. Shapes, conventions
 /// and errors are those of the slice-level op (see each op's module); `stream` orders the

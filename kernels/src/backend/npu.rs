@@ -1,5 +1,6 @@
 //! [`Backend`] on an Ascend NPU: each method is the op's aclnn body in the op's own `npu.rs`
-//! (until the NPU issue lands them, the typed pending error of [`super::npu_pending`]).
+//! (GELU, whose aclnn ops are not bound yet, returns the typed pending error of
+//! [`super::npu_pending`]).
 
 use super::{Backend, Npu};
 use crate::adamw::AdamW;

@@ -1,42 +1,106 @@
-//! Embedding's NPU entry points (bodies land with the NPU issue; until then they return
-//! [`npu_pending`]: `NotCompiled` without `--features npu`, `Unsupported` with it).
+//! Embedding's NPU bodies (aclnn_embedding.h, aclnn_embedding_dense_backward.h;
+//! docs/cann-api.md §4).
 //!
-//! Both bodies first check the ids on the host as the slice-level calls do, then upload them
-//! as int32 (aclnn indices are int32/int64; ids below V < 2^31 fit).
+//! Both bodies first check the ids on the host as the slice-level calls do (an id past the
+//! vocabulary is a typed error naming the token, not a device fault), then upload them as
+//! int64. The backward op writes a `[V, D]` gradient (it does not accumulate) in grad's
+//! dtype, so the body widens a bf16 dout to f32 first (exact; the CPU sums in f32), runs
+//! aclnnEmbeddingDenseBackward into a `[V, D]` f32 scratch with `paddingIdx = u64::MAX`
+//! (torch's -1, no padding row, as torch_npu passes it) and adds it into dweight with
+//! aclnnInplaceAdd. The scratch is as large as the table's gradient: the price of the op's
+//! dense output.
+#![cfg_attr(
+    not(feature = "npu"),
+    allow(unused_variables, unused_imports, dead_code)
+)]
 
-use crate::backend::npu_pending;
-use crate::error::Result;
+use crate::backend::npu_body;
+use crate::error::{check_len, Result};
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnEmbedding(weight [V, D], indices = ids [T], out [T, D])`.
 pub fn forward<E: Float>(
     ordinal: u32,
-    _stream: &Stream,
-    _out: &mut BufferViewMut<'_, E>,
-    _ids: &[u32],
-    _weight: &BufferView<'_, E>,
-    _dim: usize,
+    stream: &Stream,
+    out: &mut BufferViewMut<'_, E>,
+    ids: &[u32],
+    weight: &BufferView<'_, E>,
+    dim: usize,
 ) -> Result<()> {
-    Err(npu_pending("embedding_forward", ordinal, "aclnnEmbedding"))
+    const OP: &str = "embedding_forward";
+    npu_body!(OP, ordinal, "aclnnEmbedding", {
+        use crate::backend::aclnn::{aclnn, AclTensor};
+        use cannon_runtime::DeviceBuffer;
+        let vocab = super::vocab_of(OP, weight.len(), dim)?;
+        check_len(OP, "out", out.len(), ids.len() * dim)?;
+        super::check_ids(OP, ids, vocab)?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let idx: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+        let mut idx = DeviceBuffer::<i64>::clone_htod(stream, &idx)?;
+        let wt = AclTensor::from_view(OP, weight, &[vocab, dim])?;
+        let it = AclTensor::from_buffer(OP, &mut idx, &[ids.len()])?;
+        let ot = AclTensor::from_view_mut(OP, out, &[ids.len(), dim])?;
+        aclnn!(
+            OP,
+            stream,
+            aclnnEmbeddingGetWorkspaceSize,
+            aclnnEmbedding,
+            (wt.raw(), it.raw(), ot.raw())
+        )
+    })
 }
 
-/// `aclnnEmbeddingDenseBackward(grad = dout, indices = ids, numWeights = V, paddingIdx = no
-/// padding, scaleGradByFreq = false, out)` into a `[V, D]` f32 scratch (the op writes; a bf16
-/// `dout` is widened with aclnnCast first), then `aclnnInplaceAdd` into `dweight`. That
-/// scratch is the size of the table (2.7 GB at V = 131072, D = 5120), so the NPU issue should
-/// prefer an accumulating scatter (aclnnIndexAdd, not bound yet) where the part has it.
+/// `dweight += aclnnEmbeddingDenseBackward(dout (as f32), ids, V, paddingIdx = none)`.
 pub fn backward<E: Float>(
     ordinal: u32,
-    _stream: &Stream,
-    _dweight: &mut BufferViewMut<'_, f32>,
-    _dout: &BufferView<'_, E>,
-    _ids: &[u32],
-    _dim: usize,
+    stream: &Stream,
+    dweight: &mut BufferViewMut<'_, f32>,
+    dout: &BufferView<'_, E>,
+    ids: &[u32],
+    dim: usize,
 ) -> Result<()> {
-    Err(npu_pending(
-        "embedding_backward",
+    const OP: &str = "embedding_backward";
+    npu_body!(
+        OP,
         ordinal,
         "aclnnEmbeddingDenseBackward + aclnnInplaceAdd",
-    ))
+        {
+            use crate::backend::aclnn::{aclnn, AclTensor};
+            use crate::gemm::npu::imp::f32_operand;
+            use cannon_runtime::DeviceBuffer;
+            let vocab = super::vocab_of(OP, dweight.len(), dim)?;
+            check_len(OP, "dout", dout.len(), ids.len() * dim)?;
+            super::check_ids(OP, ids, vocab)?;
+            if ids.is_empty() {
+                return Ok(());
+            }
+            let idx: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+            let mut idx = DeviceBuffer::<i64>::clone_htod(stream, &idx)?;
+            let g32 = f32_operand(stream, dout, dout.len(), false)?;
+            let mut acc = DeviceBuffer::<f32>::alloc(stream, vocab * dim)?;
+            {
+                let gt = crate::gemm::npu::imp::matrix(
+                    OP,
+                    &g32,
+                    crate::gemm::Trans::N,
+                    ids.len(),
+                    dim,
+                    dim,
+                )?;
+                let it = AclTensor::from_buffer(OP, &mut idx, &[ids.len()])?;
+                let ot = AclTensor::from_buffer(OP, &mut acc, &[vocab, dim])?;
+                aclnn!(
+                    OP,
+                    stream,
+                    aclnnEmbeddingDenseBackwardGetWorkspaceSize,
+                    aclnnEmbeddingDenseBackward,
+                    (gt.raw(), it.raw(), vocab as u64, u64::MAX, false, ot.raw())
+                )?;
+            }
+            crate::elementwise::npu::add_into(ordinal, stream, dweight, &acc.view())
+        }
+    )
 }

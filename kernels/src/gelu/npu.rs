@@ -1,12 +1,13 @@
-//! GELU's NPU entry points (bodies land with the NPU issue; until then they return
-//! [`npu_pending`]: `NotCompiled` without `--features npu`, `Unsupported` with it).
+//! GELU's NPU entry points: pending (they return [`npu_pending`]: `NotCompiled` without
+//! `--features npu`, `Unsupported` naming the missing aclnn op with it), never a host
+//! fallback.
 //!
 //! CANN 8.x has the exact (erf) GELU as `aclnnGeluV2` / `aclnnGeluBackwardV2` with
 //! `approximate = "none"` (V2 names the erf form explicitly rather than leaving it to the
-//! op's default); neither is in `sys/src/generated/aclnn.rs` yet, so the NPU issue adds them
-//! to the bindings' allowlist.
-//! Where they are missing the documented composition is, from bound ops plus aclnnErf /
-//! aclnnExp: `Phi = (1 + erf(x / sqrt 2)) / 2`, `y = x Phi`,
+//! op's default); neither is in `sys/src/generated/aclnn.rs` yet: adding them needs the
+//! generator run on the CANN headers (sys/README.md). No composition of the bound ops gives
+//! erf or exp, so there is none to fall back on; once aclnnErf / aclnnExp are bound the
+//! composition is: `Phi = (1 + erf(x / sqrt 2)) / 2`, `y = x Phi`,
 //! `dx += dy (Phi + x e^(-x^2/2) / sqrt(2 pi))` with aclnnMul / aclnnMuls / aclnnAdd.
 
 use crate::backend::npu_pending;

@@ -168,13 +168,24 @@ fn check_apply<E>(
     table: &RopeTable,
     pos: &[u32],
 ) -> Result<()> {
+    check_apply_len(op, x.len(), n_heads, table, pos)
+}
+
+/// [`check_apply`] given x's length (the NPU bodies hold device views, not slices).
+fn check_apply_len(
+    op: &'static str,
+    len: usize,
+    n_heads: usize,
+    table: &RopeTable,
+    pos: &[u32],
+) -> Result<()> {
     let d = table.head_dim;
-    if x.len() != pos.len() * n_heads * d {
+    if len != pos.len() * n_heads * d {
         return Err(KernelError::Shape {
             op,
             detail: format!(
                 "x has {} elements, expected T={} x H={n_heads} x D={d}",
-                x.len(),
+                len,
                 pos.len()
             ),
         });

@@ -1,0 +1,339 @@
+//! Op handlers called directly through their C entry points on emulated device memory
+//! (allocated with `mem::alloc`, filled through `mem::resolve`), checked against values
+//! computed here independently.
+
+use crate::nnopbase::*;
+use cannon_sys::acl::*;
+use cannon_sys::aclnn::{aclOpExecutor, aclTensor};
+use std::ffi::c_void;
+
+/// A device allocation holding `vals`, and an ND contiguous aclTensor over it.
+pub(crate) struct Dev {
+    pub addr: usize,
+    pub t: *mut aclTensor,
+    pub len: usize,
+}
+
+impl Dev {
+    pub fn new<T: bytemuck::Pod>(vals: &[T], dims: &[i64], dtype: aclDataType) -> Dev {
+        let bytes = std::mem::size_of_val(vals).max(1);
+        let addr = crate::mem::alloc(0, bytes).unwrap();
+        let p = crate::mem::resolve(addr, bytes).unwrap();
+        // SAFETY: p is the host backing of `bytes` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                vals.as_ptr() as *const u8,
+                p,
+                std::mem::size_of_val(vals),
+            )
+        };
+        let t = tensor_at(addr, dims, dtype);
+        Dev {
+            addr,
+            t,
+            len: vals.len(),
+        }
+    }
+
+    pub fn f32(vals: &[f32], dims: &[i64]) -> Dev {
+        Dev::new(vals, dims, ACL_FLOAT)
+    }
+
+    pub fn get<T: bytemuck::Pod>(&self) -> Vec<T> {
+        let bytes = self.len * std::mem::size_of::<T>();
+        let p = crate::mem::resolve(self.addr, bytes).unwrap();
+        // SAFETY: p backs `bytes` bytes; the stream was synchronised by the caller.
+        let s = unsafe { std::slice::from_raw_parts(p, bytes) };
+        let mut v = vec![T::zeroed(); self.len];
+        bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(s);
+        v
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        // SAFETY: t came from aclCreateTensor.
+        unsafe { aclDestroyTensor(self.t) };
+        crate::mem::free(self.addr).unwrap();
+    }
+}
+
+/// A contiguous ND tensor over `addr`.
+pub(crate) fn tensor_at(addr: usize, dims: &[i64], dtype: aclDataType) -> *mut aclTensor {
+    let mut strides = vec![1i64; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * dims[i + 1];
+    }
+    // SAFETY: arrays of dims.len() values.
+    let t = unsafe {
+        aclCreateTensor(
+            dims.as_ptr(),
+            dims.len() as u64,
+            dtype,
+            strides.as_ptr(),
+            0,
+            ACL_FORMAT_ND,
+            dims.as_ptr(),
+            dims.len() as u64,
+            addr as *mut c_void,
+        )
+    };
+    assert!(!t.is_null(), "{:?}", crate::error::take_recent());
+    t
+}
+
+/// Runs phase 2 of an op on the thread's default stream of device 0 with a fresh workspace
+/// of the size asked, synchronises, and returns the status of the stream.
+pub(crate) fn launch(
+    ws: u64,
+    ex: *mut aclOpExecutor,
+    phase2: unsafe extern "C" fn(
+        *mut c_void,
+        u64,
+        *mut aclOpExecutor,
+        cannon_sys::acl::aclrtStream,
+    ) -> i32,
+) -> crate::error::EmuResult<()> {
+    crate::device::set_current(0);
+    let w = if ws > 0 {
+        crate::mem::alloc(0, ws as usize).unwrap()
+    } else {
+        0
+    };
+    // SAFETY: a live executor and workspace; null stream = the default stream.
+    let st = unsafe { phase2(w as *mut c_void, ws, ex, std::ptr::null_mut()) };
+    assert_eq!(st, 0, "{:?}", crate::error::take_recent());
+    let s = crate::stream::lookup(0).unwrap();
+    let r = s.synchronize(None).map(|_| ());
+    if w != 0 {
+        crate::mem::free(w).unwrap();
+    }
+    r
+}
+
+/// Phase 1 of an op (`f` calls its GetWorkspaceSize with the test's handles and the given
+/// out-pointers): asserts success and returns the workspace size and executor.
+pub(crate) fn phase1_ok(
+    f: impl FnOnce(*mut u64, *mut *mut aclOpExecutor) -> i32,
+) -> (u64, *mut aclOpExecutor) {
+    let mut ws = 0u64;
+    let mut ex: *mut aclOpExecutor = std::ptr::null_mut();
+    let st = f(&mut ws, &mut ex);
+    assert_eq!(st, 0, "{:?}", crate::error::take_recent());
+    (ws, ex)
+}
+
+/// Phase 1 expected to fail: asserts no executor was made and returns the recorded message.
+pub(crate) fn phase1_err(f: impl FnOnce(*mut u64, *mut *mut aclOpExecutor) -> i32) -> String {
+    let mut ws = 0u64;
+    let mut ex: *mut aclOpExecutor = std::ptr::null_mut();
+    let st = f(&mut ws, &mut ex);
+    assert_ne!(st, 0);
+    assert!(ex.is_null());
+    crate::error::take_recent().unwrap()
+}
+
+mod elementwise {
+    use super::*;
+    use crate::ops::elementwise::*;
+
+    fn alpha(v: f32) -> *mut cannon_sys::aclnn::aclScalar {
+        let mut v = v;
+        // SAFETY: a live f32.
+        unsafe { aclCreateScalar(&mut v as *mut f32 as *mut c_void, ACL_FLOAT) }
+    }
+
+    #[test]
+    fn add_with_alpha_and_broadcast() {
+        let a = Dev::f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+        let b = Dev::f32(&[10.0, 20.0, 30.0], &[3]);
+        let out = Dev::f32(&[0.0; 6], &[2, 3]);
+        let al = alpha(0.5);
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnAddGetWorkspaceSize(a.t, b.t, al, out.t, w, e) }
+        });
+        launch(ws, ex, aclnnAdd).unwrap();
+        let want: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x + 0.5 * [10.0, 20.0, 30.0][i % 3])
+            .collect();
+        assert_eq!(out.get::<f32>(), want);
+        // SAFETY: a live scalar.
+        unsafe { aclDestroyScalar(al) };
+    }
+
+    #[test]
+    fn inplace_mul_and_cast_to_bf16() {
+        let a = Dev::f32(&[1.5, -2.0, 3.25, 1.0 / 3.0], &[4]);
+        let b = Dev::f32(&[2.0, 2.0, 2.0, 3.0], &[4]);
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnInplaceMulGetWorkspaceSize(a.t, b.t, w, e) }
+        });
+        launch(ws, ex, aclnnInplaceMul).unwrap();
+        assert_eq!(a.get::<f32>(), vec![3.0, -4.0, 6.5, 1.0]);
+        let h = Dev::new(&[0u16; 4], &[4], ACL_BF16);
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnCastGetWorkspaceSize(a.t, ACL_BF16, h.t, w, e) }
+        });
+        launch(ws, ex, aclnnCast).unwrap();
+        let want: Vec<u16> = [3.0f32, -4.0, 6.5, 1.0]
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        assert_eq!(h.get::<u16>(), want);
+    }
+
+    #[test]
+    fn shape_dtype_and_null_errors_name_the_argument() {
+        let a = Dev::f32(&[1.0; 4], &[4]);
+        let b = Dev::f32(&[1.0; 3], &[3]);
+        let out = Dev::f32(&[0.0; 4], &[4]);
+        let m = phase1_err(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnMulGetWorkspaceSize(a.t, b.t, out.t, w, e) }
+        });
+        assert!(m.contains("do not broadcast"), "{m}");
+        let m = phase1_err(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnMulGetWorkspaceSize(a.t, std::ptr::null(), out.t, w, e) }
+        });
+        assert!(m.contains("other is null"), "{m}");
+        let i = Dev::new(&[0i64; 4], &[4], ACL_INT64);
+        let m = phase1_err(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnMulGetWorkspaceSize(a.t, i.t, out.t, w, e) }
+        });
+        assert!(m.contains("INT64"), "{m}");
+    }
+
+    #[test]
+    fn an_executor_runs_once_unless_repeatable() {
+        let a = Dev::f32(&[1.0, 2.0], &[2]);
+        let b = Dev::f32(&[1.0, 1.0], &[2]);
+        let al = alpha(1.0);
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnInplaceAddGetWorkspaceSize(a.t, b.t, al, w, e) }
+        });
+        launch(ws, ex, aclnnInplaceAdd).unwrap();
+        // SAFETY: the handle is only looked up.
+        let st = unsafe { aclnnInplaceAdd(std::ptr::null_mut(), 0, ex, std::ptr::null_mut()) };
+        assert_eq!(st, PARAM_INVALID);
+        let m = crate::error::take_recent().unwrap();
+        assert!(m.contains("already launched"), "{m}");
+        assert_eq!(a.get::<f32>(), vec![2.0, 3.0]);
+
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnInplaceAddGetWorkspaceSize(a.t, b.t, al, w, e) }
+        });
+        // SAFETY: a live executor.
+        assert_eq!(unsafe { executor::aclSetAclOpExecutorRepeatable(ex) }, 0);
+        launch(ws, ex, aclnnInplaceAdd).unwrap();
+        launch(ws, ex, aclnnInplaceAdd).unwrap();
+        assert_eq!(a.get::<f32>(), vec![4.0, 5.0]);
+        // SAFETY: a live repeatable executor, destroyed once.
+        assert_eq!(unsafe { executor::aclDestroyAclOpExecutor(ex) }, 0);
+        // SAFETY: a live scalar.
+        unsafe { aclDestroyScalar(al) };
+    }
+}
+
+mod descriptors {
+    use super::*;
+
+    #[test]
+    fn create_tensor_validates_its_arguments() {
+        let addr = crate::mem::alloc(0, 64).unwrap();
+        let dims = [4i64, 4];
+        let strides = [4i64, 1];
+        let mk = |dims: &[i64],
+                  strides: &[i64],
+                  offset: i64,
+                  format: aclFormat,
+                  dtype: aclDataType,
+                  storage: &[i64],
+                  data: usize| {
+            // SAFETY: arrays of the given lengths.
+            let t = unsafe {
+                aclCreateTensor(
+                    dims.as_ptr(),
+                    dims.len() as u64,
+                    dtype,
+                    strides.as_ptr(),
+                    offset,
+                    format,
+                    storage.as_ptr(),
+                    storage.len() as u64,
+                    data as *mut c_void,
+                )
+            };
+            if t.is_null() {
+                Err(crate::error::take_recent().unwrap())
+            } else {
+                // SAFETY: live.
+                unsafe { aclDestroyTensor(t) };
+                Ok(())
+            }
+        };
+        mk(&dims, &strides, 0, ACL_FORMAT_ND, ACL_FLOAT, &dims, addr).unwrap();
+        let e = mk(&[-1, 4], &strides, 0, ACL_FORMAT_ND, ACL_FLOAT, &dims, addr).unwrap_err();
+        assert!(e.contains("negative"), "{e}");
+        // Offset and format swapped (the known CANN bug): format 0 is NCHW, offset 2 runs past.
+        let e = mk(&dims, &strides, 2, 77, ACL_FLOAT, &dims, addr).unwrap_err();
+        assert!(e.contains("not a known aclFormat"), "{e}");
+        let e = mk(&dims, &strides, 0, ACL_FORMAT_ND, 99, &dims, addr).unwrap_err();
+        assert!(e.contains("not a known aclDataType"), "{e}");
+        let e = mk(&dims, &strides, 1, ACL_FORMAT_ND, ACL_FLOAT, &dims, addr).unwrap_err();
+        assert!(e.contains("storage dims"), "{e}");
+        let host = [0f32; 16];
+        let e = mk(
+            &dims,
+            &strides,
+            0,
+            ACL_FORMAT_ND,
+            ACL_FLOAT,
+            &dims,
+            host.as_ptr() as usize,
+        )
+        .unwrap_err();
+        assert!(e.contains("not device memory"), "{e}");
+        let e = mk(&dims, &strides, 0, ACL_FORMAT_ND, ACL_FLOAT, &dims, 0).unwrap_err();
+        assert!(e.contains("null"), "{e}");
+        // A storage larger than the allocation (64 bytes = 16 f32).
+        let e = mk(
+            &[5, 4],
+            &strides,
+            0,
+            ACL_FORMAT_ND,
+            ACL_FLOAT,
+            &[5, 4],
+            addr,
+        )
+        .unwrap_err();
+        assert!(e.contains("runs past"), "{e}");
+        crate::mem::free(addr).unwrap();
+    }
+
+    #[test]
+    fn destroyed_descriptors_are_errors() {
+        let v = [1i64, 2, 3];
+        // SAFETY: 3 values.
+        let a = unsafe { aclCreateIntArray(v.as_ptr(), 3) };
+        assert!(!a.is_null());
+        // SAFETY: handles are only looked up.
+        unsafe {
+            assert_eq!(aclDestroyIntArray(a), 0);
+            assert_eq!(aclDestroyIntArray(a), PARAM_INVALID);
+        }
+        let m = crate::error::take_recent().unwrap();
+        assert!(
+            m.contains("aclDestroyIntArray") && m.contains("not a live aclIntArray"),
+            "{m}"
+        );
+    }
+}
