@@ -57,6 +57,11 @@ impl<T> Registry<T> {
         Ok(got)
     }
 
+    /// Every live object (device-wide synchronise walks the streams).
+    pub fn values(&self) -> Vec<Arc<T>> {
+        self.live.lock().values().cloned().collect()
+    }
+
     /// Live objects (leak checks in tests).
     pub fn len(&self) -> usize {
         self.live.lock().len()

@@ -19,6 +19,7 @@
 //! - [`hccl`]: collectives between ranks in separate processes over loopback TCP, queued on
 //!   streams, with dead or hung peers an error within `HCCL_EXEC_TIMEOUT`, never a hang.
 
+pub mod acl;
 pub mod device;
 pub mod error;
 pub mod handle;

@@ -33,6 +33,8 @@ struct Progress {
     queued: u64,
     done: u64,
     error: Option<EmuError>,
+    /// While set, the worker waits before its next job (the `cannon_emu_stream_hold` test hook).
+    held: bool,
 }
 
 /// What a stream's owner and its worker share.
@@ -43,6 +45,11 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// How many jobs have run (or been skipped after an error).
+    pub fn done(&self) -> u64 {
+        self.progress.lock().done
+    }
+
     /// Blocks until job number `seq` (1-based, from [`Stream::enqueue`]) has run, or `timeout`.
     pub fn wait_for(&self, seq: u64, timeout: Option<Duration>) -> bool {
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -78,8 +85,27 @@ impl Stream {
             .name(format!("emu-npu{device}-stream"))
             .spawn(move || {
                 for job in rx {
-                    let skip = s.progress.lock().error.is_some();
-                    let r = if skip { Ok(()) } else { job() };
+                    let skip = {
+                        let mut p = s.progress.lock();
+                        while p.held {
+                            s.changed.wait(&mut p);
+                        }
+                        p.error.is_some()
+                    };
+                    // A panicking job must not kill the worker (waiters would hang): it
+                    // becomes the stream's error.
+                    let r = if skip {
+                        Ok(())
+                    } else {
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).unwrap_or_else(
+                            |_| {
+                                Err(EmuError::new(
+                                    cannon_sys::acl::ACL_ERROR_INTERNAL_ERROR,
+                                    "internal error: a queued task panicked in the emulator",
+                                ))
+                            },
+                        )
+                    };
                     let mut p = s.progress.lock();
                     if let Err(e) = r {
                         p.error.get_or_insert(e);
@@ -126,6 +152,12 @@ impl Stream {
         Ok(seq)
     }
 
+    /// Holds the worker before its next job (`true`) or lets it go on (`false`).
+    pub fn hold(&self, held: bool) {
+        self.shared.progress.lock().held = held;
+        self.shared.changed.notify_all();
+    }
+
     /// The sequence number of the last queued job (0: none yet).
     pub fn position(&self) -> u64 {
         self.shared.progress.lock().queued
@@ -153,7 +185,8 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         // Closing the channel ends the worker after the queued jobs (aclrtDestroyStream waits
-        // for them too).
+        // for them too); a held worker is released so that it can.
+        self.hold(false);
         self.tx.lock().take();
         if let Some(w) = self.worker.lock().take() {
             let _ = w.join();

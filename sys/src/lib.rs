@@ -8,11 +8,14 @@
 //!   that resolves itself through the loader and returns `Result<c_return_type, Error>`. See
 //!   sys/README.md.
 //! - [`codes`]: names of aclError / aclnnStatus / HcclResult codes.
+//! - [`emulator`]: `CANNON_CANN_EMULATOR` (every library from the host emulation of CANN,
+//!   only when asked) and the test harness that selects the built emulator.
 //!
 //! Nothing here links against CANN: a missing library or symbol is an [`Error`], never a panic
 //! or a link failure.
 
 pub mod codes;
+pub mod emulator;
 mod error;
 pub mod loader;
 mod probe;

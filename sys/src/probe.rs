@@ -19,6 +19,8 @@ pub struct LibraryProbe {
 pub struct Probe {
     /// `ASCEND_HOME_PATH`, `ASCEND_TOOLKIT_HOME` and their values (None = unset).
     pub env: Vec<(&'static str, Option<String>)>,
+    /// The CANN emulator every library comes from, when selected ([`crate::emulator`]).
+    pub emulator: Option<String>,
     pub libraries: Vec<LibraryProbe>,
 }
 
@@ -50,11 +52,28 @@ pub fn probe() -> Probe {
             result: loader::library(library).map(|l| l.paths()),
         })
         .collect();
-    Probe { env, libraries }
+    let emulator = crate::emulator::selected().map(|p| p.display().to_string());
+    Probe {
+        env,
+        emulator,
+        libraries,
+    }
 }
 
 impl fmt::Display for Probe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.emulator {
+            Some(p) => writeln!(
+                f,
+                "CANN in use: the CANN emulator at {p} ({}), not an installed CANN",
+                crate::emulator::ENV
+            )?,
+            None => writeln!(
+                f,
+                "CANN in use: the installed CANN ({} unset)",
+                crate::emulator::ENV
+            )?,
+        }
         for (name, value) in &self.env {
             writeln!(f, "{name:<20} {}", value.as_deref().unwrap_or("(unset)"))?;
         }

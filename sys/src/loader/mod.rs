@@ -340,8 +340,29 @@ pub fn open_uncached(lib: Lib, dirs: &SearchDirs) -> Result<Library, Error> {
     })
 }
 
+/// `lib` from the CANN emulator at `path` (see [`crate::emulator`]): that one file or an error
+/// naming it, never a search elsewhere.
+pub fn open_emulator(lib: Lib, path: &Path) -> Result<Library, Error> {
+    match attempt_path(path) {
+        Attempt::Loaded(l) => Ok(Library {
+            lib,
+            loaded: vec![l],
+        }),
+        Attempt::Absent => Err(Error::LibraryNotFound {
+            library: lib.name().to_owned(),
+            searched: vec![format!("{} ({})", path.display(), crate::emulator::ENV)],
+        }),
+        Attempt::Refused { path, reason } => Err(Error::LibraryLoadFailed {
+            library: lib.name().to_owned(),
+            path,
+            reason,
+        }),
+    }
+}
+
 /// The process-wide library, searched once (with the environment at first use) and cached,
-/// success or failure.
+/// success or failure. When the CANN emulator is selected ([`crate::emulator`]) every library
+/// is that one file.
 pub fn library(lib: Lib) -> Result<&'static Library, Error> {
     static CACHE: [OnceLock<Result<Library, Error>>; 4] = [
         OnceLock::new(),
@@ -350,7 +371,10 @@ pub fn library(lib: Lib) -> Result<&'static Library, Error> {
         OnceLock::new(),
     ];
     CACHE[lib.index()]
-        .get_or_init(|| open_uncached(lib, &SearchDirs::from_env()))
+        .get_or_init(|| match crate::emulator::selected() {
+            Some(path) => open_emulator(lib, path),
+            None => open_uncached(lib, &SearchDirs::from_env()),
+        })
         .as_ref()
         .map_err(Clone::clone)
 }

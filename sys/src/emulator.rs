@@ -1,0 +1,192 @@
+//! The CANN emulator hook: `CANNON_CANN_EMULATOR=/path/to/libcannon_cann_emu.so` makes every
+//! library ([`Lib::AscendCl`], [`Lib::NnopBase`], [`Lib::OpApi`], [`Lib::Hccl`]) resolve from
+//! that one file and nothing else. Without the variable (and without [`use_emulator`]) nothing
+//! changes: the loader searches for an installed CANN as before, and never falls back to the
+//! emulator.
+//!
+//! The choice is made once per process, at the first library load (or by [`use_emulator`]
+//! before it), and reported by [`crate::probe`] and [`cann_in_use`].
+//!
+//! Tests: [`use_built_emulator`] finds the emulator that cargo built next to the running test
+//! binary and selects it; it fails (with the command that builds it) rather than letting an
+//! NPU test pass without running.
+//!
+//! [`Lib::AscendCl`]: crate::Lib::AscendCl
+//! [`Lib::NnopBase`]: crate::Lib::NnopBase
+//! [`Lib::OpApi`]: crate::Lib::OpApi
+//! [`Lib::Hccl`]: crate::Lib::Hccl
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use thiserror::Error;
+
+/// The variable that names the emulator library.
+pub const ENV: &str = "CANNON_CANN_EMULATOR";
+
+/// The emulator's file name as cargo builds it (package `cannon-cann-emu`, a cdylib).
+pub const FILE_NAME: &str = "libcannon_cann_emu.so";
+
+/// The command that builds the emulator, for messages.
+pub const BUILD_COMMAND: &str = "cargo build --release -p cannon-cann-emu";
+
+/// What went wrong selecting the emulator.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EmulatorError {
+    /// The built library is not where cargo puts it.
+    #[error(
+        "the CANN emulator ({FILE_NAME}) has not been built; searched: {}. Build it with \
+         `{BUILD_COMMAND}` (`cargo test --workspace --release --features npu` builds it too; \
+         .ci/run does both)",
+        searched.join(", ")
+    )]
+    NotBuilt { searched: Vec<String> },
+    /// This process already chose where CANN comes from.
+    #[error(
+        "CANN was already selected in this process ({current}); the emulator must be selected \
+         before the first CANN call"
+    )]
+    AlreadySelected { current: String },
+}
+
+/// `None`: the installed CANN (the loader's search); `Some(path)`: the emulator at `path`.
+static SELECTED: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+fn from_env() -> Option<PathBuf> {
+    std::env::var_os(ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Where this process's CANN comes from, deciding it (from `CANNON_CANN_EMULATOR`) on first
+/// use: `Some(path)` is the emulator.
+pub fn selected() -> Option<&'static Path> {
+    SELECTED.get_or_init(from_env).as_deref()
+}
+
+/// Selects the emulator at `path` for this process, before any CANN library is loaded. Calling
+/// it again with the same path is fine; a different choice already made is an error.
+///
+/// It does not set `CANNON_CANN_EMULATOR` (changing the environment of a running,
+/// multi-threaded process is unsound on glibc); a test that starts processes passes
+/// `.env(ENV, path)` to them.
+pub fn use_emulator(path: impl Into<PathBuf>) -> Result<(), EmulatorError> {
+    let path = path.into();
+    let chosen = SELECTED.get_or_init(|| Some(path.clone()));
+    match chosen {
+        Some(p) if *p == path => Ok(()),
+        Some(p) => Err(EmulatorError::AlreadySelected {
+            current: format!("the emulator at {}", p.display()),
+        }),
+        None => Err(EmulatorError::AlreadySelected {
+            current: "the installed CANN".into(),
+        }),
+    }
+}
+
+/// Where cargo leaves the emulator relative to the running executable: a test binary lives
+/// in `target/<profile>/deps/`, where `cargo test` builds the cdylib; `cargo build -p
+/// cannon-cann-emu` copies it up to `target/<profile>/`; a binary run by `cargo run` lives in
+/// `target/<profile>/`. `$CARGO_TARGET_DIR/<profile>` is searched last.
+pub fn candidates() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let mut profile = None;
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            if dir.file_name().is_some_and(|n| n == "deps") {
+                dirs.push(dir.to_path_buf());
+                if let Some(up) = dir.parent() {
+                    dirs.push(up.to_path_buf());
+                    profile = up.file_name().map(|n| n.to_owned());
+                }
+            } else {
+                dirs.push(dir.to_path_buf());
+                dirs.push(dir.join("deps"));
+                profile = dir.file_name().map(|n| n.to_owned());
+            }
+        }
+    }
+    if let Some(target) = std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
+        let target = PathBuf::from(target);
+        let profiles = match &profile {
+            Some(p) => vec![p.clone()],
+            None => vec!["release".into(), "debug".into()],
+        };
+        for p in profiles {
+            dirs.push(target.join(&p));
+            dirs.push(target.join(&p).join("deps"));
+        }
+    }
+    let mut out: Vec<PathBuf> = Vec::new();
+    for d in dirs {
+        let f = d.join(FILE_NAME);
+        if !out.contains(&f) {
+            out.push(f);
+        }
+    }
+    out
+}
+
+/// The newest built emulator among [`candidates`].
+pub fn locate_built() -> Result<PathBuf, EmulatorError> {
+    let all = candidates();
+    all.iter()
+        .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p.clone())
+        .ok_or_else(|| EmulatorError::NotBuilt {
+            searched: all.iter().map(|p| p.display().to_string()).collect(),
+        })
+}
+
+/// For tests: selects the emulator cargo built (or the one `CANNON_CANN_EMULATOR` already
+/// names) before the first CANN call of the process, and returns its path (pass it on to
+/// child processes as `CANNON_CANN_EMULATOR`). An error when it is not built or the process
+/// already chose the installed CANN: the caller fails the test with the message.
+pub fn use_built_emulator() -> Result<PathBuf, EmulatorError> {
+    let path = match from_env() {
+        Some(p) => p,
+        None => locate_built()?,
+    };
+    use_emulator(path.clone())?;
+    Ok(path)
+}
+
+/// One line saying which CANN this process uses: "CANN emulator at PATH", the installed
+/// runtime library's path, or that none was found. Loads `libascendcl.so` (or the emulator)
+/// if not yet loaded.
+pub fn cann_in_use() -> String {
+    match selected() {
+        Some(p) => format!("CANN emulator at {} ({ENV})", p.display()),
+        None => match crate::loader::library(crate::Lib::AscendCl) {
+            Ok(l) => format!("installed CANN: {}", l.paths().join(", ")),
+            Err(e) => format!("no CANN: {e}"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_test_binary_looks_in_its_deps_folder_then_the_profile_folder() {
+        // Unit tests run from target/<profile>/deps/.
+        let exe = std::env::current_exe().unwrap();
+        let deps = exe.parent().unwrap();
+        let c = candidates();
+        assert_eq!(c[0], deps.join(FILE_NAME));
+        assert_eq!(c[1], deps.parent().unwrap().join(FILE_NAME));
+    }
+
+    #[test]
+    fn not_built_says_how_to_build_it() {
+        let e = EmulatorError::NotBuilt {
+            searched: vec!["/t/release/deps/libcannon_cann_emu.so".into()],
+        };
+        let m = e.to_string();
+        assert!(
+            m.contains(BUILD_COMMAND) && m.contains("/t/release/deps"),
+            "{m}"
+        );
+    }
+}
