@@ -58,7 +58,7 @@ impl TcpStore {
     ) -> CommResult<TcpStore> {
         let addr = format!("{host}:{port}");
         let server = if rank == 0 {
-            Some(Server::start(port, world_size, &addr)?)
+            Some(Server::start(port, world_size, &addr, timeout)?)
         } else {
             None
         };
@@ -217,12 +217,18 @@ struct Shared {
     changed: Condvar,
     stop: AtomicBool,
     clients: Mutex<Vec<TcpStream>>,
+    /// Clients still connected, and its condition variable.
+    active: Mutex<usize>,
+    left: Condvar,
 }
 
-/// Rank 0's server: an accept thread and a thread per client, stopped on drop.
+/// Rank 0's server: an accept thread and a thread per client, stopped on drop once every
+/// client has disconnected (or `linger` passed): rank 0 finishing first must not take the store
+/// away from ranks still bootstrapping a sub-group.
 struct Server {
     shared: Arc<Shared>,
     accept: Option<JoinHandle<()>>,
+    linger: Duration,
 }
 
 impl std::fmt::Debug for Server {
@@ -232,7 +238,7 @@ impl std::fmt::Debug for Server {
 }
 
 impl Server {
-    fn start(port: u16, world_size: usize, addr: &str) -> CommResult<Server> {
+    fn start(port: u16, world_size: usize, addr: &str, linger: Duration) -> CommResult<Server> {
         let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| CommError::Store {
             addr: addr.to_string(),
             detail: format!(
@@ -258,12 +264,26 @@ impl Server {
         Ok(Server {
             shared,
             accept: Some(accept),
+            linger,
         })
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
+        let deadline = Instant::now() + self.linger;
+        let mut active = self.shared.active.lock();
+        while *active > 0 {
+            if self
+                .shared
+                .left
+                .wait_until(&mut active, deadline)
+                .timed_out()
+            {
+                break;
+            }
+        }
+        drop(active);
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.changed.notify_all();
         for c in self.shared.clients.lock().iter() {
@@ -285,6 +305,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, world: u64) {
                 if let Ok(c) = s.try_clone() {
                     shared.clients.lock().push(c);
                 }
+                *shared.active.lock() += 1;
                 let sh = shared.clone();
                 if let Ok(h) = std::thread::Builder::new()
                     .name("cannon-store-client".into())
@@ -302,7 +323,13 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, world: u64) {
 }
 
 /// Answers one client until it disconnects or the server stops.
-fn serve(mut s: TcpStream, shared: Arc<Shared>, world: u64) {
+fn serve(s: TcpStream, shared: Arc<Shared>, world: u64) {
+    answer(s, &shared, world);
+    *shared.active.lock() -= 1;
+    shared.left.notify_all();
+}
+
+fn answer(mut s: TcpStream, shared: &Shared, world: u64) {
     let reply = |s: &mut TcpStream, st: u8, body: &[u8]| -> std::io::Result<()> {
         let mut out = vec![st];
         put_bytes(&mut out, body);
