@@ -185,7 +185,8 @@ fn tcp_store_timeouts_and_mismatches_are_typed() {
 
     // A key nobody sets.
     let port = free_port();
-    let server = TcpStore::connect("127.0.0.1", port, 0, 2, Duration::from_secs(10)).unwrap();
+    // (Its timeout is also how long it lingers, at drop, for clients still connected.)
+    let server = TcpStore::connect("127.0.0.1", port, 0, 2, Duration::from_secs(1)).unwrap();
     assert!(server.is_server());
     let t0 = Instant::now();
     let e = server.get("never", Duration::from_millis(150)).unwrap_err();
@@ -230,8 +231,15 @@ fn tcp_store_timeouts_and_mismatches_are_typed() {
         "{e}"
     );
 
-    // Rank 0 exits: the others' requests fail instead of hanging.
+    // Rank 0 leaves while rank 1 is still connected: it lingers for its timeout, then the
+    // others' requests fail instead of hanging.
+    let t0 = Instant::now();
     drop(server);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t0.elapsed()
+    );
     let e = rdzv.wait(2, 0, Duration::from_secs(1)).unwrap_err();
     assert!(matches!(e, CommError::Store { .. }), "{e}");
 }
