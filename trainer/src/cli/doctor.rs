@@ -70,6 +70,9 @@ pub fn run() -> ExitCode {
             .collect();
         println!("cpu features: {}", list.join(" "));
     }
+    if let Some(line) = super::launch::describe_env() {
+        println!("{line}");
+    }
     println!("CANN libraries (dlopened at run time):");
     for line in cannon_sys::probe().to_string().lines() {
         println!("  {line}");

@@ -1,0 +1,124 @@
+//! `cannon launch`: the children's environment and prefixed output, and a failing rank stopping
+//! the job (naming the rank, the others stopped within the grace period).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn cannon() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cannon"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn children_get_the_torchrun_environment_and_prefixed_output() {
+    let port = free_port();
+    let out = cannon()
+        .args([
+            "launch",
+            "--nproc",
+            "2",
+            "--master-port",
+            &port.to_string(),
+            "--",
+            "doctor",
+        ])
+        .env_remove("RANK")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for r in 0..2 {
+        let want = format!(
+            "[rank {r}] distributed: rank {r} of 2 (local rank {r} of 2), master 127.0.0.1:{port}"
+        );
+        assert!(
+            stdout.lines().any(|l| l == want),
+            "{want:?} missing in\n{stdout}"
+        );
+    }
+    // Every line of the children carries its rank.
+    assert!(stdout.lines().all(|l| l.starts_with("[rank ")), "{stdout}");
+    assert!(stderr.contains("started ranks 0..1 of 2"), "{stderr}");
+}
+
+#[test]
+fn a_failing_rank_stops_the_job_and_is_named() {
+    let sh = "if [ \"$RANK\" = 1 ]; then echo bye from $LOCAL_RANK; exit 3; fi; exec sleep 60";
+    let t0 = Instant::now();
+    let out = cannon()
+        .args([
+            "launch",
+            "--nproc",
+            "3",
+            "--grace",
+            "5",
+            "--program",
+            "/bin/sh",
+            "--",
+            "-c",
+            sh,
+        ])
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("[rank 1] bye from 1"), "{stdout}");
+    assert!(
+        stderr.contains("rank 1 failed first (exit code 3); the other ranks were stopped"),
+        "{stderr}"
+    );
+    // The sleeping ranks took SIGTERM at once: far from the 60 s sleep, under the grace.
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn ranks_that_ignore_sigterm_are_killed_after_the_grace_period() {
+    let sh = "if [ \"$RANK\" = 0 ]; then exit 7; fi; trap '' TERM; exec sleep 60";
+    let t0 = Instant::now();
+    let out = cannon()
+        .args([
+            "launch",
+            "--nproc",
+            "2",
+            "--grace",
+            "1",
+            "--program",
+            "/bin/sh",
+            "--",
+            "-c",
+            sh,
+        ])
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("rank 0 failed first (exit code 7)"),
+        "{stderr}"
+    );
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = cannon()
+        .args(["launch", "--nproc", "2", "--nnodes", "2", "--", "doctor"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--master-addr is required"));
+}
