@@ -8,6 +8,24 @@ fn cannon() -> Command {
     Command::new(env!("CARGO_BIN_EXE_cannon"))
 }
 
+/// `cannon` whose children use the CANN emulator cargo built (NPU builds: a launched `doctor`
+/// joins an HCCL communicator), or the installed CANN on an Ascend host (`ASCEND_HOME_PATH` set,
+/// `CANNON_CANN_EMULATOR` not).
+fn cannon_with_cann() -> Command {
+    #[allow(unused_mut)]
+    let mut cmd = cannon();
+    #[cfg(feature = "npu")]
+    {
+        let real = std::env::var_os("ASCEND_HOME_PATH").is_some()
+            && std::env::var_os(cannon_sys::emulator::ENV).is_none();
+        if !real {
+            let emu = cannon_sys::emulator::locate_built().unwrap_or_else(|e| panic!("{e}"));
+            cmd.env(cannon_sys::emulator::ENV, emu);
+        }
+    }
+    cmd
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -19,7 +37,7 @@ fn free_port() -> u16 {
 #[test]
 fn children_get_the_torchrun_environment_and_prefixed_output() {
     let port = free_port();
-    let out = cannon()
+    let out = cannon_with_cann()
         .args([
             "launch",
             "--nproc",
@@ -121,4 +139,37 @@ fn usage_errors_exit_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--master-addr is required"));
+}
+
+/// On an NPU build every launched rank joins one HCCL communicator (root info through the TCP
+/// store at MASTER_ADDR:MASTER_PORT) and all-reduces: `cannon doctor` reports it per rank.
+/// Against the emulator cargo built, or the installed CANN on an Ascend host.
+#[cfg(feature = "npu")]
+#[test]
+fn launched_ranks_join_one_hccl_communicator() {
+    let port = free_port();
+    let out = cannon_with_cann()
+        .args([
+            "launch",
+            "--nproc",
+            "4",
+            "--master-port",
+            &port.to_string(),
+            "--",
+            "doctor",
+        ])
+        .env("HCCL_CONNECT_TIMEOUT", "60")
+        .env("HCCL_EXEC_TIMEOUT", "60")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for r in 0..4 {
+        let want = format!("[rank {r}] collectives: HCCL all_reduce over 4 ranks ok on npu:{r}");
+        assert!(
+            stdout.lines().any(|l| l.starts_with(&want)),
+            "{want:?} missing in\n{stdout}"
+        );
+    }
 }

@@ -73,6 +73,14 @@ pub fn run() -> ExitCode {
     if let Some(line) = super::launch::describe_env() {
         println!("{line}");
     }
+    match super::launch::collective_check() {
+        None => {}
+        Some(Ok(line)) => println!("collectives: {line}"),
+        Some(Err(e)) => {
+            println!("collectives: FAILED: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     println!("CANN libraries (dlopened at run time):");
     for line in cannon_sys::probe().to_string().lines() {
         println!("  {line}");

@@ -329,6 +329,49 @@ pub fn describe_env() -> Option<String> {
     ))
 }
 
+/// In a launched job on an NPU build: joins the job's HCCL communicator (root info through the
+/// TCP store), all-reduces `rank + 1` over the ranks and checks the sum. The line `cannon
+/// doctor` prints, or None outside a job or without the `npu` feature.
+pub fn collective_check() -> Option<Result<String, String>> {
+    std::env::var_os("RANK")?;
+    #[cfg(feature = "npu")]
+    {
+        Some(npu_collective_check())
+    }
+    #[cfg(not(feature = "npu"))]
+    {
+        None
+    }
+}
+
+#[cfg(feature = "npu")]
+fn npu_collective_check() -> Result<String, String> {
+    use cannon_runtime::comm::{Communicator, ReduceOp};
+    use cannon_runtime::{DeviceBuffer, Stream};
+    let t0 = Instant::now();
+    let comm = Communicator::hccl_from_env(Duration::from_secs(120)).map_err(|e| e.to_string())?;
+    let (rank, n, device) = (comm.rank(), comm.world_size(), comm.device());
+    let stream = Stream::new(comm.device()).map_err(|e| e.to_string())?;
+    let mut x =
+        DeviceBuffer::clone_htod(&stream, &[rank as i32 + 1; 4]).map_err(|e| e.to_string())?;
+    comm.all_reduce_in_place(&mut x.view_mut(), ReduceOp::Sum, &stream)
+        .map_err(|e| e.to_string())?;
+    let got = x.clone_dtoh(&stream).map_err(|e| e.to_string())?;
+    comm.barrier(&stream).map_err(|e| e.to_string())?;
+    comm.destroy().map_err(|e| e.to_string())?;
+    let want = (n * (n + 1) / 2) as i32;
+    if got.iter().any(|&v| v != want) {
+        return Err(format!(
+            "all_reduce over {n} ranks gave {got:?}, expected {want}"
+        ));
+    }
+    Ok(format!(
+        "HCCL all_reduce over {n} ranks ok on {} ({:?})",
+        device,
+        t0.elapsed()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
