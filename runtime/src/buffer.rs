@@ -85,6 +85,9 @@ impl<T: Element> DeviceBuffer<T> {
         let mut b = Self::alloc_in(alloc, len)?;
         let stream = Stream::new(b.device())?;
         b.memset_zeros(&stream)?;
+        // The stream is private to this call: the zeros must be in place before the buffer
+        // is used on any other stream (on the CPU this returns at once).
+        stream.synchronize()?;
         Ok(b)
     }
 
@@ -586,5 +589,7 @@ mod npu_copy {
     }
 }
 
+#[cfg(feature = "npu")]
+mod pinned;
 #[cfg(test)]
 mod tests;

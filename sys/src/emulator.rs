@@ -7,9 +7,10 @@
 //! The choice is made once per process, at the first library load (or by [`use_emulator`]
 //! before it), and reported by [`crate::probe`] and [`cann_in_use`].
 //!
-//! Tests: [`use_built_emulator`] finds the emulator that cargo built next to the running test
-//! binary and selects it; it fails (with the command that builds it) rather than letting an
-//! NPU test pass without running.
+//! Tests: [`select_for_tests`] runs them against an installed CANN when one loads (an Ascend
+//! host), else against the emulator cargo built next to the running test binary; it fails
+//! (with the command that builds the emulator) rather than letting an NPU test pass without
+//! running. [`use_built_emulator`] insists on the emulator.
 //!
 //! [`Lib::AscendCl`]: crate::Lib::AscendCl
 //! [`Lib::NnopBase`]: crate::Lib::NnopBase
@@ -149,6 +150,67 @@ pub fn use_built_emulator() -> Result<PathBuf, EmulatorError> {
     };
     use_emulator(path.clone())?;
     Ok(path)
+}
+
+/// Which CANN a test process runs against ([`select_for_tests`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TestCann {
+    /// The emulator at this path.
+    Emulator(PathBuf),
+    /// An installed CANN (its runtime library's path(s)): a real Ascend host.
+    Installed(Vec<String>),
+}
+
+impl TestCann {
+    pub fn is_emulator(&self) -> bool {
+        matches!(self, TestCann::Emulator(_))
+    }
+}
+
+/// For tests of the NPU path: the CANN they run against, chosen before the first CANN call of
+/// the process, in this order:
+/// 1. `CANNON_CANN_EMULATOR` set: that emulator;
+/// 2. an installed CANN that loads (`ASCEND_HOME_PATH`, ...): the real one, so `cargo test
+///    --features npu` on an Ascend host tests the hardware;
+/// 3. otherwise the emulator cargo built next to the test binary, or [`EmulatorError::NotBuilt`]
+///    naming the build command: an NPU test never passes without running.
+///
+/// Tests that only make sense on the emulator (its capacity variable, its test hooks) check
+/// [`TestCann::is_emulator`] and say that they skip.
+pub fn select_for_tests() -> Result<TestCann, EmulatorError> {
+    static CHOICE: OnceLock<Result<TestCann, EmulatorError>> = OnceLock::new();
+    CHOICE
+        .get_or_init(|| {
+            if let Some(p) = from_env() {
+                use_emulator(p.clone())?;
+                return Ok(TestCann::Emulator(p));
+            }
+            if let Some(Some(p)) = SELECTED.get() {
+                return Ok(TestCann::Emulator(p.clone()));
+            }
+            let installed = if SELECTED.get().is_some() {
+                crate::loader::library(crate::Lib::AscendCl).map(|l| l.paths())
+            } else {
+                let dirs = crate::loader::SearchDirs::from_env();
+                crate::loader::open_uncached(crate::Lib::AscendCl, &dirs).map(|l| l.paths())
+            };
+            match installed {
+                Ok(paths) => {
+                    let _ = SELECTED.set(None);
+                    eprintln!(
+                        "NPU tests run against the installed CANN: {}",
+                        paths.join(", ")
+                    );
+                    Ok(TestCann::Installed(paths))
+                }
+                Err(_) => {
+                    let p = locate_built()?;
+                    use_emulator(p.clone())?;
+                    Ok(TestCann::Emulator(p))
+                }
+            }
+        })
+        .clone()
 }
 
 /// One line saying which CANN this process uses: "CANN emulator at PATH", the installed

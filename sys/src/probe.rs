@@ -70,7 +70,7 @@ impl fmt::Display for Probe {
             )?,
             None => writeln!(
                 f,
-                "CANN in use: the installed CANN ({} unset)",
+                "CANN in use: an installed CANN, searched for as below ({} unset)",
                 crate::emulator::ENV
             )?,
         }

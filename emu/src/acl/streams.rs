@@ -106,7 +106,17 @@ pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
                 "the default stream (null) is not destroyed by aclrtDestroyStream",
             ));
         }
-        // Dropping the last Arc joins the worker after its queued jobs (Stream::drop).
+        // CANN: the stream must belong to the current context, and unfinished tasks are
+        // waited for (hicann/runtime docs/api_docs/aclrtDestroyStream.md). Dropping the last
+        // Arc joins the worker after its queued jobs (Stream::drop).
+        let d = current_device()?;
+        let dev = STREAMS.get(stream as usize)?.device;
+        if dev != d {
+            return Err(EmuError::new(
+                ACL_ERROR_RT_STREAM_CONTEXT,
+                format!("the stream belongs to device {dev}, the current context to device {d}"),
+            ));
+        }
         let s = STREAMS.remove(stream as usize)?;
         let _ = s.synchronize(None);
         Ok(())

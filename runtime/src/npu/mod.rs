@@ -1,16 +1,20 @@
-//! The NPU side of the runtime (feature `npu`): AscendCL devices, streams, events and memory.
+//! The NPU side of the runtime (feature `npu`): AscendCL devices, streams, events, memory and
+//! pinned host buffers ([`PinnedHostBuffer`]) for asynchronous copies.
 //!
 //! cudarc's layering: [`result`] turns every `aclError` into a typed [`crate::Error`] (still
 //! `unsafe`, one function per C call we use); the safe types ([`NpuStream`], [`NpuEvent`], the
 //! allocator's raw memory `AclMemory`, handed out by `raw_memory`) own their handles and release them on drop,
 //! recording failures instead of panicking. Nothing here can run without CANN; it compiles
-//! everywhere and is exercised against a host emulation of CANN in the NPU issue.
+//! everywhere, and `tests/npu_emulator.rs` runs it against the host emulation of CANN
+//! (`cannon-cann-emu`, selected through `cannon_sys::emulator`).
 
 pub(crate) mod copy;
 mod memory;
+pub(crate) mod pinned;
 pub mod result;
 mod stream;
 
+pub use pinned::PinnedHostBuffer;
 pub use stream::{NpuEvent, NpuStream};
 
 use crate::alloc::RawMemory;
@@ -21,19 +25,45 @@ use std::sync::OnceLock;
 /// Initialises AscendCL once per process (`aclInit(NULL)`); later calls return the first
 /// outcome.
 pub fn init() -> Result<()> {
-    static INIT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    INIT.get_or_init(|| {
+    /// The first outcome, kept so later callers get the same typed error (a missing library
+    /// stays `Error::Sys`, a failed aclInit stays `Error::Acl` with its code and message).
+    #[derive(Clone)]
+    enum Failed {
+        Sys(cannon_sys::Error),
+        Acl(i32, &'static str, String),
+        Other(String),
+    }
+    static INIT: OnceLock<std::result::Result<(), Failed>> = OnceLock::new();
+    let first = INIT.get_or_init(|| {
         // SAFETY: aclInit with a null config path is the documented default initialisation;
         // OnceLock runs it at most once per process.
-        unsafe { result::init() }.map_err(|e| e.to_string())
-    })
-    .clone()
-    .map_err(|message| crate::Error::Acl {
-        call: "aclInit",
-        code: -1,
-        name: "init failed",
-        message,
-    })
+        unsafe { result::init() }.map_err(|e| match e {
+            crate::Error::Sys(s) => Failed::Sys(s),
+            crate::Error::Acl {
+                code,
+                name,
+                message,
+                ..
+            } => Failed::Acl(code, name, message),
+            other => Failed::Other(other.to_string()),
+        })
+    });
+    match first.clone() {
+        Ok(()) => Ok(()),
+        Err(Failed::Sys(s)) => Err(crate::Error::Sys(s)),
+        Err(Failed::Acl(code, name, message)) => Err(crate::Error::Acl {
+            call: "aclInit",
+            code,
+            name,
+            message,
+        }),
+        Err(Failed::Other(message)) => Err(crate::Error::Acl {
+            call: "aclInit",
+            code: -1,
+            name: "init failed",
+            message,
+        }),
+    }
 }
 
 /// Number of NPUs visible to this process.

@@ -56,10 +56,14 @@ impl NpuStream {
 impl Drop for NpuStream {
     fn drop(&mut self) {
         // Errors cannot leave Drop; a failed destroy leaks one handle, which the device
-        // reclaims at reset.
+        // reclaims at reset. CANN wants a stream's tasks finished before it is destroyed
+        // (acl_rt.h, aclrtDestroyStream), so drain it first.
         if super::bind(self.ordinal).is_ok() {
             // SAFETY: raw is live and not used after this.
-            let _ = unsafe { acl::aclrtDestroyStream(self.raw) };
+            unsafe {
+                let _ = acl::aclrtSynchronizeStream(self.raw);
+                let _ = acl::aclrtDestroyStream(self.raw);
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `cannon doctor`: what this build and this machine can run on — devices, CANN libraries
-//! (found, or every place that was searched) and the CPU features the kernels use — followed
-//! by a runtime self-check on the CPU.
+//! (found, or every place that was searched, and whether they are the CANN emulator) and the
+//! CPU features the kernels use — followed by a runtime self-check on the CPU and, when
+//! AscendCL reports devices, on NPU 0.
 
 use cannon_runtime::{CachingAllocator, Device, DeviceBuffer, Stream};
 use std::process::ExitCode;
@@ -26,11 +27,14 @@ fn cpu_features() -> Vec<(&'static str, bool)> {
     }
 }
 
-/// Allocates, copies and frees on the CPU through the same API the trainer uses; returns
-/// what went wrong, if anything.
-fn self_check() -> Result<String, cannon_runtime::Error> {
-    let alloc = CachingAllocator::new_cpu();
-    let stream = Stream::cpu();
+/// Allocates, copies and frees on `device` through the same API the trainer uses (a private
+/// allocator on the CPU, the device's own on an NPU); returns what went wrong, if anything.
+fn self_check(device: Device) -> Result<String, cannon_runtime::Error> {
+    let alloc = match device {
+        Device::Cpu => CachingAllocator::new_cpu(),
+        Device::Npu(_) => device.allocator()?,
+    };
+    let stream = Stream::new(device)?;
     let host: Vec<f32> = (0..1000).map(|i| i as f32).collect();
     let mut a = DeviceBuffer::<f32>::alloc_in(&alloc, host.len())?;
     a.memcpy_htod(&stream, &host)?;
@@ -46,6 +50,12 @@ fn self_check() -> Result<String, cannon_runtime::Error> {
         stats.allocated,
         stats.reserved
     ))
+}
+
+/// The line `verify` and `train` start with in an NPU build: which CANN this process uses
+/// (the emulator named by `CANNON_CANN_EMULATOR`, or the installed libraries' paths).
+pub(crate) fn cann_line() -> String {
+    format!("CANN: {}", cannon_sys::emulator::cann_in_use())
 }
 
 pub fn run() -> ExitCode {
@@ -86,18 +96,26 @@ pub fn run() -> ExitCode {
         println!("  {line}");
     }
     println!("CANN runtime available: {}", cannon_sys::is_available());
-    match self_check() {
-        Ok(report) if report.starts_with("ok") => {
-            println!("self-check: {report}");
-            ExitCode::SUCCESS
+    let mut devices = vec![Device::Cpu];
+    if npus > 0 {
+        devices.push(Device::Npu(0));
+    }
+    let mut ok = true;
+    for d in devices {
+        match self_check(d) {
+            Ok(report) => {
+                ok &= report.starts_with("ok");
+                println!("self-check {d}: {report}");
+            }
+            Err(e) => {
+                ok = false;
+                println!("self-check {d}: FAILED: {e}");
+            }
         }
-        Ok(report) => {
-            println!("self-check: {report}");
-            ExitCode::from(1)
-        }
-        Err(e) => {
-            println!("self-check: FAILED: {e}");
-            ExitCode::from(1)
-        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }

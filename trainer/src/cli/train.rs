@@ -106,6 +106,9 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
     let default_run = plan.cfg.data.dataset.is_none() && plan.cfg.is_preset();
     print_config(&plan);
     println!("# command: {}", command_line());
+    if cfg!(feature = "npu") {
+        eprintln!("{}", super::doctor::cann_line());
+    }
     let mut trainer = Trainer::new(plan, Exec::cpu())?;
     if let Some(mut ckpt) = resume::resume_from(&trainer.plan)? {
         let r = resume::resume(&mut trainer, &mut ckpt)?;

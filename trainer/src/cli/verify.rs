@@ -41,6 +41,7 @@ pub enum DtypeArg {
 pub fn run(args: VerifyArgs) -> ExitCode {
     if args.device == DeviceArg::Npu {
         if cfg!(feature = "npu") {
+            eprintln!("{}", super::doctor::cann_line());
             eprintln!("cannon verify: the Mistral3 model has no NPU path yet; use --device cpu");
         } else {
             eprintln!(
