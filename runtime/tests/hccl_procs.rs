@@ -2,8 +2,8 @@
 //! itself once per rank (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/MASTER_PORT: rank 0's root
 //! info goes through the TCP store), each rank on `Device::Npu(LOCAL_RANK)`.
 //!
-//! Against the CANN emulator that cargo builds (`cargo build --release -p cannon-cann-emu`), or
-//! the installed CANN on an Ascend host (see `harness::select_cann`).
+//! Against the CANN `cannon_sys::emulator::select_for_tests` picks: the emulator cargo builds
+//! (`cargo build --release -p cannon-cann-emu`), or the installed CANN on an Ascend host.
 //!
 //! - `collectives_match_the_cpu_communicator`: 1, 2, 4 and 8 ranks run one program of every
 //!   collective through `Communicator`; each rank also runs the same program on an in-process

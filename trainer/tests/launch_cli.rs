@@ -8,19 +8,21 @@ fn cannon() -> Command {
     Command::new(env!("CARGO_BIN_EXE_cannon"))
 }
 
-/// `cannon` whose children use the CANN emulator cargo built (NPU builds: a launched `doctor`
-/// joins an HCCL communicator), or the installed CANN on an Ascend host (`ASCEND_HOME_PATH` set,
-/// `CANNON_CANN_EMULATOR` not).
+/// `cannon` whose children use the CANN the NPU tests use (`select_for_tests`: the emulator
+/// cargo built, passed on as `CANNON_CANN_EMULATOR`, or the installed CANN on an Ascend host):
+/// in NPU builds a launched `doctor` joins an HCCL communicator.
 fn cannon_with_cann() -> Command {
     #[allow(unused_mut)]
     let mut cmd = cannon();
     #[cfg(feature = "npu")]
     {
-        let real = std::env::var_os("ASCEND_HOME_PATH").is_some()
-            && std::env::var_os(cannon_sys::emulator::ENV).is_none();
-        if !real {
-            let emu = cannon_sys::emulator::locate_built().unwrap_or_else(|e| panic!("{e}"));
-            cmd.env(cannon_sys::emulator::ENV, emu);
+        use cannon_sys::emulator::{select_for_tests, TestCann, ENV};
+        match select_for_tests() {
+            Ok(TestCann::Emulator(p)) => {
+                cmd.env(ENV, p);
+            }
+            Ok(TestCann::Installed(_)) => {}
+            Err(e) => panic!("{e}"),
         }
     }
     cmd

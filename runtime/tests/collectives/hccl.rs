@@ -1,7 +1,7 @@
 //! The HCCL communicator in one process: a world of one on NPU 0 (bootstrap through the file
-//! rendezvous, an all_reduce, a split, destroy), against the CANN emulator cargo built, or the
-//! installed CANN on an Ascend host (`ASCEND_HOME_PATH` set, `CANNON_CANN_EMULATOR` not). Worlds
-//! of several processes are in tests/hccl_procs.rs.
+//! rendezvous, an all_reduce, a split, destroy), against the CANN `select_for_tests` picks (the
+//! emulator, or the installed CANN on an Ascend host). Worlds of several processes are in
+//! tests/hccl_procs.rs.
 
 use std::time::Duration;
 
@@ -11,11 +11,7 @@ use cannon_runtime::{Device, DeviceBuffer, Stream};
 
 #[test]
 fn world_of_one() {
-    let real = std::env::var_os("ASCEND_HOME_PATH").is_some()
-        && std::env::var_os(cannon_sys::emulator::ENV).is_none();
-    if !real {
-        cannon_sys::emulator::use_built_emulator().unwrap_or_else(|e| panic!("{e}"));
-    }
+    cannon_sys::emulator::select_for_tests().unwrap_or_else(|e| panic!("{e}"));
     let dir = std::env::temp_dir().join(format!("cannon-hccl-test-{}", std::process::id()));
     let rdzv = FileRendezvous::new(&dir, "hccl-one").unwrap();
     let comm = Communicator::hccl_init(0, 1, 0, rdzv.clone(), Duration::from_secs(30)).unwrap();

@@ -11,17 +11,13 @@ use std::time::{Duration, Instant};
 /// The variable that tells a child which scenario to run.
 pub const ROLE: &str = "CANNON_TEST_HCCL_ROLE";
 
-/// The CANN these tests run against, for this process and its children: the installed CANN on
-/// a real Ascend host (`ASCEND_HOME_PATH` set by set_env.sh and no `CANNON_CANN_EMULATOR`),
-/// else the emulator cargo built (its path is passed to the children).
+/// The CANN these tests run against, for this process and its children
+/// (`cannon_sys::emulator::select_for_tests`: `CANNON_CANN_EMULATOR`, else an installed CANN
+/// that loads, else the emulator cargo built); the emulator's path is passed to the children.
 pub fn select_cann() -> Option<PathBuf> {
-    let real = std::env::var_os("ASCEND_HOME_PATH").is_some()
-        && std::env::var_os(cannon_sys::emulator::ENV).is_none();
-    if real {
-        return None;
-    }
-    match cannon_sys::emulator::use_built_emulator() {
-        Ok(p) => Some(p),
+    match cannon_sys::emulator::select_for_tests() {
+        Ok(cannon_sys::emulator::TestCann::Emulator(p)) => Some(p),
+        Ok(cannon_sys::emulator::TestCann::Installed(_)) => None,
         Err(e) => panic!("{e}"),
     }
 }

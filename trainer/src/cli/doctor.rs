@@ -98,7 +98,12 @@ pub fn run() -> ExitCode {
     println!("CANN runtime available: {}", cannon_sys::is_available());
     let mut devices = vec![Device::Cpu];
     if npus > 0 {
-        devices.push(Device::Npu(0));
+        // In a launched job, this rank's NPU.
+        let local: u32 = std::env::var("LOCAL_RANK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        devices.push(Device::Npu(local));
     }
     let mut ok = true;
     for d in devices {
