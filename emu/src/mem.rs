@@ -26,7 +26,8 @@ pub fn device_count() -> u32 {
 pub fn device_capacity() -> u64 {
     static C: OnceLock<u64> = OnceLock::new();
     *C.get_or_init(|| {
-        (env_u64("CANNON_EMU_DEVICE_MEMORY_MIB", 16 * 1024) << 20).min(DEVICE_SPAN as u64)
+        let span = space().map_or(DEVICE_SPAN, |s| s.span);
+        (env_u64("CANNON_EMU_DEVICE_MEMORY_MIB", 16 * 1024) << 20).min(span as u64)
     })
 }
 
@@ -38,8 +39,10 @@ fn env_u64(var: &str, default: u64) -> u64 {
 }
 
 const MAX_DEVICES: usize = 16;
-/// Address space per device (reserved, never backed): 64 GiB.
+/// Address space per device (reserved, never backed): 64 GiB, or less where the process may
+/// not reserve 1 TiB (valgrind, `ulimit -v`): halved down to [`MIN_DEVICE_SPAN`].
 const DEVICE_SPAN: usize = 64 << 30;
+const MIN_DEVICE_SPAN: usize = 1 << 30;
 /// Every allocation starts on this boundary (CANN's own is at least 32 bytes; ops require 32).
 pub const ALIGN: usize = 512;
 
@@ -64,6 +67,8 @@ struct DeviceMem {
 
 struct Space {
     base: usize,
+    /// Address space per device (see DEVICE_SPAN).
+    span: usize,
     devices: Vec<Mutex<DeviceMem>>,
 }
 
@@ -71,37 +76,48 @@ fn space() -> EmuResult<&'static Space> {
     static SPACE: OnceLock<Result<Space, String>> = OnceLock::new();
     SPACE
         .get_or_init(|| {
-            let len = DEVICE_SPAN * MAX_DEVICES;
-            // SAFETY: an anonymous PROT_NONE reservation; nothing is ever mapped readable in it,
-            // which is the point (a host access through a device pointer faults).
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_NONE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                    -1,
-                    0,
-                )
+            let mut span = DEVICE_SPAN;
+            let p = loop {
+                let len = span * MAX_DEVICES;
+                // SAFETY: an anonymous PROT_NONE reservation; nothing is ever mapped readable in
+                // it, which is the point (a host access through a device pointer faults).
+                let p = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        libc::PROT_NONE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                        -1,
+                        0,
+                    )
+                };
+                if p != libc::MAP_FAILED {
+                    break p;
+                }
+                if span == MIN_DEVICE_SPAN {
+                    return Err(format!(
+                        "cannot reserve {len} bytes of address space for device memory: {}",
+                        std::io::Error::last_os_error()
+                    ));
+                }
+                span /= 2;
             };
-            if p == libc::MAP_FAILED {
-                return Err(format!(
-                    "cannot reserve {len} bytes of address space for device memory: {}",
-                    std::io::Error::last_os_error()
-                ));
-            }
             let base = (p as usize).next_multiple_of(ALIGN);
             let devices = (0..MAX_DEVICES)
                 .map(|d| {
-                    let start = base + d * DEVICE_SPAN;
+                    let start = base + d * span;
                     Mutex::new(DeviceMem {
                         live: BTreeMap::new(),
-                        free: BTreeMap::from([(start, DEVICE_SPAN - ALIGN)]),
+                        free: BTreeMap::from([(start, span - ALIGN)]),
                         in_use: 0,
                     })
                 })
                 .collect();
-            Ok(Space { base, devices })
+            Ok(Space {
+                base,
+                span,
+                devices,
+            })
         })
         .as_ref()
         .map_err(|m| EmuError::new(ACL_ERROR_RT_MEMORY_ALLOCATION, m.clone()))
@@ -206,13 +222,13 @@ pub fn free(addr: usize) -> EmuResult<()> {
 /// The device whose address range holds `addr`, or an error naming it a host pointer.
 pub fn owner(addr: usize) -> EmuResult<u32> {
     let s = space()?;
-    if addr < s.base || addr >= s.base + DEVICE_SPAN * MAX_DEVICES {
+    if addr < s.base || addr >= s.base + s.span * MAX_DEVICES {
         return Err(EmuError::new(
             ACL_ERROR_INVALID_PARAM,
             format!("{addr:#x} is not device memory (a host pointer passed where CANN expects device memory?)"),
         ));
     }
-    Ok(((addr - s.base) / DEVICE_SPAN) as u32)
+    Ok(((addr - s.base) / s.span) as u32)
 }
 
 /// True when `addr` lies in the emulated device address range.

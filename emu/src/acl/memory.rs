@@ -204,7 +204,7 @@ fn check_side(name: &str, addr: usize, side: Side, len: usize) -> EmuResult<()> 
 
 /// A validated copy, run now or on a stream.
 #[derive(Clone, Copy)]
-struct Copy {
+struct Transfer {
     dst: usize,
     src: usize,
     count: usize,
@@ -212,14 +212,14 @@ struct Copy {
     src_side: Side,
 }
 
-impl Copy {
+impl Transfer {
     fn new(
         dst: *mut c_void,
         dest_max: usize,
         src: *const c_void,
         count: usize,
         kind: aclrtMemcpyKind,
-    ) -> EmuResult<Copy> {
+    ) -> EmuResult<Transfer> {
         let (dst, src) = (dst as usize, src as usize);
         let (dst_side, src_side) = sides(kind, dst, src)?;
         if count > dest_max {
@@ -237,7 +237,7 @@ impl Copy {
                 "ACL_MEMCPY_INTER_DEVICE_TO_DEVICE within one device",
             ));
         }
-        Ok(Copy {
+        Ok(Transfer {
             dst,
             src,
             count,
@@ -283,7 +283,7 @@ pub unsafe extern "C" fn aclrtMemcpy(
     kind: aclrtMemcpyKind,
 ) -> aclError {
     guard_init("aclrtMemcpy", || {
-        let c = Copy::new(dst, destMax, src, count, kind)?;
+        let c = Transfer::new(dst, destMax, src, count, kind)?;
         // SAFETY: the caller's contract on host pointers.
         unsafe { c.run() }
     })
@@ -307,7 +307,7 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
                 "aclrtMemcpyAsync does not copy host to host",
             ));
         }
-        let c = Copy::new(dst, destMax, src, count, kind)?;
+        let c = Transfer::new(dst, destMax, src, count, kind)?;
         if c.dst_side == Side::Host && c.src_side == Side::Host {
             return Err(EmuError::new(
                 ACL_ERROR_RT_FEATURE_NOT_SUPPORT,

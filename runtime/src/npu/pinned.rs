@@ -73,7 +73,7 @@ impl<T: Element> PinnedHostBuffer<T> {
         check("aclrtMallocHost", unsafe {
             acl::aclrtMallocHost(&mut p, bytes)
         })?;
-        if (p as usize) % std::mem::align_of::<T>() != 0 {
+        if !(p as usize).is_multiple_of(std::mem::align_of::<T>()) {
             // SAFETY: p came from aclrtMallocHost just now.
             let _ = unsafe { acl::aclrtFreeHost(p) };
             return Err(Error::Alignment {
