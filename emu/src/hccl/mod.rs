@@ -1,16 +1,16 @@
 //! Emulated HCCL: every `Hccl*` function cannon binds, exported with the exact signatures of
 //! `cannon_sys::hccl` (hccl.h of the torch-npu 2.14.0 wheel).
 //!
-//! Ranks are separate processes that meet over TCP ([`transport`]): `HcclGetRootInfo` opens a
-//! listening socket in rank 0's process and writes its address and a job nonce into the opaque
-//! root info; `HcclCommInitRootInfo` (collective, blocking, bounded by `HCCL_CONNECT_TIMEOUT`)
+//! Ranks are separate processes that meet over TCP (`transport.rs`, `bootstrap.rs`):
+//! `HcclGetRootInfo` opens a listening socket in rank 0's process and writes its address and a
+//! job nonce into the opaque root info; `HcclCommInitRootInfo` (collective, blocking, bounded by `HCCL_CONNECT_TIMEOUT`)
 //! connects every pair of ranks. Collectives are queued on the given stream and run on its
-//! worker thread ([`comm`]), bounded by `HCCL_EXEC_TIMEOUT`; their failures surface at stream
+//! worker thread (`comm.rs`), bounded by `HCCL_EXEC_TIMEOUT`; their failures surface at stream
 //! synchronise and through `HcclGetCommAsyncError`.
 //!
 //! Arguments are checked as HCCL checks them before anything is queued: null pointers
 //! (`HCCL_E_PTR`), counts and buffers (device memory of this communicator's device, large enough
-//! for the call: `HCCL_E_PARA`), data types and reduce ops per collective ([`dtype`]:
+//! for the call: `HCCL_E_PARA`), data types and reduce ops per collective (`dtype.rs`:
 //! `HCCL_E_NOT_SUPPORT` for a type the collective does not take), roots and peers in range, the
 //! stream on the communicator's device. HCCL itself rejects a null stream, unlike AscendCL's
 //! runtime calls, and so does the emulator.
