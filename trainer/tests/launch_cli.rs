@@ -175,3 +175,45 @@ fn launched_ranks_join_one_hccl_communicator() {
         );
     }
 }
+
+#[test]
+fn sigterm_to_launch_stops_every_rank() {
+    // Each rank prints its pid (the exec'd sleep keeps it) and sleeps.
+    let sh = "echo pid $$; exec sleep 60";
+    let mut child = cannon()
+        .args([
+            "launch",
+            "--nproc",
+            "2",
+            "--grace",
+            "2",
+            "--program",
+            "/bin/sh",
+            "--",
+            "-c",
+            sh,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut pids = Vec::new();
+    while pids.len() < 2 {
+        let l = lines.next().unwrap().unwrap();
+        if let Some(p) = l.split("pid ").nth(1) {
+            pids.push(p.trim().parse::<i32>().unwrap());
+        }
+    }
+    let t0 = Instant::now();
+    // SAFETY: kill(2) on our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    for p in pids {
+        // SAFETY: signal 0 only checks whether the process exists.
+        let alive = unsafe { libc::kill(p, 0) } == 0;
+        assert!(!alive, "rank process {p} outlived launch");
+    }
+}

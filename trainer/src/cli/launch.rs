@@ -11,7 +11,8 @@
 //! stderr, whole lines, never interleaved mid-line). When a child fails (non-zero exit or a
 //! signal), the others get SIGTERM, then SIGKILL after `--grace` seconds, and `launch` exits 1
 //! naming the rank that failed first. An HCCL job whose peer died would fail on its own within
-//! `HCCL_EXEC_TIMEOUT`; stopping it at once is faster and leaves no orphans.
+//! `HCCL_EXEC_TIMEOUT`; stopping it at once is faster and leaves no orphans. SIGINT, SIGTERM or
+//! SIGHUP to `launch` itself is forwarded the same way (exit 128 + the signal).
 //!
 //! Several hosts: run `cannon launch` on each with the same `--nnodes`, `--nproc`,
 //! `--master-addr` (the address of node 0, reachable from every node) and `--master-port`,
@@ -21,6 +22,7 @@ use clap::Args;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -244,7 +246,14 @@ pub fn run(args: LaunchArgs) -> ExitCode {
     );
 
     let mut failed: Option<(usize, String)> = None;
-    while children.iter().any(|c| c.is_some()) && failed.is_none() {
+    let mut interrupted: Option<i32> = None;
+    install_stop_handlers();
+    while children.iter().any(|c| c.is_some()) && failed.is_none() && interrupted.is_none() {
+        let sig = STOP_SIGNAL.load(Ordering::SeqCst);
+        if sig != 0 {
+            interrupted = Some(sig);
+            break;
+        }
         for (local, slot) in children.iter_mut().enumerate() {
             let Some(c) = slot else { continue };
             match c.try_wait() {
@@ -265,7 +274,7 @@ pub fn run(args: LaunchArgs) -> ExitCode {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    if failed.is_some() {
+    if failed.is_some() || interrupted.is_some() {
         stop_all(&mut children, Duration::from_secs_f64(args.grace));
         // A grandchild that outlived its rank may hold the pipes open: take what output
         // arrives for a moment, then leave.
@@ -278,6 +287,10 @@ pub fn run(args: LaunchArgs) -> ExitCode {
             let _ = p.join();
         }
     }
+    if let Some(sig) = interrupted {
+        eprintln!("cannon launch: stopped by signal {sig}; the ranks were stopped");
+        return ExitCode::from((128 + sig).clamp(1, 255) as u8);
+    }
     match failed {
         None => ExitCode::SUCCESS,
         Some((rank, how)) => {
@@ -285,6 +298,29 @@ pub fn run(args: LaunchArgs) -> ExitCode {
                 "cannon launch: rank {rank} failed first ({how}); the other ranks were stopped"
             );
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The signal (SIGINT, SIGTERM, SIGHUP) that asked `launch` to stop, 0 while none did.
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    // Only an atomic store: async-signal-safe. The main loop stops the ranks.
+    STOP_SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+/// A scheduler cancelling the job signals `launch` only: forward it to the ranks (then SIGKILL
+/// after the grace period) instead of leaving them orphaned, as torchrun does.
+fn install_stop_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe); installing a
+        // handler for these signals has no other effect on this process.
+        unsafe {
+            libc::signal(
+                sig,
+                on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
         }
     }
 }
