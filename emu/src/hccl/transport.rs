@@ -32,13 +32,18 @@ const FRAME_MAGIC: u32 = 0x4846_5231; // "HFR1"
 const HEAD_BYTES: usize = 56;
 
 /// `HCCL_CONNECT_TIMEOUT` (seconds; HCCL's default 120) and `HCCL_EXEC_TIMEOUT` (seconds;
-/// 1836 on Atlas A2). HCCL takes whole seconds; the emulator also takes fractions so tests of
-/// dead peers stay short.
+/// 1836 on Atlas A2, where 0 means never). CANN's environment-variable reference documents both;
+/// HCCL takes whole seconds and a connect timeout of at least 120, the emulator also takes
+/// fractions and small values so tests of dead peers stay short.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
     pub connect: Duration,
     pub exec: Duration,
 }
+
+/// What `HCCL_EXEC_TIMEOUT=0` (never time out) becomes: far beyond any run, small enough that
+/// `Instant + NEVER` cannot overflow.
+pub const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 #[cfg(test)]
 thread_local! {
@@ -53,22 +58,44 @@ impl Timeouts {
         if let Some(t) = TEST_TIMEOUTS.with(|t| t.get()) {
             return Ok(t);
         }
+        let get = |k: &str| std::env::var(k).ok();
         Ok(Self {
-            connect: env_secs("HCCL_CONNECT_TIMEOUT", 120.0)?,
-            exec: env_secs("HCCL_EXEC_TIMEOUT", 1836.0)?,
+            connect: secs(
+                "HCCL_CONNECT_TIMEOUT",
+                get("HCCL_CONNECT_TIMEOUT"),
+                120.0,
+                false,
+            )?,
+            exec: secs("HCCL_EXEC_TIMEOUT", get("HCCL_EXEC_TIMEOUT"), 1836.0, true)?,
         })
     }
 }
 
-fn env_secs(var: &str, default: f64) -> EmuResult<Duration> {
-    let Ok(v) = std::env::var(var) else {
+/// Seconds from `value` (else `default`); 0 is [`NEVER`] where `zero_is_never`.
+fn secs(
+    var: &str,
+    value: Option<String>,
+    default: f64,
+    zero_is_never: bool,
+) -> EmuResult<Duration> {
+    let Some(v) = value else {
         return Ok(Duration::from_secs_f64(default));
     };
     match v.trim().parse::<f64>() {
-        Ok(s) if s > 0.0 && s.is_finite() => Ok(Duration::from_secs_f64(s)),
+        Ok(s) if s == 0.0 && zero_is_never => Ok(NEVER),
+        Ok(s) if s > 0.0 && s.is_finite() => {
+            Ok(Duration::try_from_secs_f64(s).unwrap_or(NEVER).min(NEVER))
+        }
         _ => Err(EmuError::new(
             HCCL_E_PARA as i32,
-            format!("{var}={v:?} is not a positive number of seconds"),
+            format!(
+                "{var}={v:?} is not a {} number of seconds",
+                if zero_is_never {
+                    "non-negative"
+                } else {
+                    "positive"
+                }
+            ),
         )),
     }
 }
@@ -465,6 +492,25 @@ mod tests {
         assert_eq!(RootInfo::decode(&r.encode()).unwrap(), r);
         let e = RootInfo::decode(&[0u8; ROOT_INFO_BYTES]).unwrap_err();
         assert_eq!(e.code, HCCL_E_PARA as i32);
+    }
+
+    #[test]
+    fn timeouts_parse_as_cann_documents_them() {
+        let s = |v: Option<&str>, never| secs("X", v.map(String::from), 120.0, never);
+        assert_eq!(s(None, false).unwrap(), Duration::from_secs(120));
+        assert_eq!(s(Some("0.25"), false).unwrap(), Duration::from_millis(250));
+        assert_eq!(
+            s(Some("0"), true).unwrap(),
+            NEVER,
+            "HCCL_EXEC_TIMEOUT=0: never"
+        );
+        assert!(s(Some("0"), false).is_err());
+        assert!(s(Some("-3"), true).is_err());
+        assert!(s(Some("soon"), true)
+            .unwrap_err()
+            .message
+            .contains("\"soon\""));
+        assert_eq!(s(Some("1e30"), true).unwrap(), NEVER);
     }
 
     #[test]
