@@ -172,7 +172,10 @@ impl TcpStore {
                 let theirs = text().parse().unwrap_or(0);
                 Err(CommError::WorldSizeMismatch {
                     addr: self.addr.clone(),
-                    ours: u64::from_le_bytes(value[..8].try_into().unwrap_or_default()) as usize,
+                    ours: value
+                        .get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .map_or(0, u64::from_le_bytes) as usize,
                     theirs,
                 })
             }
