@@ -199,10 +199,21 @@ fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
+/// The largest key or value the store moves (root infos are 4 KiB): a stray client's garbage
+/// length must not make the server allocate gigabytes.
+const MAX_BYTES: usize = 64 << 20;
+
 fn read_bytes(r: &mut impl Read) -> std::io::Result<Vec<u8>> {
     let mut n = [0u8; 4];
     r.read_exact(&mut n)?;
-    let mut b = vec![0u8; u32::from_le_bytes(n) as usize];
+    let n = u32::from_le_bytes(n) as usize;
+    if n > MAX_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a field of {n} bytes (the store takes at most {MAX_BYTES})"),
+        ));
+    }
+    let mut b = vec![0u8; n];
     r.read_exact(&mut b)?;
     Ok(b)
 }
