@@ -203,6 +203,9 @@ pub fn run(args: LaunchArgs) -> ExitCode {
             }
         },
     };
+    // Before the first rank starts: a signal from then on stops every rank started (exec resets
+    // caught signals, so the ranks keep the default actions).
+    install_stop_handlers();
     let lock = Arc::new(Mutex::new(()));
     let mut children: Vec<Option<Child>> = Vec::new();
     let mut pumps = Vec::new();
@@ -247,7 +250,6 @@ pub fn run(args: LaunchArgs) -> ExitCode {
 
     let mut failed: Option<(usize, String)> = None;
     let mut interrupted: Option<i32> = None;
-    install_stop_handlers();
     while children.iter().any(|c| c.is_some()) && failed.is_none() && interrupted.is_none() {
         let sig = STOP_SIGNAL.load(Ordering::SeqCst);
         if sig != 0 {
