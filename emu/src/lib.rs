@@ -16,11 +16,14 @@
 //! - [`device`]: the thread's current device (`aclrtSetDevice`) and default streams.
 //! - [`handle`]: descriptors and executors are live-handle registries: use after destroy and a
 //!   second launch of a one-shot executor are errors.
+//! - [`hccl`]: collectives between ranks in separate processes over loopback TCP, queued on
+//!   streams, with dead or hung peers an error within `HCCL_EXEC_TIMEOUT`, never a hang.
 
 pub mod acl;
 pub mod device;
 pub mod error;
 pub mod handle;
+pub mod hccl;
 pub mod mem;
 pub mod nnopbase;
 pub mod ops;

@@ -95,6 +95,31 @@ pub enum CommError {
     #[error("rendezvous at {path}: {detail}")]
     Rendezvous { path: String, detail: String },
 
+    /// The TCP store at MASTER_ADDR:MASTER_PORT did not answer, or a key did not appear,
+    /// within the timeout.
+    #[error("TCP store at {addr}: {what}: nothing within {timeout:?}")]
+    StoreTimeout {
+        addr: String,
+        what: String,
+        timeout: Duration,
+    },
+
+    /// The TCP store serves a job of another size (a stale job on the port, or WORLD_SIZE
+    /// differs between ranks).
+    #[error(
+        "TCP store at {addr}: this rank has WORLD_SIZE {ours}, the store's job has {theirs} \
+         (ranks disagree on WORLD_SIZE, or another job uses MASTER_PORT)"
+    )]
+    WorldSizeMismatch {
+        addr: String,
+        ours: usize,
+        theirs: usize,
+    },
+
+    /// The TCP store failed otherwise (cannot listen, connection lost, refused request).
+    #[error("TCP store at {addr}: {detail}")]
+    Store { addr: String, detail: String },
+
     /// An HCCL call returned an error code.
     #[error("{call} failed with HcclResult {code} ({message})")]
     Hccl {

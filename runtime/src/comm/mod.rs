@@ -8,7 +8,8 @@
 //!   peers' host buffers directly under a round-based rendezvous and are complete when the call
 //!   returns. Made by [`CpuWorld::new`].
 //! - HCCL (feature `npu`): one process per NPU, bootstrapped through [`rendezvous`]
-//!   (RANK/WORLD_SIZE/LOCAL_RANK like torchrun), made by `Communicator::hccl_from_env` or
+//!   (RANK/WORLD_SIZE/LOCAL_RANK and MASTER_ADDR/MASTER_PORT like torchrun, or a shared
+//!   directory), made by `Communicator::hccl_from_env` or
 //!   `Communicator::hccl_init`. Calls are enqueued on the stream and return before the data
 //!   moved; order them with the stream like any other device work (`barrier` alone
 //!   synchronises its stream). HCCL has no `ReduceOp::Avg` (an error there, not a silent sum)
@@ -47,6 +48,7 @@ mod error;
 #[cfg(feature = "npu")]
 mod hccl;
 pub mod rendezvous;
+mod store;
 mod types;
 
 use std::time::Duration;
@@ -109,9 +111,10 @@ macro_rules! dispatch {
 }
 
 impl Communicator {
-    /// torchrun-style HCCL start: RANK/WORLD_SIZE/LOCAL_RANK and CANNON_RDZV_DIR (+
-    /// CANNON_RDZV_ID) from the environment, this process on NPU `LOCAL_RANK`. `timeout`
-    /// bounds the wait for rank 0's root info (here and in later splits).
+    /// torchrun-style HCCL start: RANK/WORLD_SIZE/LOCAL_RANK and the rendezvous
+    /// ([`rendezvous::Rendezvous::from_env`]: CANNON_RDZV_DIR, else the TCP store at
+    /// MASTER_ADDR:MASTER_PORT) from the environment, this process on NPU `LOCAL_RANK`.
+    /// `timeout` bounds the wait for rank 0's root info (here and in later splits).
     #[cfg(feature = "npu")]
     pub fn hccl_from_env(timeout: Duration) -> CommResult<Communicator> {
         hccl::HcclCommunicator::from_env(timeout).map(Communicator::from)
@@ -124,10 +127,10 @@ impl Communicator {
         rank: usize,
         world_size: usize,
         ordinal: u32,
-        rdzv: rendezvous::FileRendezvous,
+        rdzv: impl Into<rendezvous::Rendezvous>,
         timeout: Duration,
     ) -> CommResult<Communicator> {
-        hccl::HcclCommunicator::init(rank, world_size, ordinal, rdzv, timeout)
+        hccl::HcclCommunicator::init(rank, world_size, ordinal, rdzv.into(), timeout)
             .map(Communicator::from)
     }
 

@@ -1,23 +1,31 @@
 //! Process-group bootstrap for multi-process backends (HCCL): the torchrun-style environment
-//! and a file-based rendezvous that ships rank 0's opaque root info to every other rank.
+//! and the rendezvous that ships rank 0's opaque root info to every other rank: a TCP store at
+//! `MASTER_ADDR:MASTER_PORT` ([`TcpStore`], as torch's) or a file on a shared directory
+//! ([`FileRendezvous`]). [`Rendezvous::from_env`] picks one.
 //!
 //! Environment:
-//! - `RANK`, `WORLD_SIZE`, `LOCAL_RANK`: as torchrun sets them (all required).
-//! - `CANNON_RDZV_DIR`: a directory every rank can see (a shared filesystem across hosts).
-//! - `CANNON_RDZV_ID` (else `TORCHELASTIC_RUN_ID`, else `default`): names this job's file, so
-//!   concurrent jobs sharing a directory do not read each other's root info.
+//! - `RANK`, `WORLD_SIZE`, `LOCAL_RANK`: as torchrun (and `cannon launch`) set them (all
+//!   required).
+//! - `CANNON_RDZV_DIR`: a directory every rank can see (a shared filesystem across hosts); when
+//!   set, the file rendezvous is used.
+//! - otherwise `MASTER_ADDR` and `MASTER_PORT`: rank 0 serves a TCP store there, the others
+//!   connect to it (torchrun's variables).
+//! - `CANNON_RDZV_ID` (else `TORCHELASTIC_RUN_ID`, else `default`): names this job's file or
+//!   keys, so concurrent jobs sharing a directory do not read each other's root info.
 //!
-//! Rank 0 writes `<dir>/cannon-rdzv-<id>.bin` atomically (temporary file, then rename), others
-//! poll until it appears. The file records the world size, so a stale file from a run with
-//! another world size is an error rather than a hang inside HCCL; rank 0 deletes the file once
-//! the communicator is up (HCCL init is collective, so by then every rank has read it).
+//! File: rank 0 writes `<dir>/cannon-rdzv-<id>.bin` atomically (temporary file, then rename),
+//! others poll until it appears. The file records the world size, so a stale file from a run
+//! with another world size is an error rather than a hang inside HCCL; rank 0 deletes the file
+//! once the communicator is up (HCCL init is collective, so by then every rank has read it).
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::{CommError, CommResult};
+pub use super::store::TcpStore;
 
 /// Where this process sits in the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,5 +226,170 @@ fn io_err(path: &Path, what: &str, e: std::io::Error) -> CommError {
     CommError::Rendezvous {
         path: path.display().to_string(),
         detail: format!("{what}: {e}"),
+    }
+}
+
+/// How often the file rendezvous looks for rank 0's file.
+const FILE_POLL: Duration = Duration::from_millis(20);
+
+/// Where rank 0's root info goes and where the others find it.
+#[derive(Debug, Clone)]
+pub enum Rendezvous {
+    /// A file in a shared directory.
+    File(FileRendezvous),
+    /// A key (`<prefix>/root`) of the TCP store that rank 0 of the job serves.
+    Tcp {
+        store: Arc<TcpStore>,
+        prefix: String,
+    },
+}
+
+impl From<FileRendezvous> for Rendezvous {
+    fn from(f: FileRendezvous) -> Self {
+        Rendezvous::File(f)
+    }
+}
+
+fn run_id(get: &impl Fn(&str) -> Option<String>) -> String {
+    get("CANNON_RDZV_ID")
+        .or_else(|| get("TORCHELASTIC_RUN_ID"))
+        .unwrap_or_else(|| "default".into())
+}
+
+impl Rendezvous {
+    /// The job's rendezvous from the environment (see the module doc): `CANNON_RDZV_DIR` if
+    /// set, else the TCP store at `MASTER_ADDR:MASTER_PORT` (rank 0 serves it; `timeout`
+    /// bounds connecting and every wait on it).
+    pub fn from_env(env: &DistEnv, timeout: Duration) -> CommResult<Self> {
+        Self::from_lookup(|k| std::env::var(k).ok(), env, timeout)
+    }
+
+    /// As [`Rendezvous::from_env`], with variables looked up through `get` (testable).
+    pub fn from_lookup(
+        get: impl Fn(&str) -> Option<String>,
+        env: &DistEnv,
+        timeout: Duration,
+    ) -> CommResult<Self> {
+        let id = run_id(&get);
+        if let Some(dir) = get("CANNON_RDZV_DIR").filter(|d| !d.is_empty()) {
+            return FileRendezvous::new(dir, &id).map(Rendezvous::File);
+        }
+        let addr = get("MASTER_ADDR").filter(|a| !a.trim().is_empty());
+        let port = get("MASTER_PORT");
+        let (addr, port) = match (addr, port) {
+            (Some(a), Some(p)) => (a, p),
+            (None, None) => {
+                return Err(CommError::Env {
+                    var: "MASTER_ADDR",
+                    detail: "not set, nor CANNON_RDZV_DIR: set MASTER_ADDR and MASTER_PORT \
+                             (rank 0 serves a TCP store there; `cannon launch` does it), or \
+                             CANNON_RDZV_DIR to a directory all ranks share"
+                        .into(),
+                })
+            }
+            (None, Some(_)) => {
+                return Err(CommError::Env {
+                    var: "MASTER_ADDR",
+                    detail: "not set but MASTER_PORT is: set both".into(),
+                })
+            }
+            (Some(_), None) => {
+                return Err(CommError::Env {
+                    var: "MASTER_PORT",
+                    detail: "not set but MASTER_ADDR is: set both".into(),
+                })
+            }
+        };
+        let port: u16 = match port.trim().parse() {
+            Ok(p) if p > 0 => p,
+            _ => {
+                return Err(CommError::Env {
+                    var: "MASTER_PORT",
+                    detail: format!("{port:?} is not a port number (1-65535)"),
+                })
+            }
+        };
+        let store = TcpStore::connect(addr.trim(), port, env.rank, env.world_size, timeout)?;
+        Ok(Rendezvous::Tcp {
+            store: Arc::new(store),
+            prefix: id,
+        })
+    }
+
+    /// A rendezvous for a sub-group bootstrap (`<id>.<suffix>`), in the same directory or
+    /// store.
+    pub fn child(&self, suffix: &str) -> CommResult<Self> {
+        match self {
+            Rendezvous::File(f) => f.child(suffix).map(Rendezvous::File),
+            Rendezvous::Tcp { store, prefix } => Ok(Rendezvous::Tcp {
+                store: store.clone(),
+                prefix: format!("{prefix}.{suffix}"),
+            }),
+        }
+    }
+
+    /// Where the root info goes, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Rendezvous::File(f) => f.path().display().to_string(),
+            Rendezvous::Tcp { store, prefix } => format!("{}/{prefix}/root", store.addr()),
+        }
+    }
+
+    /// Rank 0: makes `payload` (for a world of `world_size`) available to the others.
+    pub fn publish(&self, world_size: usize, payload: &[u8]) -> CommResult<()> {
+        match self {
+            Rendezvous::File(f) => f.publish(world_size, payload),
+            Rendezvous::Tcp { store, prefix } => {
+                let mut v = (world_size as u64).to_le_bytes().to_vec();
+                v.extend_from_slice(payload);
+                store.set(&format!("{prefix}/root"), &v)
+            }
+        }
+    }
+
+    /// The other ranks: rank 0's payload, which must be `payload_len` bytes for a world of
+    /// `world_size`, waiting at most `timeout`.
+    pub fn wait(
+        &self,
+        world_size: usize,
+        payload_len: usize,
+        timeout: Duration,
+    ) -> CommResult<Vec<u8>> {
+        match self {
+            Rendezvous::File(f) => f.wait(world_size, payload_len, timeout, FILE_POLL),
+            Rendezvous::Tcp { store, prefix } => {
+                let v = store.get(&format!("{prefix}/root"), timeout)?;
+                let world = v
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes);
+                if world != Some(world_size as u64) {
+                    return Err(CommError::WorldSizeMismatch {
+                        addr: store.addr().to_string(),
+                        ours: world_size,
+                        theirs: world.unwrap_or(0) as usize,
+                    });
+                }
+                if v.len() != 8 + payload_len {
+                    return Err(CommError::Store {
+                        addr: store.addr().to_string(),
+                        detail: format!(
+                            "root info of {} bytes, expected {payload_len}",
+                            v.len() - 8
+                        ),
+                    });
+                }
+                Ok(v[8..].to_vec())
+            }
+        }
+    }
+
+    /// Rank 0, once every rank joined: removes the published root info.
+    pub fn remove(&self) -> CommResult<()> {
+        match self {
+            Rendezvous::File(f) => f.remove(),
+            Rendezvous::Tcp { store, prefix } => store.delete(&format!("{prefix}/root")),
+        }
     }
 }

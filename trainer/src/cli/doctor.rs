@@ -80,6 +80,17 @@ pub fn run() -> ExitCode {
             .collect();
         println!("cpu features: {}", list.join(" "));
     }
+    if let Some(line) = super::launch::describe_env() {
+        println!("{line}");
+    }
+    match super::launch::collective_check() {
+        None => {}
+        Some(Ok(line)) => println!("collectives: {line}"),
+        Some(Err(e)) => {
+            println!("collectives: FAILED: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     println!("CANN libraries (dlopened at run time):");
     for line in cannon_sys::probe().to_string().lines() {
         println!("  {line}");
@@ -87,7 +98,12 @@ pub fn run() -> ExitCode {
     println!("CANN runtime available: {}", cannon_sys::is_available());
     let mut devices = vec![Device::Cpu];
     if npus > 0 {
-        devices.push(Device::Npu(0));
+        // In a launched job, this rank's NPU.
+        let local: u32 = std::env::var("LOCAL_RANK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        devices.push(Device::Npu(local));
     }
     let mut ok = true;
     for d in devices {

@@ -6,6 +6,7 @@ pub mod data;
 pub mod doctor;
 pub mod eval;
 pub mod export;
+pub mod launch;
 pub mod train;
 pub mod verify;
 
@@ -47,6 +48,9 @@ pub enum Command {
     Compare(compare::CompareArgs),
     /// Write a checkpoint's model as a Hugging Face checkpoint (config.json + safetensors).
     Export(export::ExportArgs),
+    /// Start one process per device with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+    /// MASTER_ADDR, MASTER_PORT): `cannon launch --nproc 8 -- train ...`.
+    Launch(launch::LaunchArgs),
 }
 
 /// Parse the command line and run it; the exit code follows the subcommand's convention
@@ -70,5 +74,6 @@ fn run(cli: Cli) -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Export(args) => export::run(args),
+        Command::Launch(args) => launch::run(args),
     }
 }

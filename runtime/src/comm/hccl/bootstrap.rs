@@ -1,5 +1,5 @@
-//! Creating HCCL communicators: the root-info bootstrap over the file rendezvous, and group
-//! splits (each subgroup bootstraps its own communicator the same way).
+//! Creating HCCL communicators: the root-info bootstrap over the rendezvous (TCP store or
+//! file), and group splits (each subgroup bootstraps its own communicator the same way).
 
 use std::cell::Cell;
 use std::time::Duration;
@@ -9,22 +9,20 @@ use cannon_sys::hccl;
 use super::{check, runtime, HcclCommunicator};
 use crate::buffer::DeviceBuffer;
 use crate::comm::error::{CommError, CommResult};
-use crate::comm::rendezvous::{DistEnv, FileRendezvous};
+use crate::comm::rendezvous::{DistEnv, Rendezvous};
 use crate::stream::Stream;
 
 /// `HCCL_ROOT_INFO_BYTES`.
 const ROOT_INFO_BYTES: usize = hccl::HCCL_ROOT_INFO_BYTES as usize;
 
-/// How often non-root ranks look for the root info file.
-const POLL: Duration = Duration::from_millis(20);
-
 impl HcclCommunicator {
-    /// torchrun-style start: RANK/WORLD_SIZE/LOCAL_RANK and CANNON_RDZV_DIR (+ CANNON_RDZV_ID)
-    /// from the environment, one process per NPU, this process on NPU `LOCAL_RANK`.
+    /// torchrun-style start: RANK/WORLD_SIZE/LOCAL_RANK and the rendezvous (CANNON_RDZV_DIR,
+    /// else MASTER_ADDR/MASTER_PORT) from the environment, one process per NPU, this process on
+    /// NPU `LOCAL_RANK`.
     /// `timeout` bounds the wait for rank 0's root info (here and in later splits).
     pub(crate) fn from_env(timeout: Duration) -> CommResult<Self> {
         let env = DistEnv::from_env()?;
-        let rdzv = FileRendezvous::from_env()?;
+        let rdzv = Rendezvous::from_env(&env, timeout)?;
         Self::init(
             env.rank,
             env.world_size,
@@ -35,12 +33,13 @@ impl HcclCommunicator {
     }
 
     /// Rank 0 creates the root info and publishes it; every rank then joins with
-    /// HcclCommInitRootInfo, which returns once all ranks joined. Rank 0 removes the file then.
+    /// HcclCommInitRootInfo, which returns once all ranks joined. Rank 0 removes the published
+    /// root info then.
     pub(crate) fn init(
         rank: usize,
         world_size: usize,
         ordinal: u32,
-        rdzv: FileRendezvous,
+        rdzv: Rendezvous,
         timeout: Duration,
     ) -> CommResult<Self> {
         if world_size == 0 || rank >= world_size {
@@ -62,7 +61,7 @@ impl HcclCommunicator {
             let bytes: Vec<u8> = root.internal.iter().map(|&c| c as u8).collect();
             rdzv.publish(world_size, &bytes)?;
         } else {
-            let bytes = rdzv.wait(world_size, ROOT_INFO_BYTES, timeout, POLL)?;
+            let bytes = rdzv.wait(world_size, ROOT_INFO_BYTES, timeout)?;
             for (dst, b) in root.internal.iter_mut().zip(bytes) {
                 *dst = b as std::ffi::c_char;
             }

@@ -9,7 +9,9 @@
 //!   HCCL's own timeouts (`HCCL_CONNECT_TIMEOUT`, `HCCL_EXEC_TIMEOUT`). Our `timeout` bounds the
 //!   bootstrap rendezvous.
 //! - `ReduceOp::Avg` has no HCCL op: reduce with `Sum` and scale (an error here, not a silent
-//!   sum). HCCL's AllReduce does not list int64 (cann-api.md §5); such calls fail with HCCL's code.
+//!   sum). Reductions take i32, i64, f32 and bf16 of our types on Atlas A2 (CANN's HcclAllReduce
+//!   page; hccl.h's comment omits int64); u8, u32 and f64 reductions fail with HCCL's
+//!   `HCCL_E_NOT_SUPPORT`. Data movement takes every type.
 //! - The `_v` variants pad to the largest count (temporary buffers from the stream's allocator,
 //!   one equal-count collective, device-to-device copies, then a stream sync before the
 //!   temporaries are freed), since these bindings have no ReduceScatterV/AllGatherV. Prefer
@@ -26,7 +28,7 @@ use std::time::Duration;
 use cannon_sys::hccl;
 
 use super::error::{CommError, CommResult};
-use super::rendezvous::FileRendezvous;
+use super::rendezvous::Rendezvous;
 use super::types::ReduceOp;
 use crate::buffer::{BufferView, BufferViewMut, DeviceBuffer};
 use crate::device::Device;
@@ -40,7 +42,7 @@ pub(crate) struct HcclCommunicator {
     world_size: usize,
     ordinal: u32,
     /// Where splits bootstrap their subgroups, and how long they wait there.
-    rdzv: FileRendezvous,
+    rdzv: Rendezvous,
     timeout: Cell<Duration>,
     splits: Cell<u32>,
 }

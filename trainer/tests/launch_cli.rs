@@ -1,0 +1,219 @@
+//! `cannon launch`: the children's environment and prefixed output, and a failing rank stopping
+//! the job (naming the rank, the others stopped within the grace period).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn cannon() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cannon"))
+}
+
+/// `cannon` whose children use the CANN the NPU tests use (`select_for_tests`: the emulator
+/// cargo built, passed on as `CANNON_CANN_EMULATOR`, or the installed CANN on an Ascend host):
+/// in NPU builds a launched `doctor` joins an HCCL communicator.
+fn cannon_with_cann() -> Command {
+    #[allow(unused_mut)]
+    let mut cmd = cannon();
+    #[cfg(feature = "npu")]
+    {
+        use cannon_sys::emulator::{select_for_tests, TestCann, ENV};
+        match select_for_tests() {
+            Ok(TestCann::Emulator(p)) => {
+                cmd.env(ENV, p);
+            }
+            Ok(TestCann::Installed(_)) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    cmd
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn children_get_the_torchrun_environment_and_prefixed_output() {
+    let port = free_port();
+    let out = cannon_with_cann()
+        .args([
+            "launch",
+            "--nproc",
+            "2",
+            "--master-port",
+            &port.to_string(),
+            "--",
+            "doctor",
+        ])
+        .env_remove("RANK")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for r in 0..2 {
+        let want = format!(
+            "[rank {r}] distributed: rank {r} of 2 (local rank {r} of 2), master 127.0.0.1:{port}"
+        );
+        assert!(
+            stdout.lines().any(|l| l == want),
+            "{want:?} missing in\n{stdout}"
+        );
+    }
+    // Every line of the children carries its rank.
+    assert!(stdout.lines().all(|l| l.starts_with("[rank ")), "{stdout}");
+    assert!(stderr.contains("started ranks 0..1 of 2"), "{stderr}");
+}
+
+#[test]
+fn a_failing_rank_stops_the_job_and_is_named() {
+    let sh = "if [ \"$RANK\" = 1 ]; then echo bye from $LOCAL_RANK; exit 3; fi; exec sleep 60";
+    let t0 = Instant::now();
+    let out = cannon()
+        .args([
+            "launch",
+            "--nproc",
+            "3",
+            "--grace",
+            "5",
+            "--program",
+            "/bin/sh",
+            "--",
+            "-c",
+            sh,
+        ])
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("[rank 1] bye from 1"), "{stdout}");
+    assert!(
+        stderr.contains("rank 1 failed first (exit code 3); the other ranks were stopped"),
+        "{stderr}"
+    );
+    // The sleeping ranks took SIGTERM at once: far from the 60 s sleep, under the grace.
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn ranks_that_ignore_sigterm_are_killed_after_the_grace_period() {
+    let sh = "if [ \"$RANK\" = 0 ]; then exit 7; fi; trap '' TERM; exec sleep 60";
+    let t0 = Instant::now();
+    let out = cannon()
+        .args([
+            "launch",
+            "--nproc",
+            "2",
+            "--grace",
+            "1",
+            "--program",
+            "/bin/sh",
+            "--",
+            "-c",
+            sh,
+        ])
+        .output()
+        .unwrap();
+    let took = t0.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("rank 0 failed first (exit code 7)"),
+        "{stderr}"
+    );
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = cannon()
+        .args(["launch", "--nproc", "2", "--nnodes", "2", "--", "doctor"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--master-addr is required"));
+}
+
+/// On an NPU build every launched rank joins one HCCL communicator (root info through the TCP
+/// store at MASTER_ADDR:MASTER_PORT) and all-reduces: `cannon doctor` reports it per rank.
+/// Against the emulator cargo built, or the installed CANN on an Ascend host.
+#[cfg(feature = "npu")]
+#[test]
+fn launched_ranks_join_one_hccl_communicator() {
+    let port = free_port();
+    let out = cannon_with_cann()
+        .args([
+            "launch",
+            "--nproc",
+            "4",
+            "--master-port",
+            &port.to_string(),
+            "--",
+            "doctor",
+        ])
+        .env("HCCL_CONNECT_TIMEOUT", "60")
+        .env("HCCL_EXEC_TIMEOUT", "60")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for r in 0..4 {
+        let want = format!("[rank {r}] collectives: HCCL all_reduce over 4 ranks ok on npu:{r}");
+        assert!(
+            stdout.lines().any(|l| l.starts_with(&want)),
+            "{want:?} missing in\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn sigterm_to_launch_stops_every_rank() {
+    // Each rank prints its pid (the exec'd sleep keeps it) and sleeps.
+    let sh = "echo pid $$; exec sleep 60";
+    let mut child = cannon()
+        .args([
+            "launch",
+            "--nproc",
+            "2",
+            "--grace",
+            "2",
+            "--program",
+            "/bin/sh",
+            "--",
+            "-c",
+            sh,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut pids = Vec::new();
+    while pids.len() < 2 {
+        let l = lines.next().unwrap().unwrap();
+        if let Some(p) = l.split("pid ").nth(1) {
+            pids.push(p.trim().parse::<i32>().unwrap());
+        }
+    }
+    let t0 = Instant::now();
+    // SAFETY: kill(2) on our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    for p in pids {
+        // SAFETY: signal 0 only checks whether the process exists.
+        let alive = unsafe { libc::kill(p, 0) } == 0;
+        assert!(!alive, "rank process {p} outlived launch");
+    }
+}
