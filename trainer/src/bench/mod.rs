@@ -14,6 +14,7 @@
 use crate::batch::{Batch, Images};
 use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use crate::model::{Act, Exec, LossMode, Mistral3, Mistral3Config, ModelError, Part};
+use crate::train::flops::{gemm_peak, step_flops};
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_kernels::Precision;
 use cannon_runtime::rng::SplitMix64;
@@ -76,6 +77,31 @@ pub struct StepReport {
     /// The allocator's peaks over the timed steps, MiB.
     pub max_allocated_mib: f64,
     pub max_reserved_mib: f64,
+    /// Model FLOPs of one step (`crate::train::flops::step_flops`, vision and projector
+    /// frozen as in the script).
+    pub model_flops: f64,
+    /// The best FLOP/s of square GEMMs at the run's precision, measured in this run before
+    /// the first step ([`GEMM_PEAK_N`]).
+    pub gemm_peak_flops: f64,
+    /// Blocks the caching allocator had to take from the host per timed step (0 once every
+    /// shape is cached; more means page faults and zeroing inside the step).
+    pub device_allocs_per_step: f64,
+}
+
+/// Side of the square GEMMs the peak is measured on: large enough to reach the micro-kernel's
+/// rate on 2-32 cores, small enough to take well under a second.
+pub const GEMM_PEAK_N: usize = 1024;
+
+impl StepReport {
+    /// Model FLOPs over (median step time x GEMM peak).
+    pub fn mfu(&self) -> f64 {
+        self.model_flops / (self.median_step_s * self.gemm_peak_flops).max(f64::MIN_POSITIVE)
+    }
+
+    /// The step's floor on this machine: its model FLOPs at the measured GEMM peak, seconds.
+    pub fn floor_s(&self) -> f64 {
+        self.model_flops / self.gemm_peak_flops.max(f64::MIN_POSITIVE)
+    }
 }
 
 impl StepReport {
@@ -88,7 +114,9 @@ impl StepReport {
             "{{\"impl\": \"cannon\", \"dtype\": \"{}\", \"threads\": {}, \"nproc\": {}, \
              \"batch\": {}, \"seq\": {}, \"median_step_s\": {:.4}, \"min_step_s\": {:.4}, \
              \"tokens_per_s\": {:.1}, \"peak_rss_mib\": {rss}, \"trainable_params\": {}, \
-             \"loss\": {:.4}, \"max_allocated_mib\": {:.1}, \"max_reserved_mib\": {:.1}}}",
+             \"loss\": {:.4}, \"max_allocated_mib\": {:.1}, \"max_reserved_mib\": {:.1}, \
+             \"model_gflop\": {:.3}, \"gemm_peak_gflops\": {:.1}, \"mfu\": {:.4}, \
+             \"floor_s\": {:.4}, \"device_allocs_per_step\": {:.1}}}",
             self.precision,
             self.threads,
             self.nproc,
@@ -101,6 +129,11 @@ impl StepReport {
             self.loss,
             self.max_allocated_mib,
             self.max_reserved_mib,
+            self.model_flops / 1e9,
+            self.gemm_peak_flops / 1e9,
+            self.mfu(),
+            self.floor_s(),
+            self.device_allocs_per_step,
         )
     }
 }
@@ -221,7 +254,13 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
     if b.steps == 0 {
         return Err(ModelError::Input("--steps must be > 0".into()));
     }
-    let mut model = random_model(cfg, Exec::cpu(), b.seed)?;
+    // A private allocator: the figures (peaks, blocks taken per step) are the model's own,
+    // untouched by anything else the process runs (tests run benches side by side).
+    let exec = Exec::with_allocator(
+        std::sync::Arc::new(cannon_runtime::Stream::cpu()),
+        cannon_runtime::CachingAllocator::new_cpu(),
+    )?;
+    let mut model = random_model(cfg, exec, b.seed)?;
     let batch = bench_batch(cfg, b.batch, b.seq, b.img, b.seed)?;
     let text = [Part::Text];
     let mut grads = model.grads(&text)?;
@@ -242,11 +281,13 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
         .map(|g| g.len)
         .sum();
     let exec = model.exec.clone();
+    let gemm_peak_flops = gemm_peak(&exec, b.precision, GEMM_PEAK_N, 4)?;
     let alloc = exec.allocator().clone();
-    let (mut times, mut loss) = (Vec::with_capacity(b.steps), 0.0);
+    let (mut times, mut loss, mut allocs0) = (Vec::with_capacity(b.steps), 0.0, 0);
     for i in 0..b.warmup + b.steps {
         if i == b.warmup {
             alloc.reset_peak();
+            allocs0 = alloc.stats().num_device_allocs;
         }
         let t0 = Instant::now();
         grads.zero(exec.stream())?;
@@ -281,6 +322,9 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
         loss,
         max_allocated_mib: mib(stats.peak_allocated),
         max_reserved_mib: mib(stats.peak_reserved),
+        model_flops: step_flops(cfg, &batch, &text).total,
+        gemm_peak_flops,
+        device_allocs_per_step: (stats.num_device_allocs - allocs0) as f64 / b.steps as f64,
     })
 }
 

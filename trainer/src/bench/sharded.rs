@@ -4,10 +4,11 @@
 //! state. Rank 0's wall time per step is the step time (every step ends in collectives, so
 //! the ranks finish together); the allocator figures are the largest rank's.
 
-use super::{bench_batch, peak_rss_mib, random_host, StepBench, StepReport};
+use super::{bench_batch, peak_rss_mib, random_host, StepBench, StepReport, GEMM_PEAK_N};
 use crate::fsdp::{run_cpu_ranks, split_rows, FsdpError, FsdpRank, FsdpSettings};
 use crate::model::optim::AdamWConfig;
-use crate::model::{Act, LossMode, Mistral3Config, ModelError, ParamLayout, Part};
+use crate::model::{Act, Exec, LossMode, Mistral3Config, ModelError, ParamLayout, Part};
+use crate::train::flops::{gemm_peak, step_flops};
 use cannon_kernels::Precision;
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,9 @@ fn run_as<A: Act>(
     let host = random_host(cfg, b.seed);
     let batch = bench_batch(cfg, b.batch, b.seq, b.img, b.seed)?;
     let per = b.batch / nproc;
+    // Measured before the ranks start, so it has the whole machine as each step does.
+    let gemm_peak_flops =
+        gemm_peak(&Exec::cpu(), b.precision, GEMM_PEAK_N, 4).map_err(ModelError::from)?;
     let settings = FsdpSettings {
         adamw: AdamWConfig {
             lr: 1e-4,
@@ -55,9 +59,13 @@ fn run_as<A: Act>(
     let per_rank = run_cpu_ranks(nproc, Duration::from_secs(600), |comm, exec| {
         let r = comm.rank();
         let mine = [split_rows(cfg, &batch, r * per..(r + 1) * per)?];
+        let alloc = exec.allocator().clone();
         let mut rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
-        let (mut times, mut loss, mut peaks) = (Vec::new(), 0.0, (0, 0));
+        let (mut times, mut loss, mut peaks, mut allocs0) = (Vec::new(), 0.0, (0, 0), 0);
         for i in 0..b.warmup + b.steps {
+            if i == b.warmup {
+                allocs0 = alloc.stats().num_device_allocs;
+            }
             let t0 = Instant::now();
             let st = rank.step::<A>(&mine, settings.adamw.lr)?;
             if i >= b.warmup {
@@ -67,7 +75,8 @@ fn run_as<A: Act>(
             }
             loss = st.loss;
         }
-        Ok((times, loss, peaks))
+        let allocs = alloc.stats().num_device_allocs - allocs0;
+        Ok((times, loss, peaks, allocs))
     })?;
     let mut times = per_rank[0].0.clone();
     times.sort_by(f64::total_cmp);
@@ -96,6 +105,11 @@ fn run_as<A: Act>(
         loss: per_rank[0].1,
         max_allocated_mib: mib(max_allocated),
         max_reserved_mib: mib(max_reserved),
+        model_flops: step_flops(cfg, &batch, &[Part::Text]).total,
+        gemm_peak_flops,
+        // The busiest rank's.
+        device_allocs_per_step: per_rank.iter().map(|r| r.3).max().unwrap_or(0) as f64
+            / b.steps as f64,
     })
 }
 
@@ -138,6 +152,8 @@ mod tests {
             two.loss
         );
         assert_eq!((two.nproc, two.trainable_params), (2, one.trainable_params));
+        // Gathered groups and reduce-scatter buffers come back from each rank's cache.
+        assert_eq!(two.device_allocs_per_step, 0.0);
         assert!(two.to_json().contains("\"nproc\": 2"));
         assert!(two.max_allocated_mib < one.max_allocated_mib);
         let e = run_sharded(&cfg, &b, 3).unwrap_err().to_string();

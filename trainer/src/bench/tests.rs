@@ -72,12 +72,23 @@ fn steps_train_and_report() {
         let text: usize = ParamLayoutSizes::text(&cfg);
         assert_eq!(r.trainable_params, text);
         assert!(r.max_allocated_mib > 0.0 && r.max_reserved_mib >= r.max_allocated_mib);
+        // The warm-up step put every shape of the step in the allocator's cache: timed steps
+        // must not take new blocks from the host (each one is zeroed and page-faulted in).
+        assert_eq!(r.device_allocs_per_step, 0.0, "{precision}");
+        // The floor is the step's model FLOPs at the peak measured in the run.
+        assert!(r.model_flops > 0.0 && r.gemm_peak_flops > 0.0);
+        let floor = r.model_flops / r.gemm_peak_flops;
+        assert!((r.floor_s() - floor).abs() <= 1e-12 * floor);
+        assert!((r.mfu() - floor / r.median_step_s).abs() <= 1e-9 * r.mfu());
         let json = r.to_json();
         for key in [
             "median_step_s",
             "tokens_per_s",
             "trainable_params",
             "max_allocated_mib",
+            "mfu",
+            "floor_s",
+            "gemm_peak_gflops",
         ] {
             assert!(json.contains(key), "{json}");
         }
