@@ -16,6 +16,12 @@ pub fn set_current(d: u32) {
     CURRENT.with(|c| c.set(Some(d)));
 }
 
+/// Unbinds the calling thread (`aclrtResetDevice` of its current device): later calls that
+/// need a device fail as on a thread that never set one, instead of using the reset device.
+pub fn clear_current() {
+    CURRENT.with(|c| c.set(None));
+}
+
 /// The calling thread's device; an error when it never called `aclrtSetDevice` (CANN has no
 /// implicit device 0).
 pub fn current() -> EmuResult<u32> {

@@ -72,10 +72,23 @@ impl<T: Element> Tensor<T> {
     /// Uninitialised contents (whatever the allocator's cached block held): for outputs an op
     /// overwrites completely.
     pub fn empty(stream: &Stream, shape: &[usize]) -> Result<Self> {
-        Self::empty_in(&stream.device().allocator()?, shape)
+        Self::empty_on(&stream.device().allocator()?, stream, shape)
     }
 
-    /// [`Tensor::empty`] from a given allocator (its device decides where the tensor lives).
+    /// [`Tensor::empty`] from a given allocator (its device decides where the tensor lives),
+    /// for work on `stream`: its memory is reused on another stream only after the work
+    /// queued on `stream` before the drop (`DeviceBuffer::alloc_on`).
+    pub fn empty_on(
+        alloc: &Arc<CachingAllocator>,
+        stream: &Stream,
+        shape: &[usize],
+    ) -> Result<Self> {
+        let buf = DeviceBuffer::alloc_on(alloc, stream, numel(shape)?)?;
+        Self::from_buffer(buf, shape)
+    }
+
+    /// [`Tensor::empty`] from a given allocator for no stream in particular: the caller
+    /// orders its uses (`DeviceBuffer::alloc_in`); prefer [`Tensor::empty_on`].
     pub fn empty_in(alloc: &Arc<CachingAllocator>, shape: &[usize]) -> Result<Self> {
         let buf = DeviceBuffer::alloc_in(alloc, numel(shape)?)?;
         Self::from_buffer(buf, shape)
@@ -92,7 +105,7 @@ impl<T: Element> Tensor<T> {
         stream: &Stream,
         shape: &[usize],
     ) -> Result<Self> {
-        let mut t = Self::empty_in(alloc, shape)?;
+        let mut t = Self::empty_on(alloc, stream, shape)?;
         t.zero(stream)?;
         Ok(t)
     }
@@ -109,7 +122,7 @@ impl<T: Element> Tensor<T> {
         data: &[T],
         shape: &[usize],
     ) -> Result<Self> {
-        let mut t = Self::empty_in(alloc, shape)?;
+        let mut t = Self::empty_on(alloc, stream, shape)?;
         t.buf.memcpy_htod(stream, data)?;
         Ok(t)
     }
@@ -121,7 +134,7 @@ impl<T: Element> Tensor<T> {
 
     /// A new tensor of the same shape, on the same allocator, holding a copy of the values.
     pub fn try_clone(&self, stream: &Stream) -> Result<Self> {
-        let mut t = Self::empty_in(self.buf.allocator(), &self.shape)?;
+        let mut t = Self::empty_on(self.buf.allocator(), stream, &self.shape)?;
         t.buf.memcpy_dtod(stream, &self.buf.view())?;
         Ok(t)
     }

@@ -11,12 +11,35 @@
 //! Cache policy, chosen to be predictable: a request is served by a cached block of exactly
 //! its rounded size; otherwise a new block is obtained. If that fails, the whole cache is
 //! released and the request retried once (torch does the same before reporting OOM).
+//!
+//! Streams (NPU): a block remembers the stream it was allocated for
+//! ([`crate::DeviceBuffer::alloc`]) and the other streams it was used on
+//! ([`crate::DeviceBuffer::record_stream`]). When it is freed, an event is recorded on each
+//! of those streams that is still alive; the block is then reused at once on its own
+//! stream, and on another stream only once those events have completed (the rule is in
+//! `cache`). Memory goes back to the device only after its events have completed. On the
+//! CPU work is finished when a call returns, so streams are ignored there and the figures are
+//! exactly those of a single-stream cache. Blocks allocated without a stream
+//! ([`crate::DeviceBuffer::alloc_in`]) have no known owner and are reused only by requests
+//! without a stream, on the caller's ordering, as before.
+//!
+//! Cost on the NPU: one `aclrtRecordEvent` per stream per freed block (events are pooled,
+//! so no event is created in a steady state) and an `aclrtQueryEventStatus` per candidate
+//! block of another stream.
+
+mod cache;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::stream::{Event, Stream, StreamRef};
+use cache::{Cached, Fence};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// Events kept for reuse by one allocator (enough for the frees of one training step
+/// between two reuses; more are destroyed).
+const EVENT_POOL: usize = 256;
 
 /// Every block is a multiple of this many bytes (torch's `kMinBlockSize`).
 pub const BLOCK_ROUND: usize = 512;
@@ -102,22 +125,78 @@ impl RawMemory for HostMemory {
 }
 
 /// One block handed out by the allocator. Owned by exactly one buffer.
-#[derive(Debug)]
 pub(crate) struct Block {
     pub(crate) ptr: *mut u8,
     pub(crate) size: usize,
+    /// The stream the block was allocated for (`None`: none named, or the host).
+    owner: Option<StreamRef>,
+    /// Other streams the block was used on (`record_stream`), each once; behind a lock so
+    /// a buffer borrowed shared (as an input) can still be recorded.
+    uses: Mutex<Vec<StreamRef>>,
+}
+
+impl Block {
+    /// A block that owns nothing (zero-length buffers, and a buffer's place after drop).
+    pub(crate) fn empty() -> Self {
+        Block {
+            ptr: std::ptr::null_mut(),
+            size: 0,
+            owner: None,
+            uses: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Notes that queued work on `stream` uses the block, so a free must wait for it before
+    /// the block serves another stream. Host blocks and empty blocks need nothing.
+    pub(crate) fn record_stream(&self, device: Device, stream: &Stream) -> Result<()> {
+        if stream.device() != device {
+            return Err(Error::DeviceMismatch {
+                what: "record_stream",
+                expected: device,
+                found: stream.device(),
+            });
+        }
+        if device.is_cpu() || self.size == 0 {
+            return Ok(());
+        }
+        let id = stream.id();
+        let mut uses = self.uses.lock();
+        let known =
+            self.owner.as_ref().is_some_and(|o| o.id == id) || uses.iter().any(|u| u.id == id);
+        if !known {
+            uses.push(stream.weak());
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Block")
+            .field("ptr", &self.ptr)
+            .field("size", &self.size)
+            .field("owner", &self.owner.as_ref().map(|o| o.id))
+            .field(
+                "uses",
+                &self.uses.lock().iter().map(|u| u.id).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 // SAFETY: a Block is a unique handle to its memory (the allocator hands each block to one
 // owner at a time), so moving it between threads is as safe as moving a Box<[u8]>.
 unsafe impl Send for Block {}
-// SAFETY: shared references to a Block only read its address and size.
+// SAFETY: shared references to a Block read its address, size and owner, and change only
+// `uses`, which is behind a lock.
 unsafe impl Sync for Block {}
 
 #[derive(Default)]
 struct State {
-    /// Cached free blocks by size.
-    free: BTreeMap<usize, Vec<usize>>,
+    /// Cached free blocks by size, oldest first.
+    free: BTreeMap<usize, Vec<Cached>>,
+    /// Events of completed fences, recorded again by later frees.
+    events: Vec<Event>,
     stats: MemoryStats,
     /// Errors met while freeing from `Drop`, which cannot return them (cudarc's pattern).
     drop_errors: Vec<String>,
@@ -169,24 +248,44 @@ impl CachingAllocator {
         self.device
     }
 
-    /// A block of at least `bytes` (rounded up to BLOCK_ROUND). Zero bytes gives an empty
-    /// block that owns nothing and is not counted.
-    pub(crate) fn allocate(&self, bytes: usize) -> Result<Block> {
-        if bytes == 0 {
-            return Ok(Block {
-                ptr: std::ptr::null_mut(),
-                size: 0,
-            });
+    /// A block of at least `bytes` (rounded up to BLOCK_ROUND) for work on `stream` (`None`:
+    /// the caller orders its uses itself). Zero bytes gives an empty block that owns nothing
+    /// and is not counted.
+    pub(crate) fn allocate(&self, bytes: usize, stream: Option<&Stream>) -> Result<Block> {
+        if let Some(s) = stream {
+            if s.device() != self.device {
+                return Err(Error::DeviceMismatch {
+                    what: "allocate",
+                    expected: self.device,
+                    found: s.device(),
+                });
+            }
         }
+        if bytes == 0 {
+            return Ok(Block::empty());
+        }
+        // Host work is complete when issued: no stream needs tracking on the CPU.
+        let owner = stream.filter(|_| !self.device.is_cpu()).map(Stream::weak);
+        let req = owner.as_ref().map(|o| o.id);
         let size = round_size(bytes);
         let mut st = self.state.lock();
         st.stats.num_allocs += 1;
-        let cached = st.free.get_mut(&size).and_then(|v| v.pop());
+        let cached = st.free.get_mut(&size).and_then(|v| cache::take(v, req));
         if st.free.get(&size).is_some_and(|v| v.is_empty()) {
             st.free.remove(&size);
         }
         let ptr = match cached {
-            Some(addr) => addr as *mut u8,
+            Some(c) => {
+                // The fences are over (or on the requesting stream itself): their events
+                // serve later frees.
+                let State { events, .. } = &mut *st;
+                for f in c.fences {
+                    if events.len() < EVENT_POOL {
+                        events.push(f.event);
+                    }
+                }
+                c.addr as *mut u8
+            }
             None => {
                 let ptr = match self.raw.raw_alloc(size)? {
                     Some(p) => p,
@@ -214,27 +313,85 @@ impl CachingAllocator {
         };
         st.stats.allocated += size;
         st.stats.peak_allocated = st.stats.peak_allocated.max(st.stats.allocated);
-        Ok(Block { ptr, size })
+        Ok(Block {
+            ptr,
+            size,
+            owner,
+            uses: Mutex::new(Vec::new()),
+        })
     }
 
-    /// Returns a block to the cache (it stays reserved).
+    /// Returns a block to the cache (it stays reserved), fenced on every stream that used it.
     pub(crate) fn free(&self, block: Block) {
         if block.size == 0 {
             return;
         }
         let mut st = self.state.lock();
         st.stats.allocated -= block.size;
-        st.free
-            .entry(block.size)
-            .or_default()
-            .push(block.ptr as usize);
+        let Block {
+            ptr,
+            size,
+            owner,
+            uses,
+        } = block;
+        let mut entry = Cached::plain(ptr as usize);
+        entry.owner = owner.as_ref().map(|o| o.id);
+        entry.covered = owner.is_some();
+        for s in owner.iter().chain(uses.into_inner().iter()) {
+            match self.fence(&mut st, s) {
+                Ok(Some(f)) => entry.fences.push(f),
+                Ok(None) => {}
+                Err(e) => {
+                    // Neither an event nor a synchronise: the block's last use on `s` is
+                    // unknown, so it is never handed out again (a leak, counted as reserved,
+                    // rather than a use after free).
+                    st.drop_errors
+                        .push(format!("fencing a freed block of {size} bytes: {e}"));
+                    return;
+                }
+            }
+        }
+        st.free.entry(size).or_default().push(entry);
+    }
+
+    /// An event recorded now on `s` (`None` when `s` is gone: its drop drained it). When the
+    /// event cannot be made or recorded, the stream is synchronised instead, after which
+    /// no fence is needed.
+    fn fence(&self, st: &mut State, s: &StreamRef) -> Result<Option<Fence>> {
+        let recorded = match st.events.pop().map_or_else(|| Event::new(self.device), Ok) {
+            Ok(mut e) => match s.record(&mut e) {
+                Ok(true) => Ok(Some(e)),
+                Ok(false) => {
+                    st.events.push(e);
+                    Ok(None)
+                }
+                Err(err) => Err(err),
+            },
+            Err(err) => Err(err),
+        };
+        match recorded {
+            Ok(Some(e)) => Ok(Some(Fence::new(s.id, e))),
+            Ok(None) => Ok(None),
+            Err(e) => {
+                st.drop_errors
+                    .push(format!("recording a free on stream {}: {e}", s.id));
+                s.synchronize().map(|()| None)
+            }
+        }
     }
 
     fn release_cache(&self, st: &mut State) {
-        for (size, ptrs) in std::mem::take(&mut st.free) {
-            for addr in ptrs {
-                // SAFETY: cached blocks came from raw_alloc(size) and have no owner.
-                match unsafe { self.raw.raw_free(addr as *mut u8, size) } {
+        for (size, blocks) in std::mem::take(&mut st.free) {
+            for c in blocks {
+                // Queued work may still use the block: the device gets it back only after.
+                if let Err(e) = c.wait() {
+                    st.drop_errors
+                        .push(format!("waiting to release {size} bytes: {e}"));
+                    continue; // leaked (still counted as reserved), never freed in use
+                }
+                // SAFETY: cached blocks came from raw_alloc(size), have no owner, and no
+                // queued work uses them (waited above).
+                match unsafe { self.raw.raw_free(c.addr as *mut u8, size) } {
                     Ok(()) => {
                         st.stats.reserved -= size;
                         st.stats.num_device_frees += 1;
@@ -271,11 +428,15 @@ impl CachingAllocator {
 impl Drop for CachingAllocator {
     fn drop(&mut self) {
         let st = self.state.get_mut();
-        for (size, ptrs) in std::mem::take(&mut st.free) {
-            for addr in ptrs {
+        for (size, blocks) in std::mem::take(&mut st.free) {
+            for c in blocks {
+                if c.wait().is_err() {
+                    continue; // leaked rather than freed while queued work may use it
+                }
                 // SAFETY: cached blocks came from raw_alloc(size) and have no owner; live
-                // blocks keep the allocator alive through their buffer's Arc, so none remain.
-                let _ = unsafe { self.raw.raw_free(addr as *mut u8, size) };
+                // blocks keep the allocator alive through their buffer's Arc, so none remain;
+                // no queued work uses the block (waited above).
+                let _ = unsafe { self.raw.raw_free(c.addr as *mut u8, size) };
             }
         }
     }

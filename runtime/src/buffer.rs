@@ -47,15 +47,34 @@ fn byte_len<T>(what: &'static str, len: usize) -> Result<usize> {
 }
 
 impl<T: Element> DeviceBuffer<T> {
-    /// `len` values on the stream's device from its default allocator. Contents are
-    /// unspecified (initialised memory, possibly a previous user's values).
+    /// `len` values on the stream's device from its default allocator, for work on `stream`:
+    /// the block is reused on another stream only after the work queued here before its
+    /// drop has finished (see [`crate::alloc`]). Contents are unspecified (initialised
+    /// memory, possibly a previous user's values).
     pub fn alloc(stream: &Stream, len: usize) -> Result<Self> {
         let alloc = stream.device().allocator()?;
-        Self::alloc_in(&alloc, len)
+        Self::alloc_on(&alloc, stream, len)
     }
 
-    /// `len` values from a given allocator (its device decides where they live).
+    /// `len` values from a given allocator (its device decides where they live) for work on
+    /// `stream`, which must be on that device; reuse across streams as in [`Self::alloc`].
+    pub fn alloc_on(alloc: &Arc<CachingAllocator>, stream: &Stream, len: usize) -> Result<Self> {
+        Self::alloc_impl(alloc, Some(stream), len)
+    }
+
+    /// `len` values from a given allocator, for no stream in particular: on an NPU the caller
+    /// orders every use (one stream, or synchronising between streams), because the block
+    /// may be handed to the next request without a stream as soon as it is dropped. Prefer
+    /// [`Self::alloc_on`] for memory used by queued work.
     pub fn alloc_in(alloc: &Arc<CachingAllocator>, len: usize) -> Result<Self> {
+        Self::alloc_impl(alloc, None, len)
+    }
+
+    fn alloc_impl(
+        alloc: &Arc<CachingAllocator>,
+        stream: Option<&Stream>,
+        len: usize,
+    ) -> Result<Self> {
         if std::mem::align_of::<T>() > crate::alloc::BLOCK_ALIGN {
             return Err(Error::Alignment {
                 what: "DeviceBuffer::alloc",
@@ -64,7 +83,7 @@ impl<T: Element> DeviceBuffer<T> {
                 align: std::mem::align_of::<T>(),
             });
         }
-        let block = alloc.allocate(byte_len::<T>("DeviceBuffer::alloc", len)?)?;
+        let block = alloc.allocate(byte_len::<T>("DeviceBuffer::alloc", len)?, stream)?;
         Ok(DeviceBuffer {
             block,
             len,
@@ -118,6 +137,13 @@ impl<T: Element> DeviceBuffer<T> {
     /// Bytes the buffer's values occupy (the block may be larger: see [`crate::alloc`]).
     pub fn num_bytes(&self) -> usize {
         self.len * std::mem::size_of::<T>()
+    }
+
+    /// Marks the buffer as used by work queued on `stream` (torch's `record_stream`): when the
+    /// buffer is dropped, its block waits for that work before serving another stream. Needed
+    /// only for streams other than the one the buffer was allocated for; a no-op on the CPU.
+    pub fn record_stream(&self, stream: &Stream) -> Result<()> {
+        self.block.record_stream(self.device(), stream)
     }
 
     /// The allocator this buffer returns to.
@@ -241,13 +267,7 @@ impl<T: Element> DeviceBuffer<T> {
 
 impl<T: Element> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        let block = std::mem::replace(
-            &mut self.block,
-            Block {
-                ptr: std::ptr::null_mut(),
-                size: 0,
-            },
-        );
+        let block = std::mem::replace(&mut self.block, Block::empty());
         self.alloc.free(block);
     }
 }

@@ -10,17 +10,29 @@
 //! while holding no ACL handle, and code that serves both backends is a `match` the compiler
 //! checks for completeness in every feature combination, rather than optional fields that
 //! exist only under `#[cfg(feature = "npu")]` and must be kept in step with a device field.
+//!
+//! Every stream has a process-unique [`Stream::id`], and the caching allocator keeps a weak
+//! reference ([`StreamRef`]) to the streams a block was used on, to record an event on them
+//! when the block is freed (see [`crate::alloc`]). A dropped NPU stream drains its queue
+//! first, so a stream that is gone has no work left that could touch a block.
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 /// An ordered queue of work on one device.
 pub struct Stream {
-    inner: StreamInner,
+    id: u64,
+    /// Shared only with the allocator's weak references; dropping the `Stream` drops it.
+    inner: Arc<StreamInner>,
 }
 
-enum StreamInner {
+/// Ids start at 1 and are never reused within a process.
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) enum StreamInner {
     Cpu,
     #[cfg(feature = "npu")]
     Npu(crate::npu::NpuStream),
@@ -38,9 +50,9 @@ impl Stream {
         match device {
             Device::Cpu => Ok(Stream::cpu()),
             #[cfg(feature = "npu")]
-            Device::Npu(ordinal) => Ok(Stream {
-                inner: StreamInner::Npu(crate::npu::NpuStream::new(ordinal)?),
-            }),
+            Device::Npu(ordinal) => Ok(Stream::with_inner(StreamInner::Npu(
+                crate::npu::NpuStream::new(ordinal)?,
+            ))),
             #[cfg(not(feature = "npu"))]
             Device::Npu(_) => Err(Error::NotCompiled {
                 what: "Stream::new",
@@ -51,23 +63,37 @@ impl Stream {
 
     /// The host stream.
     pub fn cpu() -> Stream {
+        Stream::with_inner(StreamInner::Cpu)
+    }
+
+    fn with_inner(inner: StreamInner) -> Stream {
         Stream {
-            inner: StreamInner::Cpu,
+            id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
+            inner: Arc::new(inner),
         }
     }
 
+    /// This stream's process-unique id (what the allocator's per-block records name).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     pub fn device(&self) -> Device {
-        match &self.inner {
-            StreamInner::Cpu => Device::Cpu,
-            #[cfg(feature = "npu")]
-            StreamInner::Npu(s) => Device::Npu(s.ordinal()),
+        self.inner.device()
+    }
+
+    /// A weak reference for the allocator's records of the streams a block was used on.
+    pub(crate) fn weak(&self) -> StreamRef {
+        StreamRef {
+            id: self.id,
+            inner: Arc::downgrade(&self.inner),
         }
     }
 
     /// The `aclrtStream` owner of an NPU stream; `None` for the host stream.
     #[cfg(feature = "npu")]
     pub fn acl_stream(&self) -> Option<&crate::npu::NpuStream> {
-        match &self.inner {
+        match &*self.inner {
             StreamInner::Cpu => None,
             StreamInner::Npu(s) => Some(s),
         }
@@ -75,11 +101,7 @@ impl Stream {
 
     /// Blocks until all work queued so far has finished.
     pub fn synchronize(&self) -> Result<()> {
-        match &self.inner {
-            StreamInner::Cpu => Ok(()),
-            #[cfg(feature = "npu")]
-            StreamInner::Npu(s) => s.synchronize(),
-        }
+        self.inner.synchronize()
     }
 
     /// Records an event at the current end of the stream.
@@ -92,7 +114,7 @@ impl Stream {
     /// Makes later work on this stream wait for `event` (possibly recorded on another stream).
     pub fn wait(&self, event: &Event) -> Result<()> {
         check_same("Stream::wait", self.device(), event.device())?;
-        match (&self.inner, &event.inner) {
+        match (&*self.inner, &event.inner) {
             // Host work is complete when issued.
             (StreamInner::Cpu, EventInner::Cpu) => Ok(()),
             #[cfg(feature = "npu")]
@@ -103,6 +125,52 @@ impl Stream {
                 self.device(),
                 event.device(),
             )),
+        }
+    }
+}
+
+impl StreamInner {
+    fn device(&self) -> Device {
+        match self {
+            StreamInner::Cpu => Device::Cpu,
+            #[cfg(feature = "npu")]
+            StreamInner::Npu(s) => Device::Npu(s.ordinal()),
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        match self {
+            StreamInner::Cpu => Ok(()),
+            #[cfg(feature = "npu")]
+            StreamInner::Npu(s) => s.synchronize(),
+        }
+    }
+}
+
+/// A stream as the allocator remembers it: its id, and a weak handle that lets it record an
+/// event there while the stream lives without keeping the stream alive.
+#[derive(Clone)]
+pub(crate) struct StreamRef {
+    pub(crate) id: u64,
+    inner: Weak<StreamInner>,
+}
+
+impl StreamRef {
+    /// Records `event` at the current end of the stream: `Ok(true)` when recorded, `Ok(false)`
+    /// when the stream is gone (its drop drained it, so no work of it is pending).
+    pub(crate) fn record(&self, event: &mut Event) -> Result<bool> {
+        match self.inner.upgrade() {
+            Some(inner) => event.record_inner(&inner).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Waits for everything queued on the stream so far (the fallback when an event cannot
+    /// be recorded); a stream that is gone has nothing queued.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        match self.inner.upgrade() {
+            Some(inner) => inner.synchronize(),
+            None => Ok(()),
         }
     }
 }
@@ -183,8 +251,12 @@ impl Event {
 
     /// Marks the current end of `stream`.
     pub fn record(&mut self, stream: &Stream) -> Result<()> {
+        self.record_inner(&stream.inner)
+    }
+
+    fn record_inner(&mut self, stream: &StreamInner) -> Result<()> {
         check_same("Event::record", self.device(), stream.device())?;
-        match (&self.inner, &stream.inner) {
+        match (&self.inner, stream) {
             (EventInner::Cpu, StreamInner::Cpu) => {}
             #[cfg(feature = "npu")]
             (EventInner::Npu(e), StreamInner::Npu(s)) => e.record(s)?,
@@ -207,6 +279,16 @@ impl Event {
             EventInner::Cpu => Ok(()),
             #[cfg(feature = "npu")]
             EventInner::Npu(e) => e.synchronize(),
+        }
+    }
+
+    /// Whether the work before the event has finished, without waiting (an event never
+    /// recorded counts as finished, as `aclrtQueryEventStatus` reports it).
+    pub fn query(&self) -> Result<bool> {
+        match &self.inner {
+            EventInner::Cpu => Ok(true),
+            #[cfg(feature = "npu")]
+            EventInner::Npu(e) => e.query(),
         }
     }
 

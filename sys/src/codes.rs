@@ -1,8 +1,10 @@
 //! Names of the status codes CANN functions return, for error messages in the layers above.
 //!
 //! Always compiled (no `npu` feature) so a status can be printed anywhere. The tables restate
-//! docs/cann-api.md §1.4 (aclError), §2.2 (aclnnStatus) and §5 (HcclResult); with `--features
-//! npu` the tests check every entry against the constants generated from the real headers.
+//! docs/cann-api.md §1.4 (aclError), §2.2 (aclnnStatus) and §5 (HcclResult), plus a few
+//! aclError codes taken straight from the wheel's `acl/error_codes/rt_error_codes.h` (107020,
+//! 507901); with `--features npu` the tests check every entry against the constants generated
+//! from the real headers.
 
 /// Name of an `aclError` (`int`) code, `"unknown aclError"` if it is not in the table.
 pub fn acl_error_name(code: i32) -> &'static str {
@@ -16,6 +18,8 @@ pub fn acl_error_name(code: i32) -> &'static str {
         107001 => "ACL_ERROR_RT_INVALID_DEVICEID",
         107002 => "ACL_ERROR_RT_CONTEXT_NULL",
         107003 => "ACL_ERROR_RT_STREAM_CONTEXT",
+        // A task on a stream ran past its time limit (rt_error_codes.h: "task timeout").
+        107020 => "ACL_ERROR_RT_TASK_TIMEOUT",
         200000 => "ACL_ERROR_BAD_ALLOC",
         200001 => "ACL_ERROR_API_NOT_SUPPORT",
         200002 => "ACL_ERROR_INVALID_DEVICE",
@@ -40,6 +44,8 @@ pub fn acl_error_name(code: i32) -> &'static str {
         507054 => "ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR",
         507057 => "ACL_ERROR_RT_SUSPECT_REMOTE_ERROR",
         507899 => "ACL_ERROR_RT_DRV_INTERNAL_ERROR",
+        // The host-device channel closed (rt_error_codes.h: "hdc disconnect").
+        507901 => "ACL_ERROR_RT_SOCKET_CLOSE",
         507904 => "ACL_ERROR_RT_COMM_OP_RETRY_FAIL",
         _ => "unknown aclError",
     }
@@ -105,6 +111,19 @@ pub fn hccl_result_name(code: u32) -> &'static str {
 mod tests {
     use super::*;
 
+    /// The codes a run on hardware reported without a name before (values and spellings from
+    /// rt_error_codes.h of the torch-npu 2.14.0 wheel; checked in every build, not only with
+    /// the generated constants of `--features npu`).
+    #[test]
+    fn runtime_timeout_and_link_codes_are_named() {
+        assert_eq!(acl_error_name(107020), "ACL_ERROR_RT_TASK_TIMEOUT");
+        assert_eq!(acl_error_name(507901), "ACL_ERROR_RT_SOCKET_CLOSE");
+        assert_eq!(acl_error_name(507904), "ACL_ERROR_RT_COMM_OP_RETRY_FAIL");
+        // Neighbours not in the table stay unknown rather than borrowing a name.
+        assert_eq!(acl_error_name(107021), "unknown aclError");
+        assert_eq!(acl_error_name(507902), "unknown aclError");
+    }
+
     #[test]
     fn unknown_codes_are_named_unknown() {
         assert_eq!(acl_error_name(-7), "unknown aclError");
@@ -134,6 +153,7 @@ mod tests {
             ACL_ERROR_RT_INVALID_DEVICEID,
             ACL_ERROR_RT_CONTEXT_NULL,
             ACL_ERROR_RT_STREAM_CONTEXT,
+            ACL_ERROR_RT_TASK_TIMEOUT,
             ACL_ERROR_BAD_ALLOC,
             ACL_ERROR_API_NOT_SUPPORT,
             ACL_ERROR_INVALID_DEVICE,
@@ -158,6 +178,7 @@ mod tests {
             ACL_ERROR_RT_HBM_MULTI_BIT_ECC_ERROR,
             ACL_ERROR_RT_SUSPECT_REMOTE_ERROR,
             ACL_ERROR_RT_DRV_INTERNAL_ERROR,
+            ACL_ERROR_RT_SOCKET_CLOSE,
             ACL_ERROR_RT_COMM_OP_RETRY_FAIL,
         );
         assert!(acl_error_is_oom(ACL_ERROR_RT_MEMORY_ALLOCATION));

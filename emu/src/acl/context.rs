@@ -100,15 +100,23 @@ pub extern "C" fn aclrtResetDevice(deviceId: i32) -> aclError {
                 format!("aclrtResetDevice({d}) without a matching aclrtSetDevice"),
             ));
         }
+        // acl_rt.h: aclrtResetDevice resets "the current operating Device" of the caller.
+        // Whether or not other references keep the device's resources alive, the calling
+        // thread is no longer bound to it: both views of its binding (the current context
+        // and `crate::device`'s current device, which HCCL and null streams read) are
+        // cleared, so a later call needing a device fails with CONTEXT_NULL instead of
+        // quietly using the reset device.
+        let was_current = CURRENT_CONTEXT.with(|c| c.get()) == st.default_context;
         st.refs -= 1;
         if st.refs == 0 {
             // The default context goes with the last reset; queued work finishes first.
             super::streams::synchronize_device(d);
             let _ = CONTEXTS.remove(st.default_context);
-            if CURRENT_CONTEXT.with(|c| c.get()) == st.default_context {
-                CURRENT_CONTEXT.with(|c| c.set(0));
-            }
             st.default_context = 0;
+        }
+        if was_current {
+            CURRENT_CONTEXT.with(|c| c.set(0));
+            device::clear_current();
         }
         Ok(())
     })
@@ -245,6 +253,22 @@ mod tests {
             assert_eq!(unsafe { aclrtGetDevice(&mut d) }, 0);
             assert_eq!(d, 7);
             assert_eq!(aclrtSetDevice(99), ACL_ERROR_RT_INVALID_DEVICEID);
+            // A second reference (refs 2), then one reset: the device stays alive for the
+            // other reference, but this thread is no longer bound to it.
+            assert_eq!(aclrtSetDevice(7), 0);
+            assert_eq!(aclrtResetDevice(7), 0);
+            // SAFETY: valid out-pointer.
+            assert_eq!(unsafe { aclrtGetDevice(&mut d) }, ACL_ERROR_RT_CONTEXT_NULL);
+            assert!(crate::device::current().is_err(), "device view not cleared");
+            assert!(
+                crate::stream::lookup(0).is_err(),
+                "a null stream still resolved to the reset device's default stream"
+            );
+            // Binding again works, and the last reset releases the device.
+            assert_eq!(aclrtSetDevice(7), 0);
+            assert_eq!(crate::device::current().ok(), Some(7));
+            assert_eq!(aclrtResetDevice(7), 0);
+            assert!(crate::device::current().is_err());
             assert_eq!(aclrtResetDevice(7), 0);
             assert_eq!(aclrtResetDevice(7), ACL_ERROR_RT_INVALID_DEVICEID);
         })

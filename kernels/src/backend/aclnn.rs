@@ -6,9 +6,10 @@
 //!   destroyed on drop; a failed destroy is recorded ([`take_drop_errors`]), never a panic;
 //! - [`run`]: the two-phase call. Phase 1 gives the workspace size and a one-shot executor;
 //!   the workspace comes from the device's caching allocator and goes back to it as soon as
-//!   phase 2 has queued the op. That is stream-ordered reuse, as torch_npu does: the next
-//!   user of the block is later work on the same stream (our NPU code issues on one stream
-//!   per device), which runs after this op.
+//!   phase 2 has queued the op. That is stream-ordered reuse, as torch_npu does: the block
+//!   is allocated for `stream`, so the next user on the same stream runs after this op, and
+//!   a user on another stream gets it only after an event recorded at the free has
+//!   completed (`cannon_runtime::alloc`).
 //! - every non-zero `aclnnStatus` becomes [`KernelError::Aclnn`] with the op, the C function
 //!   and `aclGetRecentErrMsg`'s text; a missing library or symbol is the runtime's `Sys` error.
 //!

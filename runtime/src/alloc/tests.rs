@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::buffer::DeviceBuffer;
+use crate::stream::Stream;
 
 const R: usize = BLOCK_ROUND;
 
@@ -136,4 +137,63 @@ fn the_process_wide_cpu_allocator_is_shared() {
     let b = Device::Cpu.allocator().unwrap();
     assert!(Arc::ptr_eq(&a, &b));
     assert_eq!(a.device(), Device::Cpu);
+}
+
+/// Streams change nothing on the host: the same script through stream-tagged allocations
+/// (two streams, buffers recorded on the other) gives the figures and the block addresses
+/// of the untagged one, and a block freed on one stream is served to the other at once.
+#[test]
+fn streams_do_not_change_cpu_figures_or_reuse() {
+    fn script(a: &Arc<CachingAllocator>, tagged: bool) -> (Vec<MemoryStats>, Vec<usize>) {
+        let (s1, s2) = (Stream::cpu(), Stream::cpu());
+        let alloc = |s: &Stream, n: usize| {
+            if tagged {
+                DeviceBuffer::<f32>::alloc_on(a, s, n).unwrap()
+            } else {
+                DeviceBuffer::<f32>::alloc_in(a, n).unwrap()
+            }
+        };
+        let (mut seen, mut addrs) = (Vec::new(), Vec::new());
+        let x = alloc(&s1, 1000);
+        let y = alloc(&s2, 100);
+        x.record_stream(&s2).unwrap();
+        addrs.extend([x.as_raw_ptr() as usize, y.as_raw_ptr() as usize]);
+        seen.push(a.stats());
+        drop(x);
+        seen.push(a.stats());
+        let z = alloc(&s2, 1024); // same rounded size as x, other stream
+        addrs.push(z.as_raw_ptr() as usize);
+        seen.push(a.stats());
+        drop((y, z));
+        a.empty_cache();
+        seen.push(a.stats());
+        (seen, addrs)
+    }
+    let (plain, tagged) = (CachingAllocator::new_cpu(), CachingAllocator::new_cpu());
+    let (want, plain_addrs) = script(&plain, false);
+    let (got, addrs) = script(&tagged, true);
+    assert_eq!(got, want);
+    assert_eq!(
+        addrs[2], addrs[0],
+        "x's block went to the other stream at once"
+    );
+    assert_eq!(plain_addrs[2], plain_addrs[0]);
+    assert_eq!(got[2].num_device_allocs, 2);
+    assert!(tagged.take_drop_errors().is_empty());
+}
+
+/// Needs an NPU stream: the installed CANN or the emulator (`select_for_tests`).
+#[cfg(feature = "npu")]
+#[test]
+fn a_stream_of_another_device_is_a_typed_error() {
+    if let Err(e) = cannon_sys::emulator::select_for_tests() {
+        panic!("{e}");
+    }
+    let a = CachingAllocator::new_cpu();
+    let npu = Stream::new(Device::Npu(0)).unwrap();
+    let err = DeviceBuffer::<f32>::alloc_on(&a, &npu, 4).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { .. }), "{err}");
+    let x = DeviceBuffer::<f32>::alloc_in(&a, 4).unwrap();
+    let err = x.record_stream(&npu).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { .. }), "{err}");
 }

@@ -111,6 +111,17 @@ impl NpuEvent {
         })
     }
 
+    /// Whether the recorded work has finished (`aclrtQueryEventStatus`; never blocks).
+    pub fn query(&self) -> Result<bool> {
+        super::bind(self.ordinal)?;
+        let mut status: acl::aclrtEventRecordedStatus = acl::ACL_EVENT_RECORDED_STATUS_NOT_READY;
+        // SAFETY: status is a valid out-pointer; raw is live.
+        check("aclrtQueryEventStatus", unsafe {
+            acl::aclrtQueryEventStatus(self.raw, &mut status)
+        })?;
+        Ok(status == acl::ACL_EVENT_RECORDED_STATUS_COMPLETE)
+    }
+
     pub fn elapsed_ms(&self, end: &NpuEvent) -> Result<f32> {
         super::bind(self.ordinal)?;
         let mut ms = 0f32;

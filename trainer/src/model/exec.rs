@@ -76,7 +76,7 @@ impl Exec {
         &self,
         shape: &[usize],
     ) -> Result<Tensor<T>, KernelError> {
-        Tensor::empty_in(&self.alloc, shape)
+        Tensor::empty_on(&self.alloc, &self.stream, shape)
     }
 
     /// A tensor of zeros (for outputs an op accumulates into).
