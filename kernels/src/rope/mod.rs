@@ -57,8 +57,14 @@ impl RopeTable {
         let freqs: Vec<f32> = (0..half)
             .map(|i| inv_freq(theta, 2 * i, head_dim))
             .collect();
-        let angles = (0..max_pos).flat_map(|p| freqs.iter().map(move |&f| p as f32 * f));
-        Ok(Self::from_angles(head_dim, None, angles.collect()))
+        // A plain loop rather than `flat_map().collect()`: valgrind reported the flattening
+        // iterator's empty-slot check as a use of an uninitialised value (a false positive
+        // of the optimised niche test; the values were right), and this is as fast.
+        let mut angles = Vec::with_capacity(max_pos * half);
+        for p in 0..max_pos {
+            angles.extend(freqs.iter().map(|&f| p as f32 * f));
+        }
+        Ok(Self::from_angles(head_dim, None, angles))
     }
 
     /// A 2-D (Pixtral) table for `row in 0..max_rows`, `col in 0..max_cols`. `head_dim`
