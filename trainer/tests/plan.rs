@@ -271,3 +271,168 @@ fn fsdp_three_ranks_uneven_rows_bf16() {
     assert_eq!((plan.ranks[0].rows, plan.ranks[1].rows), (2, 1));
     c.check();
 }
+
+/// The planned features move the terms their formulas say (`model::memory`'s docs), against
+/// the plan without them on the same settings.
+#[test]
+fn planned_features_follow_their_formulas() {
+    let dir = config_dir("features");
+    let base = [
+        "parallel.nproc=4",
+        "train.micro_batch=4",
+        "data.max_len=256",
+        "data.longest_edge=32",
+    ];
+    let with = |extra: &[&str]| {
+        let sets: Vec<String> = base.iter().chain(extra).map(|s| s.to_string()).collect();
+        let s = PlanSettings::load(&dir, &sets, 1).unwrap();
+        plan::plan(&s).unwrap().ranks[0].clone()
+    };
+    let none = with(&[]);
+    let cfg = Mistral3Config::from_file(&dir.join("config.json")).unwrap();
+    let (t, d, v) = (256, 64, 1024);
+    let round = cannon_runtime::alloc::round_size;
+    // Full recompute keeps only each layer's output.
+    let full = with(&["train.recompute=full"]);
+    assert_eq!(full.step.saved.text_layer, round(4 * t * d));
+    assert!(full.peak() < none.peak());
+    let sel = with(&["train.recompute=selective"]);
+    assert!(full.step.saved.text_layer < sel.step.saved.text_layer);
+    assert!(sel.step.saved.text_layer < none.step.saved.text_layer);
+    // Offload: two of the three text layers (and both vision layers) stay on the device.
+    let off = with(&["train.offload_activations=true"]);
+    assert_eq!(off.host_activations, none.step.saved.text_layer);
+    assert!(off.peak() < none.peak());
+    // Chunked loss: one chunk of logits instead of logits and their gradient.
+    let chunk = with(&["train.loss_chunk=64"]);
+    assert_eq!(none.step.saved.head, 2 * round(4 * t * v));
+    assert_eq!(chunk.step.saved.head, 0);
+    assert!(chunk.peak() < none.peak());
+    // Context parallel splits the text tokens, not the vision tower's patches; a rank of a
+    // CP group holds a quarter of its group's row.
+    let cp = with(&["parallel.cp_size=4", "train.micro_batch=1"]);
+    assert_eq!((cp.tokens, cp.patches), (t / 4, none.patches));
+    for algo in ["ring", "ulysses"] {
+        let a = with(&[
+            "parallel.cp_size=4",
+            "train.micro_batch=1",
+            &format!("parallel.cp_algo={algo}"),
+        ]);
+        assert!(a.peak() < none.peak(), "{algo}");
+        assert!(a.comm_max() > 0);
+    }
+    // Offloading the optimizer (f32 run): m and v go to the host, gradients stay.
+    let opt = with(&["train.offload_optimizer=true"]);
+    assert_eq!((opt.moments, opt.grads), (0, none.grads));
+    assert_eq!(opt.host_optimizer, 2 * none.grads);
+    assert!(opt.peak() < none.peak());
+    assert_eq!(cfg.text_config.hidden_size, d);
+}
+
+/// Bad input is an error naming what is wrong, exit code 2; a plan that does not fit exits
+/// 1, one that fits 0, and `--json` writes the plan.
+#[test]
+fn cli_errors_name_the_input_and_the_exit_code_says_whether_it_fits() {
+    const BIN: &str = env!("CARGO_BIN_EXE_cannon");
+    let dir = config_dir("cli");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(BIN)
+            .arg("plan")
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr).to_string()
+            + &String::from_utf8_lossy(&out.stdout);
+        (out.status.code(), text)
+    };
+    let d = dir.to_str().unwrap();
+    let bad: [(&[&str], &str); 7] = [
+        (
+            &["--config", "/nonexistent/model", "--device-memory", "64"],
+            "/nonexistent/model",
+        ),
+        (
+            &["--config", d, "--device-memory", "0"],
+            "--device-memory 0",
+        ),
+        (
+            &["--config", d, "--device-memory", "-3"],
+            "--device-memory -3",
+        ),
+        (
+            &[
+                "--config",
+                d,
+                "--device-memory",
+                "64",
+                "--set",
+                "train.bogus=1",
+            ],
+            "train.bogus",
+        ),
+        (
+            &[
+                "--config",
+                d,
+                "--device-memory",
+                "64",
+                "--set",
+                "train.recompute=most",
+            ],
+            "train.recompute",
+        ),
+        (
+            &[
+                "--config",
+                d,
+                "--device-memory",
+                "64",
+                "--set",
+                "parallel.ep_size=2",
+            ],
+            "dense",
+        ),
+        (
+            &[
+                "--config",
+                d,
+                "--device-memory",
+                "64",
+                "--set",
+                "parallel.cp_size=3",
+                "--set",
+                "parallel.nproc=4",
+            ],
+            "parallel.cp_size",
+        ),
+    ];
+    for (args, names) in bad {
+        let (code, text) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {text}");
+        assert!(text.contains(names), "{args:?}: {text}");
+    }
+    let json = dir.join("plan.json");
+    let j = json.to_str().unwrap();
+    let (code, text) = run(&[
+        "--config",
+        d,
+        "--device-memory",
+        "1",
+        "--table",
+        "--json",
+        j,
+    ]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("fits") && text.contains("| recompute full |"),
+        "{text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["fits"], true);
+    assert!(v["ranks"][0]["peak"].as_u64().unwrap() > 0);
+    assert!(v["feature_table"].as_array().unwrap().len() > 5);
+    let (code, text) = run(&["--config", d, "--device-memory", "0.001"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("does NOT fit"), "{text}");
+}

@@ -47,6 +47,15 @@
 //! on the shared fixture). `max_reserved` is at least that: a freed block is reused only by a
 //! request of the same rounded size, so blocks of one size cannot serve another's peak; the
 //! second identical step reserves nothing new.
+//!
+//! [`plan_with`] is the same plan with two additions for `crate::plan` (`cannon plan`): the
+//! bytes of parameter and gradient buffers that exist only while the pass is at a given
+//! group's step ([`At`]: a sharded rank's gathered groups, its prefetch and the group's full
+//! gradient, which the test `plan` checks against real FSDP steps to the byte), and the
+//! memory features the model does not run yet ([`StepFeatures`]: recompute, activation
+//! offload, context parallel, with their formulas), so their effect can be planned now.
+//! A phase that spans a tower's layers is taken at the layer where it is highest (with
+//! nothing per step, the last layer in the forward: the original phases, unchanged).
 
 use super::config::{HiddenAct, Mistral3Config};
 use super::params::{ParamLayout, Part};

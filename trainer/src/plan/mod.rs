@@ -198,7 +198,8 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
     let (master, moments, host_optimizer, optimizer_in_flight) = if s.offload_optimizer {
         // f32 master (a separate copy only when the device copy is bf16) + m + v per group.
         let per = if pa == 4 { 8 } else { 12 };
-        let host = sum(&|g| per * shard(g), true);
+        // One block per tensor (master, m, v), as on the device.
+        let host = sum(&|g| 4 * shard(g), true) * per / 4;
         let largest = groups
             .clone()
             .filter(|&g| trains(g))

@@ -143,7 +143,14 @@ pub fn text(p: &Plan, device: u64) -> String {
     out += &format!(
         "\ndevice memory {} per rank: {}\n",
         gib(device as usize),
-        if p.fits(device) {
+        if p.fits(device) && peak as f64 > 0.9 * device as f64 {
+            format!(
+                "fits, tight (peak {}, {:.0} % of the device: the allocator's cached blocks \
+                 and an NPU's own workspace come on top of max_allocated)",
+                gib(peak),
+                100.0 * peak as f64 / device as f64
+            )
+        } else if p.fits(device) {
             format!(
                 "fits (peak {}, {:.0} % of the device)",
                 gib(peak),
@@ -213,8 +220,9 @@ pub fn to_json(p: &Plan, device: u64, table: Option<&[FeatureRow]>) -> Value {
             .iter()
             .map(|r| {
                 json!({"name": r.name, "features": r.features, "peak": r.peak,
-                       "peak_phase": r.phase, "fits": r.peak as u64 <= device,
-                       "host": r.host})
+                       "peak_phase": r.phase, "saved_at_peak": r.saved,
+                       "logits_at_peak": r.logits, "comm_at_peak": r.comm,
+                       "fits": r.peak as u64 <= device, "host": r.host})
             })
             .collect();
     }
@@ -228,6 +236,10 @@ pub struct FeatureRow {
     pub features: String,
     pub peak: usize,
     pub phase: &'static str,
+    /// Saved activations, logits and communication buffers at the peak.
+    pub saved: usize,
+    pub logits: usize,
+    pub comm: usize,
     pub host: usize,
 }
 
@@ -302,13 +314,19 @@ pub fn feature_table(base: &PlanSettings) -> Result<Vec<FeatureRow>, PlanError> 
             continue;
         }
         let p = plan(&s)?;
-        let worst = p.ranks.iter().max_by_key(|r| r.peak());
+        let Some(worst) = p.ranks.iter().max_by_key(|r| r.peak()) else {
+            continue;
+        };
+        let at = worst.peak_phase();
         rows.push(FeatureRow {
             name: name.to_string(),
             features: features(&s),
             peak: p.peak(),
-            phase: worst.map_or("none", |r| r.peak_phase().name),
-            host: worst.map_or(0, |r| r.host_activations + r.host_optimizer),
+            phase: at.name,
+            saved: at.saved,
+            logits: at.logits,
+            comm: at.comm,
+            host: worst.host_activations + worst.host_optimizer,
         });
     }
     Ok(rows)
@@ -317,15 +335,18 @@ pub fn feature_table(base: &PlanSettings) -> Result<Vec<FeatureRow>, PlanError> 
 /// The feature table as Markdown.
 pub fn table_markdown(rows: &[FeatureRow], device: u64) -> String {
     let mut out = String::from(
-        "| feature set | planned peak per rank | peak phase | host memory per rank | fits |\n\
-         |---|---|---|---|---|\n",
+        "| feature set | planned peak per rank | peak phase | saved activations | logits | \
+         comm. buffers | host memory | fits |\n|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         out += &format!(
-            "| {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.name,
             gib(r.peak),
             r.phase,
+            gib(r.saved),
+            gib(r.logits),
+            gib(r.comm),
             gib(r.host),
             if r.peak as u64 <= device { "yes" } else { "no" }
         );
