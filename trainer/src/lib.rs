@@ -30,5 +30,6 @@ pub mod data;
 pub mod eval;
 pub mod fsdp;
 pub mod model;
+pub mod plan;
 pub mod train;
 pub mod verify;

@@ -7,6 +7,7 @@ pub mod doctor;
 pub mod eval;
 pub mod export;
 pub mod launch;
+pub mod plan;
 pub mod train;
 pub mod verify;
 
@@ -51,6 +52,10 @@ pub enum Command {
     /// Start one process per device with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
     /// MASTER_ADDR, MASTER_PORT): `cannon launch --nproc 8 -- train ...`.
     Launch(launch::LaunchArgs),
+    /// Device memory of a training step per rank before anything runs (parameters,
+    /// gradients, optimizer state, saved activations, logits, communication buffers) and
+    /// whether it fits: `cannon plan --config DIR --set parallel.nproc=8 --device-memory 64`.
+    Plan(plan::PlanArgs),
 }
 
 /// Parse the command line and run it; the exit code follows the subcommand's convention
@@ -75,5 +80,6 @@ fn run(cli: Cli) -> ExitCode {
         Command::Compare(args) => compare::run(args),
         Command::Export(args) => export::run(args),
         Command::Launch(args) => launch::run(args),
+        Command::Plan(args) => plan::run(args),
     }
 }

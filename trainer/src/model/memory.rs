@@ -47,6 +47,15 @@
 //! on the shared fixture). `max_reserved` is at least that: a freed block is reused only by a
 //! request of the same rounded size, so blocks of one size cannot serve another's peak; the
 //! second identical step reserves nothing new.
+//!
+//! [`plan_with`] is the same plan with two additions for `crate::plan` (`cannon plan`): the
+//! bytes of parameter and gradient buffers that exist only while the pass is at a given
+//! group's step ([`At`]: a sharded rank's gathered groups, its prefetch and the group's full
+//! gradient, which the test `plan` checks against real FSDP steps to the byte), and the
+//! memory features the model does not run yet ([`StepFeatures`]: recompute, activation
+//! offload, context parallel, with their formulas), so their effect can be planned now.
+//! A phase that spans a tower's layers is taken at the layer where it is highest (with
+//! nothing per step, the last layer in the forward: the original phases, unchanged).
 
 use super::config::{HiddenAct, Mistral3Config};
 use super::params::{ParamLayout, Part};
@@ -90,7 +99,8 @@ impl StepShape {
     }
 }
 
-/// Bytes each part saves (already rounded to blocks).
+/// Bytes each part keeps on the device for the backward (already rounded to blocks), under
+/// the step's [`StepFeatures`] (a layer under recompute keeps less).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Saved {
     pub vision_embed: usize,
@@ -104,6 +114,27 @@ pub struct Saved {
     pub head: usize,
 }
 
+/// One phase's high point above the step's start, by kind of tensor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Phase {
+    pub name: &'static str,
+    /// Saved activations alive (the head's logits excluded).
+    pub saved: usize,
+    /// Logits: the full loss's `[T,V]` logits and their gradient, or the chunk alive.
+    pub logits: usize,
+    /// Parameter and gradient buffers that exist only for this phase (FSDP's gathered groups
+    /// and full gradients) and context-parallel exchange buffers.
+    pub comm: usize,
+    /// Working tensors of the pass (and the gradient flowing between parts).
+    pub scratch: usize,
+}
+
+impl Phase {
+    pub fn total(&self) -> usize {
+        self.saved + self.logits + self.comm + self.scratch
+    }
+}
+
 /// The memory plan of one forward + backward.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryPlan {
@@ -111,23 +142,27 @@ pub struct MemoryPlan {
     pub params: usize,
     pub grads: usize,
     pub saved: Saved,
-    /// Bytes above the step's start at the high point of each phase, in order.
-    pub phases: Vec<(&'static str, usize)>,
+    /// Bytes of saved activations moved to host memory at the step's high point (offload).
+    pub host_saved: usize,
+    /// Each phase's high point above the step's start, in order.
+    pub phases: Vec<Phase>,
 }
 
 impl MemoryPlan {
     /// The largest phase: `max_allocated` minus what was allocated when the step began.
     pub fn peak(&self) -> usize {
-        self.phases.iter().map(|p| p.1).max().unwrap_or(0)
+        self.phases.iter().map(Phase::total).max().unwrap_or(0)
     }
 
-    /// The phase that reaches the peak.
+    /// The phase that reaches the peak (the first one, if several do).
     pub fn peak_phase(&self) -> &'static str {
+        self.peak_at().map_or("none", |p| p.name)
+    }
+
+    /// The phase that reaches the peak, with its parts.
+    pub fn peak_at(&self) -> Option<&Phase> {
         let peak = self.peak();
-        self.phases
-            .iter()
-            .find(|p| p.1 == peak)
-            .map_or("none", |p| p.0)
+        self.phases.iter().find(|p| p.total() == peak)
     }
 }
 
@@ -227,6 +262,180 @@ impl Dims {
     }
 }
 
+/// Memory features of a step. The model runs with none of them today except the chunked
+/// loss ([`LossMode`]); the others are planned here by the formulas below, so that
+/// `cannon plan` can say what they would save before they run.
+///
+/// ```text
+/// recompute full       a layer keeps only its output (4·T·D, the next layer's input); its
+///                      other saved tensors (layer − 4·T·D) exist for one layer at a time:
+///                      while its forward runs and again while its backward recomputes them
+/// recompute selective  a layer drops its norm outputs and SwiGLU/GELU product (a·T·D twice
+///                      + a·T·I), recomputed (cheap, elementwise) for one layer at a time
+/// offload activations  each layer's saved tensors go to host memory after its forward and
+///                      come back before its backward: the device holds two layers' (the one
+///                      computing and the one in transfer), the rest is host memory
+/// context parallel     the language model's T tokens are split over cp ranks (T/cp each),
+///                      the vision tower and projector run whole on every rank; attention
+///                      exchanges (below) add to the text layers' working set
+/// ```
+///
+/// Context-parallel exchange buffers of one text layer (a: activation bytes, Tl = T/cp,
+/// Hkv' = max(Hkv, u) after replicating KV heads for Ulysses):
+///
+/// ```text
+/// ulysses (u = cp)     fwd a·Tl·(2·Hq + 2·Hkv')·Hd   (q, k, v, out re-laid head-sharded)
+///                      bwd the same for dq, dk, dv, dout
+/// ring (r = cp)        fwd 2·a·Tl·2·Hkv·Hd (K/V block held + next in flight)
+///                          + 4·Tl·Hq·(Hd + 1) (f32 partial out and lse)
+///                      bwd the fwd's K/V blocks + 2·4·Tl·2·Hkv·Hd (dK/dV travelling)
+/// hybrid (u x r)       ulysses over u, then ring over r = cp/u on Tl·u tokens of Hkv'/u heads
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepFeatures {
+    pub recompute: Recompute,
+    pub offload_activations: bool,
+    pub cp: ContextParallel,
+}
+
+/// Activation recompute per decoder layer (both towers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Recompute {
+    #[default]
+    None,
+    Full,
+    Selective,
+}
+
+/// How the language model's attention is split over `size` context-parallel ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextParallel {
+    pub size: usize,
+    pub algo: CpAlgo,
+    /// Ulysses group size of the hybrid (ignored by the others).
+    pub ulysses: usize,
+}
+
+impl Default for ContextParallel {
+    fn default() -> Self {
+        ContextParallel {
+            size: 1,
+            algo: CpAlgo::Ulysses,
+            ulysses: 1,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpAlgo {
+    #[default]
+    Ulysses,
+    Ring,
+    Hybrid,
+}
+
+impl ContextParallel {
+    /// (ulysses degree, ring degree).
+    fn degrees(&self) -> (usize, usize) {
+        let n = self.size.max(1);
+        match self.algo {
+            CpAlgo::Ulysses => (n, 1),
+            CpAlgo::Ring => (1, n),
+            CpAlgo::Hybrid => {
+                let u = self.ulysses.clamp(1, n);
+                (u, n / u)
+            }
+        }
+    }
+
+    /// Exchange buffers of one text layer's (forward, backward) for `t` local tokens.
+    fn buffers(&self, d: &Dims, hd: usize, t: usize, a: usize) -> (usize, usize) {
+        if self.size <= 1 {
+            return (0, 0);
+        }
+        let (u, r) = self.degrees();
+        let hkv = d.dkv / hd.max(1);
+        let (mut fwd, mut bwd) = (0, 0);
+        let hkv_u = if u > 1 {
+            let h = hkv.max(u);
+            let n = a * t * (2 * d.hq + 2 * h) * hd;
+            fwd += round_size(n);
+            bwd += round_size(n);
+            h / u
+        } else {
+            hkv
+        };
+        if r > 1 {
+            let (tr, hq_r) = (t * u, d.hq / u.max(1));
+            let kv = blocks(&[a * tr * 2 * hkv_u * hd, a * tr * 2 * hkv_u * hd]);
+            fwd += kv + blocks(&[4 * tr * hq_r * hd, 4 * tr * hq_r]);
+            bwd += kv + blocks(&[4 * tr * 2 * hkv_u * hd, 4 * tr * 2 * hkv_u * hd]);
+        }
+        (fwd, bwd)
+    }
+}
+
+/// Where in the pass a phase's high point is: the forward or backward step of a parameter
+/// group (`ParamLayout` indices). A sharded rank holds that step's gathered groups then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum At {
+    Fwd(usize),
+    Bwd(usize),
+}
+
+/// What a tower's layer keeps for the whole pass and what it holds for one layer at a time.
+#[derive(Clone, Copy)]
+struct LayerCost {
+    kept: usize,
+    one_at_a_time: usize,
+    /// Layers whose kept bytes are on the device at the backward (offload: two).
+    resident: usize,
+    layers: usize,
+}
+
+impl LayerCost {
+    fn new(d: &Dims, t: usize, a: usize, layers: usize, f: &StepFeatures) -> Self {
+        let full = d.layer_saved(t, a);
+        let (kept, one_at_a_time) = match f.recompute {
+            Recompute::None => (full, 0),
+            Recompute::Full => (round_size(4 * t * d.d), full - round_size(4 * t * d.d)),
+            Recompute::Selective => {
+                let dropped = blocks(&[a * t * d.d, a * t * d.d, a * t * d.i]);
+                (full - dropped, dropped)
+            }
+        };
+        let resident = if f.offload_activations {
+            layers.min(2)
+        } else {
+            layers
+        };
+        LayerCost {
+            kept,
+            one_at_a_time,
+            resident,
+            layers,
+        }
+    }
+
+    /// Kept bytes on the device once layer `l`'s forward has run.
+    fn at_forward(&self, l: usize) -> usize {
+        (l + 1).min(self.resident) * self.kept
+    }
+
+    fn on_device(&self) -> usize {
+        self.resident * self.kept
+    }
+
+    fn on_host(&self) -> usize {
+        (self.layers - self.resident) * self.kept
+    }
+}
+
+/// The phase of largest total among `phases` (`fallback` when there is none).
+fn highest(phases: impl Iterator<Item = Phase>, fallback: Phase) -> Phase {
+    phases.max_by_key(Phase::total).unwrap_or(fallback)
+}
+
 /// The memory plan of a forward + backward of a batch of shape `s` at precision `prec` with
 /// the parts `trainable` training and, if `dpixels`, a pixel gradient asked for: every
 /// phase's high point above the step's start, following the order in which the model
@@ -238,6 +447,26 @@ pub fn plan(
     mode: LossMode,
     trainable: &[Part],
     dpixels: bool,
+) -> MemoryPlan {
+    let none = StepFeatures::default();
+    plan_with(cfg, s, prec, mode, trainable, dpixels, &none, &|_| 0)
+}
+
+/// [`plan`] under memory features `feat`, with `comm(at)` bytes of parameter and gradient
+/// buffers alive at each group step besides the resident ones (0 for a model that holds
+/// its groups; a sharded rank's gathered groups, see `crate::plan`). `s.tokens` is the
+/// rank's text tokens (T/cp under context parallel); patches and merged tokens are whole.
+/// A phase that spans a tower's layers reports the layer where it is highest.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_with(
+    cfg: &Mistral3Config,
+    s: &StepShape,
+    prec: Precision,
+    mode: LossMode,
+    trainable: &[Part],
+    dpixels: bool,
+    feat: &StepFeatures,
+    comm: &dyn Fn(At) -> usize,
 ) -> MemoryPlan {
     let a = match prec {
         Precision::F32 => 4,
@@ -259,6 +488,9 @@ pub fn plan(
     let images = p > 0;
     let (lv, lt) = (cfg.vision_layers_used(), cfg.text_config.num_hidden_layers);
     let f = |n: usize| round_size(4 * n);
+    let tl = LayerCost::new(&td, t, a, lt, feat);
+    let vl = LayerCost::new(&vd, p, a, if images { lv } else { 0 }, feat);
+    let (cp_fwd, cp_bwd) = feat.cp.buffers(&td, cfg.text_config.head_dim(), t, a);
 
     let saved = Saved {
         vision_embed: if images {
@@ -266,7 +498,7 @@ pub fn plan(
         } else {
             0
         },
-        vision_layer: if images { vd.layer_saved(p, a) } else { 0 },
+        vision_layer: if images { vl.kept } else { 0 },
         projector: if images {
             blocks(&[
                 4 * p,
@@ -280,7 +512,7 @@ pub fn plan(
             0
         },
         text_embed: f(t * d),
-        text_layer: td.layer_saved(t, a),
+        text_layer: tl.kept,
         final_norm: blocks(&[4 * t, a * t * d]),
         head: match mode {
             LossMode::Full => 2 * f(t * v),
@@ -291,13 +523,36 @@ pub fn plan(
         LossMode::Chunked(c) if s.trained_targets => f(c.min(t) * v),
         _ => 0,
     };
+    let ph = |name, saved, logits, comm, scratch| Phase {
+        name,
+        saved,
+        logits,
+        comm,
+        scratch,
+    };
 
     let mut phases = Vec::new();
     let mut live = 0;
     if images {
-        live += saved.vision_embed + lv * saved.vision_layer;
-        phases.push(("vision forward", live + vd.fwd_scratch(p)));
-        live += saved.projector;
+        let ve = ParamLayout::VISION_EMBED;
+        phases.push(ph(
+            "vision embed forward",
+            saved.vision_embed,
+            0,
+            comm(At::Fwd(ve)),
+            0,
+        ));
+        let scratch = vd.fwd_scratch(p) + vl.one_at_a_time;
+        let fallback = ph("vision forward", saved.vision_embed, 0, 0, scratch);
+        phases.push(highest(
+            (0..lv).map(|i| {
+                let kept = saved.vision_embed + vl.at_forward(i);
+                let c = comm(At::Fwd(layout.vision_layer(i)));
+                ph("vision forward", kept, 0, c, scratch)
+            }),
+            fallback,
+        ));
+        live += saved.vision_embed + vl.on_device() + saved.projector;
         let scratch = blocks(&[
             4 * p * dv,
             4 * m * mm * dv,
@@ -305,32 +560,63 @@ pub fn plan(
             4 * m * dv,
             4 * m * d,
         ]);
-        phases.push(("projector forward", live + scratch));
+        let c = comm(At::Fwd(layout.projector()));
+        phases.push(ph("projector forward", live, 0, c, scratch));
     }
-    live += saved.text_embed + lt * saved.text_layer;
-    phases.push(("text forward", live + td.fwd_scratch(t)));
-    live += saved.final_norm;
-    phases.push(("final norm forward", live + f(t * d)));
-    live += saved.head;
-    phases.push(("head forward", live + chunk));
+    live += saved.text_embed;
+    let c = comm(At::Fwd(layout.text_embed()));
+    phases.push(ph("text embed forward", live, 0, c, 0));
+    let scratch = td.fwd_scratch(t) + tl.one_at_a_time + cp_fwd;
+    phases.push(highest(
+        (0..lt).map(|l| {
+            let c = comm(At::Fwd(layout.text_layer(l)));
+            ph("text forward", live + tl.at_forward(l), 0, c, scratch)
+        }),
+        ph("text forward", live, 0, 0, scratch),
+    ));
+    live += tl.on_device() + saved.final_norm;
+    let head_fwd = comm(At::Fwd(layout.text_head()));
+    phases.push(ph("final norm forward", live, 0, head_fwd, f(t * d)));
+    phases.push(ph("head forward", live, saved.head + chunk, head_fwd, 0));
+    let host_saved = tl.on_host() + vl.on_host();
 
     // The backward, with every saved activation live.
     let trains = |part| trainable.contains(&part);
     let vision_needed = trains(Part::Vision) || dpixels;
     let image_needed = images && (trains(Part::Projector) || vision_needed);
     let want_dx0 = trains(Part::Text) || image_needed;
+    let done = |phases| MemoryPlan {
+        params,
+        grads,
+        saved,
+        host_saved,
+        phases,
+    };
     if !want_dx0 && trainable.is_empty() {
-        return MemoryPlan {
-            params,
-            grads,
-            saved,
-            phases,
-        };
+        return done(phases);
     }
-    phases.push(("head backward", live + f(t * d) + chunk));
-    phases.push(("text backward", live + 2 * f(t * d) + td.bwd_scratch(t, a)));
+    let logits = saved.head + chunk;
+    let head_bwd = comm(At::Bwd(layout.text_head()));
+    phases.push(ph("head backward", live, logits, head_bwd, f(t * d)));
+    // The final norm's backward runs with the decoder backward's buffers, the head group
+    // still held; each layer's with its own group.
+    let base = 2 * f(t * d) + td.bwd_scratch(t, a);
+    let layer = base + tl.one_at_a_time + cp_bwd;
+    let head_step = ph("text backward", live, saved.head, head_bwd, base);
+    let layers = (0..lt).map(|l| {
+        let c = comm(At::Bwd(layout.text_layer(l)));
+        ph("text backward", live, saved.head, c, layer)
+    });
+    phases.push(highest(layers.chain([head_step]), head_step));
     if want_dx0 {
-        phases.push(("splice backward", live + f(t * d) + f(m * d)));
+        let c = comm(At::Bwd(layout.text_embed()));
+        phases.push(ph(
+            "splice backward",
+            live,
+            saved.head,
+            c,
+            f(t * d) + f(m * d),
+        ));
     }
     if image_needed {
         let dvis = if vision_needed { f(p * dv) } else { 0 };
@@ -344,16 +630,27 @@ pub fn plan(
             4 * p * dv,
             4 * dv,
         ]) + sink;
-        phases.push(("projector backward", live + f(m * d) + dvis + scratch));
+        let c = comm(At::Bwd(layout.projector()));
+        let at = ph(
+            "projector backward",
+            live,
+            saved.head,
+            c,
+            f(m * d) + dvis + scratch,
+        );
+        phases.push(at);
         if vision_needed {
-            let scratch = vd.bwd_scratch(p, a);
-            phases.push(("vision backward", live + 2 * f(p * dv) + scratch));
+            let scratch = 2 * f(p * dv) + vd.bwd_scratch(p, a) + vl.one_at_a_time;
+            // The patch embedding's step is counted with the layers' working set (it holds
+            // less: an upper bound for a sharded rank, nothing for one that holds its groups).
+            let embed = comm(At::Bwd(ParamLayout::VISION_EMBED));
+            let embed = ph("vision backward", live, saved.head, embed, scratch);
+            let layers = (0..lv).map(|i| {
+                let c = comm(At::Bwd(layout.vision_layer(i)));
+                ph("vision backward", live, saved.head, c, scratch)
+            });
+            phases.push(highest(layers.chain([embed]), embed));
         }
     }
-    MemoryPlan {
-        params,
-        grads,
-        saved,
-        phases,
-    }
+    done(phases)
 }

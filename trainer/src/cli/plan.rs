@@ -1,0 +1,73 @@
+//! `cannon plan --config DIR [--set key=value ...] --device-memory GiB [--json FILE]
+//! [--table]`: the device memory of a training step per rank, before anything runs (see
+//! [`crate::plan`]). Exit codes: 0 it fits, 1 it does not, 2 unusable input.
+
+use crate::plan::{self, report, PlanSettings};
+use clap::Args;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Args, Debug, Clone)]
+pub struct PlanArgs {
+    /// HF model directory (its config.json is read; no weights are needed).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// A run config key (`cannon train`'s, e.g. train.micro_batch=8, data.max_len=2048,
+    /// train.dtype=bf16, parallel.nproc=8) or a planner key: parallel.cp_size,
+    /// parallel.cp_algo (ulysses|ring|hybrid), parallel.ulysses_size, train.recompute
+    /// (none|full|selective), train.loss_chunk (rows, 0 = full loss),
+    /// train.offload_activations, train.offload_optimizer.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Memory of one device in GiB (e.g. 64).
+    #[arg(long, value_name = "GiB", allow_negative_numbers = true)]
+    pub device_memory: f64,
+    /// Images per row (each longest_edge x longest_edge pixels, the largest the data can
+    /// bring); 0 for text only.
+    #[arg(long, default_value_t = 1)]
+    pub images_per_row: usize,
+    /// Also plan every memory feature set on top of these settings and print the table.
+    #[arg(long)]
+    pub table: bool,
+    /// Write the plan (and the table) as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(args: PlanArgs) -> ExitCode {
+    match go(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("cannon plan: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn go(a: &PlanArgs) -> Result<bool, String> {
+    let gib = a.device_memory;
+    if !(gib.is_finite() && gib > 0.0) {
+        return Err(format!(
+            "--device-memory {gib}: must be a number of GiB > 0"
+        ));
+    }
+    let device = (gib * (1u64 << 30) as f64) as u64;
+    let s = PlanSettings::load(&a.config, &a.sets, a.images_per_row).map_err(|e| e.to_string())?;
+    let p = plan::plan(&s).map_err(|e| e.to_string())?;
+    print!("{}", report::text(&p, device));
+    let table = if a.table {
+        let rows = report::feature_table(&s).map_err(|e| e.to_string())?;
+        println!("\nfeature sets on these settings:\n");
+        print!("{}", report::table_markdown(&rows, device));
+        Some(rows)
+    } else {
+        None
+    };
+    if let Some(path) = &a.json {
+        let v = report::to_json(&p, device, table.as_deref());
+        let text = serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(p.fits(device))
+}

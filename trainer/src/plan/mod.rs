@@ -1,0 +1,330 @@
+//! `cannon plan`: the device memory of a training step, per rank, before anything runs, from
+//! an HF config and the run's settings, and whether it fits in a given device memory.
+//!
+//! The activation terms are the model's own ([`crate::model::memory`], which a test checks
+//! to the byte against the caching allocator); this module adds what a run holds around a
+//! forward + backward:
+//!
+//! ```text
+//! rows per rank      ceil(micro_batch / dp) with dp = nproc / cp_size (rows split as the
+//!                    trainer splits them: the first ranks take one more when uneven)
+//! tokens per rank    rows x max_len / cp_size (rows padded to max_len: the worst case; ring
+//!                    pads to a multiple of 2·cp for its head-tail chunks); one image per row
+//!                    of longest_edge x longest_edge pixels, rounded up to the patch size
+//! one rank (or no FSDP)  params 4·N, grads 4·N_trained, moments 8·N_trained, as allocated
+//!                    (one block per group, rounded to 512 bytes)
+//! FSDP over W ranks  per group of len n: shard s = ceil(n / W); params 4·s, grads 4·s and
+//!                    moments 8·s for trained groups; while a step runs its group's gathered
+//!                    buffer 4·s·W and the next group's (the prefetch) are alive, plus the
+//!                    group's full gradient 4·s·W in the backward (and a 4·s reduce-scatter
+//!                    part from the second micro batch of grad_accum on)
+//! offload optimizer  master weights and moments on the host; the device keeps a copy of
+//!                    the parameter shards in the activation dtype (2 bytes in bf16: the
+//!                    gathered buffers follow it) and the f32 gradient shards; the update
+//!                    streams two groups' master + moments through the device at a time
+//! ```
+//!
+//! The parameters ARE the master weights in this trainer (f32; bf16 GEMMs round them on the
+//! fly), so "master weights" is a separate line only under offload (where the device copy is
+//! the compute copy). The planned peak is the allocator's `max_allocated`; `max_reserved` is
+//! at least that (blocks are reused per size, see `model::memory`), so a plan within a few
+//! percent of the device memory is tight.
+
+pub mod report;
+pub mod settings;
+
+pub use settings::{PlanError, PlanSettings};
+
+use crate::data::image::ImageConfig;
+use crate::fsdp::ShardLayout;
+use crate::model::memory::{plan_with, At, CpAlgo, MemoryPlan, Phase, StepShape};
+use crate::model::source::PlanInputs;
+use crate::model::{LossMode, ParamLayout, PassPlan, Precision};
+use cannon_runtime::alloc::round_size;
+
+/// The plan of one rank (ranks with the same rows share one).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankPlan {
+    /// The ranks this plan is for (first, last).
+    pub ranks: (usize, usize),
+    /// Rows and text tokens of the rank's micro batch; vision patches of its images.
+    pub rows: usize,
+    pub tokens: usize,
+    pub patches: usize,
+    /// Device bytes held across steps.
+    pub params: usize,
+    pub grads: usize,
+    pub master: usize,
+    pub moments: usize,
+    /// The step (above what is held across steps), as the model's memory plan gives it.
+    pub step: MemoryPlan,
+    /// Device bytes of the optimizer update's streamed state (offload optimizer).
+    pub optimizer_in_flight: usize,
+    /// Host bytes: saved activations offloaded, optimizer state offloaded.
+    pub host_activations: usize,
+    pub host_optimizer: usize,
+}
+
+impl RankPlan {
+    /// Bytes held across steps.
+    pub fn resident(&self) -> usize {
+        self.params + self.grads + self.master + self.moments
+    }
+
+    /// The step's high point above the resident bytes.
+    pub fn step_peak(&self) -> usize {
+        self.step.peak().max(self.optimizer_in_flight)
+    }
+
+    /// The planned `max_allocated` of a step.
+    pub fn peak(&self) -> usize {
+        self.resident() + self.step_peak()
+    }
+
+    /// The phase at the high point, with its parts.
+    pub fn peak_phase(&self) -> Phase {
+        match self.step.peak_at() {
+            Some(p) if p.total() >= self.optimizer_in_flight => *p,
+            _ => Phase {
+                name: "optimizer update",
+                comm: self.optimizer_in_flight,
+                ..Phase::default()
+            },
+        }
+    }
+
+    /// The largest communication buffers of any phase.
+    pub fn comm_max(&self) -> usize {
+        self.step.phases.iter().map(|p| p.comm).max().unwrap_or(0)
+    }
+}
+
+/// The plan of every rank.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub settings: PlanSettings,
+    /// Per distinct rank plan.
+    pub ranks: Vec<RankPlan>,
+    /// Image side in pixels after resizing (0: no image).
+    pub image_side: usize,
+}
+
+impl Plan {
+    /// The largest planned peak over the ranks.
+    pub fn peak(&self) -> usize {
+        self.ranks.iter().map(RankPlan::peak).max().unwrap_or(0)
+    }
+
+    /// Whether every rank's planned peak fits in `bytes`.
+    pub fn fits(&self, bytes: u64) -> bool {
+        self.peak() as u64 <= bytes
+    }
+}
+
+/// Rows of each of `ranks` ranks sharing `rows` (the trainer's split: the first
+/// `rows % ranks` take one more).
+pub fn even_counts(rows: usize, ranks: usize) -> Vec<usize> {
+    let ranks = ranks.max(1);
+    (0..ranks)
+        .map(|r| rows / ranks + usize::from(r < rows % ranks))
+        .collect()
+}
+
+/// Plans every rank of `s`.
+pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
+    let cfg = &s.model;
+    let world = s.nproc;
+    let cp = s.features.cp.size.max(1);
+    let dp = world / cp;
+    let layout = ParamLayout::new(cfg);
+    let (patch, merge) = (cfg.vision_config.patch_size, cfg.spatial_merge_size);
+    let image = ImageConfig {
+        longest_edge: s.longest_edge,
+        patch_size: patch as u32,
+        merge_size: merge as u32,
+        ..ImageConfig::default()
+    };
+    let side = if s.images_per_row == 0 {
+        0
+    } else {
+        image.output_size(s.longest_edge, s.longest_edge).0 as usize
+    };
+    let per_image_tokens = (side / patch / merge).pow(2);
+    let image_block = if side == 0 {
+        0
+    } else {
+        // [IMG] x cols + [IMG_BREAK] per row ([IMG_END] last)
+        (side / patch / merge) * (side / patch / merge + 1)
+    };
+    if s.images_per_row * image_block + 1 >= s.max_len {
+        return Err(PlanError::Invalid {
+            key: "data.max_len",
+            value: s.max_len.to_string(),
+            reason: format!(
+                "a row must hold BOS and {} image block(s) of {image_block} tokens (an image of \
+                 {side} x {side} px) and some text",
+                s.images_per_row
+            ),
+        });
+    }
+    let sharded = world > 1 && s.fsdp;
+    let cut = ShardLayout::new(&layout, if sharded { world } else { 1 });
+    let trains = |g: usize| !s.frozen.contains(&layout.groups[g].part);
+    let trainable: Vec<_> = [
+        crate::model::Part::Vision,
+        crate::model::Part::Projector,
+        crate::model::Part::Text,
+    ]
+    .into_iter()
+    .filter(|p| !s.frozen.contains(p))
+    .collect();
+    let a = match s.precision {
+        Precision::F32 => 4,
+        Precision::Bf16 => 2,
+    };
+    // Bytes per element of the device copy of the parameters (and of gathered groups).
+    let pa = if s.offload_optimizer { a } else { 4 };
+    let shard = |g: usize| cut.groups[g].shard;
+    let groups = 0..layout.groups.len();
+    let sum = |bytes: &dyn Fn(usize) -> usize, only_trained: bool| -> usize {
+        groups
+            .clone()
+            .filter(|&g| !only_trained || trains(g))
+            .map(|g| round_size(bytes(g)))
+            .sum()
+    };
+    let params = sum(&|g| pa * shard(g), false);
+    let grads = sum(&|g| 4 * shard(g), true);
+    let (master, moments, host_optimizer, optimizer_in_flight) = if s.offload_optimizer {
+        // f32 master (a separate copy only when the device copy is bf16) + m + v per group.
+        let per = if pa == 4 { 8 } else { 12 };
+        // One block per tensor (master, m, v), as on the device.
+        let host = sum(&|g| 4 * shard(g), true) * per / 4;
+        let largest = groups
+            .clone()
+            .filter(|&g| trains(g))
+            .map(|g| round_size(4 * shard(g)) * per / 4)
+            .max()
+            .unwrap_or(0);
+        (0, 0, host, 2 * largest)
+    } else {
+        (0, sum(&|g| 4 * shard(g), true) * 2, 0, 0)
+    };
+
+    let mut ranks: Vec<RankPlan> = Vec::new();
+    for (r, &rows) in even_counts(s.micro_batch, dp).iter().enumerate() {
+        let text = rows * s.max_len;
+        let tokens = match s.features.cp.algo {
+            CpAlgo::Ring | CpAlgo::Hybrid if cp > 1 => text.div_ceil(2 * cp) * 2,
+            _ => text.div_ceil(cp),
+        };
+        let images = rows * s.images_per_row;
+        let patches = images * (side / patch).pow(2);
+        let shape = StepShape {
+            tokens,
+            patches,
+            merged: images * per_image_tokens,
+            pixels: images * cfg.vision_config.num_channels * side * side,
+            trained_targets: true,
+        };
+        let pass = PassPlan::new(
+            cfg,
+            &layout,
+            PlanInputs {
+                trains: &trains,
+                images: patches > 0,
+                dpixels: false,
+            },
+        );
+        let comm = |at: At| -> usize {
+            if !sharded {
+                return 0;
+            }
+            gathered(&pass, &cut, at, pa, s.grad_accum > 1)
+        };
+        let step = plan_with(
+            cfg,
+            &shape,
+            s.precision,
+            s.loss,
+            &trainable,
+            false,
+            &s.features,
+            &comm,
+        );
+        let plan = RankPlan {
+            ranks: (r * cp, r * cp + cp - 1),
+            rows,
+            tokens,
+            patches,
+            params,
+            grads,
+            master,
+            moments,
+            host_activations: step.host_saved,
+            step,
+            optimizer_in_flight,
+            host_optimizer,
+        };
+        match ranks.last_mut() {
+            Some(last) if last.rows == rows => last.ranks.1 = plan.ranks.1,
+            _ => ranks.push(plan),
+        }
+    }
+    Ok(Plan {
+        settings: s.clone(),
+        ranks,
+        image_side: side,
+    })
+}
+
+/// Bytes of the buffers a sharded rank holds at step `at` of its pass plan besides its
+/// shards: the step's gathered group (if it fetches), the next fetching step's (prefetched
+/// when this one was entered), and in the backward the group's full gradient (plus the
+/// reduce-scatter's part when it is added to a shard already written this step).
+fn gathered(pass: &PassPlan, cut: &ShardLayout, at: At, elem: usize, accum: bool) -> usize {
+    let full = |g: usize| cut.groups[g].padded(cut.world);
+    let g_bytes = |g: usize| round_size(elem * full(g));
+    match at {
+        At::Fwd(g) => {
+            let Some(i) = pass.forward.iter().position(|&x| x == g) else {
+                return 0;
+            };
+            g_bytes(g) + pass.forward.get(i + 1).map_or(0, |&n| g_bytes(n))
+        }
+        At::Bwd(g) => {
+            let Some(i) = pass.backward.iter().position(|x| x.group == g) else {
+                return 0;
+            };
+            let step = pass.backward[i];
+            let own = if step.fetch { g_bytes(g) } else { 0 };
+            let next = pass.backward[i + 1..]
+                .iter()
+                .find(|x| x.fetch)
+                .map_or(0, |x| g_bytes(x.group));
+            // From the second micro batch on, the reduce-scatter lands in a part that is
+            // added to the shard: it is allocated at the release, after a fetching step has
+            // let its weights go (which are larger), so only a step that fetches nothing
+            // (the text embedding's) holds it on top of the rest.
+            let part = if accum && !step.fetch {
+                round_size(4 * cut.groups[g].shard)
+            } else {
+                0
+            };
+            let grad = if step.release {
+                round_size(4 * full(g)) + part
+            } else {
+                0
+            };
+            own + next + grad
+        }
+    }
+}
+
+/// The loss mode's name for reports.
+pub fn loss_name(l: LossMode) -> String {
+    match l {
+        LossMode::Full => "full".into(),
+        LossMode::Chunked(c) => format!("chunked {c}"),
+    }
+}
