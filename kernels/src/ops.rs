@@ -7,7 +7,7 @@
 //! each entry point names documents them.
 
 use crate::adamw::AdamW;
-use crate::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
+use crate::attention::{BlockAttention, QkvBuf, QkvGradBuf, VarlenAttention};
 use crate::backend::{dispatch, Backend};
 use crate::cross_entropy::{CeStats, LmHeadGrads, LossNorm};
 use crate::error::Result;
@@ -61,6 +61,39 @@ pub fn attention_backward<E: Float>(
     dispatch!("attention_backward", stream, [x, out, lse, dout, g], |be| {
         be.attention_backward(stream, a, x, out, lse, dout, g)
     })
+}
+
+/// [`crate::attention::block_forward_merge`] on `stream`'s device: a ring attention block
+/// merged into the f32 `out` and `lse` accumulators (NPU: an error, no body yet).
+pub fn attention_block_forward<E: Float>(
+    stream: &Stream,
+    a: &BlockAttention,
+    x: QkvBuf<'_, E>,
+    out: &mut BufferViewMut<'_, f32>,
+    lse: &mut BufferViewMut<'_, f32>,
+) -> Result<()> {
+    dispatch!("attention_block_forward", stream, [x, out, lse], |be| {
+        be.attention_block_forward(stream, a, x, out, lse)
+    })
+}
+
+/// [`crate::attention::block_backward_accumulate`] on `stream`'s device: a ring attention
+/// block's gradients added into the f32 dq, dk, dv (NPU: an error, no body yet).
+pub fn attention_block_backward<E: Float>(
+    stream: &Stream,
+    a: &BlockAttention,
+    x: QkvBuf<'_, E>,
+    out: &BufferView<'_, E>,
+    lse: &BufferView<'_, f32>,
+    dout: &BufferView<'_, E>,
+    g: QkvGradBuf<'_, '_, f32>,
+) -> Result<()> {
+    dispatch!(
+        "attention_block_backward",
+        stream,
+        [x, out, lse, dout, g],
+        |be| { be.attention_block_backward(stream, a, x, out, lse, dout, g) }
+    )
 }
 
 /// [`crate::cast::cast`] on `stream`'s device: `dst = src` converted between storage types ([`crate::cast`]).

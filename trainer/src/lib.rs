@@ -26,6 +26,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod cp;
 pub mod data;
 pub mod eval;
 pub mod fsdp;

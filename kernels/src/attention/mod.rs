@@ -41,6 +41,9 @@
 //! shapes, and both backward schedules (fused per (sequence, kv head), or split into a dK/dV
 //! pass and a dQ pass, chosen by the expected load balance) give the same bits.
 //!
+//! Ring attention's blocks (a rank's queries against another rank's keys, merged with the
+//! log-sum-exp) are [`BlockAttention`] (block.rs).
+//!
 //! CPU implementation (cpu.rs, fwd.rs, bwd.rs, pack.rs, simd.rs): rayon over (sequence, query
 //! tile) in forward and over (sequence, kv head) or (sequence, key block) + (sequence, query
 //! tile) in backward, each task owning disjoint output rows; register-blocked 4 x 64 f32
@@ -57,10 +60,15 @@
 //! which run at ~97 % of peak; the rest is softmax/exp, packing and the row sums D. PyTorch
 //! 2.15's SDPA, timed back to back: 73-75 ms and 1.61-1.67 ms (1.8x and 1.23x ours).
 
+mod block;
 mod bwd;
 mod cpu;
 mod fwd;
 pub(crate) mod npu;
+pub use block::{
+    backward_accumulate as block_backward_accumulate, forward_merge as block_forward_merge,
+    BlockAttention, BlockPair,
+};
 pub use npu::lse_len_npu;
 mod pack;
 mod simd;

@@ -3,7 +3,7 @@
 
 use super::{Backend, Cpu};
 use crate::adamw::{adamw_step, AdamW};
-use crate::attention::{self, Qkv, QkvBuf, QkvGrad, QkvGradBuf, VarlenAttention};
+use crate::attention::{self, BlockAttention, Qkv, QkvBuf, QkvGrad, QkvGradBuf, VarlenAttention};
 use crate::cast;
 use crate::cross_entropy::{self, CeStats, LmHeadCpu, LmHeadGrads, LossNorm};
 use crate::error::Result;
@@ -90,6 +90,51 @@ impl Backend for Cpu {
             dout.as_host_slice()?,
             grads,
         )
+    }
+
+    fn attention_block_forward<E: Float>(
+        &self,
+        _: &Stream,
+        a: &BlockAttention,
+        x: QkvBuf<'_, E>,
+        out: &mut BufferViewMut<'_, f32>,
+        lse: &mut BufferViewMut<'_, f32>,
+    ) -> Result<()> {
+        let (q, k, v) = (
+            x.q.as_host_slice()?,
+            x.k.as_host_slice()?,
+            x.v.as_host_slice()?,
+        );
+        let (out, lse) = (out.as_host_slice_mut()?, lse.as_host_slice_mut()?);
+        attention::block_forward_merge(a, q, k, v, out, lse)
+    }
+
+    fn attention_block_backward<E: Float>(
+        &self,
+        _: &Stream,
+        a: &BlockAttention,
+        x: QkvBuf<'_, E>,
+        out: &BufferView<'_, E>,
+        lse: &BufferView<'_, f32>,
+        dout: &BufferView<'_, E>,
+        g: QkvGradBuf<'_, '_, f32>,
+    ) -> Result<()> {
+        let qkv = (
+            x.q.as_host_slice()?,
+            x.k.as_host_slice()?,
+            x.v.as_host_slice()?,
+        );
+        let (out, lse, dout) = (
+            out.as_host_slice()?,
+            lse.as_host_slice()?,
+            dout.as_host_slice()?,
+        );
+        let (dq, dk, dv) = (
+            g.dq.as_host_slice_mut()?,
+            g.dk.as_host_slice_mut()?,
+            g.dv.as_host_slice_mut()?,
+        );
+        attention::block_backward_accumulate(a, qkv, out, lse, dout, dq, dk, dv)
     }
 
     fn cast<A: Float, B: Float>(

@@ -30,7 +30,7 @@ mod cpu;
 mod npu;
 
 use crate::adamw::AdamW;
-use crate::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
+use crate::attention::{BlockAttention, QkvBuf, QkvGradBuf, VarlenAttention};
 use crate::cross_entropy::{CeStats, LmHeadGrads, LossNorm};
 use crate::error::{KernelError, Result};
 use crate::gemm::{Dims, Precision, Trans};
@@ -223,6 +223,29 @@ pub trait Backend {
         lse: &BufferView<'_, f32>,
         dout: &BufferView<'_, E>,
         g: QkvGradBuf<'_, '_, E>,
+    ) -> Result<()>;
+
+    /// Ring attention block forward: merges into the f32 `out` and `lse` accumulators.
+    fn attention_block_forward<E: Float>(
+        &self,
+        stream: &Stream,
+        a: &BlockAttention,
+        x: QkvBuf<'_, E>,
+        out: &mut BufferViewMut<'_, f32>,
+        lse: &mut BufferViewMut<'_, f32>,
+    ) -> Result<()>;
+
+    /// Ring attention block backward: adds into the f32 dq, dk, dv accumulators.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block_backward<E: Float>(
+        &self,
+        stream: &Stream,
+        a: &BlockAttention,
+        x: QkvBuf<'_, E>,
+        out: &BufferView<'_, E>,
+        lse: &BufferView<'_, f32>,
+        dout: &BufferView<'_, E>,
+        g: QkvGradBuf<'_, '_, f32>,
     ) -> Result<()>;
 
     /// `dst = src` converted between storage types ([`crate::cast`]).

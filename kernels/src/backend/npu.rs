@@ -4,7 +4,7 @@
 
 use super::{Backend, Npu};
 use crate::adamw::AdamW;
-use crate::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
+use crate::attention::{BlockAttention, QkvBuf, QkvGradBuf, VarlenAttention};
 use crate::cross_entropy::{CeStats, LmHeadGrads, LossNorm};
 use crate::error::Result;
 use crate::gemm::{Dims, Precision, Trans};
@@ -51,6 +51,30 @@ impl Backend for Npu {
         g: QkvGradBuf<'_, '_, E>,
     ) -> Result<()> {
         crate::attention::npu::backward(self.ordinal, stream, a, x, out, lse, dout, g)
+    }
+
+    fn attention_block_forward<E: Float>(
+        &self,
+        _: &Stream,
+        _: &BlockAttention,
+        _: QkvBuf<'_, E>,
+        _: &mut BufferViewMut<'_, f32>,
+        _: &mut BufferViewMut<'_, f32>,
+    ) -> Result<()> {
+        Err(ring_block_pending("attention_block_forward", self.ordinal))
+    }
+
+    fn attention_block_backward<E: Float>(
+        &self,
+        _: &Stream,
+        _: &BlockAttention,
+        _: QkvBuf<'_, E>,
+        _: &BufferView<'_, E>,
+        _: &BufferView<'_, f32>,
+        _: &BufferView<'_, E>,
+        _: QkvGradBuf<'_, '_, f32>,
+    ) -> Result<()> {
+        Err(ring_block_pending("attention_block_backward", self.ordinal))
     }
 
     fn cast<A: Float, B: Float>(
@@ -422,5 +446,24 @@ impl Backend for Npu {
         d: TransposeDims,
     ) -> Result<()> {
         crate::index::npu::transpose(self.ordinal, stream, out, x, d)
+    }
+}
+
+/// Ring attention's blocks have no NPU body yet: they would be
+/// aclnnFlashAttentionVarLenScore calls with separate query and key lengths and the
+/// log-sum-exp merge composed from aclnn elementwise ops. Until then the NPU runs context
+/// parallelism as Ulysses.
+fn ring_block_pending(op: &'static str, ordinal: u32) -> crate::error::KernelError {
+    let device = cannon_runtime::Device::Npu(ordinal).to_string();
+    if cfg!(feature = "npu") {
+        crate::error::KernelError::Unsupported {
+            op,
+            device,
+            reason: "ring attention blocks (parallel.cp_algo = ring or hybrid) have no NPU \
+                     body yet; use parallel.cp_algo = ulysses on the NPU"
+                .into(),
+        }
+    } else {
+        crate::error::KernelError::NotCompiled { op, device }
     }
 }

@@ -71,6 +71,10 @@ use crate::stream::Stream;
 #[derive(Debug)]
 pub struct Communicator {
     inner: Inner,
+    /// Calls issued on this handle (collectives, point-to-point calls, splits), failed ones
+    /// included: a test can check that a stretch of work issued none (context parallelism's
+    /// vision tower).
+    calls: std::cell::Cell<u64>,
 }
 
 /// The backend, as an enum for the reason `Stream` has one (see `crate::stream`): the set is
@@ -86,6 +90,7 @@ impl From<cpu::CpuCommunicator> for Communicator {
     fn from(c: cpu::CpuCommunicator) -> Self {
         Communicator {
             inner: Inner::Cpu(c),
+            calls: std::cell::Cell::new(0),
         }
     }
 }
@@ -95,8 +100,17 @@ impl From<hccl::HcclCommunicator> for Communicator {
     fn from(c: hccl::HcclCommunicator) -> Self {
         Communicator {
             inner: Inner::Hccl(c),
+            calls: std::cell::Cell::new(0),
         }
     }
+}
+
+/// Runs the same call on whichever backend `$self` holds, counting it in `calls`.
+macro_rules! counted {
+    ($self:expr, $c:ident => $call:expr) => {{
+        $self.calls.set($self.calls.get() + 1);
+        dispatch!($self, $c => $call)
+    }};
 }
 
 /// Runs the same call on whichever backend `$self` holds.
@@ -132,6 +146,12 @@ impl Communicator {
     ) -> CommResult<Communicator> {
         hccl::HcclCommunicator::init(rank, world_size, ordinal, rdzv.into(), timeout)
             .map(Communicator::from)
+    }
+
+    /// Calls issued on this handle so far: every collective, `send`, `recv`, `send_recv`,
+    /// `barrier` and `split` counts one, whether it succeeded or not.
+    pub fn calls(&self) -> u64 {
+        self.calls.get()
     }
 
     pub fn rank(&self) -> usize {
@@ -178,7 +198,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.all_reduce(send, recv, op, stream))
+        counted!(self, c => c.all_reduce(send, recv, op, stream))
     }
 
     /// `buf[i] = op over ranks of buf[i]`. buf: (n,).
@@ -188,7 +208,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.all_reduce_in_place(buf, op, stream))
+        counted!(self, c => c.all_reduce_in_place(buf, op, stream))
     }
 
     /// Rank-major concatenation. send: (n,), recv: (world * n,), `recv[r*n..(r+1)*n]` = rank r's.
@@ -198,7 +218,7 @@ impl Communicator {
         recv: &mut BufferViewMut<'_, T>,
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.all_gather(send, recv, stream))
+        counted!(self, c => c.all_gather(send, recv, stream))
     }
 
     /// Uneven all_gather (FSDP flat shards). counts: (world,) identical on all ranks;
@@ -210,7 +230,7 @@ impl Communicator {
         counts: &[usize],
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.all_gather_v(send, recv, counts, stream))
+        counted!(self, c => c.all_gather_v(send, recv, counts, stream))
     }
 
     /// send: (world * m,), recv: (m,) = op over ranks of their `send[rank*m..(rank+1)*m]`.
@@ -223,7 +243,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.reduce_scatter(send, recv, op, stream))
+        counted!(self, c => c.reduce_scatter(send, recv, op, stream))
     }
 
     /// Uneven reduce_scatter (FSDP gradient shards). counts: (world,) identical on all ranks;
@@ -236,7 +256,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.reduce_scatter_v(send, recv, counts, op, stream))
+        counted!(self, c => c.reduce_scatter_v(send, recv, counts, op, stream))
     }
 
     /// Copies `root`'s buf into every other rank's buf. buf: (n,) on every rank.
@@ -246,7 +266,7 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.broadcast(buf, root, stream))
+        counted!(self, c => c.broadcast(buf, root, stream))
     }
 
     /// Equal-chunk all-to-all. send, recv: (world * c,); rank r's recv chunk j is rank j's send
@@ -257,7 +277,7 @@ impl Communicator {
         recv: &mut BufferViewMut<'_, T>,
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.all_to_all(send, recv, stream))
+        counted!(self, c => c.all_to_all(send, recv, stream))
     }
 
     /// All-to-all with per-peer counts, chunks packed in rank order (displacements are the
@@ -271,12 +291,12 @@ impl Communicator {
         recv_counts: &[usize],
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.all_to_all_v(send, send_counts, recv, recv_counts, stream))
+        counted!(self, c => c.all_to_all_v(send, send_counts, recv, recv_counts, stream))
     }
 
     /// Returns once every rank of the group called `barrier` (on HCCL: and `stream` drained).
     pub fn barrier(&self, stream: &Stream) -> CommResult<()> {
-        dispatch!(self, c => c.barrier(stream))
+        counted!(self, c => c.barrier(stream))
     }
 
     /// Sends `buf` to `dst`, matched in order by `recv` on `dst`. On the CPU sends are eager
@@ -287,7 +307,7 @@ impl Communicator {
         dst: usize,
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.send(buf, dst, stream))
+        counted!(self, c => c.send(buf, dst, stream))
     }
 
     /// Receives the oldest unreceived message from `src`, which must have `buf.len()` elements
@@ -298,7 +318,7 @@ impl Communicator {
         src: usize,
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.recv(buf, src, stream))
+        counted!(self, c => c.recv(buf, src, stream))
     }
 
     /// Sends `send` to `dst` and receives `recv` from `src`: the ring step of ring attention,
@@ -311,14 +331,14 @@ impl Communicator {
         src: usize,
         stream: &Stream,
     ) -> CommResult<()> {
-        dispatch!(self, c => c.send_recv(send, dst, recv, src, stream))
+        counted!(self, c => c.send_recv(send, dst, recv, src, stream))
     }
 
     /// Splits the group like `MPI_Comm_split`: ranks with the same `color` form a new group,
     /// ordered by `(key, old rank)`. Collective over this group; the new communicator has the
     /// same backend and inherits this one's timeout.
     pub fn split(&self, color: u32, key: u32, stream: &Stream) -> CommResult<Communicator> {
-        dispatch!(self, c => c.split(color, key, stream).map(Communicator::from))
+        counted!(self, c => c.split(color, key, stream).map(Communicator::from))
     }
 
     /// HCCL's asynchronous error state (a failed collective surfaces there, not at enqueue);

@@ -217,6 +217,7 @@ fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
         tok.vocab_size()
     );
     let (mcfg, _) = model_config(&plan.model, &tok)?;
+    cfg.parallel.cp().check(&mcfg)?;
     let layout = ParamLayout::new(&mcfg);
     println!("# model: {} parameters", layout.num_params());
     match &cfg.model.weights {

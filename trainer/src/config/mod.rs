@@ -35,6 +35,10 @@
 //! [parallel]
 //! nproc = 1
 //! fsdp = true
+//! cp_size = 1                # context parallel ranks (nproc = dp x cp_size)
+//! cp_algo = "ulysses"        # or "ring", "hybrid"
+//! # ulysses_size = 2          # hybrid only: Ulysses inside groups of this size
+//! ep_size = 1                # expert parallel: 1 (the model is dense)
 //!
 //! [checkpoint]
 //! # dir = "runs/x/checkpoints"
@@ -266,6 +270,73 @@ pub struct ParallelSection {
     pub nproc: usize,
     /// Shard parameters, gradients and optimizer state over the ranks (ZeRO-3).
     pub fsdp: bool,
+    /// Context parallel ranks: consecutive groups of `cp_size` ranks split each sequence's
+    /// tokens (world = dp x cp, `crate::cp`). 1: off.
+    pub cp_size: usize,
+    /// How attention sees the whole sequence under context parallelism.
+    pub cp_algo: crate::cp::CpAlgo,
+    /// Hybrid only: the Ulysses degree inside each ring rank (must divide `cp_size`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ulysses_size: Option<usize>,
+    /// Expert parallelism: only 1 (Magistral-Small-2509 is dense, it has no experts).
+    pub ep_size: usize,
+}
+
+impl ParallelSection {
+    /// The context-parallel layout these keys give.
+    pub fn cp(&self) -> crate::cp::CpSettings {
+        crate::cp::CpSettings {
+            size: self.cp_size,
+            algo: self.cp_algo,
+            ulysses_size: self.ulysses_size.unwrap_or(1),
+        }
+    }
+
+    /// Checks of the CP and EP keys that need no model config (the head counts are checked
+    /// with the model, `CpSettings::check`).
+    fn validate_cp(&self) -> Result<(), ConfigError> {
+        positive("parallel.cp_size", self.cp_size)?;
+        positive("parallel.ep_size", self.ep_size)?;
+        if self.ep_size > 1 {
+            return invalid(
+                "parallel.ep_size",
+                self.ep_size,
+                "expert parallelism does not apply: Magistral-Small-2509 (Mistral3) is a \
+                 dense model with no experts; use 1",
+            );
+        }
+        if !self.nproc.is_multiple_of(self.cp_size) {
+            return invalid(
+                "parallel.cp_size",
+                self.cp_size,
+                format!(
+                    "must divide parallel.nproc = {} (the ranks are dp x cp_size)",
+                    self.nproc
+                ),
+            );
+        }
+        match (self.cp_algo, self.ulysses_size) {
+            (crate::cp::CpAlgo::Hybrid, None) => invalid(
+                "parallel.ulysses_size",
+                "(unset)",
+                "cp_algo = hybrid needs ulysses_size (Ulysses inside groups of that size, \
+                 Ring across them)",
+            ),
+            (crate::cp::CpAlgo::Hybrid, Some(u)) if u == 0 || !self.cp_size.is_multiple_of(u) => {
+                invalid(
+                    "parallel.ulysses_size",
+                    u,
+                    format!("must divide parallel.cp_size = {}", self.cp_size),
+                )
+            }
+            (algo @ (crate::cp::CpAlgo::Ulysses | crate::cp::CpAlgo::Ring), Some(u)) => invalid(
+                "parallel.ulysses_size",
+                u,
+                format!("only cp_algo = hybrid uses it (cp_algo is {algo})"),
+            ),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Default for ParallelSection {
@@ -273,6 +344,10 @@ impl Default for ParallelSection {
         ParallelSection {
             nproc: 1,
             fsdp: true,
+            cp_size: 1,
+            cp_algo: crate::cp::CpAlgo::Ulysses,
+            ulysses_size: None,
+            ep_size: 1,
         }
     }
 }
@@ -485,6 +560,7 @@ impl TrainConfig {
             );
         }
         positive("parallel.nproc", self.parallel.nproc)?;
+        self.parallel.validate_cp()?;
         if self.parallel.nproc > 1 && !self.parallel.fsdp {
             return invalid(
                 "parallel.fsdp",

@@ -13,6 +13,15 @@
 //!   AdamW        on this rank's parameter, moment and gradient shards only
 //! ```
 //!
+//! Context parallelism ([`FsdpRank::with_cp`], world = dp x cp): the world's consecutive
+//! groups of `cp` ranks are CP groups, each a data-parallel replica that takes the same micro
+//! batches and splits their tokens ([`crate::cp`]). FSDP still shards over the whole world,
+//! not over the replicas: every rank keeps 1/world of the parameters, gradients and optimizer
+//! state (sharding over dp alone would keep cp times more per rank), and the CP ranks'
+//! partial gradients of the same batch are summed by the same reduce-scatter that sums the
+//! replicas'. The target count and the loss are summed over the world from each rank's
+//! label shard, so every token counts once.
+//!
 //! One communicator carries every collective of the rank: on the CPU a collective blocks its
 //! rank until all ranks join, so the rank's collectives are one sequence, the same on every
 //! rank by construction (the step's scalars, then each pass's [`Schedule`]).
@@ -22,6 +31,7 @@ use super::schedule::{GradShards, Schedule};
 use super::shard::ShardLayout;
 use super::state::{GroupState, ShardState};
 use super::FsdpError;
+use crate::cp::{CpGroup, CpSettings};
 use crate::model::optim::AdamWConfig;
 use crate::model::source::PlanInputs;
 use crate::model::{
@@ -96,6 +106,9 @@ pub struct FsdpRank {
     v: Vec<Option<Tensor<f32>>>,
     step: u64,
     settings: FsdpSettings,
+    /// This rank's CP group (None: no context parallelism) and its replica index.
+    cp: Option<CpGroup>,
+    replica: usize,
 }
 
 impl FsdpRank {
@@ -153,7 +166,35 @@ impl FsdpRank {
             v,
             step: 0,
             settings,
+            cp: None,
+            replica: rank,
         })
+    }
+
+    /// Context parallelism over consecutive groups of `cp.size` ranks (see the module docs):
+    /// checks the layout against the model's heads and splits the communicator. Collective:
+    /// every rank calls it with the same settings. `cp.size = 1` changes nothing.
+    pub fn with_cp(mut self, cp: CpSettings) -> Result<Self, FsdpError> {
+        if cp.size <= 1 {
+            return Ok(self);
+        }
+        cp.check(&self.cfg)?;
+        let (group, replica) = CpGroup::split(&self.comm, cp, self.exec.stream())?;
+        self.cp = Some(group);
+        self.replica = replica;
+        Ok(self)
+    }
+
+    /// This rank's CP group, if any.
+    pub fn cp(&self) -> Option<&CpGroup> {
+        self.cp.as_ref()
+    }
+
+    /// `(replica, replicas)`: which data-parallel share of the micro batches this rank takes
+    /// (its CP group's), of how many (world / cp).
+    pub fn data_parallel(&self) -> (usize, usize) {
+        let cp = self.cp.as_ref().map_or(1, CpGroup::size);
+        (self.replica, self.world_size() / cp)
     }
 
     pub fn rank(&self) -> usize {
@@ -295,9 +336,21 @@ impl FsdpRank {
             if let Err(e) = crate::model::check_batch(&self.cfg, b) {
                 bad.get_or_insert((i, e));
             }
-            let t = b.targets();
+            let mut t = b.targets();
+            // A CP rank counts its label shard (every token once over the group) and the
+            // group's first rank its tokens.
+            if let Some(cp) = &self.cp {
+                match cp.layout(t.len(), &b.sequence_ends()) {
+                    Ok(l) => t = l.shard(&t, IGNORE_INDEX),
+                    Err(e) => {
+                        bad.get_or_insert((i, e));
+                    }
+                }
+            }
             targets += t.iter().filter(|&&l| l != IGNORE_INDEX).count() as i64;
-            tokens += b.tokens() as i64;
+            if self.cp.as_ref().is_none_or(|c| c.rank == 0) {
+                tokens += b.tokens() as i64;
+            }
         }
         let sums = [
             targets,
@@ -365,6 +418,7 @@ impl FsdpRank {
         let (exec, layout, cut) = (&self.exec, &self.layout, &self.cut);
         let (cfg, loss_mode) = (&self.cfg, self.settings.loss_mode);
         let (comm, shards) = (&self.comm, &self.params[..]);
+        let cp = self.cp.as_ref();
         let steps = Schedule::forward_steps(&plan.forward);
         let fwd = Schedule::new(exec, comm, layout, cut, shards, steps, None);
         let acts = match batch {
@@ -376,7 +430,10 @@ impl FsdpRank {
                     params: &fwd,
                     loss_norm,
                 };
-                Some(pass.forward::<A>(b)?)
+                Some(match cp {
+                    Some(cp) => pass.forward_cp::<A>(b, cp)?,
+                    None => pass.forward::<A>(b)?,
+                })
             }
             None => None,
         };
@@ -397,7 +454,14 @@ impl FsdpRank {
                 params: &bwd,
                 loss_norm,
             };
-            pass.backward(b, a, &mut sink, None)?;
+            match cp {
+                Some(cp) => {
+                    pass.backward_cp(b, a, &mut sink, cp)?;
+                }
+                None => {
+                    pass.backward(b, a, &mut sink, None)?;
+                }
+            }
             sum = a.head.sum;
         }
         drop(acts);

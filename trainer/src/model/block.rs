@@ -22,6 +22,8 @@ use super::config::HiddenAct;
 use super::exec::Exec;
 use super::ops::{add_into, copy, linear, linear_back, store, Act};
 use super::params::GroupGrad;
+use super::ModelError;
+use crate::cp::attn::{self as cp_attn, CpCtx, CpShapes};
 use cannon_kernels::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, KernelError, Tensor};
@@ -29,6 +31,7 @@ use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use std::ops::Range;
 
 type Result<T> = std::result::Result<T, KernelError>;
+type ModelResult<T> = std::result::Result<T, ModelError>;
 
 /// The sizes and flavour of a block.
 #[derive(Clone, Copy, Debug)]
@@ -90,6 +93,9 @@ pub struct BlockActs<A: cannon_runtime::Element> {
     pub gate: Tensor<f32>,  // [T,I]
     pub up: Tensor<f32>,    // [T,I]
     pub h: Tensor<A>,       // [T,I]
+    /// Under context parallelism (`crate::cp`) q, k, v and lse hold the head-sharded layout
+    /// (`[2C, H/u, Hd]`, the ring rank's tokens) and this the attention output in it.
+    pub att_cp: Option<Tensor<A>>,
 }
 
 impl<A: Act> BlockActs<A> {
@@ -110,7 +116,21 @@ impl<A: Act> BlockActs<A> {
             gate: exec.empty(&[t, i])?,
             up: exec.empty(&[t, i])?,
             h: exec.empty(&[t, i])?,
+            att_cp: None,
         })
+    }
+
+    /// Tensors for the `t` tokens of a CP rank: q, k, v, lse in the head-sharded layout of
+    /// `sh` (see [`crate::cp::attn`]), plus `att_cp`.
+    pub fn new_cp(exec: &Exec, dims: &BlockDims, t: usize, sh: &CpShapes) -> Result<Self> {
+        let hd = dims.head_dim;
+        let mut a = Self::new(exec, dims, t)?;
+        a.q = exec.empty(&[sh.tokens, sh.q_heads * hd])?;
+        a.k = exec.empty(&[sh.tokens, sh.kv_heads * hd])?;
+        a.v = exec.empty(&[sh.tokens, sh.kv_heads * hd])?;
+        a.lse = exec.empty(&[sh.tokens, sh.q_heads])?;
+        a.att_cp = Some(exec.empty(&[sh.tokens, sh.q_heads * hd])?);
+        Ok(a)
     }
 }
 
@@ -125,6 +145,9 @@ pub struct BlockCtx<'a> {
     /// Cumulative sequence ends, no leading 0 (images for Pixtral, packed sequences for
     /// Mistral).
     pub cu_seqlens: &'a [usize],
+    /// Context parallelism: this rank holds a shard of the tokens and attention exchanges
+    /// them with its CP group (`crate::cp`). None for the vision tower.
+    pub cp: Option<CpCtx<'a>>,
 }
 
 impl BlockCtx<'_> {
@@ -228,7 +251,7 @@ pub fn block_forward<A: Act>(
     s: &mut FwdScratch,
     x: &BufferView<'_, f32>,
     out: &mut BufferViewMut<'_, f32>,
-) -> Result<()> {
+) -> ModelResult<()> {
     let d = c.dims;
     let (dm, dq, dkv) = (d.d, d.dq(), d.dkv());
     let mut rstd1 = a.rstd1.view_mut();
@@ -248,17 +271,21 @@ pub fn block_forward<A: Act>(
     linear(st, &mut s.v.view_mut(), &ln1, &w.v, dm, dkv)?;
     ops::rope_forward(st, &mut s.q.view_mut(), d.q_heads, c.rope, c.pos)?;
     ops::rope_forward(st, &mut s.k.view_mut(), d.kv_heads, c.rope, c.pos)?;
-    store(st, &s.q.view(), &mut a.q.view_mut())?;
-    store(st, &s.k.view(), &mut a.k.view_mut())?;
-    store(st, &s.v.view(), &mut a.v.view_mut())?;
-    let (q, k, v) = (a.q.view(), a.k.view(), a.v.view());
-    let qkv = QkvBuf {
-        q: &q,
-        k: &k,
-        v: &v,
-    };
-    let (mut att, mut lse) = (a.att.view_mut(), a.lse.view_mut());
-    ops::attention_forward(st, &c.attn(), qkv, &mut att, &mut lse)?;
+    if let Some(cx) = c.cp {
+        cp_attn::forward(cx, &d, (&s.q, &s.k, &s.v), a)?;
+    } else {
+        store(st, &s.q.view(), &mut a.q.view_mut())?;
+        store(st, &s.k.view(), &mut a.k.view_mut())?;
+        store(st, &s.v.view(), &mut a.v.view_mut())?;
+        let (q, k, v) = (a.q.view(), a.k.view(), a.v.view());
+        let qkv = QkvBuf {
+            q: &q,
+            k: &k,
+            v: &v,
+        };
+        let (mut att, mut lse) = (a.att.view_mut(), a.lse.view_mut());
+        ops::attention_forward(st, &c.attn(), qkv, &mut att, &mut lse)?;
+    }
     linear(st, &mut a.mid.view_mut(), &a.att.view(), &w.o, dq, dm)?;
     add_into(st, &mut a.mid.view_mut(), x)?;
 
@@ -279,7 +306,7 @@ pub fn block_forward<A: Act>(
     gated_forward(st, d.act, &a.gate, &a.up, &mut s.h, s.tmp.as_mut())?;
     store(st, &s.h.view(), &mut a.h.view_mut())?;
     linear(st, out, &a.h.view(), &w.down, d.inter, dm)?;
-    add_into(st, out, &a.mid.view())
+    Ok(add_into(st, out, &a.mid.view())?)
 }
 
 /// `h[T,I] = act(gate) * up` in f32 (overwrites h). SiLU is the swiglu kernel; the GELU gate
@@ -362,7 +389,7 @@ pub fn block_backward<A: Act>(
     x: &BufferView<'_, f32>,
     dout: &BufferView<'_, f32>,
     dx: &mut BufferViewMut<'_, f32>,
-) -> Result<()> {
+) -> ModelResult<()> {
     let d = c.dims;
     let (dm, dq, dkv, di) = (d.d, d.dq(), d.dkv(), d.inter);
     // out = mid + h Wdown^T
@@ -428,20 +455,24 @@ pub fn block_backward<A: Act>(
     )?;
     store(st, &s.datt32.view(), &mut s.datt.view_mut())?;
     // att = attention(rope(q), rope(k), v)
-    let (q, k, v) = (a.q.view(), a.k.view(), a.v.view());
-    let qkv = QkvBuf {
-        q: &q,
-        k: &k,
-        v: &v,
-    };
     let (mut gq, mut gk, mut gv) = (s.dq.view_mut(), s.dk.view_mut(), s.dv.view_mut());
-    let grads = QkvGradBuf {
-        dq: &mut gq,
-        dk: &mut gk,
-        dv: &mut gv,
-    };
-    let (att, lse, datt) = (a.att.view(), a.lse.view(), s.datt.view());
-    ops::attention_backward(st, &c.attn(), qkv, &att, &lse, &datt, grads)?;
+    if let Some(cx) = c.cp {
+        cp_attn::backward(cx, &d, a, &s.datt.view(), (&mut gq, &mut gk, &mut gv))?;
+    } else {
+        let (q, k, v) = (a.q.view(), a.k.view(), a.v.view());
+        let qkv = QkvBuf {
+            q: &q,
+            k: &k,
+            v: &v,
+        };
+        let grads = QkvGradBuf {
+            dq: &mut gq,
+            dk: &mut gk,
+            dv: &mut gv,
+        };
+        let (att, lse, datt) = (a.att.view(), a.lse.view(), s.datt.view());
+        ops::attention_backward(st, &c.attn(), qkv, &att, &lse, &datt, grads)?;
+    }
     ops::rope_backward(st, &mut s.dq.view_mut(), d.q_heads, c.rope, c.pos)?;
     ops::rope_backward(st, &mut s.dk.view_mut(), d.kv_heads, c.rope, c.pos)?;
     // q, k, v = ln1 W^T
@@ -484,7 +515,16 @@ pub fn block_backward<A: Act>(
     copy(st, dx, &s.dmid.view())?;
     let mut gw = norm_grad(g.as_mut(), |r| &r.attn_norm, &mut s.dw_sink)?;
     let (dn, rstd1) = (s.dn.view(), a.rstd1.view());
-    ops::rmsnorm_backward(st, dx, &mut gw, &dn, x, &w.attn_norm, &rstd1, dm)
+    Ok(ops::rmsnorm_backward(
+        st,
+        dx,
+        &mut gw,
+        &dn,
+        x,
+        &w.attn_norm,
+        &rstd1,
+        dm,
+    )?)
 }
 
 #[cfg(test)]

@@ -25,6 +25,8 @@ use super::ops::{store, Act};
 use super::params::{TextEmbed, TextHead, TextLayer};
 use super::source::{group_grad, GradSink, GroupWeights, ParamSource};
 use super::{head_view, ModelError};
+use crate::cp::attn::{CpCtx, CpShapes};
+use crate::cp::{CpGroup, CpLayout};
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::BufferViewMut;
@@ -43,6 +45,9 @@ pub struct TextActs<A: cannon_runtime::Element> {
     pub blocks: Vec<BlockActs<A>>,
     pub rstd_f: Tensor<f32>, // [T]
     pub xf: Tensor<A>,       // [T,D] final norm output (the lm_head's input)
+    /// Under context parallelism: this rank's token layout (T above is then its Tl tokens,
+    /// `cu_seqlens` the whole batch's).
+    pub cp: Option<CpLayout>,
 }
 
 impl<A: cannon_runtime::Element> TextActs<A> {
@@ -168,9 +173,32 @@ pub fn forward<'p, A: Act>(
     pos: Vec<u32>,
     cu_seqlens: Vec<usize>,
 ) -> Result<(TextActs<A>, GroupWeights<'p>), ModelError> {
+    forward_cp(exec, cfg, params, x0, pos, cu_seqlens, None)
+}
+
+/// [`forward`] of a context-parallel rank (`cp` given): `x0 [Tl,D]` and `pos [Tl]` are this
+/// rank's tokens of the layout, `cu_seqlens` the whole batch's sequence ends; attention
+/// exchanges with the CP group ([`crate::cp`]).
+pub fn forward_cp<'p, A: Act>(
+    exec: &Exec,
+    cfg: &Mistral3Config,
+    params: &'p dyn ParamSource,
+    x0: Tensor<f32>,
+    pos: Vec<u32>,
+    cu_seqlens: Vec<usize>,
+    cp: Option<(&CpGroup, CpLayout)>,
+) -> Result<(TextActs<A>, GroupWeights<'p>), ModelError> {
     let st = exec.stream();
     let t = &cfg.text_config;
-    if cu_seqlens.last() != Some(&pos.len()) || pos.len() * t.hidden_size != x0.numel() {
+    let (group, cpl) = match cp {
+        Some((g, l)) => (Some(g), Some(l)),
+        None => (None, None),
+    };
+    let whole = cpl.as_ref().map_or(pos.len(), |l| l.tokens);
+    if cpl.as_ref().is_some_and(|l| l.local_tokens() != pos.len())
+        || cu_seqlens.last() != Some(&whole)
+        || pos.len() * t.hidden_size != x0.numel()
+    {
         return Err(ModelError::Input(format!(
             "{} position ids, {} embedding values and sequences ending at {:?} disagree",
             pos.len(),
@@ -208,13 +236,22 @@ pub fn forward<'p, A: Act>(
     let mut outs: Vec<Tensor<f32>> = Vec::with_capacity(t.num_hidden_layers);
     let mut blocks = Vec::with_capacity(t.num_hidden_layers);
     for l in 0..t.num_hidden_layers {
+        let cpx = group.zip(cpl.as_ref()).map(|(group, layout)| CpCtx {
+            exec,
+            group,
+            layout,
+        });
         let ctx = BlockCtx {
             dims,
             rope: &rope,
             pos: &pos,
             cu_seqlens: &cu_seqlens,
+            cp: cpx,
         };
-        let mut acts = BlockActs::new(exec, &dims, n)?;
+        let mut acts = match &cpl {
+            Some(l) => BlockActs::new_cp(exec, &dims, n, &CpShapes::new(&dims, l))?,
+            None => BlockActs::new(exec, &dims, n)?,
+        };
         let mut out = exec.empty(&[n, d])?;
         let g = layout.text_layer(l);
         let fetched = params.fetch(g)?;
@@ -259,6 +296,7 @@ pub fn forward<'p, A: Act>(
         blocks,
         rstd_f,
         xf,
+        cp: cpl,
     };
     Ok((acts, head_w))
 }
@@ -286,7 +324,28 @@ pub fn backward<A: Act>(
     grads: &mut dyn GradSink,
     want_dx0: bool,
 ) -> Result<(Option<Tensor<f32>>, TextVisit), ModelError> {
+    backward_cp(exec, cfg, params, head_w, a, dxf, grads, want_dx0, None)
+}
+
+/// [`backward`] of a context-parallel rank: `cp` is the group the forward ran with.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_cp<A: Act>(
+    exec: &Exec,
+    cfg: &Mistral3Config,
+    params: &dyn ParamSource,
+    head_w: GroupWeights<'_>,
+    a: &TextActs<A>,
+    dxf: Tensor<f32>,
+    grads: &mut dyn GradSink,
+    want_dx0: bool,
+    cp: Option<&CpGroup>,
+) -> Result<(Option<Tensor<f32>>, TextVisit), ModelError> {
     let st = exec.stream();
+    if a.cp.is_some() != cp.is_some() {
+        return Err(ModelError::Input(
+            "the decoder backward must run with the CP group of its forward (and only then)".into(),
+        ));
+    }
     let t = &cfg.text_config;
     let d = t.hidden_size;
     let n = a.tokens();
@@ -317,11 +376,17 @@ pub fn backward<A: Act>(
         if !below_trains && !want_dx0 {
             return Ok((None, visit));
         }
+        let cpx = cp.zip(a.cp.as_ref()).map(|(group, layout)| CpCtx {
+            exec,
+            group,
+            layout,
+        });
         let ctx = BlockCtx {
             dims,
             rope: &a.rope,
             pos: &a.pos,
             cu_seqlens: &a.cu_seqlens,
+            cp: cpx,
         };
         let g = layout.text_layer(l);
         let fetched = params.fetch(g)?;

@@ -56,8 +56,9 @@ pub use params::{Grads, ParamLayout, Params, Part};
 pub use source::{GradSink, GroupWeights, ParamSource, PassPlan};
 pub use weights::WeightsError;
 
-use cannon_kernels::cross_entropy::LossNorm;
-use cannon_kernels::{KernelError, Tensor};
+use crate::cp::{CpGroup, CpLayout};
+use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
+use cannon_kernels::{ops as kops, KernelError, Tensor};
 use cannon_runtime::comm::CommError;
 use cannon_runtime::{BufferView, MemoryStats};
 use source::group_grad;
@@ -101,8 +102,12 @@ pub struct ForwardActs<A: cannon_runtime::Element> {
     pub projector: Option<projector::ProjectorActs<A>>,
     pub text: mistral::TextActs<A>,
     pub head: head::HeadActs,
-    /// `[T]` next-token targets (`IGNORE_INDEX` = ignored), host data.
+    /// `[T]` next-token targets (`IGNORE_INDEX` = ignored), host data (under context
+    /// parallelism: this rank's `[Tl]` shard).
     pub targets: Vec<i32>,
+    /// Calls the CP group's communicators issued while the vision tower and the projector
+    /// ran (0 without CP; context parallelism must not add any there).
+    pub vision_cp_calls: u64,
 }
 
 impl<A: cannon_runtime::Element> ForwardActs<A> {
@@ -303,6 +308,27 @@ impl Pass<'_> {
     /// Forward through vision, projector, splice, decoder, lm_head and the loss, fetching
     /// each group in the order of [`PassPlan::forward`].
     pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
+        self.forward_in(batch, None)
+    }
+
+    /// [`Pass::forward`] on one rank of a context-parallel group (`crate::cp`): the vision
+    /// tower, projector and splice run on the whole batch, the decoder and the loss on this
+    /// rank's token shard. The head's `sum` and `targets` are this rank's; with
+    /// `LossNorm::Mean` the divisor is the group's target count (a sum over the group), so
+    /// the ranks' gradients add up to the batch's.
+    pub fn forward_cp<A: Act>(
+        &self,
+        batch: &Batch,
+        cp: &CpGroup,
+    ) -> Result<ForwardActs<A>, ModelError> {
+        self.forward_in(batch, Some(cp))
+    }
+
+    fn forward_in<A: Act>(
+        &self,
+        batch: &Batch,
+        cp: Option<&CpGroup>,
+    ) -> Result<ForwardActs<A>, ModelError> {
         let cfg = self.cfg;
         let ex = self.exec;
         let params = self.params;
@@ -311,6 +337,8 @@ impl Pass<'_> {
         if let LossMode::Chunked(0) = self.loss_mode {
             return Err(ModelError::Input("loss chunk size must be > 0".into()));
         }
+        let calls = || cp.map_or(0, CpGroup::calls);
+        let calls_before = calls();
         let (vision, projector) = if batch.images.is_empty() {
             (None, None)
         } else {
@@ -319,18 +347,37 @@ impl Pass<'_> {
             let p = projector::forward(ex, cfg, params, &v.grid, &x)?;
             (Some(v), Some(p))
         };
+        let vision_cp_calls = calls() - calls_before;
         let feats = projector.as_ref().map(|p| &p.out);
         let x0 = mistral::embed(ex, cfg, params, &batch.input_ids, feats)?;
         let (pos, ends) = (
             batch.positions().into_owned(),
             batch.sequence_ends().into_owned(),
         );
+        let mut targets = batch.targets();
+        let mut norm = self.loss_norm;
         // The head group (final norm + lm_head) is fetched once, by the decoder's final norm.
-        let (text, head_w) = mistral::forward(ex, cfg, params, x0, pos, ends)?;
-        let targets = batch.targets();
+        let (text, head_w) = match cp {
+            None => mistral::forward(ex, cfg, params, x0, pos, ends)?,
+            Some(g) => {
+                // Split after the splice; positions and sequence ends are the whole batch's.
+                let layout = g.layout(pos.len(), &ends)?;
+                let x0 = cp_shard_rows(ex, &layout, &x0, t.hidden_size)?;
+                let pos_l = layout.shard(&pos, 0);
+                targets = layout.shard(&targets, IGNORE_INDEX);
+                if norm == LossNorm::Mean {
+                    let mine = targets.iter().filter(|&&l| l != IGNORE_INDEX).count();
+                    let all = g.sum(&[mine as f64], ex.stream())?[0];
+                    if all > 0.0 {
+                        norm = LossNorm::Divisor(all);
+                    }
+                }
+                let cp = Some((g, layout));
+                mistral::forward_cp(ex, cfg, params, x0, pos_l, ends, cp)?
+            }
+        };
         let w = head_view(params.layout(), &head_w)?.lm_head;
         let dv = (t.hidden_size, t.vocab_size);
-        let norm = self.loss_norm;
         let head = head::forward(ex, self.loss_mode, &text.xf, &w, &targets, dv, norm)?;
         drop(head_w);
         Ok(ForwardActs {
@@ -339,6 +386,7 @@ impl Pass<'_> {
             text,
             head,
             targets,
+            vision_cp_calls,
         })
     }
 
@@ -353,6 +401,31 @@ impl Pass<'_> {
         grads: &mut dyn GradSink,
         dpixels: Option<&mut Tensor<f32>>,
     ) -> Result<Visited, ModelError> {
+        Ok(self.backward_in(batch, a, grads, dpixels, None)?.0)
+    }
+
+    /// Backward of [`Pass::forward_cp`]: this rank's share of every gradient (the image
+    /// features, projector, vision and embedding gradients of its own tokens only); the
+    /// ranks' gradients summed are the batch's. Also returns the calls the CP group's
+    /// communicators issued during the projector and vision backward (none expected).
+    pub fn backward_cp<A: Act>(
+        &self,
+        batch: &Batch,
+        a: &ForwardActs<A>,
+        grads: &mut dyn GradSink,
+        cp: &CpGroup,
+    ) -> Result<(Visited, u64), ModelError> {
+        self.backward_in(batch, a, grads, None, Some(cp))
+    }
+
+    fn backward_in<A: Act>(
+        &self,
+        batch: &Batch,
+        a: &ForwardActs<A>,
+        grads: &mut dyn GradSink,
+        dpixels: Option<&mut Tensor<f32>>,
+        cp: Option<&CpGroup>,
+    ) -> Result<(Visited, u64), ModelError> {
         let cfg = self.cfg;
         let ex = self.exec;
         let params = self.params;
@@ -367,7 +440,7 @@ impl Pass<'_> {
         let embed_trains = grads.trains(layout.text_embed());
         let want_dx0 = embed_trains || image_needed;
         if !want_dx0 && !(0..layout.groups.len()).any(|g| grads.trains(g)) {
-            return Ok(Visited::default());
+            return Ok((Visited::default(), 0));
         }
 
         let dv = (t.hidden_size, t.vocab_size);
@@ -395,13 +468,18 @@ impl Pass<'_> {
             )?;
         }
         let (dx0, text) =
-            mistral::backward(ex, cfg, params, head_w, &a.text, dxf, grads, want_dx0)?;
+            mistral::backward_cp(ex, cfg, params, head_w, &a.text, dxf, grads, want_dx0, cp)?;
         let mut visited = Visited {
             text_layers: text.layers,
             ..Visited::default()
         };
-        let Some(mut dx0) = dx0 else {
-            return Ok(visited);
+        let Some(dx0) = dx0 else {
+            return Ok((visited, 0));
+        };
+        // A CP rank's dx0 holds its tokens: scattered into the batch's rows, zero elsewhere.
+        let mut dx0 = match &a.text.cp {
+            Some(l) => cp_unshard_rows(ex, l, &dx0, t.hidden_size)?,
+            None => dx0,
         };
         let eg = layout.text_embed();
         let dfeat = {
@@ -411,16 +489,18 @@ impl Pass<'_> {
         grads.release(eg)?;
         drop(dx0);
         let (Some(v), Some(p)) = (&a.vision, &a.projector) else {
-            return Ok(visited);
+            return Ok((visited, 0));
         };
         if !image_needed {
-            return Ok(visited);
+            return Ok((visited, 0));
         }
+        let calls_before = cp.map_or(0, CpGroup::calls);
         let images = self.backward_images(batch, v, p, dfeat, grads, dpixels)?;
+        let vision_calls = cp.map_or(0, CpGroup::calls) - calls_before;
         visited.projector = images.projector;
         visited.vision_layers = images.vision_layers;
         visited.patch_embed = images.patch_embed;
-        Ok(visited)
+        Ok((visited, vision_calls))
     }
 
     /// Projector + vision backward from the gradient of the image features `[M, D]`
@@ -458,6 +538,39 @@ impl Pass<'_> {
         }
         Ok(visited)
     }
+}
+
+/// `[Tl, D]` rows of this CP rank from the batch's `x [T, D]` (padding rows zero).
+fn cp_shard_rows(
+    ex: &Exec,
+    layout: &CpLayout,
+    x: &Tensor<f32>,
+    d: usize,
+) -> Result<Tensor<f32>, ModelError> {
+    let st = ex.stream();
+    let (rows, global): (Vec<usize>, Vec<usize>) = layout.real().unzip();
+    let mut out = ex.zeros(&[layout.local_tokens(), d])?;
+    let mut compact = ex.empty::<f32>(&[rows.len(), d])?;
+    kops::gather_rows(st, &mut compact.view_mut(), &x.view(), &global, d)?;
+    kops::scatter_rows(st, &mut out.view_mut(), &compact.view(), &rows, d)?;
+    Ok(out)
+}
+
+/// Adjoint of [`cp_shard_rows`]: this rank's `dx [Tl, D]` in the batch's `[T, D]` rows,
+/// zero in the rows of other ranks' tokens.
+fn cp_unshard_rows(
+    ex: &Exec,
+    layout: &CpLayout,
+    dx: &Tensor<f32>,
+    d: usize,
+) -> Result<Tensor<f32>, ModelError> {
+    let st = ex.stream();
+    let (rows, global): (Vec<usize>, Vec<usize>) = layout.real().unzip();
+    let mut out = ex.zeros(&[layout.tokens, d])?;
+    let mut compact = ex.empty::<f32>(&[rows.len(), d])?;
+    kops::gather_rows(st, &mut compact.view_mut(), &dx.view(), &rows, d)?;
+    kops::scatter_rows(st, &mut out.view_mut(), &compact.view(), &global, d)?;
+    Ok(out)
 }
 
 /// The head group's tensors in a fetched buffer.

@@ -219,6 +219,7 @@ pub fn forward<A: Act>(
             rope: &rope,
             pos: &pos,
             cu_seqlens: &grid.cu_seqlens,
+            cp: None,
         };
         let mut acts = BlockActs::new(exec, &dims, n)?;
         let mut out = exec.empty(&[n, dv])?;
@@ -300,6 +301,7 @@ pub fn backward<A: Act>(
             rope: &a.rope,
             pos: &a.pos,
             cu_seqlens: &a.grid.cu_seqlens,
+            cp: None,
         };
         let g = layout.vision_layer(l);
         let fetched = params.fetch(g)?;

@@ -453,6 +453,8 @@ impl Trainer {
         let cfg = &plan.cfg;
         let tok = Tekken::from_file(&plan.tokenizer, cfg.data.vocab_size)?;
         let (mcfg, model_json) = model_config(&plan.model, &tok)?;
+        // The CP layout against the model's heads, before any data or weights are read.
+        cfg.parallel.cp().check(&mcfg)?;
         let image = image_config(&mcfg, cfg.data.longest_edge);
         let loader = Loader::open(&plan.data_config(image.clone()), &tok, Position::default())?;
         let stats = loader.stats().clone();

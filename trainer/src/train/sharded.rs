@@ -6,7 +6,9 @@
 //!          model is cut into the ranks' shards and released
 //! rank r   its own loader at the run's position (the same stream on every rank): per step
 //!          the grad_accum micro batches of the global batch, of which it takes its rows
-//!          (fsdp::rank_share); FsdpRank::step at the schedule's learning rate
+//!          (fsdp::rank_share over the dp = nproc / cp_size replicas: the cp ranks of a
+//!          replica take the same rows and split their tokens, `crate::cp`); FsdpRank::step
+//!          at the schedule's learning rate
 //! rank 0   the metrics line and progress of every step (memory figures: rank 0's
 //!          allocator; tokens, samples, FLOPs: the whole global batch)
 //! ckpt     every `checkpoint.every` steps (and after the last) each rank writes its shards
@@ -100,13 +102,18 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
     let data_cfg = t.plan.data_config(t.image.clone());
     let (accum, every) = (t.plan.cfg.train.grad_accum, t.plan.cfg.log.every);
     let pad = t.tok.pad_id();
+    let cp = t.plan.cfg.parallel.cp();
+    cp.check(cfg)?;
 
     let ranks = run_cpu_ranks(world, RANK_TIMEOUT, |comm, exec| {
         let r = comm.rank();
         let fail = |e: TrainError| FsdpError::Invalid(format!("rank {r}: {e}"));
         let mut loader =
             Loader::open(&data_cfg, &t.tok, t.state.position).map_err(|e| fail(e.into()))?;
-        let mut rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
+        let rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
+        // Context parallel: replicas of cp ranks take the same rows (world = dp x cp).
+        let mut rank = rank.with_cp(cp)?;
+        let (replica, replicas) = rank.data_parallel();
         if let Some((adam_step, m, v)) = &resumed {
             rank.load_state(&resumed_shard(&rank, *adam_step, &host, m, v)?)?;
         }
@@ -119,7 +126,7 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| fail(e.into()))?;
             let data_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let mine = rank_share(cfg, &micro, r, world)?;
+            let mine = rank_share(cfg, &micro, replica, replicas)?;
             let lr = t.state.schedule.at(step);
             let st = rank.step::<A>(&mine, lr)?;
             let step_s = t0.elapsed().as_secs_f64();

@@ -1,0 +1,246 @@
+//! Attention of a decoder block under context parallelism: the Ulysses exchange around the
+//! attention of the ring rank's tokens (the varlen kernel when there is no ring, [`ring`]
+//! otherwise), forward and backward side by side.
+//!
+//! ```text
+//! forward   q [Tl, Hq, Hd], k, v [Tl, Hkv, Hd]  (f32, after RoPE, this rank's tokens)
+//!           kv heads repeated rep = max(1, u / Hkv) times           -> [Tl, Hkv*rep, Hd]
+//!           to_heads (all-to-all over the Ulysses group)            -> [2C, H/u, Hd]
+//!           attention over the 2C tokens of the ring rank           -> out [2C, Hq/u, Hd],
+//!                                                                      lse [2C, Hq/u]
+//!           from_heads (all-to-all back)                            -> att [Tl, Hq, Hd]
+//! backward  d att [Tl, Hq, Hd] -> to_heads -> attention backward -> dq, dk, dv [2C, H/u, Hd]
+//!           -> from_heads (the rep copies of a kv head summed)      -> [Tl, H, Hd]
+//! ```
+//!
+//! With `u = 1` the exchange is the identity and costs no call. What the forward saves (in
+//! [`BlockActs`]): q, k, v and lse in the head-sharded layout, the attention output in both
+//! layouts (`att` for the output projection, `att_cp` for the attention backward).
+//!
+//! [`ring`]: super::ring
+
+use super::{ring, CpGroup, CpLayout};
+use crate::model::block::{BlockActs, BlockDims};
+use crate::model::ops::{store, Act};
+use crate::model::{Exec, ModelError};
+use cannon_kernels::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
+use cannon_kernels::{ops, Tensor};
+use cannon_runtime::comm::Communicator;
+use cannon_runtime::{BufferView, BufferViewMut, Float};
+
+type Result<T> = std::result::Result<T, ModelError>;
+
+/// What a block needs under CP: where to allocate, the group, and the batch's layout.
+#[derive(Clone, Copy, Debug)]
+pub struct CpCtx<'a> {
+    pub exec: &'a Exec,
+    pub group: &'a CpGroup,
+    pub layout: &'a CpLayout,
+}
+
+/// Head counts on the attention side of the exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpShapes {
+    /// 2C: tokens of the ring rank.
+    pub tokens: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    /// How often each kv head is repeated before the exchange (u / Hkv when Hkv < u).
+    pub rep: usize,
+}
+
+impl CpShapes {
+    pub fn new(dims: &BlockDims, layout: &CpLayout) -> Self {
+        let u = layout.u;
+        let rep = if dims.kv_heads.is_multiple_of(u) {
+            1
+        } else {
+            u / dims.kv_heads
+        };
+        CpShapes {
+            tokens: layout.local_tokens() * u,
+            q_heads: dims.q_heads / u,
+            kv_heads: dims.kv_heads * rep / u,
+            rep,
+        }
+    }
+}
+
+/// `[Tl, h, d]` (this rank's tokens, every head; each head repeated `rep` times) to
+/// `[u Tl, h rep / u, d]` (the Ulysses group's tokens, this rank's heads).
+fn to_heads<T: Float>(
+    exec: &Exec,
+    comm: Option<&Communicator>,
+    x: &BufferView<'_, T>,
+    (tl, h, d, rep): (usize, usize, usize, usize),
+) -> Result<Tensor<T>> {
+    let st = exec.stream();
+    let u = comm.map_or(1, Communicator::world_size);
+    let hc = h * rep / u;
+    // Send row (j, t, hh) of [u, Tl, hc] (rows of d): token t's head j*hc + hh (repeated).
+    let idx: Vec<usize> = (0..u)
+        .flat_map(|j| (0..tl).flat_map(move |t| (0..hc).map(move |hh| t * h + (j * hc + hh) / rep)))
+        .collect();
+    let mut send = exec.empty::<T>(&[u * tl, hc * d])?;
+    ops::gather_rows(st, &mut send.view_mut(), x, &idx, d)?;
+    let Some(comm) = comm else {
+        return Ok(send);
+    };
+    let mut recv = exec.empty::<T>(&[u * tl, hc * d])?;
+    comm.all_to_all(&send.view(), &mut recv.view_mut(), st)?;
+    Ok(recv)
+}
+
+/// Inverse (adjoint) of [`to_heads`]: `[u Tl, h rep / u, d]` back to `[Tl, h, d]`, the
+/// `rep` copies of a head summed.
+fn from_heads<T: Float>(
+    exec: &Exec,
+    comm: Option<&Communicator>,
+    y: &BufferView<'_, T>,
+    (tl, h, d, rep): (usize, usize, usize, usize),
+) -> Result<Tensor<T>> {
+    let st = exec.stream();
+    let u = comm.map_or(1, Communicator::world_size);
+    let (he, hc) = (h * rep, h * rep / u);
+    let recv = match comm {
+        Some(comm) => {
+            let mut recv = exec.empty::<T>(&[u * tl, hc * d])?;
+            comm.all_to_all(y, &mut recv.view_mut(), st)?;
+            Some(recv)
+        }
+        None => None,
+    };
+    let recv_view = recv.as_ref().map(Tensor::view);
+    let src = recv_view.as_ref().unwrap_or(y);
+    // Recv chunk j = [Tl, hc] of rank j's heads: token t's expanded head e = j*hc + hh.
+    let at = |t: usize, e: usize| ((e / hc) * tl + t) * hc + e % hc;
+    let mut out = exec.empty::<T>(&[tl, h * d])?;
+    if rep == 1 {
+        let idx: Vec<usize> = (0..tl)
+            .flat_map(|t| (0..he).map(move |e| at(t, e)))
+            .collect();
+        ops::gather_rows(st, &mut out.view_mut(), src, &idx, d)?;
+    } else {
+        let mut expanded = exec.empty::<T>(&[tl, he * d])?;
+        let idx: Vec<usize> = (0..tl)
+            .flat_map(|t| (0..he).map(move |e| at(t, e)))
+            .collect();
+        ops::gather_rows(st, &mut expanded.view_mut(), src, &idx, d)?;
+        out.zero(st)?;
+        let to: Vec<usize> = (0..tl)
+            .flat_map(|t| (0..he).map(move |e| t * h + e / rep))
+            .collect();
+        ops::scatter_add_rows(st, &mut out.view_mut(), &expanded.view(), &to, d)?;
+    }
+    Ok(out)
+}
+
+/// Forward of the block's attention from the f32 RoPE'd `q [Tl, Hq*Hd]`, `k`, `v
+/// [Tl, Hkv*Hd]`: fills `a.q`, `a.k`, `a.v`, `a.lse`, `a.att_cp` (head-sharded) and `a.att`
+/// (this rank's tokens).
+pub fn forward<A: Act>(
+    cx: CpCtx<'_>,
+    dims: &BlockDims,
+    (q, k, v): (&Tensor<f32>, &Tensor<f32>, &Tensor<f32>),
+    a: &mut BlockActs<A>,
+) -> Result<()> {
+    let (exec, layout) = (cx.exec, cx.layout);
+    let st = exec.stream();
+    let sh = CpShapes::new(dims, layout);
+    let (tl, hd) = (layout.local_tokens(), dims.head_dim);
+    let comm = cx.group.ulysses.as_ref();
+    let qh = to_heads(exec, comm, &q.view(), (tl, dims.q_heads, hd, 1))?;
+    let kh = to_heads(exec, comm, &k.view(), (tl, dims.kv_heads, hd, sh.rep))?;
+    let vh = to_heads(exec, comm, &v.view(), (tl, dims.kv_heads, hd, sh.rep))?;
+    store(st, &qh.view(), &mut a.q.view_mut())?;
+    store(st, &kh.view(), &mut a.k.view_mut())?;
+    store(st, &vh.view(), &mut a.v.view_mut())?;
+    drop((qh, kh, vh));
+    let att_cp = a.att_cp.as_mut().ok_or_else(missing_att_cp)?;
+    if layout.r == 1 {
+        let ends = layout.ring_local_ends();
+        let va = VarlenAttention::new(&ends, sh.tokens, sh.q_heads, sh.kv_heads, hd, dims.causal);
+        let (qv, kv, vv) = (a.q.view(), a.k.view(), a.v.view());
+        let qkv = QkvBuf {
+            q: &qv,
+            k: &kv,
+            v: &vv,
+        };
+        ops::attention_forward(st, &va, qkv, &mut att_cp.view_mut(), &mut a.lse.view_mut())?;
+    } else {
+        let ring = cx.group.ring.as_ref().ok_or_else(missing_ring)?;
+        let out = ring::forward(exec, ring, layout, &sh, hd, (&a.q, &a.k, &a.v), &mut a.lse)?;
+        store(st, &out.view(), &mut att_cp.view_mut())?;
+    }
+    let att = from_heads(exec, comm, &att_cp.view(), (tl, dims.q_heads, hd, 1))?;
+    a.att.view_mut().memcpy_dtod(st, &att.view())?;
+    Ok(())
+}
+
+/// Backward of [`forward`]: from `datt [Tl, Hq*Hd]` (this rank's tokens) OVERWRITES `dq
+/// [Tl, Hq*Hd]`, `dk`, `dv [Tl, Hkv*Hd]` (before the RoPE backward).
+pub fn backward<A: Act>(
+    cx: CpCtx<'_>,
+    dims: &BlockDims,
+    a: &BlockActs<A>,
+    datt: &BufferView<'_, A>,
+    (dq, dk, dv): (
+        &mut BufferViewMut<'_, A>,
+        &mut BufferViewMut<'_, A>,
+        &mut BufferViewMut<'_, A>,
+    ),
+) -> Result<()> {
+    let (exec, layout) = (cx.exec, cx.layout);
+    let st = exec.stream();
+    let sh = CpShapes::new(dims, layout);
+    let (tl, hd) = (layout.local_tokens(), dims.head_dim);
+    let comm = cx.group.ulysses.as_ref();
+    let att_cp = a.att_cp.as_ref().ok_or_else(missing_att_cp)?;
+    let dout = to_heads(exec, comm, datt, (tl, dims.q_heads, hd, 1))?;
+    let (qv, kv, vv) = (a.q.view(), a.k.view(), a.v.view());
+    let qkv = QkvBuf {
+        q: &qv,
+        k: &kv,
+        v: &vv,
+    };
+    let mut dqh = exec.empty::<A>(a.q.shape())?;
+    let mut dkh = exec.empty::<A>(a.k.shape())?;
+    let mut dvh = exec.empty::<A>(a.v.shape())?;
+    if layout.r == 1 {
+        let ends = layout.ring_local_ends();
+        let va = VarlenAttention::new(&ends, sh.tokens, sh.q_heads, sh.kv_heads, hd, dims.causal);
+        let (mut gq, mut gk, mut gv) = (dqh.view_mut(), dkh.view_mut(), dvh.view_mut());
+        let grads = QkvGradBuf {
+            dq: &mut gq,
+            dk: &mut gk,
+            dv: &mut gv,
+        };
+        let (att, lse) = (att_cp.view(), a.lse.view());
+        ops::attention_backward(st, &va, qkv, &att, &lse, &dout.view(), grads)?;
+    } else {
+        let ring = cx.group.ring.as_ref().ok_or_else(missing_ring)?;
+        let saved = (&att_cp.view(), &a.lse.view(), &dout.view());
+        let (gq, gk, gv) = ring::backward(exec, ring, layout, &sh, hd, qkv, saved)?;
+        store(st, &gq.view(), &mut dqh.view_mut())?;
+        store(st, &gk.view(), &mut dkh.view_mut())?;
+        store(st, &gv.view(), &mut dvh.view_mut())?;
+    }
+    drop(dout);
+    let back = |x: &Tensor<A>, h: usize, rep: usize, dst: &mut BufferViewMut<'_, A>| {
+        let y = from_heads(exec, comm, &x.view(), (tl, h, hd, rep))?;
+        dst.memcpy_dtod(st, &y.view())?;
+        Ok::<(), ModelError>(())
+    };
+    back(&dqh, dims.q_heads, 1, dq)?;
+    back(&dkh, dims.kv_heads, sh.rep, dk)?;
+    back(&dvh, dims.kv_heads, sh.rep, dv)?;
+    Ok(())
+}
+
+fn missing_att_cp() -> ModelError {
+    ModelError::Input("a CP block's activations lack the head-sharded attention output".into())
+}
+
+fn missing_ring() -> ModelError {
+    ModelError::Input("the CP layout has a ring but this rank has no ring communicator".into())
+}

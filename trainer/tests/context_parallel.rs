@@ -1,0 +1,356 @@
+//! Context parallelism (Ulysses, Ring, hybrid) equals one rank: loss and every gradient group
+//! on the shared tiny fixture and on small random models with images and packed sequences,
+//! at lengths that do not divide by the CP layout; the vision tower issues no CP collective;
+//! and CP composed with FSDP (dp 2 x cp 2) follows the one-rank run over several steps.
+//!
+//! Tolerance (f32): relative L2 per gradient group <= 1e-5, loss relative <= 1e-6 (measured:
+//! at most 1.2e-6 and 3e-8). A CP rank
+//! computes the same per-token arithmetic as one rank, but sums differ in order: weight
+//! gradients are a GEMM over each rank's token shard then a sum over ranks instead of one
+//! GEMM over all tokens, and Ring attention sums each row's keys block by block and merges
+//! them with the log-sum-exp instead of in 64-key tiles. Each such regrouping moves a sum by
+//! ~f32 eps (6e-8) times the square root of its terms (<= ~100 here), ~1e-6; the bar leaves
+//! a margin while a wrong mask, a missing block or a lost token changes gradients by O(1e-2)
+//! or more (checked by `dropping_one_token_is_caught`).
+
+mod common;
+#[path = "fsdp_fixture/mod.rs"]
+mod fsdp_fixture;
+
+use cannon_kernels::cross_entropy::IGNORE_INDEX;
+use cannon_trainer::batch::Batch;
+use cannon_trainer::cp::{CpAlgo, CpGroup, CpSettings};
+use cannon_trainer::fsdp::{run_cpu_ranks, FsdpRank};
+use cannon_trainer::model::{Exec, Mistral3, Mistral3Config, ParamLayout, Params, Part, Pass};
+use common::shared_path;
+use fsdp_fixture::*;
+use std::time::Duration;
+
+const ALL: [Part; 3] = [Part::Vision, Part::Projector, Part::Text];
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+type HostGrads = Vec<Option<Vec<f32>>>;
+
+fn settings(size: usize, algo: CpAlgo, ulysses_size: usize) -> CpSettings {
+    CpSettings {
+        size,
+        algo,
+        ulysses_size,
+    }
+}
+
+/// The layouts every equivalence test runs: cp 2 and 4 of each algorithm, hybrid 2 x 2.
+fn layouts() -> Vec<CpSettings> {
+    vec![
+        settings(2, CpAlgo::Ulysses, 1),
+        settings(4, CpAlgo::Ulysses, 1),
+        settings(2, CpAlgo::Ring, 1),
+        settings(4, CpAlgo::Ring, 1),
+        settings(4, CpAlgo::Hybrid, 2),
+    ]
+}
+
+/// One rank: mean loss and every gradient group of `batch`.
+fn one_rank(cfg: &Mistral3Config, host: &[Vec<f32>], batch: &Batch) -> (f64, HostGrads) {
+    let exec = Exec::cpu();
+    let params = Params::from_host(&exec, ParamLayout::new(cfg), host).unwrap();
+    let mut grads = cannon_trainer::model::Grads::new(&exec, &params.layout, &ALL).unwrap();
+    let pass = pass(cfg, &exec, &params);
+    let acts = pass.forward::<f32>(batch).unwrap();
+    pass.backward(batch, &acts, &mut grads, None).unwrap();
+    (acts.loss(), grads.to_host(exec.stream()).unwrap())
+}
+
+fn pass<'a>(cfg: &'a Mistral3Config, exec: &'a Exec, params: &'a Params) -> Pass<'a> {
+    Pass {
+        cfg,
+        exec,
+        loss_mode: cannon_trainer::model::LossMode::Full,
+        params,
+        loss_norm: cannon_kernels::cross_entropy::LossNorm::Mean,
+    }
+}
+
+/// What the CP ranks of one pass report (rank 0's view, the others checked equal).
+struct CpRun {
+    loss: f64,
+    grads: HostGrads,
+    /// CP calls during the vision + projector forward and backward, every rank.
+    vision_calls: Vec<u64>,
+    /// CP calls of the whole pass, every rank.
+    all_calls: Vec<u64>,
+}
+
+/// `s.size` CP ranks on `batch`: the loss (sums of losses and targets over the group) and
+/// the gradients summed over the group.
+fn cp_ranks(cfg: &Mistral3Config, host: &[Vec<f32>], batch: &Batch, s: CpSettings) -> CpRun {
+    let per_rank = run_cpu_ranks(s.size, TIMEOUT, |comm, exec| {
+        let st = exec.stream();
+        let group = CpGroup::whole(comm, s, st)?;
+        let params = Params::from_host(&exec, ParamLayout::new(cfg), host)?;
+        let mut grads = cannon_trainer::model::Grads::new(&exec, &params.layout, &ALL)?;
+        let pass = pass(cfg, &exec, &params);
+        let before = group.calls();
+        let acts = pass.forward_cp::<f32>(batch, &group)?;
+        let (_, vision_bwd) = pass.backward_cp(batch, &acts, &mut grads, &group)?;
+        let all = group.calls() - before;
+        let sums = group.sum(&[acts.head.sum, acts.head.targets as f64], st)?;
+        group.all_reduce_grads(&mut grads, st)?;
+        let vision = acts.vision_cp_calls + vision_bwd;
+        Ok((sums[0] / sums[1], grads.to_host(st)?, vision, all))
+    })
+    .unwrap();
+    let vision_calls = per_rank.iter().map(|r| r.2).collect();
+    let all_calls = per_rank.iter().map(|r| r.3).collect();
+    let (loss, grads, ..) = per_rank.into_iter().next().unwrap();
+    CpRun {
+        loss,
+        grads,
+        vision_calls,
+        all_calls,
+    }
+}
+
+fn rel_l2_f32(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|&y| (y as f64).powi(2)).sum();
+    num.sqrt() / den.sqrt().max(1e-30)
+}
+
+/// The largest relative L2 difference over the gradient groups, and the group's index.
+fn worst(a: &HostGrads, b: &HostGrads) -> (f64, usize) {
+    let mut w = (0.0, 0);
+    for (g, (x, y)) in a.iter().zip(b).enumerate() {
+        let (x, y) = (x.as_ref().unwrap(), y.as_ref().unwrap());
+        assert_eq!(x.len(), y.len());
+        let e = rel_l2_f32(x, y);
+        if e > w.0 {
+            w = (e, g);
+        }
+    }
+    w
+}
+
+/// Checks every layout on `batch` against one rank.
+fn check_all(what: &str, cfg: &Mistral3Config, host: &[Vec<f32>], batch: &Batch) {
+    let (loss1, grads1) = one_rank(cfg, host, batch);
+    for s in layouts() {
+        let run = cp_ranks(cfg, host, batch, s);
+        let dl = (run.loss - loss1).abs() / loss1.abs();
+        let (dg, g) = worst(&run.grads, &grads1);
+        eprintln!(
+            "{what} T={} {} cp={} u={}: loss rel {dl:.1e}, worst grad rel L2 {dg:.1e} (group {g})",
+            batch.tokens(),
+            s.algo,
+            s.size,
+            s.ulysses_size
+        );
+        assert!(dl <= 1e-6, "{what} {s:?}: loss {} vs {loss1}", run.loss);
+        assert!(dg <= 1e-5, "{what} {s:?}: group {g} rel L2 {dg:e}");
+        assert!(
+            run.vision_calls.iter().all(|&n| n == 0),
+            "{what} {s:?}: the vision tower issued CP calls {:?}",
+            run.vision_calls
+        );
+        assert!(
+            run.all_calls.iter().all(|&n| n > 0),
+            "{what} {s:?}: the decoder exchanged nothing {:?}",
+            run.all_calls
+        );
+    }
+}
+
+/// `batch` cut to its first `n` tokens (one row): images stay (their tokens are early).
+fn truncated(b: &Batch, n: usize) -> Batch {
+    let mut b = b.clone();
+    assert_eq!(b.rows, 1);
+    b.seq = n;
+    b.input_ids.truncate(n);
+    b.labels.truncate(n);
+    b.position_ids.truncate(n);
+    b.cu_seqlens.clear();
+    b
+}
+
+#[test]
+fn shared_fixture_every_layout_equals_one_rank() {
+    let dir = shared_path("reference/mistral3-tiny");
+    let model = Mistral3::load(&dir).unwrap();
+    let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors")).unwrap();
+    let batch = r.batch().unwrap();
+    let host = model.params.to_host(model.exec.stream()).unwrap();
+    check_all("fixture", &model.cfg, &host, &batch);
+}
+
+/// Random model, an image and packed sequences, at 24 tokens and at 23 and 21 (not a
+/// multiple of 2 x cp: padding at the end).
+#[test]
+fn packed_rows_with_images_at_uneven_lengths_equal_one_rank() {
+    let cfg = config();
+    let host = init(&cfg, 11);
+    let mut rng = cannon_runtime::rng::SplitMix64::new(5);
+    let packed = micro_batch(&mut rng, true, true);
+    assert!(packed.sequence_ends().len() >= 2, "two packed sequences");
+    for n in [24, 23, 21] {
+        let b = truncated(&packed, n);
+        b.check().unwrap();
+        check_all("packed", &cfg, &host, &b);
+    }
+    let plain = micro_batch(&mut rng, false, false);
+    check_all("text", &cfg, &host, &truncated(&plain, 19));
+}
+
+/// The test can fail: a CP rank that loses its last token (its target ignored) moves the
+/// loss and gradients far past the bar.
+#[test]
+fn dropping_one_token_is_caught() {
+    let cfg = config();
+    let host = init(&cfg, 11);
+    let mut rng = cannon_runtime::rng::SplitMix64::new(5);
+    let b = micro_batch(&mut rng, true, true);
+    let (loss1, grads1) = one_rank(&cfg, &host, &b);
+    let mut cut = b.clone();
+    let last = cut.labels.len() - 1;
+    cut.labels[last] = IGNORE_INDEX;
+    let run = cp_ranks(&cfg, &host, &cut, settings(2, CpAlgo::Ring, 1));
+    let (dg, _) = worst(&run.grads, &grads1);
+    assert!(
+        (run.loss - loss1).abs() / loss1 > 1e-4 || dg > 1e-3,
+        "a dropped token went unnoticed: {dg:e}"
+    );
+}
+
+#[test]
+fn head_counts_the_layout_cannot_split_are_errors_naming_the_key() {
+    let cfg = config(); // 4 q heads, 2 kv heads
+    let e = settings(8, CpAlgo::Ulysses, 1)
+        .check(&cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("parallel.cp_size") && e.contains("4 query heads"),
+        "{e}"
+    );
+    let e = settings(6, CpAlgo::Hybrid, 4)
+        .check(&cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("parallel.ulysses_size"), "{e}");
+    // Ring splits tokens, not heads: any size goes.
+    settings(8, CpAlgo::Ring, 1).check(&cfg).unwrap();
+    // Ulysses over 4 with 2 kv heads repeats each kv head twice.
+    settings(4, CpAlgo::Ulysses, 1).check(&cfg).unwrap();
+}
+
+/// dp 2 x cp 2 with FSDP over the 4 ranks follows the one-rank run: 4 steps of a global
+/// batch of 4 micro batches (2 per replica), losses within 1e-5 normalised difference and
+/// final parameters within 1e-5 relative L2 (the FSDP test's bars: AdamW's normalisation
+/// amplifies gradient rounding little over a few steps).
+#[test]
+fn fsdp_dp2_cp2_equals_one_rank() {
+    let cfg = config();
+    let host = init(&cfg, 3);
+    let batches = global_batch(4, 9);
+    let s = fsdp_fixture::settings(&[]);
+    let steps = 4;
+    let (ref_losses, ref_params) = run_unsharded(&cfg, &host, &batches, &s, steps);
+    for cp in [
+        settings(2, CpAlgo::Ulysses, 1),
+        settings(2, CpAlgo::Ring, 1),
+    ] {
+        let out = run_cpu_ranks(4, TIMEOUT, |comm, exec| {
+            let rank = FsdpRank::new(comm, exec, cfg.clone(), &host, s.clone())?;
+            let mut rank = rank.with_cp(cp)?;
+            let (replica, replicas) = rank.data_parallel();
+            assert_eq!(replicas, 2);
+            let mine: Vec<Batch> = batches
+                .iter()
+                .skip(replica)
+                .step_by(replicas)
+                .cloned()
+                .collect();
+            let mut losses = Vec::new();
+            for _ in 0..steps {
+                losses.push(rank.step::<f32>(&mine, s.adamw.lr)?.loss);
+            }
+            let full = rank.gather_full_params()?;
+            Ok((losses, full.to_host(rank.exec().stream())?))
+        })
+        .unwrap();
+        for (losses, params) in &out {
+            let dl = loss_diff(losses, &ref_losses);
+            let dp = rel_l2(params, &ref_params);
+            eprintln!(
+                "fsdp dp2 x cp2 {}: loss diff {dl:.1e}, params rel L2 {dp:.1e}",
+                cp.algo
+            );
+            assert!(dl <= 1e-5, "{:?}: loss diff {dl:e}", cp.algo);
+            assert!(dp <= 1e-5, "{:?}: params rel L2 {dp:e}", cp.algo);
+        }
+    }
+}
+
+fn config_err(sets: &[&str]) -> String {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    match cannon_trainer::config::TrainConfig::load(None, &sets) {
+        Ok(c) => panic!("accepted {sets:?}: {:?}", c.parallel),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The `[parallel]` CP and EP keys: defaults, what each layout gives, and errors that name
+/// the key and say why.
+#[test]
+fn parallel_config_keys() {
+    use cannon_trainer::config::TrainConfig;
+    let c = TrainConfig::load(None, &[]).unwrap();
+    assert_eq!(c.parallel.cp(), CpSettings::default());
+    assert_eq!(c.parallel.ep_size, 1);
+    let sets = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let c = TrainConfig::load(
+        None,
+        &sets(&[
+            "parallel.nproc=8",
+            "parallel.cp_size=4",
+            "parallel.cp_algo=\"hybrid\"",
+            "parallel.ulysses_size=2",
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.parallel.cp(), settings(4, CpAlgo::Hybrid, 2));
+    assert_eq!(c.parallel.cp().degrees(), (2, 2));
+    // The effective config round-trips (it is saved with checkpoints).
+    let text = toml::to_string(&c).unwrap();
+    assert_eq!(TrainConfig::from_toml(&text).unwrap(), c);
+
+    let e = config_err(&["parallel.nproc=6", "parallel.cp_size=4"]);
+    assert!(
+        e.contains("parallel.cp_size") && e.contains("nproc = 6"),
+        "{e}"
+    );
+    let e = config_err(&["parallel.ep_size=2"]);
+    assert!(e.contains("parallel.ep_size") && e.contains("dense"), "{e}");
+    let e = config_err(&[
+        "parallel.nproc=4",
+        "parallel.cp_size=4",
+        "parallel.cp_algo=\"hybrid\"",
+    ]);
+    assert!(e.contains("parallel.ulysses_size"), "{e}");
+    let e = config_err(&[
+        "parallel.nproc=4",
+        "parallel.cp_size=4",
+        "parallel.cp_algo=\"hybrid\"",
+        "parallel.ulysses_size=3",
+    ]);
+    assert!(e.contains("must divide parallel.cp_size = 4"), "{e}");
+    let e = config_err(&["parallel.ulysses_size=2"]);
+    assert!(e.contains("only cp_algo = hybrid"), "{e}");
+    let e = config_err(&["parallel.cp_algo=\"tree\""]);
+    assert!(e.contains("cp_algo"), "{e}");
+    let e = config_err(&["parallel.cp_size=0"]);
+    assert!(e.contains("parallel.cp_size"), "{e}");
+}
