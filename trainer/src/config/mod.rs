@@ -35,6 +35,8 @@
 //! [parallel]
 //! nproc = 1
 //! fsdp = true
+//! device = "cpu"             # or "npu" (a build with --features npu): npu:0, or under
+//!                            # `cannon launch` one NPU per process (LOCAL_RANK), HCCL between
 //!
 //! [checkpoint]
 //! # dir = "runs/x/checkpoints"
@@ -266,6 +268,9 @@ pub struct ParallelSection {
     pub nproc: usize,
     /// Shard parameters, gradients and optimizer state over the ranks (ZeRO-3).
     pub fsdp: bool,
+    /// Where the model runs: the host, or an Ascend NPU (npu:0; in a job of `cannon launch`,
+    /// this process's NPU `LOCAL_RANK`, the job's ranks joined by HCCL).
+    pub device: DeviceKind,
 }
 
 impl Default for ParallelSection {
@@ -273,8 +278,17 @@ impl Default for ParallelSection {
         ParallelSection {
             nproc: 1,
             fsdp: true,
+            device: DeviceKind::Cpu,
         }
     }
+}
+
+/// `parallel.device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    Cpu,
+    Npu,
 }
 
 /// Which checkpoint a run resumes from.
@@ -492,6 +506,23 @@ impl TrainConfig {
                 "more than one rank without sharding is not implemented: set fsdp = true (or \
                  nproc = 1)",
             );
+        }
+        if self.parallel.device == DeviceKind::Npu {
+            if !cfg!(feature = "npu") {
+                return invalid(
+                    "parallel.device",
+                    "npu",
+                    "this build has the CPU backend only: build with `--features npu`",
+                );
+            }
+            if self.parallel.nproc > 1 {
+                return invalid(
+                    "parallel.nproc",
+                    self.parallel.nproc,
+                    "with parallel.device = npu every rank is its own process on its own NPU: \
+                     start them with `cannon launch --nproc N -- train ...` and leave nproc = 1",
+                );
+            }
         }
         let c = &self.checkpoint;
         positive("checkpoint.keep_last", c.keep_last)?;
