@@ -125,6 +125,18 @@ aclnnStatus aclnnSwiGluGradGetWorkspaceSize(const aclTensor *yGrad, const aclTen
                                             uint64_t *workspaceSize, aclOpExecutor **executor);
 CANNON_ACLNN_PHASE2(aclnnSwiGluGrad);
 
+/* GELU and its backward (aclnnop/aclnn_gelu_v2.h, aclnn_gelu_backward_v2.h, checked against
+ * the CANN 8.1.RC1 headers; not in docs/cann-api.md). The V2 forms name the approximation: the
+ * forward as an int64 (0 = "none", the erf form; 1 = "tanh"), the backward as a C string
+ * ("none" or "tanh"). */
+aclnnStatus aclnnGeluV2GetWorkspaceSize(const aclTensor *x, int64_t approximate, aclTensor *y,
+                                        uint64_t *workspaceSize, aclOpExecutor **executor);
+CANNON_ACLNN_PHASE2(aclnnGeluV2);
+aclnnStatus aclnnGeluBackwardV2GetWorkspaceSize(const aclTensor *gradOutput, const aclTensor *self,
+                                                char *approximate, aclTensor *gradInput,
+                                                uint64_t *workspaceSize, aclOpExecutor **executor);
+CANNON_ACLNN_PHASE2(aclnnGeluBackwardV2);
+
 /* Rotary embedding and its backward (aclnn_rotary_position_embedding{,_grad}.h). */
 aclnnStatus aclnnRotaryPositionEmbeddingGetWorkspaceSize(const aclTensor *x, const aclTensor *cos,
                                                          const aclTensor *sin, int64_t mode,

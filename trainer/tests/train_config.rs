@@ -217,3 +217,37 @@ fn lr_schedule_matches_hand_computed_values() {
     };
     assert_eq!(no_warmup.at(0), 1e-3);
 }
+
+#[test]
+fn parallel_device_is_cpu_or_npu_and_npu_needs_the_feature() {
+    let load = |sets: &[&str]| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        cannon_trainer::config::TrainConfig::load(None, &sets)
+    };
+    let e = load(&["parallel.device=gpu"]).unwrap_err().to_string();
+    assert!(e.contains("parallel.device"), "{e}");
+    let npu = load(&["parallel.device=npu"]);
+    if cfg!(feature = "npu") {
+        npu.unwrap();
+        let e = load(&["parallel.device=npu", "parallel.nproc=2"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("parallel.nproc = 2") && e.contains("cannon launch"),
+            "{e}"
+        );
+        let e = load(&["parallel.device=npu", "parallel.cp_size=2"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("parallel.cp_size = 2") && e.contains("CPU ranks"),
+            "{e}"
+        );
+    } else {
+        let e = npu.unwrap_err().to_string();
+        assert!(
+            e.contains("parallel.device = npu") && e.contains("--features npu"),
+            "{e}"
+        );
+    }
+}

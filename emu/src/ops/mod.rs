@@ -10,6 +10,7 @@ pub mod adamw;
 pub mod attention;
 pub mod elementwise;
 pub mod embedding;
+pub mod gelu;
 pub mod loss;
 pub mod matmul;
 pub mod norm;

@@ -337,3 +337,123 @@ mod descriptors {
         );
     }
 }
+
+mod gelu {
+    use super::*;
+    use crate::ops::gelu::*;
+
+    /// erf(z) in f64 by its everywhere-convergent series of positive terms (independent of
+    /// the kernel's Chebyshev fit): erf(z) = 2/sqrt(pi) e^(-z^2) sum 2^n z^(2n+1) / (2n+1)!!.
+    fn erf(z: f64) -> f64 {
+        let (mut term, mut sum, mut n) = (z, z, 0.0);
+        while term.abs() > 1e-18 * sum.abs().max(1e-300) {
+            n += 1.0;
+            term *= 2.0 * z * z / (2.0 * n + 1.0);
+            sum += term;
+        }
+        2.0 / std::f64::consts::PI.sqrt() * (-z * z).exp() * sum
+    }
+
+    fn phi(x: f64) -> f64 {
+        0.5 * (1.0 + erf(x / 2f64.sqrt()))
+    }
+
+    const X: [f32; 6] = [-3.0, -1.25, -0.1, 0.0, 0.7, 2.5];
+
+    #[test]
+    fn forward_and_backward_are_the_erf_form() {
+        let x = Dev::f32(&X, &[2, 3]);
+        let y = Dev::f32(&[0.0; 6], &[2, 3]);
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnGeluV2GetWorkspaceSize(x.t, 0, y.t, w, e) }
+        });
+        launch(ws, ex, aclnnGeluV2).unwrap();
+        for (got, &v) in y.get::<f32>().iter().zip(&X) {
+            let want = v as f64 * phi(v as f64);
+            // The kernel's erfc fit is good to ~2e-7 relative, plus f32 roundings.
+            assert!(
+                (*got as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                "{v}: {got} vs {want}"
+            );
+        }
+        // gradOutput [3] broadcast against self [2, 3]; gradInput written, not accumulated.
+        let dy = Dev::f32(&[1.0, -2.0, 0.5], &[3]);
+        let dx = Dev::f32(&[100.0; 6], &[2, 3]);
+        let mut mode = *b"none\0";
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles, a NUL-terminated mode and valid out-pointers.
+            unsafe {
+                aclnnGeluBackwardV2GetWorkspaceSize(dy.t, x.t, mode.as_mut_ptr().cast(), dx.t, w, e)
+            }
+        });
+        launch(ws, ex, aclnnGeluBackwardV2).unwrap();
+        let pdf = |v: f64| (-0.5 * v * v).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        for (i, (got, &v)) in dx.get::<f32>().iter().zip(&X).enumerate() {
+            let v = v as f64;
+            let want = [1.0, -2.0, 0.5][i % 3] * (phi(v) + v * pdf(v));
+            assert!(
+                (*got as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                "{v}: {got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn modes_shapes_and_nulls_are_checked() {
+        let x = Dev::f32(&X, &[6]);
+        let y = Dev::f32(&[0.0; 6], &[6]);
+        let short = Dev::f32(&[0.0; 5], &[5]);
+        let m = phase1_err(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnGeluV2GetWorkspaceSize(x.t, 1, y.t, w, e) }
+        });
+        assert!(m.contains("tanh") && m.contains("not implemented"), "{m}");
+        let m = phase1_err(|w, e| {
+            // SAFETY: as above.
+            unsafe { aclnnGeluV2GetWorkspaceSize(x.t, 2, y.t, w, e) }
+        });
+        assert!(m.contains("approximate 2"), "{m}");
+        let m = phase1_err(|w, e| {
+            // SAFETY: as above.
+            unsafe { aclnnGeluV2GetWorkspaceSize(x.t, 0, short.t, w, e) }
+        });
+        assert!(m.contains("shape"), "{m}");
+        let h = Dev::new(&[0u16; 6], &[6], ACL_BF16);
+        let m = phase1_err(|w, e| {
+            // SAFETY: as above.
+            unsafe { aclnnGeluV2GetWorkspaceSize(x.t, 0, h.t, w, e) }
+        });
+        assert!(m.contains("y has dtype BFLOAT16"), "{m}");
+        let m = phase1_err(|w, e| {
+            // SAFETY: a null mode is the error under test.
+            unsafe {
+                aclnnGeluBackwardV2GetWorkspaceSize(x.t, x.t, std::ptr::null_mut(), y.t, w, e)
+            }
+        });
+        assert!(m.contains("approximate is null"), "{m}");
+        let mut bad = *b"erf\0";
+        let m = phase1_err(|w, e| {
+            // SAFETY: live handles, a NUL-terminated mode.
+            unsafe {
+                aclnnGeluBackwardV2GetWorkspaceSize(x.t, x.t, bad.as_mut_ptr().cast(), y.t, w, e)
+            }
+        });
+        assert!(m.contains("\"erf\""), "{m}");
+        let mut none = *b"none\0";
+        let m = phase1_err(|w, e| {
+            // SAFETY: live handles, a NUL-terminated mode.
+            unsafe {
+                aclnnGeluBackwardV2GetWorkspaceSize(
+                    x.t,
+                    x.t,
+                    none.as_mut_ptr().cast(),
+                    short.t,
+                    w,
+                    e,
+                )
+            }
+        });
+        assert!(m.contains("gradInput has shape [5]"), "{m}");
+    }
+}

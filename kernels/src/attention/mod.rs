@@ -70,6 +70,17 @@ pub use block::{
     BlockAttention, BlockPair,
 };
 pub use npu::lse_len_npu;
+
+/// f32 values of the softmax statistics per (token, query head) that the forward saves for
+/// the backward on `device`: 1 on the CPU (the log-sum-exp, `[T, Hq]`), 16 on the NPU
+/// (softmaxMax and softmaxSum, `[T, Hq, 8]` each, see [`lse_len_npu`]). A model sizes its
+/// saved `lse` tensor as `[T, Hq, lse_per_head(device)]`.
+pub fn lse_per_head(device: cannon_runtime::Device) -> usize {
+    match device {
+        cannon_runtime::Device::Cpu => 1,
+        cannon_runtime::Device::Npu(_) => 16,
+    }
+}
 mod pack;
 mod simd;
 

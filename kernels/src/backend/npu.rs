@@ -1,6 +1,4 @@
-//! [`Backend`] on an Ascend NPU: each method is the op's aclnn body in the op's own `npu.rs`
-//! (GELU, whose aclnn ops are not bound yet, returns the typed pending error of
-//! [`super::npu_pending`]).
+//! [`Backend`] on an Ascend NPU: each method is the op's aclnn body in the op's own `npu.rs`.
 
 use super::{Backend, Npu};
 use crate::adamw::AdamW;

@@ -16,6 +16,7 @@
 #![cfg(feature = "npu")]
 
 mod dense;
+mod gelu;
 mod layers;
 mod rest;
 

@@ -1,11 +1,11 @@
-//! Attention, grad-norm pieces, index ops, patch embedding, GELU's pending error, and the
-//! release of every descriptor.
+//! Attention, grad-norm pieces, index ops, patch embedding, and the release of every
+//! descriptor.
 
 use crate::{bf, down, emu, f64s, streams, up};
 use cannon_kernels::linear::{LinearDims, LinearGradBufs};
 use cannon_kernels::ops;
 use cannon_kernels::testutil::{rel_l2, Rng};
-use cannon_kernels::{KernelError, Precision};
+use cannon_kernels::Precision;
 use cannon_runtime::{DeviceBuffer, Float, Stream};
 use half::bf16;
 
@@ -224,27 +224,6 @@ fn patch_embed_matches_the_cpu() {
     patch_embed::<f32>(Precision::F32, |v| v.to_vec(), 1e-6);
     patch_embed::<f32>(Precision::Bf16, |v| v.to_vec(), 1e-6);
     patch_embed::<bf16>(Precision::Bf16, bf, 1e-6);
-}
-
-#[test]
-fn gelu_is_a_typed_pending_error_on_the_npu() {
-    // aclnnGeluV2 / aclnnGeluBackwardV2 are not in the bindings: a named error, never a host
-    // fallback or a wrong answer.
-    let (_g, _, n) = streams();
-    let x = up(&n, &[0.5f32; 8]);
-    let mut y = DeviceBuffer::<f32>::alloc(&n, 8).unwrap();
-    let e = ops::gelu_forward(&n, &mut y.view_mut(), &x.view()).unwrap_err();
-    assert!(
-        matches!(
-            &e,
-            KernelError::Unsupported {
-                op: "gelu_forward",
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(e.to_string().contains("aclnnGeluV2"), "{e}");
 }
 
 /// The emulator's count of live aclnn descriptors and executors (a test hook it exports).

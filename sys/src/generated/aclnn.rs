@@ -1307,6 +1307,146 @@ pub unsafe fn aclnnSwiGluGrad(
     // SAFETY: the caller upholds the C contract (see `# Safety`).
     Ok(unsafe { cannon_fn(workspace, workspaceSize, executor, stream) })
 }
+/// `aclnnGeluV2GetWorkspaceSize`, resolved from the aclnn op libraries on first call.
+///
+/// Returns `Err` only when the library or the symbol cannot be found; otherwise the C
+/// function's own return value.
+///
+/// # Safety
+///
+/// The caller upholds the C contract of this function (valid pointers, handle
+/// lifetimes, thread/context rules; docs/cann-api.md).
+pub unsafe fn aclnnGeluV2GetWorkspaceSize(
+    x: *const aclTensor,
+    approximate: i64,
+    y: *mut aclTensor,
+    workspaceSize: *mut u64,
+    executor: *mut *mut aclOpExecutor,
+) -> ::core::result::Result<aclnnStatus, crate::Error> {
+    type F = unsafe extern "C" fn(
+        *const aclTensor,
+        i64,
+        *mut aclTensor,
+        *mut u64,
+        *mut *mut aclOpExecutor,
+    ) -> aclnnStatus;
+    static CANNON_SYMBOL: crate::loader::Symbol = crate::loader::Symbol::new(
+        crate::loader::Lib::OpApi,
+        c"aclnnGeluV2GetWorkspaceSize",
+    );
+    let cannon_addr = CANNON_SYMBOL.get()?;
+    // SAFETY: `cannon_addr` came from dlsym for this symbol; its C type is `F`.
+    let cannon_fn = unsafe {
+        ::core::mem::transmute::<*mut ::core::ffi::c_void, F>(cannon_addr.as_ptr())
+    };
+    // SAFETY: the caller upholds the C contract (see `# Safety`).
+    Ok(unsafe { cannon_fn(x, approximate, y, workspaceSize, executor) })
+}
+/// `aclnnGeluV2`, resolved from the aclnn op libraries on first call.
+///
+/// Returns `Err` only when the library or the symbol cannot be found; otherwise the C
+/// function's own return value.
+///
+/// # Safety
+///
+/// The caller upholds the C contract of this function (valid pointers, handle
+/// lifetimes, thread/context rules; docs/cann-api.md).
+pub unsafe fn aclnnGeluV2(
+    workspace: *mut ::std::os::raw::c_void,
+    workspaceSize: u64,
+    executor: *mut aclOpExecutor,
+    stream: aclrtStream,
+) -> ::core::result::Result<aclnnStatus, crate::Error> {
+    type F = unsafe extern "C" fn(
+        *mut ::std::os::raw::c_void,
+        u64,
+        *mut aclOpExecutor,
+        aclrtStream,
+    ) -> aclnnStatus;
+    static CANNON_SYMBOL: crate::loader::Symbol = crate::loader::Symbol::new(
+        crate::loader::Lib::OpApi,
+        c"aclnnGeluV2",
+    );
+    let cannon_addr = CANNON_SYMBOL.get()?;
+    // SAFETY: `cannon_addr` came from dlsym for this symbol; its C type is `F`.
+    let cannon_fn = unsafe {
+        ::core::mem::transmute::<*mut ::core::ffi::c_void, F>(cannon_addr.as_ptr())
+    };
+    // SAFETY: the caller upholds the C contract (see `# Safety`).
+    Ok(unsafe { cannon_fn(workspace, workspaceSize, executor, stream) })
+}
+/// `aclnnGeluBackwardV2GetWorkspaceSize`, resolved from the aclnn op libraries on first call.
+///
+/// Returns `Err` only when the library or the symbol cannot be found; otherwise the C
+/// function's own return value.
+///
+/// # Safety
+///
+/// The caller upholds the C contract of this function (valid pointers, handle
+/// lifetimes, thread/context rules; docs/cann-api.md).
+pub unsafe fn aclnnGeluBackwardV2GetWorkspaceSize(
+    gradOutput: *const aclTensor,
+    self_: *const aclTensor,
+    approximate: *mut ::std::os::raw::c_char,
+    gradInput: *mut aclTensor,
+    workspaceSize: *mut u64,
+    executor: *mut *mut aclOpExecutor,
+) -> ::core::result::Result<aclnnStatus, crate::Error> {
+    type F = unsafe extern "C" fn(
+        *const aclTensor,
+        *const aclTensor,
+        *mut ::std::os::raw::c_char,
+        *mut aclTensor,
+        *mut u64,
+        *mut *mut aclOpExecutor,
+    ) -> aclnnStatus;
+    static CANNON_SYMBOL: crate::loader::Symbol = crate::loader::Symbol::new(
+        crate::loader::Lib::OpApi,
+        c"aclnnGeluBackwardV2GetWorkspaceSize",
+    );
+    let cannon_addr = CANNON_SYMBOL.get()?;
+    // SAFETY: `cannon_addr` came from dlsym for this symbol; its C type is `F`.
+    let cannon_fn = unsafe {
+        ::core::mem::transmute::<*mut ::core::ffi::c_void, F>(cannon_addr.as_ptr())
+    };
+    // SAFETY: the caller upholds the C contract (see `# Safety`).
+    Ok(unsafe {
+        cannon_fn(gradOutput, self_, approximate, gradInput, workspaceSize, executor)
+    })
+}
+/// `aclnnGeluBackwardV2`, resolved from the aclnn op libraries on first call.
+///
+/// Returns `Err` only when the library or the symbol cannot be found; otherwise the C
+/// function's own return value.
+///
+/// # Safety
+///
+/// The caller upholds the C contract of this function (valid pointers, handle
+/// lifetimes, thread/context rules; docs/cann-api.md).
+pub unsafe fn aclnnGeluBackwardV2(
+    workspace: *mut ::std::os::raw::c_void,
+    workspaceSize: u64,
+    executor: *mut aclOpExecutor,
+    stream: aclrtStream,
+) -> ::core::result::Result<aclnnStatus, crate::Error> {
+    type F = unsafe extern "C" fn(
+        *mut ::std::os::raw::c_void,
+        u64,
+        *mut aclOpExecutor,
+        aclrtStream,
+    ) -> aclnnStatus;
+    static CANNON_SYMBOL: crate::loader::Symbol = crate::loader::Symbol::new(
+        crate::loader::Lib::OpApi,
+        c"aclnnGeluBackwardV2",
+    );
+    let cannon_addr = CANNON_SYMBOL.get()?;
+    // SAFETY: `cannon_addr` came from dlsym for this symbol; its C type is `F`.
+    let cannon_fn = unsafe {
+        ::core::mem::transmute::<*mut ::core::ffi::c_void, F>(cannon_addr.as_ptr())
+    };
+    // SAFETY: the caller upholds the C contract (see `# Safety`).
+    Ok(unsafe { cannon_fn(workspace, workspaceSize, executor, stream) })
+}
 /// `aclnnRotaryPositionEmbeddingGetWorkspaceSize`, resolved from the aclnn op libraries on first call.
 ///
 /// Returns `Err` only when the library or the symbol cannot be found; otherwise the C

@@ -5,15 +5,22 @@
 //! CPU and ends with the held-out accuracy per question type. Exit codes: 0 done (and, for the
 //! built-in default, the accuracy bar met), 1 the default run finished below its accuracy
 //! bar, 2 unusable config or input, or a failure during the run.
+//!
+//! `parallel.device = npu` runs the model on an NPU: npu:0 in a single process, or, in a job
+//! of `cannon launch` (`WORLD_SIZE` > 1 in the environment), this process's NPU `LOCAL_RANK`
+//! as one FSDP rank of the job, the ranks joined by HCCL (`crate::train::sharded`).
 
-use crate::config::{Resume, TrainConfig};
+use crate::config::{DeviceKind, Resume, TrainConfig};
 use crate::data::dataset::DataSet;
 use crate::data::info::DatasetSpec;
 use crate::data::Tekken;
 use crate::model::{weights, Exec, ParamLayout};
 use crate::train::resume;
 use crate::train::run::{self, image_config, model_config, ModelSource, RunPlan};
+use crate::train::sharded::Ranks;
 use crate::train::{TrainError, Trainer};
+use cannon_runtime::comm::Communicator;
+use cannon_runtime::Device;
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -109,7 +116,19 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
     if cfg!(feature = "npu") {
         eprintln!("{}", super::doctor::cann_line());
     }
-    let mut trainer = Trainer::new(plan, Exec::cpu())?;
+    // In a launched NPU job the ranks join first (a rank that fails to start must not leave
+    // the others waiting on a model build); the driver's model stays on the host and each
+    // rank takes its shards onto its NPU.
+    let job = npu_job(&plan)?;
+    let exec = match (plan.cfg.parallel.device, &job) {
+        (DeviceKind::Npu, None) => {
+            let device = Device::Npu(local_rank());
+            eprintln!("device: {device}");
+            Exec::new(device).map_err(|e| TrainError::Input(format!("{device}: {e}")))?
+        }
+        _ => Exec::cpu(),
+    };
+    let mut trainer = Trainer::new(plan, exec)?;
     if let Some(mut ckpt) = resume::resume_from(&trainer.plan)? {
         let r = resume::resume(&mut trainer, &mut ckpt)?;
         eprintln!(
@@ -155,7 +174,16 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         trainer.plan.cfg.train.dtype.name(),
     );
     eprintln!("run folder: {}", trainer.plan.out_dir.display());
-    let summary = if trainer.plan.cfg.parallel.nproc > 1 {
+    let job_rank = job.as_ref().map(|c| (c.rank(), c.world_size()));
+    let summary = if let Some(comm) = job {
+        eprintln!(
+            "rank {} of {} on {} (FSDP over HCCL): memory figures are rank 0's",
+            comm.rank(),
+            comm.world_size(),
+            comm.device()
+        );
+        crate::train::sharded::run_sharded_on(&mut trainer, Ranks::Hccl(comm))?
+    } else if trainer.plan.cfg.parallel.nproc > 1 {
         eprintln!(
             "sharded over {} CPU ranks (FSDP): memory figures are rank 0's",
             trainer.plan.cfg.parallel.nproc
@@ -172,6 +200,14 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         }
         summary
     };
+    if let Some((r, w)) = job_rank.filter(|&(r, _)| r != 0) {
+        println!(
+            "rank {r} of {w}: trained {} steps (rank 0 writes the metrics and the final model, \
+             and evaluates)",
+            summary.steps
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let mean_last = {
         let n = summary.losses.len().min(50);
         summary.losses[summary.losses.len() - n..]
@@ -293,4 +329,43 @@ fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
     print_config(plan);
     println!("# command: {}", command_line());
     Ok(())
+}
+
+/// This process's NPU: `LOCAL_RANK` when a launcher set it, else 0.
+fn local_rank() -> u32 {
+    std::env::var("LOCAL_RANK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// With `parallel.device = npu` in a job of several processes (`WORLD_SIZE` > 1, as `cannon
+/// launch` or torchrun set it): this process's rank, joined to the job's HCCL communicator
+/// (root info through the TCP store at MASTER_ADDR:MASTER_PORT).
+fn npu_job(plan: &RunPlan) -> Result<Option<Communicator>, TrainError> {
+    let world: usize = std::env::var("WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    if plan.cfg.parallel.device != DeviceKind::Npu || world <= 1 {
+        return Ok(None);
+    }
+    join_hccl()
+}
+
+#[cfg(feature = "npu")]
+fn join_hccl() -> Result<Option<Communicator>, TrainError> {
+    // How long a rank waits for its peers at start-up and at each collective.
+    const TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+    Communicator::hccl_from_env(TIMEOUT)
+        .map(Some)
+        .map_err(|e| TrainError::Input(format!("joining the job's HCCL communicator: {e}")))
+}
+
+#[cfg(not(feature = "npu"))]
+fn join_hccl() -> Result<Option<Communicator>, TrainError> {
+    // Unreachable in practice: the config check refuses parallel.device = npu without npu.
+    Err(TrainError::Input(
+        "parallel.device = npu needs a build with `--features npu`".into(),
+    ))
 }

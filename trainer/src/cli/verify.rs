@@ -1,8 +1,14 @@
 //! `cannon verify`: the command line over [`crate::verify`]. Prints one row per compared
 //! tensor, then `verify: N passed, M failed`; exit 1 on any failure, 2 on unusable input.
+//!
+//! `--device npu` (a build with `--features npu`) loads the model onto npu:0 and runs every
+//! step there (forward, backward, the AdamW steps) through the aclnn path, on the CANN in use
+//! (printed first: an installed CANN, or the emulator `CANNON_CANN_EMULATOR` names); only the
+//! comparisons read results back, through device-to-host copies.
 
-use crate::model::{LossMode, Mistral3, Precision};
+use crate::model::{Exec, LossMode, Mistral3, Precision};
 use crate::verify::{verify, Reference, VerifyError};
+use cannon_runtime::Device;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,24 +45,34 @@ pub enum DtypeArg {
 
 /// `cannon verify`: exit 0 all pass, 1 a failed comparison, 2 unusable input.
 pub fn run(args: VerifyArgs) -> ExitCode {
-    if args.device == DeviceArg::Npu {
-        if cfg!(feature = "npu") {
-            eprintln!("{}", super::doctor::cann_line());
-            eprintln!("cannon verify: the Mistral3 model has no NPU path yet; use --device cpu");
-        } else {
+    let exec = match args.device {
+        DeviceArg::Cpu => Exec::cpu(),
+        DeviceArg::Npu if !cfg!(feature = "npu") => {
             eprintln!(
                 "cannon verify: --device npu needs a build with `--features npu` (this build \
                  has the CPU backend only)"
             );
+            return ExitCode::from(2);
         }
-        return ExitCode::from(2);
-    }
+        DeviceArg::Npu => {
+            // Which CANN runs the model (an installed one, or the emulator that
+            // CANNON_CANN_EMULATOR names), before anything touches it.
+            eprintln!("{}", super::doctor::cann_line());
+            match Exec::new(Device::Npu(0)) {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("cannon verify: npu:0: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    };
     let prec = match args.dtype {
         DtypeArg::F32 => Precision::F32,
         DtypeArg::Bf16 => Precision::Bf16,
     };
     let chunk = args.loss_chunk_size;
-    let result = Mistral3::load(&args.reference)
+    let result = Mistral3::load_on(&args.reference, exec)
         .map_err(VerifyError::from)
         .and_then(|mut model| {
             if let Some(rows) = chunk {

@@ -39,6 +39,8 @@
 //! cp_algo = "ulysses"        # or "ring", "hybrid"
 //! # ulysses_size = 2          # hybrid only: Ulysses inside groups of this size
 //! ep_size = 1                # expert parallel: 1 (the model is dense)
+//! device = "cpu"             # or "npu" (a build with --features npu): npu:0, or under
+//!                            # `cannon launch` one NPU per process (LOCAL_RANK), HCCL between
 //!
 //! [checkpoint]
 //! # dir = "runs/x/checkpoints"
@@ -270,6 +272,9 @@ pub struct ParallelSection {
     pub nproc: usize,
     /// Shard parameters, gradients and optimizer state over the ranks (ZeRO-3).
     pub fsdp: bool,
+    /// Where the model runs: the host, or an Ascend NPU (npu:0; in a job of `cannon launch`,
+    /// this process's NPU `LOCAL_RANK`, the job's ranks joined by HCCL).
+    pub device: DeviceKind,
     /// Context parallel ranks: consecutive groups of `cp_size` ranks split each sequence's
     /// tokens (world = dp x cp, `crate::cp`). 1: off.
     pub cp_size: usize,
@@ -344,12 +349,21 @@ impl Default for ParallelSection {
         ParallelSection {
             nproc: 1,
             fsdp: true,
+            device: DeviceKind::Cpu,
             cp_size: 1,
             cp_algo: crate::cp::CpAlgo::Ulysses,
             ulysses_size: None,
             ep_size: 1,
         }
     }
+}
+
+/// `parallel.device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    Cpu,
+    Npu,
 }
 
 /// Which checkpoint a run resumes from.
@@ -560,7 +574,6 @@ impl TrainConfig {
             );
         }
         positive("parallel.nproc", self.parallel.nproc)?;
-        self.parallel.validate_cp()?;
         if self.parallel.nproc > 1 && !self.parallel.fsdp {
             return invalid(
                 "parallel.fsdp",
@@ -569,6 +582,31 @@ impl TrainConfig {
                  nproc = 1)",
             );
         }
+        if self.parallel.device == DeviceKind::Npu {
+            if !cfg!(feature = "npu") {
+                return invalid(
+                    "parallel.device",
+                    "npu",
+                    "this build has the CPU backend only: build with `--features npu`",
+                );
+            }
+            if self.parallel.nproc > 1 {
+                return invalid(
+                    "parallel.nproc",
+                    self.parallel.nproc,
+                    "with parallel.device = npu every rank is its own process on its own NPU: \
+                     start them with `cannon launch --nproc N -- train ...` and leave nproc = 1",
+                );
+            }
+            if self.parallel.cp_size > 1 {
+                return invalid(
+                    "parallel.cp_size",
+                    self.parallel.cp_size,
+                    "context parallelism runs on CPU ranks today (parallel.device = cpu);                      its Ring kernel has no NPU body yet",
+                );
+            }
+        }
+        self.parallel.validate_cp()?;
         let c = &self.checkpoint;
         positive("checkpoint.keep_last", c.keep_last)?;
         if let Resume::Path(p) = &c.resume {

@@ -470,13 +470,15 @@ impl FsdpRank {
         Ok((sum, for_peers))
     }
 
-    /// Sum over the ranks of one f64.
+    /// Sum over the ranks of one f64. HCCL reduces no fp64 (its reductions take int8..int64,
+    /// fp16, fp32 and bf16) but moves fp64, so the values are all-gathered and summed on the
+    /// host in rank order: the same sum on every rank and every backend.
     fn all_reduce_scalar(&self, x: f64) -> Result<f64, FsdpError> {
         let st = self.exec.stream();
-        let mut buf = DeviceBuffer::clone_htod(st, &[x])?;
-        self.comm
-            .all_reduce_in_place(&mut buf.view_mut(), ReduceOp::Sum, st)?;
-        Ok(buf.clone_dtoh(st)?[0])
+        let one = DeviceBuffer::clone_htod(st, &[x])?;
+        let mut all = self.exec.empty::<f64>(&[self.comm.world_size()])?;
+        self.comm.all_gather(&one.view(), &mut all.view_mut(), st)?;
+        Ok(all.to_host(st)?.iter().sum())
     }
 
     /// torch's `clip_grad_norm_` on sharded gradients: the local sum of squares of the

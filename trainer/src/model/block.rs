@@ -86,7 +86,7 @@ pub struct BlockActs<A: cannon_runtime::Element> {
     pub k: Tensor<A>,       // [T,Hkv*Hd] after RoPE
     pub v: Tensor<A>,       // [T,Hkv*Hd]
     pub att: Tensor<A>,     // [T,Hq*Hd]
-    pub lse: Tensor<f32>,   // [T,Hq]
+    pub lse: Tensor<f32>,   // [T,Hq] (CPU) or [T,Hq,16] (NPU)
     pub mid: Tensor<f32>,   // [T,D]
     pub rstd2: Tensor<f32>, // [T]
     pub ln2: Tensor<A>,     // [T,D]
@@ -109,7 +109,12 @@ impl<A: Act> BlockActs<A> {
             k: exec.empty(&[t, dkv])?,
             v: exec.empty(&[t, dkv])?,
             att: exec.empty(&[t, dq])?,
-            lse: exec.empty(&[t, dims.q_heads])?,
+            // [T, Hq] on the CPU; the NPU keeps softmaxMax + softmaxSum ([T, Hq, 8] each).
+            lse: exec.empty(&[
+                t,
+                dims.q_heads,
+                cannon_kernels::attention::lse_per_head(exec.device()),
+            ])?,
             mid: exec.empty(&[t, d])?,
             rstd2: exec.empty(&[t])?,
             ln2: exec.empty(&[t, d])?,

@@ -1,5 +1,9 @@
 //! `cannon train` with `parallel.nproc = N > 1`: the same run on N in-process CPU ranks of
-//! an FSDP (ZeRO-3) run ([`crate::fsdp`]), one thread and one caching allocator each.
+//! an FSDP (ZeRO-3) run ([`crate::fsdp`]), one thread and one caching allocator each; or,
+//! with `parallel.device = npu` in a job of `cannon launch` ([`Ranks::Hccl`]), this process's
+//! one rank on its NPU, the job's ranks joined by HCCL. Then rank 0's process alone writes
+//! the run's files (config, identity, metrics, final model, evaluation), and the other
+//! processes train their shards and leave.
 //!
 //! ```text
 //! driver   Trainer::new as for one rank (data, tokenizer, model init, GEMM peak); its full
@@ -33,7 +37,8 @@ use crate::data::Loader;
 use crate::fsdp::{
     rank_share, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings, GroupState, ShardState,
 };
-use crate::model::{Act, Params};
+use crate::model::{Act, Exec, Params};
+use cannon_runtime::comm::Communicator;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -41,12 +46,27 @@ use std::time::{Duration, Instant};
 /// errors drops its communicator, which fails the others at once; this bounds a hang).
 const RANK_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The ranks of a sharded run.
+pub enum Ranks {
+    /// This many in-process CPU ranks (threads).
+    Cpu(usize),
+    /// This process's rank of a multi-process job (one per NPU), on the communicator's device.
+    Hccl(Communicator),
+}
+
 /// Trains `trainer`'s run on `parallel.nproc` CPU ranks from its state's step to the last,
 /// then writes the final model and evaluates it, as [`Trainer::run`] does for one rank.
 pub fn run_sharded(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
+    let world = trainer.plan.cfg.parallel.nproc;
+    run_sharded_on(trainer, Ranks::Cpu(world))
+}
+
+/// [`run_sharded`] on the given ranks. With [`Ranks::Hccl`] on a rank other than 0 the
+/// summary has no losses and no evaluation (rank 0's process reports the run).
+pub fn run_sharded_on(trainer: &mut Trainer, ranks: Ranks) -> Result<RunSummary, TrainError> {
     match trainer.plan.cfg.train.dtype {
-        Dtype::F32 => run_as::<f32>(trainer),
-        Dtype::Bf16 => run_as::<half::bf16>(trainer),
+        Dtype::F32 => run_as::<f32>(trainer, ranks),
+        Dtype::Bf16 => run_as::<half::bf16>(trainer, ranks),
     }
 }
 
@@ -58,8 +78,11 @@ struct Rank0 {
     position: Position,
 }
 
-fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
-    let world = trainer.plan.cfg.parallel.nproc;
+fn run_as<A: Act>(trainer: &mut Trainer, ranks: Ranks) -> Result<RunSummary, TrainError> {
+    let (world, lead) = match &ranks {
+        Ranks::Cpu(n) => (*n, true),
+        Ranks::Hccl(c) => (c.world_size(), c.rank() == 0),
+    };
     // The ranks take their shards of the driver's model; the driver's full copy (and its
     // gradients and moments) are released while they train.
     let s = &mut trainer.state;
@@ -88,14 +111,21 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
         frozen: trainer.plan.frozen.clone(),
         loss_mode: s.model.loss_mode,
     };
-    trainer.write_run_files()?;
-    let appending = trainer.state.step > 0;
-    let jsonl = JsonlWriter::open(&trainer.plan.jsonl, appending).map_err(|e| TrainError::Io {
-        path: trainer.plan.jsonl.clone(),
-        source: e,
-    })?;
     let (first, total) = (trainer.state.step, trainer.state.total_steps);
-    let log = Mutex::new((jsonl, Progress::new(total, first)));
+    // The run's files are the lead process's: ranks of other processes would race on them.
+    let log = if lead {
+        trainer.write_run_files()?;
+        let appending = trainer.state.step > 0;
+        let jsonl =
+            JsonlWriter::open(&trainer.plan.jsonl, appending).map_err(|e| TrainError::Io {
+                path: trainer.plan.jsonl.clone(),
+                source: e,
+            })?;
+        Some((jsonl, Progress::new(total, first)))
+    } else {
+        None
+    };
+    let log = Mutex::new(log);
     let started = Instant::now();
     let t: &Trainer = trainer;
     let cfg = &t.state.model.cfg;
@@ -105,7 +135,7 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
     let cp = t.plan.cfg.parallel.cp();
     cp.check(cfg)?;
 
-    let ranks = run_cpu_ranks(world, RANK_TIMEOUT, |comm, exec| {
+    let body = |comm: Communicator, exec: Exec| {
         let r = comm.rank();
         let fail = |e: TrainError| FsdpError::Invalid(format!("rank {r}: {e}"));
         let mut loader =
@@ -192,16 +222,17 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
             let mut guard = log
                 .lock()
                 .map_err(|_| fail(TrainError::Input("the metrics log was poisoned".into())))?;
-            let (jsonl, progress) = &mut *guard;
-            if rec.step.is_multiple_of(every) || rec.step == total {
-                jsonl.write(&rec).map_err(|e| {
-                    fail(TrainError::Io {
-                        path: t.plan.jsonl.clone(),
-                        source: e,
-                    })
-                })?;
+            if let Some((jsonl, progress)) = &mut *guard {
+                if rec.step.is_multiple_of(every) || rec.step == total {
+                    jsonl.write(&rec).map_err(|e| {
+                        fail(TrainError::Io {
+                            path: t.plan.jsonl.clone(),
+                            source: e,
+                        })
+                    })?;
+                }
+                progress.update(&rec, rec.step - first);
             }
-            progress.update(&rec, rec.step - first);
             last = Some(rec);
         }
         let params = rank.gather_full_params()?;
@@ -211,21 +242,48 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
             last,
             position: loader.position(),
         }))
-    })
+    };
+    let results = match ranks {
+        Ranks::Cpu(_) => run_cpu_ranks(world, RANK_TIMEOUT, body),
+        Ranks::Hccl(comm) => Exec::new(comm.device())
+            .map_err(FsdpError::from)
+            .and_then(|exec| body(comm, exec))
+            .map(|r| vec![r]),
+    }
     .map_err(|e| TrainError::Input(format!("sharded run ({world} ranks): {e}")))?;
-    let rank0 = ranks
+    let wall_s = started.elapsed().as_secs_f64();
+    let Some((mut jsonl, progress)) = log
+        .into_inner()
+        .map_err(|_| TrainError::Input("the metrics log was poisoned".into()))?
+    else {
+        // A rank of another process than rank 0's: its shards are trained; rank 0 reports.
+        trainer.state.step = total;
+        return Ok(RunSummary {
+            steps: total - first,
+            losses: Vec::new(),
+            wall_s,
+            eval: None,
+            final_model: trainer.plan.out_dir.clone(),
+        });
+    };
+    let rank0 = results
         .into_iter()
         .flatten()
         .next()
         .ok_or_else(|| TrainError::Input("rank 0 returned nothing".into()))?;
-    let (mut jsonl, progress) = log
-        .into_inner()
-        .map_err(|_| TrainError::Input("the metrics log was poisoned".into()))?;
     progress.finish();
-    let wall_s = started.elapsed().as_secs_f64();
 
     let s = &mut trainer.state;
-    s.model.params = rank0.params;
+    // The gathered parameters live on rank 0's device; the driver's model (which writes the
+    // final model and evaluates it) may be elsewhere (the host, for NPU ranks).
+    s.model.params = if rank0.params.data.first().map(|t| t.device()) == Some(s.model.exec.device())
+    {
+        rank0.params
+    } else {
+        let st = rank0_stream(&rank0.params)?;
+        let host = rank0.params.to_host(&st)?;
+        crate::model::Params::from_host(&s.model.exec, rank0.params.layout.clone(), &host)?
+    };
     s.step = total;
     s.position = rank0.position;
     if let Some(rec) = &rank0.last {
@@ -269,4 +327,14 @@ fn resumed_shard(
         step: adam_step,
         groups,
     })
+}
+
+/// A stream on the device of `params` (for reading them back to the host).
+fn rank0_stream(params: &Params) -> Result<cannon_runtime::Stream, TrainError> {
+    let device = params
+        .data
+        .first()
+        .map(|t| t.device())
+        .unwrap_or(cannon_runtime::Device::Cpu);
+    Ok(cannon_runtime::Stream::new(device).map_err(crate::model::ModelError::from)?)
 }

@@ -202,6 +202,8 @@ pub const ACLNN_OPS: &[&str] = &[
     "RmsNormGrad",
     "SwiGlu",
     "SwiGluGrad",
+    "GeluV2",
+    "GeluBackwardV2",
     "RotaryPositionEmbedding",
     "RotaryPositionEmbeddingGrad",
     "CrossEntropyLoss",

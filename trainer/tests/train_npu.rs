@@ -1,0 +1,117 @@
+//! `cannon train --set parallel.device=npu` as a user runs it, on the CANN emulator here (an
+//! installed CANN on an Ascend host): 20 steps on one process (npu:0, unsharded), then the
+//! same run as 2 processes under `cannon launch --nproc 2` (one NPU each, FSDP over HCCL).
+//! The two loss curves from the metrics JSONL must agree: normalised mean absolute loss
+//! difference `sum|l2 - l1| / sum|l1| <= 1e-5` in f32 (the FSDP bar: the global batch and
+//! the loss divisor do not depend on the rank count, so the runs differ only by the order of
+//! f32 gradient sums).
+
+#![cfg(feature = "npu")]
+
+mod common;
+
+use cannon_trainer::data::synth;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cannon");
+const STEPS: usize = 20;
+
+/// The CANN for the child processes: the emulator's path (None on an installed CANN).
+fn emulator() -> Option<PathBuf> {
+    match cannon_sys::emulator::select_for_tests() {
+        Ok(cannon_sys::emulator::TestCann::Emulator(p)) => Some(p),
+        Ok(_) => None,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn sets(data: &Path, dir: &Path) -> Vec<String> {
+    let tok = common::shared_path("tokenizers/tekken_240911.json");
+    [
+        format!("data.dataset={}", data.display()),
+        format!("data.tokenizer={}", tok.display()),
+        format!("log.dir={}", dir.display()),
+        format!("train.steps={STEPS}"),
+        "train.micro_batch=4".into(),
+        "train.warmup_steps=2".into(),
+        "parallel.device=npu".into(),
+    ]
+    .iter()
+    .flat_map(|s| ["--set".to_string(), s.clone()])
+    .collect()
+}
+
+fn run(cmd: &mut Command, emu: &Option<PathBuf>) -> String {
+    if let Some(p) = emu {
+        cmd.env(cannon_sys::emulator::ENV, p);
+    }
+    let out = cmd.output().unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    so + &se
+}
+
+/// The `loss` of every step in a metrics JSONL (the final `eval` record has none).
+fn losses(dir: &Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| v["loss"].as_f64())
+        .collect()
+}
+
+#[test]
+fn two_processes_on_the_npu_follow_one() {
+    let emu = emulator();
+    let root = std::env::temp_dir().join(format!("cannon-train-npu-{}", std::process::id()));
+    std::fs::remove_dir_all(&root).ok();
+    let data = synth::write(&root.join("data"), 40, 5).unwrap().train;
+
+    let one = root.join("one");
+    let text = run(Command::new(BIN).arg("train").args(sets(&data, &one)), &emu);
+    if emu.is_some() {
+        assert!(text.contains("CANN: CANN emulator at"), "{text}");
+    }
+    assert!(text.contains("device: npu:0"), "{text}");
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let two = root.join("two");
+    let text = run(
+        Command::new(BIN)
+            .args(["launch", "--nproc", "2", "--master-port", &port.to_string()])
+            .args(["--", "train"])
+            .args(sets(&data, &two)),
+        &emu,
+    );
+    assert!(
+        text.contains("rank 1 of 2 on npu:1 (FSDP over HCCL)"),
+        "{text}"
+    );
+    assert!(text.contains("rank 1 of 2: trained 20 steps"), "{text}");
+
+    let (l1, l2) = (losses(&one), losses(&two));
+    assert_eq!(l1.len(), STEPS, "{l1:?}");
+    assert_eq!(l2.len(), STEPS, "{l2:?}");
+    let num: f64 = l1.iter().zip(&l2).map(|(a, b)| (a - b).abs()).sum();
+    let d = num / l1.iter().map(|a| a.abs()).sum::<f64>();
+    eprintln!("2 vs 1 process on the NPU: normalised mean absolute loss difference {d:e}");
+    assert!(
+        d <= 1e-5,
+        "2 vs 1 process loss diff {d:e}: {l2:?} vs {l1:?}"
+    );
+    // The runs really trained: the loss moved.
+    assert!(l1[STEPS - 1] < l1[0], "{l1:?}");
+    assert!(
+        two.join("final").exists() || text.contains("final model"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&root).ok();
+}
