@@ -40,6 +40,20 @@
 //! two 4·T·D between text layers, 4·T·D + 4·M·D at the splice, 4·M·D + 4·P·Dv into the
 //! projector, two 4·P·Dv between vision layers.
 //!
+//! **Memory features** ([`plan_with`], [`super::saved`]). Write `O = 4·T·D` (a layer's input
+//! or output), `F` the thirteen block activations of a text layer above, `K` the part a layer
+//! keeps (`F` without recompute; selective: `4·T·(Hq + D + 2·I) + a·T·(2·Hq·Hd + 2·Hkv·Hd)`,
+//! i.e. q, k, v, att, lse, mid, gate, up; full: 0), `S` the block forward's working tensors.
+//! During layer l's forward the device holds the earlier layers' `O + K` each, then `O + F +
+//! O + S` (its input, all it makes, its output), so the text forward's high point is at the
+//! last layer: `L·(O + K) + O - K + F + S`, and after it `O + L·(O + K)` stays. With
+//! activation offload (L >= 2) layers 0..L-2 leave the device one layer after their forward:
+//! the high point is `3·O + K + F + S` and `2·O + K` stays (the last layer's input, what it
+//! keeps, its output); the host pool holds `(L-1)·(O + K)`. The text backward adds to its
+//! working tensors: `S` for any recompute (`+ O` for the full one, its unused output), and at
+//! its worst layer what that layer recomputes (`F - K`) and reloads (`O + K` when offloaded)
+//! plus the next layer's reload, prefetched (`O + K`).
+//!
 //! The caching allocator gives every tensor its own block, rounded up to
 //! [`BLOCK_ROUND`](cannon_runtime::alloc::BLOCK_ROUND) (512) bytes, so every term above is
 //! rounded up on its own: [`plan`] sums the rounded terms, phase by phase, and its peak is the
@@ -52,6 +66,7 @@ use super::config::{HiddenAct, Mistral3Config};
 use super::params::{ParamLayout, Part};
 use super::pixtral::PatchGrid;
 use super::projector::tokens_per_image;
+use super::saved::{MemoryFeatures, Recompute};
 use super::{Batch, LossMode, ModelError, Precision};
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_runtime::alloc::round_size;
@@ -111,6 +126,9 @@ pub struct MemoryPlan {
     pub params: usize,
     pub grads: usize,
     pub saved: Saved,
+    /// Bytes of offloaded decoder activations in the host pool at the end of the forward
+    /// (0 without `offload_activations`); not part of the device's figures.
+    pub host_activations: usize,
     /// Bytes above the step's start at the high point of each phase, in order.
     pub phases: Vec<(&'static str, usize)>,
 }
@@ -174,25 +192,36 @@ impl Dims {
 
     /// What one layer saves for `t` tokens, its output included.
     fn layer_saved(&self, t: usize, a: usize) -> usize {
-        let f32s = [
-            t,
-            t,
-            t * self.hq,
-            t * self.d,
-            t * self.d,
-            t * self.i,
-            t * self.i,
+        round_size(4 * t * self.d) + self.layer_acts(t, a, Recompute::None)
+    }
+
+    /// The block activations a layer keeps under `r` (without its output): of rstd1, ln1, q,
+    /// k, v, att, lse, mid, rstd2, ln2, gate, up, h (`BlockActs`, in that order) all of them,
+    /// the selective set (q, k, v, att, lse, mid, gate, up) or none.
+    fn layer_acts(&self, t: usize, a: usize, r: Recompute) -> usize {
+        let all = [
+            (4 * t, false),
+            (a * t * self.d, false),
+            (a * t * self.dq, true),
+            (a * t * self.dkv, true),
+            (a * t * self.dkv, true),
+            (a * t * self.dq, true),
+            (4 * t * self.hq, true),
+            (4 * t * self.d, true),
+            (4 * t, false),
+            (a * t * self.d, false),
+            (4 * t * self.i, true),
+            (4 * t * self.i, true),
+            (a * t * self.i, false),
         ];
-        let acts = [
-            t * self.d,
-            t * self.d,
-            t * self.dq,
-            t * self.dq,
-            t * self.dkv,
-            t * self.dkv,
-            t * self.i,
-        ];
-        blocks(&f32s.map(|n| 4 * n)) + blocks(&acts.map(|n| a * n))
+        all.iter()
+            .filter(|(_, selective)| match r {
+                Recompute::None => true,
+                Recompute::Selective => *selective,
+                Recompute::Full => false,
+            })
+            .map(|&(b, _)| round_size(b))
+            .sum()
     }
 
     /// The forward's working tensors for `t` tokens.
@@ -230,12 +259,35 @@ impl Dims {
 /// The memory plan of a forward + backward of a batch of shape `s` at precision `prec` with
 /// the parts `trainable` training and, if `dpixels`, a pixel gradient asked for: every
 /// phase's high point above the step's start, following the order in which the model
-/// allocates and frees (see the module docs for the terms).
+/// allocates and frees (see the module docs for the terms). No recompute, no offload: see
+/// [`plan_with`].
 pub fn plan(
     cfg: &Mistral3Config,
     s: &StepShape,
     prec: Precision,
     mode: LossMode,
+    trainable: &[Part],
+    dpixels: bool,
+) -> MemoryPlan {
+    plan_with(
+        cfg,
+        s,
+        prec,
+        mode,
+        MemoryFeatures::default(),
+        trainable,
+        dpixels,
+    )
+}
+
+/// [`plan`] with the decoder's memory features `mem` (recompute, activation offload; the
+/// optimizer offload moves no activation and is not part of a forward + backward).
+pub fn plan_with(
+    cfg: &Mistral3Config,
+    s: &StepShape,
+    prec: Precision,
+    mode: LossMode,
+    mem: MemoryFeatures,
     trainable: &[Part],
     dpixels: bool,
 ) -> MemoryPlan {
@@ -280,7 +332,7 @@ pub fn plan(
             0
         },
         text_embed: f(t * d),
-        text_layer: td.layer_saved(t, a),
+        text_layer: f(t * d) + td.layer_acts(t, a, mem.recompute),
         final_norm: blocks(&[4 * t, a * t * d]),
         head: match mode {
             LossMode::Full => 2 * f(t * v),
@@ -307,8 +359,9 @@ pub fn plan(
         ]);
         phases.push(("projector forward", live + scratch));
     }
-    live += saved.text_embed + lt * saved.text_layer;
-    phases.push(("text forward", live + td.fwd_scratch(t)));
+    let text = TextTerms::new(&td, t, a, lt, mem);
+    phases.push(("text forward", live + text.forward_peak));
+    live += text.after_forward;
     live += saved.final_norm;
     phases.push(("final norm forward", live + f(t * d)));
     live += saved.head;
@@ -324,11 +377,13 @@ pub fn plan(
             params,
             grads,
             saved,
+            host_activations: text.host,
             phases,
         };
     }
     phases.push(("head backward", live + f(t * d) + chunk));
-    phases.push(("text backward", live + 2 * f(t * d) + td.bwd_scratch(t, a)));
+    let text_bwd = 2 * f(t * d) + td.bwd_scratch(t, a) + text.backward_extra;
+    phases.push(("text backward", live + text_bwd));
     if want_dx0 {
         phases.push(("splice backward", live + f(t * d) + f(m * d)));
     }
@@ -354,6 +409,71 @@ pub fn plan(
         params,
         grads,
         saved,
+        host_activations: text.host,
         phases,
+    }
+}
+
+/// The decoder's terms under the memory features (see the module docs): device bytes at the
+/// forward's high point and after it, what the backward adds on top of its working tensors,
+/// and the host pool's bytes.
+struct TextTerms {
+    forward_peak: usize,
+    after_forward: usize,
+    backward_extra: usize,
+    host: usize,
+}
+
+impl TextTerms {
+    fn new(td: &Dims, t: usize, a: usize, layers: usize, mem: MemoryFeatures) -> Self {
+        let o = round_size(4 * t * td.d);
+        let all = td.layer_acts(t, a, Recompute::None);
+        let kept = td.layer_acts(t, a, mem.recompute);
+        let scratch = td.fwd_scratch(t);
+        if layers == 0 {
+            return TextTerms {
+                forward_peak: o + scratch,
+                after_forward: o,
+                backward_extra: 0,
+                host: 0,
+            };
+        }
+        // Layers 0..L-2 go to the host (the last one stays), when there are two or more.
+        let offloaded = |l: usize| mem.offload_activations && l + 1 < layers;
+        // Forward, during layer l: the layers before it (their input and what they keep; an
+        // offloaded layer leaves the device after the next layer ran), its input, all it
+        // makes, its output, the working tensors.
+        let before = |l: usize| -> usize {
+            (0..l)
+                .filter(|&k| !offloaded(k) || k + 1 == l)
+                .map(|_| o + kept)
+                .sum()
+        };
+        let forward_peak = (0..layers)
+            .map(|l| before(l) + o + all + o + scratch)
+            .max()
+            .unwrap_or(0);
+        // After it: the layers still on the device and the last output.
+        let after_forward = before(layers) + o;
+        // Backward: the recompute's working tensors (and the full recompute's throwaway
+        // output), then per layer what it reloads and recomputes plus the next one's
+        // prefetched reload.
+        let rec = match mem.recompute {
+            Recompute::None => 0,
+            Recompute::Selective => scratch,
+            Recompute::Full => scratch + o,
+        };
+        let reload = |l: usize| if offloaded(l) { o + kept } else { 0 };
+        let per_layer = (0..layers)
+            .map(|l| reload(l) + if l > 0 { reload(l - 1) } else { 0 } + (all - kept))
+            .max()
+            .unwrap_or(0);
+        let host = (0..layers).map(reload).sum();
+        TextTerms {
+            forward_peak,
+            after_forward,
+            backward_extra: rec + per_layer,
+            host,
+        }
     }
 }

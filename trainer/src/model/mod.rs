@@ -38,12 +38,14 @@ pub mod head;
 pub mod init;
 pub mod memory;
 pub mod mistral;
+pub mod offload;
 pub mod ops;
 pub mod optim;
 pub mod params;
 pub mod pixtral;
 pub mod projector;
 pub mod save;
+pub mod saved;
 pub mod source;
 pub mod weights;
 
@@ -53,6 +55,7 @@ pub use exec::Exec;
 pub use head::LossMode;
 pub use ops::{Act, Precision};
 pub use params::{Grads, ParamLayout, Params, Part};
+pub use saved::{MemoryFeatures, Recompute};
 pub use source::{GradSink, GroupWeights, ParamSource, PassPlan};
 pub use weights::WeightsError;
 
@@ -139,6 +142,8 @@ pub struct Mistral3 {
     pub cfg: Mistral3Config,
     pub params: Params,
     pub loss_mode: LossMode,
+    /// What the decoder layers keep for the backward, and where ([`saved`]).
+    pub memory: MemoryFeatures,
     pub exec: Exec,
 }
 
@@ -166,6 +171,7 @@ impl Mistral3 {
             cfg,
             params,
             loss_mode: LossMode::Full,
+            memory: MemoryFeatures::default(),
             exec,
         })
     }
@@ -176,6 +182,7 @@ impl Mistral3 {
             cfg: self.cfg.clone(),
             params: self.params.try_clone(self.exec.stream())?,
             loss_mode: self.loss_mode,
+            memory: self.memory,
             exec: self.exec.clone(),
         })
     }
@@ -223,6 +230,7 @@ impl Mistral3 {
             cfg: &self.cfg,
             exec: &self.exec,
             loss_mode: self.loss_mode,
+            memory: self.memory,
             params: &self.params,
             loss_norm: LossNorm::Mean,
         }
@@ -286,6 +294,8 @@ pub struct Pass<'a> {
     pub cfg: &'a Mistral3Config,
     pub exec: &'a Exec,
     pub loss_mode: LossMode,
+    /// What the decoder layers keep for the backward, and where ([`saved`]).
+    pub memory: MemoryFeatures,
     pub params: &'a dyn ParamSource,
     /// What the summed loss is divided by: `Mean`, the batch's own trained targets;
     /// `Divisor(n)`, the trained targets of every micro batch on every rank of the optimizer
@@ -326,7 +336,7 @@ impl Pass<'_> {
             batch.sequence_ends().into_owned(),
         );
         // The head group (final norm + lm_head) is fetched once, by the decoder's final norm.
-        let (text, head_w) = mistral::forward(ex, cfg, params, x0, pos, ends)?;
+        let (text, head_w) = mistral::forward(ex, cfg, params, x0, pos, ends, self.memory)?;
         let targets = batch.targets();
         let w = head_view(params.layout(), &head_w)?.lm_head;
         let dv = (t.hidden_size, t.vocab_size);

@@ -27,8 +27,8 @@ use crate::eval::{self, EvalError, EvalReport};
 use crate::model::init::{self, Init};
 use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use crate::model::{
-    weights, Act, Exec, Grads, LossMode, Mistral3, Mistral3Config, ModelError, ParamLayout, Part,
-    Precision,
+    weights, Act, Exec, Grads, LossMode, MemoryFeatures, Mistral3, Mistral3Config, ModelError,
+    ParamLayout, Part, Precision, Recompute,
 };
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -482,10 +482,16 @@ impl Trainer {
                 Init::Normal(init::INITIALIZER_RANGE),
             )?,
         };
+        let (loss_mode, memory) = memory_features(&cfg.train);
+        let exec = match (memory.needs_host_pool(), exec.host_pool()) {
+            (true, None) => exec.with_host_pool().map_err(ModelError::from)?,
+            _ => exec,
+        };
         let model = Mistral3 {
             cfg: mcfg,
             params,
-            loss_mode: LossMode::Full,
+            loss_mode,
+            memory,
             exec: exec.clone(),
         };
         let trainable: Vec<Part> = [Part::Vision, Part::Projector, Part::Text]
@@ -509,7 +515,10 @@ impl Trainer {
             eps: t.eps,
             weight_decay: t.weight_decay,
         };
-        let opt = AdamW::new(&exec, adamw, &grads)?;
+        let mut opt = AdamW::new(&exec, adamw, &grads)?;
+        if memory.offload_optimizer {
+            opt.offload(&exec)?;
+        }
         let precision = match t.dtype {
             Dtype::F32 => Precision::F32,
             Dtype::Bf16 => Precision::Bf16,
@@ -610,6 +619,11 @@ impl Trainer {
         hooks: &mut [&mut dyn StepHook],
     ) -> Result<RunSummary, TrainError> {
         self.write_run_files()?;
+        // A resumed state's moments were restored where the checkpoint code put them.
+        if self.state.model.memory.offload_optimizer {
+            let exec = self.state.model.exec.clone();
+            self.state.opt.offload(&exec)?;
+        }
         let resuming = self.state.step > 0;
         let mut jsonl =
             JsonlWriter::open(&self.plan.jsonl, resuming).map_err(io(&self.plan.jsonl))?;
@@ -765,6 +779,26 @@ impl Trainer {
             targets: acc.targets,
         })
     }
+}
+
+/// The model's loss mode and memory features from `[train]` (`loss_chunk`, `recompute`,
+/// `offload_activations`, `offload_optimizer`).
+pub fn memory_features(t: &config::TrainSection) -> (LossMode, MemoryFeatures) {
+    let loss = match t.loss_chunk {
+        0 => LossMode::Full,
+        n => LossMode::Chunked(n),
+    };
+    let recompute = match t.recompute {
+        config::RecomputeMode::None => Recompute::None,
+        config::RecomputeMode::Full => Recompute::Full,
+        config::RecomputeMode::Selective => Recompute::Selective,
+    };
+    let mem = MemoryFeatures {
+        recompute,
+        offload_activations: t.offload_activations,
+        offload_optimizer: t.offload_optimizer,
+    };
+    (loss, mem)
 }
 
 /// How many times a step's peak allocation the allocator may keep reserved before the loop

@@ -85,6 +85,7 @@ fn run_as<A: Act>(trainer: &mut Trainer) -> Result<RunSummary, TrainError> {
         max_grad_norm: trainer.plan.cfg.train.max_grad_norm,
         frozen: trainer.plan.frozen.clone(),
         loss_mode: s.model.loss_mode,
+        memory: s.model.memory,
     };
     trainer.write_run_files()?;
     let appending = trainer.state.step > 0;
