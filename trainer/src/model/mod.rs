@@ -25,6 +25,10 @@
 //! buffer, and their backward is not run at all unless something below them needs it
 //! ([`Visited`] reports what ran).
 //!
+//! What each decoder layer keeps for its backward, and where, is the run's
+//! [`MemoryFeatures`] ([`saved`]: recompute, activation offload to a [`offload::HostPool`]);
+//! [`LossMode`] says whether the logits exist whole or in chunks ([`head`]).
+//!
 //! A pass ([`Pass`]) takes each layer group's parameters from a [`ParamSource`] at the point
 //! of use and hands each group's gradient to a [`GradSink`] when it is done with it, in the
 //! order of [`PassPlan`] ([`source`]). The model's own [`Params`] and [`Grads`] are the

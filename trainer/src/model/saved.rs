@@ -3,7 +3,7 @@
 //! (the vision tower's layers always keep everything on the device).
 //!
 //! A layer's forward makes its input `x` and the thirteen tensors of
-//! [`BlockActs`](super::block::BlockActs). What it keeps ([`Recompute`]):
+//! [`BlockActs`]. What it keeps ([`Recompute`]):
 //!
 //! ```text
 //! none        x + all 13                                    (nothing recomputed)
