@@ -308,7 +308,7 @@ fn offload_without_a_host_pool_is_an_error() {
 #[test]
 fn train_keys_select_the_features() {
     use cannon_trainer::config::TrainConfig;
-    use cannon_trainer::train::run::memory_features;
+    use cannon_trainer::train::memory_features;
     let cfg = TrainConfig::load(None, &[]).unwrap();
     assert_eq!(
         memory_features(&cfg.train),

@@ -16,7 +16,7 @@ use super::flops::{gemm_peak, step_flops};
 use super::identity::RunIdentity;
 use super::metrics::{EvalRecord, JsonlWriter, Progress, StepRecord};
 use super::schedule::LrSchedule;
-use super::step::accumulate;
+use super::step::{accumulate, memory_features};
 use crate::config::{self, preset, ConfigError, Dtype, Resume, TrainConfig};
 use crate::data::dataset::DataSet;
 use crate::data::image::ImageConfig;
@@ -27,8 +27,7 @@ use crate::eval::{self, EvalError, EvalReport};
 use crate::model::init::{self, Init};
 use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use crate::model::{
-    weights, Act, Exec, Grads, LossMode, MemoryFeatures, Mistral3, Mistral3Config, ModelError,
-    ParamLayout, Part, Precision, Recompute,
+    weights, Act, Exec, Grads, Mistral3, Mistral3Config, ModelError, ParamLayout, Part, Precision,
 };
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -779,26 +778,6 @@ impl Trainer {
             targets: acc.targets,
         })
     }
-}
-
-/// The model's loss mode and memory features from `[train]` (`loss_chunk`, `recompute`,
-/// `offload_activations`, `offload_optimizer`).
-pub fn memory_features(t: &config::TrainSection) -> (LossMode, MemoryFeatures) {
-    let loss = match t.loss_chunk {
-        0 => LossMode::Full,
-        n => LossMode::Chunked(n),
-    };
-    let recompute = match t.recompute {
-        config::RecomputeMode::None => Recompute::None,
-        config::RecomputeMode::Full => Recompute::Full,
-        config::RecomputeMode::Selective => Recompute::Selective,
-    };
-    let mem = MemoryFeatures {
-        recompute,
-        offload_activations: t.offload_activations,
-        offload_optimizer: t.offload_optimizer,
-    };
-    (loss, mem)
 }
 
 /// How many times a step's peak allocation the allocator may keep reserved before the loop
