@@ -40,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         params: Params::from_host(&exec, layout, &host)?,
         cfg: cfg.clone(),
         loss_mode: LossMode::Full,
+        memory: Default::default(),
         exec,
     };
     drop(host);

@@ -63,6 +63,7 @@ fn tiny_model() -> Mistral3 {
         cfg,
         params,
         loss_mode: LossMode::Full,
+        memory: Default::default(),
         exec,
     }
 }

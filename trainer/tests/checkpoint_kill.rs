@@ -83,6 +83,7 @@ fn state_at(step: u64) -> Snapshot {
             params: Params::from_host(&exec, layout.clone(), &host).unwrap(),
             cfg,
             loss_mode: LossMode::Full,
+            memory: Default::default(),
             exec: exec.clone(),
         },
         opt: AdamW {

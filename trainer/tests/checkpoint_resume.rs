@@ -75,6 +75,7 @@ fn fresh_state() -> Snapshot {
         cfg,
         params,
         loss_mode: LossMode::Full,
+        memory: Default::default(),
         exec,
     };
     let grads = model.grads(&TRAINABLE).unwrap();

@@ -21,7 +21,9 @@ use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_trainer::batch::Batch;
 use cannon_trainer::cp::{CpAlgo, CpGroup, CpSettings};
 use cannon_trainer::fsdp::{run_cpu_ranks, FsdpRank};
-use cannon_trainer::model::{Exec, Mistral3, Mistral3Config, ParamLayout, Params, Part, Pass};
+use cannon_trainer::model::{
+    Exec, MemoryFeatures, Mistral3, Mistral3Config, ParamLayout, Params, Part, Pass, Recompute,
+};
 use common::shared_path;
 use fsdp_fixture::*;
 use std::time::Duration;
@@ -55,19 +57,25 @@ fn one_rank(cfg: &Mistral3Config, host: &[Vec<f32>], batch: &Batch) -> (f64, Hos
     let exec = Exec::cpu();
     let params = Params::from_host(&exec, ParamLayout::new(cfg), host).unwrap();
     let mut grads = cannon_trainer::model::Grads::new(&exec, &params.layout, &ALL).unwrap();
-    let pass = pass(cfg, &exec, &params);
+    let pass = pass(cfg, &exec, &params, MemoryFeatures::default());
     let acts = pass.forward::<f32>(batch).unwrap();
     pass.backward(batch, &acts, &mut grads, None).unwrap();
     (acts.loss(), grads.to_host(exec.stream()).unwrap())
 }
 
-fn pass<'a>(cfg: &'a Mistral3Config, exec: &'a Exec, params: &'a Params) -> Pass<'a> {
+fn pass<'a>(
+    cfg: &'a Mistral3Config,
+    exec: &'a Exec,
+    params: &'a Params,
+    memory: MemoryFeatures,
+) -> Pass<'a> {
     Pass {
         cfg,
         exec,
         loss_mode: cannon_trainer::model::LossMode::Full,
         params,
         loss_norm: cannon_kernels::cross_entropy::LossNorm::Mean,
+        memory,
     }
 }
 
@@ -84,12 +92,27 @@ struct CpRun {
 /// `s.size` CP ranks on `batch`: the loss (sums of losses and targets over the group) and
 /// the gradients summed over the group.
 fn cp_ranks(cfg: &Mistral3Config, host: &[Vec<f32>], batch: &Batch, s: CpSettings) -> CpRun {
+    cp_ranks_with(cfg, host, batch, s, MemoryFeatures::default())
+}
+
+/// [`cp_ranks`] with recompute and activation offload as `memory` says.
+fn cp_ranks_with(
+    cfg: &Mistral3Config,
+    host: &[Vec<f32>],
+    batch: &Batch,
+    s: CpSettings,
+    memory: MemoryFeatures,
+) -> CpRun {
     let per_rank = run_cpu_ranks(s.size, TIMEOUT, |comm, exec| {
+        let exec = match memory.needs_host_pool() {
+            true => exec.with_host_pool()?,
+            false => exec,
+        };
         let st = exec.stream();
         let group = CpGroup::whole(comm, s, st)?;
         let params = Params::from_host(&exec, ParamLayout::new(cfg), host)?;
         let mut grads = cannon_trainer::model::Grads::new(&exec, &params.layout, &ALL)?;
-        let pass = pass(cfg, &exec, &params);
+        let pass = pass(cfg, &exec, &params, memory);
         let before = group.calls();
         let acts = pass.forward_cp::<f32>(batch, &group)?;
         let (_, vision_bwd) = pass.backward_cp(batch, &acts, &mut grads, &group)?;
@@ -353,4 +376,50 @@ fn parallel_config_keys() {
     assert!(e.contains("cp_algo"), "{e}");
     let e = config_err(&["parallel.cp_size=0"]);
     assert!(e.contains("parallel.cp_size"), "{e}");
+}
+
+/// Recompute and activation offload on CP ranks: a recomputed layer runs its forward again,
+/// exchanges included, in the same order on every rank, on the same inputs, so loss and
+/// gradients are bit-identical to keeping everything (tolerance 0: no sum is regrouped), and
+/// the full recompute issues one more forward's exchanges per layer.
+#[test]
+fn recompute_and_offload_under_cp_are_bit_identical() {
+    let dir = shared_path("reference/mistral3-tiny");
+    let model = Mistral3::load(&dir).unwrap();
+    let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors")).unwrap();
+    let batch = r.batch().unwrap();
+    let host = model.params.to_host(model.exec.stream()).unwrap();
+    let cfg = &model.cfg;
+    let memory = |recompute, offload_activations| MemoryFeatures {
+        recompute,
+        offload_activations,
+        offload_optimizer: false,
+    };
+    for s in [
+        settings(2, CpAlgo::Ulysses, 1),
+        settings(2, CpAlgo::Ring, 1),
+        settings(4, CpAlgo::Hybrid, 2),
+    ] {
+        let plain = cp_ranks(cfg, &host, &batch, s);
+        for (recompute, offload) in [
+            (Recompute::Selective, false),
+            (Recompute::None, true),
+            (Recompute::Full, true),
+        ] {
+            let run = cp_ranks_with(cfg, &host, &batch, s, memory(recompute, offload));
+            let what = format!("{s:?} {recompute:?} offload {offload}");
+            assert_eq!(run.loss.to_bits(), plain.loss.to_bits(), "{what}: loss");
+            assert_eq!(run.grads, plain.grads, "{what}: gradients");
+            let first = run.all_calls[0];
+            assert!(
+                run.all_calls.iter().all(|&n| n == first),
+                "{what}: {:?}",
+                run.all_calls
+            );
+            match recompute {
+                Recompute::Full => assert!(first > plain.all_calls[0], "{what}: no re-exchange"),
+                _ => assert_eq!(first, plain.all_calls[0], "{what}: exchanges"),
+            }
+        }
+    }
 }

@@ -11,9 +11,10 @@
 
 use cannon_runtime::{CachingAllocator, Stream};
 use cannon_trainer::bench::{bench_batch, random_host, random_model};
+use cannon_trainer::cp::{CpAlgo, CpSettings};
 use cannon_trainer::fsdp::{rank_share, run_cpu_ranks, FsdpRank, FsdpSettings};
 use cannon_trainer::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use cannon_trainer::model::{Act, Exec, LossMode, Mistral3Config, Part};
+use cannon_trainer::model::{Act, Exec, LossMode, MemoryFeatures, Mistral3Config, Part, Recompute};
 use cannon_trainer::plan::{self, Plan, PlanSettings};
 use cannon_trainer::train::step::accumulate;
 use std::path::PathBuf;
@@ -57,7 +58,25 @@ struct Case {
     chunk: usize,
     /// Everything trains (the default for an HF config freezes vision and projector).
     all_train: bool,
+    /// `train.recompute` and `train.offload_activations`.
+    memory: MemoryFeatures,
+    /// `parallel.cp_size` (1: none) and `parallel.cp_algo`.
+    cp: CpSettings,
 }
+
+/// No recompute, no offload, no context parallelism.
+const PLAIN: (MemoryFeatures, CpSettings) = (
+    MemoryFeatures {
+        recompute: Recompute::None,
+        offload_activations: false,
+        offload_optimizer: false,
+    },
+    CpSettings {
+        size: 1,
+        algo: CpAlgo::Ulysses,
+        ulysses_size: 1,
+    },
+);
 
 impl Case {
     fn sets(&self) -> Vec<String> {
@@ -72,6 +91,20 @@ impl Case {
         ];
         if self.all_train {
             s.push("model.freeze=[]".into());
+        }
+        let recompute = match self.memory.recompute {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full => "full",
+        };
+        s.push(format!("train.recompute={recompute}"));
+        s.push(format!(
+            "train.offload_activations={}",
+            self.memory.offload_activations
+        ));
+        if self.cp.size > 1 {
+            s.push(format!("parallel.cp_size={}", self.cp.size));
+            s.push(format!("parallel.cp_algo={}", self.cp.algo));
         }
         s
     }
@@ -119,8 +152,13 @@ impl Case {
         if self.nproc == 1 {
             // The one-rank trainer's step on a private allocator.
             let exec = Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu());
-            let mut model = random_model(cfg, exec.unwrap(), 3).unwrap();
+            let exec = match self.memory.needs_host_pool() {
+                true => exec.unwrap().with_host_pool().unwrap(),
+                false => exec.unwrap(),
+            };
+            let mut model = random_model(cfg, exec, 3).unwrap();
             model.loss_mode = self.loss();
+            model.memory = self.memory;
             let trainable: Vec<Part> = [Part::Vision, Part::Projector, Part::Text]
                 .into_iter()
                 .filter(|p| !self.frozen().contains(p))
@@ -148,12 +186,14 @@ impl Case {
             max_grad_norm: 1.0,
             frozen: self.frozen(),
             loss_mode: self.loss(),
+            memory: self.memory,
         };
-        let world = self.nproc;
-        run_cpu_ranks(world, Duration::from_secs(120), |comm, exec| {
-            let r = comm.rank();
-            let mine = rank_share(cfg, &micro, r, world)?;
-            let mut rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
+        run_cpu_ranks(self.nproc, Duration::from_secs(120), |comm, exec| {
+            let rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
+            let mut rank = rank.with_cp(self.cp)?;
+            // A CP group takes one data-parallel share of the rows.
+            let (replica, replicas) = rank.data_parallel();
+            let mine = rank_share(cfg, &micro, replica, replicas)?;
             let mut out = (0, 0);
             for _ in 0..2 {
                 let st = rank.step::<A>(&mine, 1e-4)?;
@@ -216,6 +256,8 @@ fn one_rank_f32_full_loss() {
         bf16: false,
         chunk: 0,
         all_train: false,
+        memory: PLAIN.0,
+        cp: PLAIN.1,
     }
     .check();
 }
@@ -232,6 +274,8 @@ fn fsdp_two_ranks_bf16_chunked_loss() {
         bf16: true,
         chunk: 48,
         all_train: false,
+        memory: PLAIN.0,
+        cp: PLAIN.1,
     }
     .check();
 }
@@ -248,6 +292,8 @@ fn fsdp_four_ranks_f32_everything_trains_with_accumulation() {
         bf16: false,
         chunk: 0,
         all_train: true,
+        memory: PLAIN.0,
+        cp: PLAIN.1,
     }
     .check();
 }
@@ -265,11 +311,97 @@ fn fsdp_three_ranks_uneven_rows_bf16() {
         bf16: true,
         chunk: 0,
         all_train: false,
+        memory: PLAIN.0,
+        cp: PLAIN.1,
     };
     let (plan, _) = c.plan();
     assert_eq!(plan.ranks.len(), 2, "{plan:#?}");
     assert_eq!((plan.ranks[0].rows, plan.ranks[1].rows), (2, 1));
     c.check();
+}
+
+/// The real memory features: recompute and activation offload under FSDP.
+#[test]
+fn fsdp_two_ranks_recompute_full_and_offload() {
+    Case {
+        name: "fsdp 2 f32 recompute full + offload",
+        nproc: 2,
+        rows: 2,
+        seq: 128,
+        img: 32,
+        accum: 1,
+        bf16: false,
+        chunk: 0,
+        all_train: false,
+        memory: MemoryFeatures {
+            recompute: Recompute::Full,
+            offload_activations: true,
+            offload_optimizer: false,
+        },
+        cp: PLAIN.1,
+    }
+    .check();
+}
+
+/// Selective recompute with the chunked loss on one rank, in bf16.
+#[test]
+fn one_rank_bf16_selective_recompute_chunked_loss() {
+    Case {
+        name: "1 rank bf16 selective + chunked",
+        nproc: 1,
+        rows: 2,
+        seq: 96,
+        img: 32,
+        accum: 1,
+        bf16: true,
+        chunk: 32,
+        all_train: true,
+        memory: MemoryFeatures {
+            recompute: Recompute::Selective,
+            offload_activations: false,
+            offload_optimizer: false,
+        },
+        cp: PLAIN.1,
+    }
+    .check();
+}
+
+/// Context parallelism (each algorithm over 2 ranks of one FSDP group) with the chunked
+/// loss, and the full recompute re-running the ring's exchange in its backward.
+#[test]
+fn cp_two_ranks_chunked_loss_and_recompute() {
+    for (name, algo, recompute) in [
+        ("cp 2 ulysses f32 chunked", CpAlgo::Ulysses, Recompute::None),
+        ("cp 2 ring f32 chunked", CpAlgo::Ring, Recompute::None),
+        (
+            "cp 2 ring f32 chunked + recompute full",
+            CpAlgo::Ring,
+            Recompute::Full,
+        ),
+    ] {
+        Case {
+            name,
+            nproc: 2,
+            rows: 1,
+            seq: 128,
+            img: 32,
+            accum: 1,
+            bf16: false,
+            chunk: 32,
+            all_train: false,
+            memory: MemoryFeatures {
+                recompute,
+                offload_activations: false,
+                offload_optimizer: false,
+            },
+            cp: CpSettings {
+                size: 2,
+                algo,
+                ulysses_size: 1,
+            },
+        }
+        .check();
+    }
 }
 
 /// The planned features move the terms their formulas say (`model::memory`'s docs), against
@@ -299,9 +431,10 @@ fn planned_features_follow_their_formulas() {
     let sel = with(&["train.recompute=selective"]);
     assert!(full.step.saved.text_layer < sel.step.saved.text_layer);
     assert!(sel.step.saved.text_layer < none.step.saved.text_layer);
-    // Offload: two of the three text layers (and both vision layers) stay on the device.
+    // Offload: text layers 0 and 1 of three go to the host (input and what they keep), the
+    // last stays; the vision tower keeps everything on the device.
     let off = with(&["train.offload_activations=true"]);
-    assert_eq!(off.host_activations, none.step.saved.text_layer);
+    assert_eq!(off.host_activations, 2 * none.step.saved.text_layer);
     assert!(off.peak() < none.peak());
     // Chunked loss: one chunk of logits instead of logits and their gradient.
     let chunk = with(&["train.loss_chunk=64"]);

@@ -252,6 +252,7 @@ fn two_micro_batches_equal_one_batch_of_both() {
         cfg,
         params,
         loss_mode: LossMode::Full,
+        memory: Default::default(),
         exec,
     };
     let dc = DataConfig {

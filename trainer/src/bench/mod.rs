@@ -162,6 +162,7 @@ pub fn random_model(cfg: &Mistral3Config, exec: Exec, seed: u64) -> Result<Mistr
         cfg: cfg.clone(),
         params,
         loss_mode: LossMode::Full,
+        memory: Default::default(),
         exec,
     })
 }
@@ -328,6 +329,7 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
     })
 }
 
+pub mod features;
 pub mod sharded;
 #[cfg(test)]
 mod tests;

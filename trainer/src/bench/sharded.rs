@@ -55,6 +55,7 @@ fn run_as<A: Act>(
         max_grad_norm: 1.0,
         frozen: vec![Part::Vision, Part::Projector],
         loss_mode: LossMode::Full,
+        memory: Default::default(),
     };
     let per_rank = run_cpu_ranks(nproc, Duration::from_secs(600), |comm, exec| {
         let r = comm.rank();

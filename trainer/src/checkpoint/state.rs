@@ -174,6 +174,7 @@ impl Snapshot {
             cfg,
             params,
             loss_mode: LossMode::Full,
+            memory: Default::default(),
             exec,
         };
         let progress = restore_one_rank(ckpt, &mut model, &mut opt)?;

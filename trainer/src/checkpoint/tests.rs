@@ -71,6 +71,7 @@ fn random_state(seed: u64, step: u64) -> Snapshot {
             cfg,
             params,
             loss_mode: LossMode::Full,
+            memory: Default::default(),
             exec,
         },
         opt: AdamW {

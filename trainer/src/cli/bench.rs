@@ -1,6 +1,7 @@
 //! `cannon bench step`: times full training steps of an HF config (see [`crate::bench`]) and
 //! prints one JSON line with the fields of `shared/bench/torch_train_step.py`, so the two can
-//! be run side by side. Exit codes: 0 measured, 2 unusable input.
+//! be run side by side. `cannon bench features`: the feature table of
+//! [`crate::bench::features`]. Exit codes: 0 measured, 2 unusable input.
 
 use crate::bench::{self, StepBench};
 use crate::model::Mistral3Config;
@@ -20,6 +21,27 @@ pub enum BenchWhat {
     /// Full training steps (forward, backward, clip, AdamW) with random weights, vision tower
     /// and projector frozen, on B rows of S tokens holding one PX x PX image each.
     Step(StepArgs),
+    /// Each memory and parallel feature against the same run with it off (20 steps of the
+    /// `cannon train` config, statistics from step 6): loss difference, allocator peaks, step
+    /// time, and the baseline's repeat-run noise.
+    Features(FeaturesArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct FeaturesArgs {
+    /// The `cannon train` config (absent: the built-in default).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override one key of every run: `--set train.micro_batch=16`.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Write the rows as JSON here.
+    #[arg(long)]
+    pub json: PathBuf,
+    /// Only these rows (repeatable): ulysses, ring, hybrid, recompute, chunk_loss,
+    /// offload_activations, offload_optimizer.
+    #[arg(long)]
+    pub only: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -66,7 +88,41 @@ pub fn run(args: BenchArgs) -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        BenchWhat::Features(a) => match features(&a) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cannon bench features: {e}");
+                ExitCode::from(2)
+            }
+        },
     }
+}
+
+fn features(a: &FeaturesArgs) -> Result<(), String> {
+    use crate::bench::features as f;
+    let names: Vec<&str> = f::features().iter().map(|r| r.name).collect();
+    if let Some(bad) = a.only.iter().find(|n| !names.contains(&n.as_str())) {
+        return Err(format!(
+            "--only {bad}: no such row (rows: {})",
+            names.join(", ")
+        ));
+    }
+    let only = (!a.only.is_empty()).then_some(a.only.as_slice());
+    let work = f::work_dir();
+    let rows = f::run(a.config.as_deref(), &a.sets, &work, only);
+    let _ = std::fs::remove_dir_all(&work);
+    let rows = rows.map_err(|e| e.to_string())?;
+    println!(
+        "# {} steps per run, statistics over steps {}..={}; changes are feature on vs off",
+        f::STEPS,
+        f::FIRST,
+        f::STEPS
+    );
+    print!("{}", f::table(&rows));
+    let json = serde_json::to_string_pretty(&f::to_json(&rows)).unwrap_or_default();
+    std::fs::write(&a.json, json + "\n").map_err(|e| format!("{}: {e}", a.json.display()))?;
+    println!("rows written to {}", a.json.display());
+    Ok(())
 }
 
 fn step(a: &StepArgs) -> Result<(), String> {

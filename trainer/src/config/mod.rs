@@ -31,6 +31,10 @@
 //! max_grad_norm = 1.0
 //! seed = 42
 //! dtype = "f32"              # or "bf16"
+//! loss_chunk = 0             # > 0: lm_head + loss per chunk of this many tokens
+//! recompute = "none"         # or "full", "selective" (per decoder layer)
+//! offload_activations = false
+//! offload_optimizer = false
 //!
 //! [parallel]
 //! nproc = 1
@@ -236,6 +240,31 @@ pub struct TrainSection {
     pub dtype: Dtype,
     /// Rows per forward pass of the final evaluation.
     pub eval_batch: usize,
+    /// Tokens per chunk of the lm_head + cross-entropy (the `[T,V]` logits never exist
+    /// whole: at most one `[N,V]` chunk at a time); 0: the full logits.
+    pub loss_chunk: usize,
+    /// What each decoder layer keeps for its backward (see `crate::model::saved`).
+    pub recompute: RecomputeMode,
+    /// Saved decoder activations go to a host pool after each layer's forward and come back
+    /// before its backward.
+    pub offload_activations: bool,
+    /// AdamW moments and master weights live in a host pool and are streamed to the device
+    /// one layer group at a time for the update.
+    pub offload_optimizer: bool,
+}
+
+/// `train.recompute`: what a decoder layer's forward keeps for its backward.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecomputeMode {
+    /// Everything (no recompute).
+    #[default]
+    None,
+    /// Only the layer's input; the backward runs the layer's forward again first.
+    Full,
+    /// The attention output + lse and the GEMM outputs; the norms and the SwiGLU product
+    /// are made again in the backward.
+    Selective,
 }
 
 impl Default for TrainSection {
@@ -256,6 +285,10 @@ impl Default for TrainSection {
             seed: 42,
             dtype: Dtype::F32,
             eval_batch: 32,
+            loss_chunk: 0,
+            recompute: RecomputeMode::None,
+            offload_activations: false,
+            offload_optimizer: false,
         }
     }
 }

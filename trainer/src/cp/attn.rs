@@ -20,7 +20,7 @@
 //! [`ring`]: super::ring
 
 use super::{ring, CpGroup, CpLayout};
-use crate::model::block::{BlockActs, BlockDims};
+use crate::model::block::{BlockActs, BlockDims, BlockRefs};
 use crate::model::ops::{store, Act};
 use crate::model::{Exec, ModelError};
 use cannon_kernels::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
@@ -182,7 +182,7 @@ pub fn forward<A: Act>(
 pub fn backward<A: Act>(
     cx: CpCtx<'_>,
     dims: &BlockDims,
-    a: &BlockActs<A>,
+    a: BlockRefs<'_, A>,
     datt: &BufferView<'_, A>,
     (dq, dk, dv): (
         &mut BufferViewMut<'_, A>,
@@ -195,7 +195,7 @@ pub fn backward<A: Act>(
     let sh = CpShapes::new(dims, layout);
     let (tl, hd) = (layout.local_tokens(), dims.head_dim);
     let comm = cx.group.ulysses.as_ref();
-    let att_cp = a.att_cp.as_ref().ok_or_else(missing_att_cp)?;
+    let att_cp = a.att_cp.ok_or_else(missing_att_cp)?;
     let dout = to_heads(exec, comm, datt, (tl, dims.q_heads, hd, 1))?;
     let (qv, kv, vv) = (a.q.view(), a.k.view(), a.v.view());
     let qkv = QkvBuf {

@@ -32,11 +32,11 @@ use super::shard::ShardLayout;
 use super::state::{GroupState, ShardState};
 use super::FsdpError;
 use crate::cp::{CpGroup, CpSettings};
-use crate::model::optim::AdamWConfig;
+use crate::model::optim::{adamw_group, offload_moments, AdamWConfig};
 use crate::model::source::PlanInputs;
 use crate::model::{
-    Act, Batch, Exec, LossMode, Mistral3Config, ParamLayout, Params, Part, Pass, PassPlan,
-    StepMemory,
+    Act, Batch, Exec, LossMode, MemoryFeatures, Mistral3Config, ParamLayout, Params, Part, Pass,
+    PassPlan, StepMemory,
 };
 use crate::train::TrainSettings;
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
@@ -54,6 +54,8 @@ pub struct FsdpSettings {
     /// Parts that get neither gradients nor optimizer state.
     pub frozen: Vec<Part>,
     pub loss_mode: LossMode,
+    /// Recompute and offload ([`MemoryFeatures`]).
+    pub memory: MemoryFeatures,
 }
 
 impl FsdpSettings {
@@ -64,6 +66,7 @@ impl FsdpSettings {
             max_grad_norm: t.max_grad_norm,
             frozen: t.frozen.clone(),
             loss_mode: LossMode::Full,
+            memory: MemoryFeatures::default(),
         }
     }
 }
@@ -129,6 +132,11 @@ impl FsdpRank {
                 exec.device()
             )));
         }
+        // Offloading needs a host pool beside the rank's allocator.
+        let exec = match (settings.memory.needs_host_pool(), exec.host_pool()) {
+            (true, None) => exec.with_host_pool()?,
+            _ => exec,
+        };
         let layout = ParamLayout::new(&cfg);
         if full.len() != layout.groups.len() {
             return Err(FsdpError::Invalid(format!(
@@ -153,7 +161,11 @@ impl FsdpRank {
                 })
                 .collect()
         };
-        let (grads, m, v) = (zeros()?, zeros()?, zeros()?);
+        let (grads, mut m, mut v) = (zeros()?, zeros()?, zeros()?);
+        if let (true, Some(pool)) = (settings.memory.offload_optimizer, exec.host_pool()) {
+            offload_moments(pool, exec.stream(), &mut m)?;
+            offload_moments(pool, exec.stream(), &mut v)?;
+        }
         Ok(FsdpRank {
             cfg,
             layout,
@@ -318,9 +330,7 @@ impl FsdpRank {
             .zip(&mut self.v)
         {
             if let (Some(g), Some(m), Some(v)) = (g, m.as_mut(), v.as_mut()) {
-                let (mut pv, gv) = (p.view_mut(), g.view());
-                let (mut mv, mut vv) = (m.view_mut(), v.view_mut());
-                ops::adamw_step(st, &mut pv, &gv, &mut mv, &mut vv, self.step, &hp)?;
+                adamw_group(st, p, g, m, v, self.step, &hp)?;
             }
         }
         Ok(())
@@ -417,6 +427,7 @@ impl FsdpRank {
         let plan = PassPlan::new(&self.cfg, &self.layout, inputs);
         let (exec, layout, cut) = (&self.exec, &self.layout, &self.cut);
         let (cfg, loss_mode) = (&self.cfg, self.settings.loss_mode);
+        let memory = self.settings.memory;
         let (comm, shards) = (&self.comm, &self.params[..]);
         let cp = self.cp.as_ref();
         let steps = Schedule::forward_steps(&plan.forward);
@@ -427,6 +438,7 @@ impl FsdpRank {
                     cfg,
                     exec,
                     loss_mode,
+                    memory,
                     params: &fwd,
                     loss_norm,
                 };
@@ -451,6 +463,7 @@ impl FsdpRank {
                 cfg,
                 exec,
                 loss_mode,
+                memory,
                 params: &bwd,
                 loss_norm,
             };

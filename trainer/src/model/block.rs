@@ -139,6 +139,48 @@ impl<A: Act> BlockActs<A> {
     }
 }
 
+/// The saved tensors a block's backward reads, borrowed: from a [`BlockActs`] that kept all of
+/// them, or from wherever recompute and offload put each one (`super::saved`).
+#[derive(Clone, Copy, Debug)]
+pub struct BlockRefs<'a, A: cannon_runtime::Element> {
+    pub rstd1: &'a Tensor<f32>,
+    pub ln1: &'a Tensor<A>,
+    pub q: &'a Tensor<A>,
+    pub k: &'a Tensor<A>,
+    pub v: &'a Tensor<A>,
+    pub att: &'a Tensor<A>,
+    pub lse: &'a Tensor<f32>,
+    pub mid: &'a Tensor<f32>,
+    pub rstd2: &'a Tensor<f32>,
+    pub ln2: &'a Tensor<A>,
+    pub gate: &'a Tensor<f32>,
+    pub up: &'a Tensor<f32>,
+    pub h: &'a Tensor<A>,
+    /// Under context parallelism: the attention output in the head-sharded layout.
+    pub att_cp: Option<&'a Tensor<A>>,
+}
+
+impl<A: Act> BlockActs<A> {
+    pub fn refs(&self) -> BlockRefs<'_, A> {
+        BlockRefs {
+            rstd1: &self.rstd1,
+            ln1: &self.ln1,
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            att: &self.att,
+            lse: &self.lse,
+            mid: &self.mid,
+            rstd2: &self.rstd2,
+            ln2: &self.ln2,
+            gate: &self.gate,
+            up: &self.up,
+            h: &self.h,
+            att_cp: self.att_cp.as_ref(),
+        }
+    }
+}
+
 /// What a block's position-dependent parts need: the RoPE table with each token's slot, and
 /// the sequence boundaries (host data, by the kernels' convention).
 #[derive(Clone, Copy, Debug)]
@@ -259,17 +301,7 @@ pub fn block_forward<A: Act>(
 ) -> ModelResult<()> {
     let d = c.dims;
     let (dm, dq, dkv) = (d.d, d.dq(), d.dkv());
-    let mut rstd1 = a.rstd1.view_mut();
-    ops::rmsnorm_forward(
-        st,
-        &mut s.n.view_mut(),
-        &mut rstd1,
-        x,
-        &w.attn_norm,
-        dm,
-        d.eps,
-    )?;
-    store(st, &s.n.view(), &mut a.ln1.view_mut())?;
+    norm_store(st, &d, s, x, &w.attn_norm, &mut a.rstd1, &mut a.ln1)?;
     let ln1 = a.ln1.view();
     linear(st, &mut s.q.view_mut(), &ln1, &w.q, dm, dq)?;
     linear(st, &mut s.k.view_mut(), &ln1, &w.k, dm, dkv)?;
@@ -294,24 +326,50 @@ pub fn block_forward<A: Act>(
     linear(st, &mut a.mid.view_mut(), &a.att.view(), &w.o, dq, dm)?;
     add_into(st, &mut a.mid.view_mut(), x)?;
 
-    let (mid, mut rstd2) = (a.mid.view(), a.rstd2.view_mut());
-    ops::rmsnorm_forward(
+    norm_store(
         st,
-        &mut s.n.view_mut(),
-        &mut rstd2,
-        &mid,
+        &d,
+        s,
+        &a.mid.view(),
         &w.mlp_norm,
-        dm,
-        d.eps,
+        &mut a.rstd2,
+        &mut a.ln2,
     )?;
-    store(st, &s.n.view(), &mut a.ln2.view_mut())?;
     let ln2 = a.ln2.view();
     linear(st, &mut a.gate.view_mut(), &ln2, &w.gate, dm, d.inter)?;
     linear(st, &mut a.up.view_mut(), &ln2, &w.up, dm, d.inter)?;
-    gated_forward(st, d.act, &a.gate, &a.up, &mut s.h, s.tmp.as_mut())?;
-    store(st, &s.h.view(), &mut a.h.view_mut())?;
+    gated_store(st, &d, s, &a.gate, &a.up, &mut a.h)?;
     linear(st, out, &a.h.view(), &w.down, d.inter, dm)?;
     Ok(add_into(st, out, &a.mid.view())?)
+}
+
+/// `ln = rmsnorm(x) w` in f32, stored as `A` (`rstd [T]`, `ln [T,D]`): the forward's two
+/// norms, and what selective recompute makes again bit for bit (same kernel, same input).
+pub fn norm_store<A: Act>(
+    st: &Stream,
+    d: &BlockDims,
+    s: &mut FwdScratch,
+    x: &BufferView<'_, f32>,
+    w: &BufferView<'_, f32>,
+    rstd: &mut Tensor<f32>,
+    ln: &mut Tensor<A>,
+) -> Result<()> {
+    let mut r = rstd.view_mut();
+    ops::rmsnorm_forward(st, &mut s.n.view_mut(), &mut r, x, w, d.d, d.eps)?;
+    store(st, &s.n.view(), &mut ln.view_mut())
+}
+
+/// `h [T,I] = act(gate) * up` in f32, stored as `A` (the forward's, and selective recompute's).
+pub fn gated_store<A: Act>(
+    st: &Stream,
+    d: &BlockDims,
+    s: &mut FwdScratch,
+    gate: &Tensor<f32>,
+    up: &Tensor<f32>,
+    h: &mut Tensor<A>,
+) -> Result<()> {
+    gated_forward(st, d.act, gate, up, &mut s.h, s.tmp.as_mut())?;
+    store(st, &s.h.view(), &mut h.view_mut())
 }
 
 /// `h[T,I] = act(gate) * up` in f32 (overwrites h). SiLU is the swiglu kernel; the GELU gate
@@ -389,7 +447,7 @@ pub fn block_backward<A: Act>(
     c: &BlockCtx,
     w: &BlockWeights,
     mut g: Option<BlockGrads>,
-    a: &BlockActs<A>,
+    a: BlockRefs<'_, A>,
     s: &mut BwdScratch<A>,
     x: &BufferView<'_, f32>,
     dout: &BufferView<'_, f32>,
@@ -411,7 +469,7 @@ pub fn block_backward<A: Act>(
         dm,
     )?;
     // h = act(gate) * up;  gate, up = ln2 Wgate^T, ln2 Wup^T
-    let saved = (&a.gate, &a.up, &s.dh);
+    let saved = (a.gate, a.up, &s.dh);
     gated_backward(st, d.act, saved, &mut s.dgate, &mut s.dup, s.tmp.as_mut())?;
     s.dn.zero(st)?;
     let ln2 = a.ln2.view();

@@ -6,6 +6,7 @@
 //! trainer (or a test) that wants the model's own figures, untouched by other work in the
 //! process, gives it a private allocator with [`Exec::with_allocator`].
 
+use super::offload::HostPool;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{CachingAllocator, Device, MemoryStats, Stream};
 use std::sync::Arc;
@@ -15,6 +16,8 @@ use std::sync::Arc;
 pub struct Exec {
     stream: Arc<Stream>,
     alloc: Arc<CachingAllocator>,
+    /// Where offloaded activations and optimizer state go (None: nothing is offloaded).
+    host: Option<Arc<HostPool>>,
 }
 
 impl Exec {
@@ -26,6 +29,7 @@ impl Exec {
         Exec {
             stream: Arc::new(Stream::cpu()),
             alloc,
+            host: None,
         }
     }
 
@@ -34,6 +38,7 @@ impl Exec {
         Ok(Exec {
             stream: Arc::new(Stream::new(device)?),
             alloc: device.allocator()?,
+            host: None,
         })
     }
 
@@ -51,7 +56,23 @@ impl Exec {
                 },
             ));
         }
-        Ok(Exec { stream, alloc })
+        Ok(Exec {
+            stream,
+            alloc,
+            host: None,
+        })
+    }
+
+    /// The same stream and allocator with a fresh [`HostPool`] for offloading (the memory
+    /// features `train.offload_activations` and `train.offload_optimizer`).
+    pub fn with_host_pool(mut self) -> Result<Self, KernelError> {
+        self.host = Some(Arc::new(HostPool::new(self.device())?));
+        Ok(self)
+    }
+
+    /// The host pool, if this exec has one.
+    pub fn host_pool(&self) -> Option<&Arc<HostPool>> {
+        self.host.as_ref()
     }
 
     pub fn stream(&self) -> &Stream {

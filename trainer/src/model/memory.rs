@@ -48,19 +48,34 @@
 //! request of the same rounded size, so blocks of one size cannot serve another's peak; the
 //! second identical step reserves nothing new.
 //!
-//! [`plan_with`] is the same plan with two additions for `crate::plan` (`cannon plan`): the
-//! bytes of parameter and gradient buffers that exist only while the pass is at a given
-//! group's step ([`At`]: a sharded rank's gathered groups, its prefetch and the group's full
-//! gradient, which the test `plan` checks against real FSDP steps to the byte), and the
-//! memory features the model does not run yet ([`StepFeatures`]: recompute, activation
-//! offload, context parallel, with their formulas), so their effect can be planned now.
-//! A phase that spans a tower's layers is taken at the layer where it is highest (with
-//! nothing per step, the last layer in the forward: the original phases, unchanged).
+//! **Memory features** ([`plan_with`], [`super::saved`]). Write `O = 4·T·D` (a layer's input
+//! or output), `F` the thirteen block activations of a text layer above, `K` the part a layer
+//! keeps (`F` without recompute; selective: `4·T·(Hq + D + 2·I) + a·T·(2·Hq·Hd + 2·Hkv·Hd)`,
+//! i.e. q, k, v, att, lse, mid, gate, up; full: 0), `S` the block forward's working tensors.
+//! During layer l's forward the device holds the earlier layers' `O + K` each, then `O + F +
+//! O + S` (its input, all it makes, its output), so the text forward's high point is at the
+//! last layer: `L·(O + K) + O - K + F + S`, and after it `O + L·(O + K)` stays. With
+//! activation offload (L >= 2) layers 0..L-2 leave the device one layer after their forward:
+//! the high point is `3·O + K + F + S` and `2·O + K` stays (the last layer's input, what it
+//! keeps, its output); the host pool holds `(L-1)·(O + K)`. The text backward adds to its
+//! working tensors: `S` for any recompute (`+ O` for the full one, its unused output), and at
+//! its layer what that layer recomputes (`F - K`) and reloads (`O + K` when offloaded) plus
+//! the next layer's reload, prefetched (`O + K`). These equal the allocator's peak to the
+//! byte (test `memory_features`). The vision tower's layers always keep everything.
+//!
+//! [`plan_with`] adds for `crate::plan` (`cannon plan`) the bytes of parameter and gradient
+//! buffers that exist only while the pass is at a given group's step ([`At`]: a sharded
+//! rank's gathered groups, its prefetch and the group's full gradient, which the test `plan`
+//! checks against real FSDP steps), and context parallelism ([`ContextParallel`]: T is then
+//! the rank's tokens, the attention's exchange buffers join each text layer's working
+//! tensors, and each layer keeps `F`'s attention output once more, head-sharded, `a·T·Hq·Hd`,
+//! with `att`). A phase that spans a tower's layers is taken at the layer where it is highest.
 
 use super::config::{HiddenAct, Mistral3Config};
 use super::params::{ParamLayout, Part};
 use super::pixtral::PatchGrid;
 use super::projector::tokens_per_image;
+use super::saved::{MemoryFeatures, Recompute};
 use super::{Batch, LossMode, ModelError, Precision};
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_runtime::alloc::round_size;
@@ -142,8 +157,9 @@ pub struct MemoryPlan {
     pub params: usize,
     pub grads: usize,
     pub saved: Saved,
-    /// Bytes of saved activations moved to host memory at the step's high point (offload).
-    pub host_saved: usize,
+    /// Bytes of offloaded decoder activations in the host pool at the end of the forward
+    /// (0 without `offload_activations`); not part of the device's figures.
+    pub host_activations: usize,
     /// Each phase's high point above the step's start, in order.
     pub phases: Vec<Phase>,
 }
@@ -209,25 +225,36 @@ impl Dims {
 
     /// What one layer saves for `t` tokens, its output included.
     fn layer_saved(&self, t: usize, a: usize) -> usize {
-        let f32s = [
-            t,
-            t,
-            t * self.hq,
-            t * self.d,
-            t * self.d,
-            t * self.i,
-            t * self.i,
+        round_size(4 * t * self.d) + self.layer_acts(t, a, Recompute::None)
+    }
+
+    /// The block activations a layer keeps under `r` (without its output): of rstd1, ln1, q,
+    /// k, v, att, lse, mid, rstd2, ln2, gate, up, h (`BlockActs`, in that order) all of them,
+    /// the selective set (q, k, v, att, lse, mid, gate, up) or none.
+    fn layer_acts(&self, t: usize, a: usize, r: Recompute) -> usize {
+        let all = [
+            (4 * t, false),
+            (a * t * self.d, false),
+            (a * t * self.dq, true),
+            (a * t * self.dkv, true),
+            (a * t * self.dkv, true),
+            (a * t * self.dq, true),
+            (4 * t * self.hq, true),
+            (4 * t * self.d, true),
+            (4 * t, false),
+            (a * t * self.d, false),
+            (4 * t * self.i, true),
+            (4 * t * self.i, true),
+            (a * t * self.i, false),
         ];
-        let acts = [
-            t * self.d,
-            t * self.d,
-            t * self.dq,
-            t * self.dq,
-            t * self.dkv,
-            t * self.dkv,
-            t * self.i,
-        ];
-        blocks(&f32s.map(|n| 4 * n)) + blocks(&acts.map(|n| a * n))
+        all.iter()
+            .filter(|(_, selective)| match r {
+                Recompute::None => true,
+                Recompute::Selective => *selective,
+                Recompute::Full => false,
+            })
+            .map(|&(b, _)| round_size(b))
+            .sum()
     }
 
     /// The forward's working tensors for `t` tokens.
@@ -262,23 +289,9 @@ impl Dims {
     }
 }
 
-/// Memory features of a step. The model runs with none of them today except the chunked
-/// loss ([`LossMode`]); the others are planned here by the formulas below, so that
-/// `cannon plan` can say what they would save before they run.
-///
-/// ```text
-/// recompute full       a layer keeps only its output (4·T·D, the next layer's input); its
-///                      other saved tensors (layer − 4·T·D) exist for one layer at a time:
-///                      while its forward runs and again while its backward recomputes them
-/// recompute selective  a layer drops its norm outputs and SwiGLU/GELU product (a·T·D twice
-///                      + a·T·I), recomputed (cheap, elementwise) for one layer at a time
-/// offload activations  each layer's saved tensors go to host memory after its forward and
-///                      come back before its backward: the device holds two layers' (the one
-///                      computing and the one in transfer), the rest is host memory
-/// context parallel     the language model's T tokens are split over cp ranks (T/cp each),
-///                      the vision tower and projector run whole on every rank; attention
-///                      exchanges (below) add to the text layers' working set
-/// ```
+/// The features of a step that change its memory: the decoder's recompute and activation
+/// offload ([`MemoryFeatures`], as the model runs them; see the module docs for their
+/// terms) and context parallelism.
 ///
 /// Context-parallel exchange buffers of one text layer (a: activation bytes, Tl = T/cp,
 /// Hkv' = max(Hkv, u) after replicating KV heads for Ulysses):
@@ -291,6 +304,9 @@ impl Dims {
 ///                      bwd the fwd's K/V blocks + 2·4·Tl·2·Hkv·Hd (dK/dV travelling)
 /// hybrid (u x r)       ulysses over u, then ring over r = cp/u on Tl·u tokens of Hkv'/u heads
 /// ```
+///
+/// Under the full recompute a layer's backward first runs its forward again, collectives
+/// included, so it holds the larger of the two exchange sets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepFeatures {
     pub recompute: Recompute,
@@ -298,13 +314,25 @@ pub struct StepFeatures {
     pub cp: ContextParallel,
 }
 
-/// Activation recompute per decoder layer (both towers).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Recompute {
-    #[default]
-    None,
-    Full,
-    Selective,
+impl StepFeatures {
+    /// The decoder's memory features (the optimizer offload is not part of a pass).
+    pub fn memory(&self) -> MemoryFeatures {
+        MemoryFeatures {
+            recompute: self.recompute,
+            offload_activations: self.offload_activations,
+            offload_optimizer: false,
+        }
+    }
+}
+
+impl From<MemoryFeatures> for StepFeatures {
+    fn from(m: MemoryFeatures) -> Self {
+        StepFeatures {
+            recompute: m.recompute,
+            offload_activations: m.offload_activations,
+            cp: ContextParallel::default(),
+        }
+    }
 }
 
 /// How the language model's attention is split over `size` context-parallel ranks.
@@ -383,51 +411,91 @@ pub enum At {
     Bwd(usize),
 }
 
-/// What a tower's layer keeps for the whole pass and what it holds for one layer at a time.
-#[derive(Clone, Copy)]
-struct LayerCost {
+/// The decoder's terms under the memory features (see the module docs), per layer: what the
+/// device holds at its forward and what its backward adds to the working tensors.
+struct TextTerms {
+    /// `O`: a layer's input or output.
+    o: usize,
+    /// `F` (with the head-sharded attention output under CP).
+    all: usize,
+    /// `K`.
     kept: usize,
-    one_at_a_time: usize,
-    /// Layers whose kept bytes are on the device at the backward (offload: two).
-    resident: usize,
     layers: usize,
+    offload: bool,
+    /// The recompute's working tensors in the backward (`S`, `+ O` for the full one).
+    rec: usize,
 }
 
-impl LayerCost {
-    fn new(d: &Dims, t: usize, a: usize, layers: usize, f: &StepFeatures) -> Self {
-        let full = d.layer_saved(t, a);
-        let (kept, one_at_a_time) = match f.recompute {
-            Recompute::None => (full, 0),
-            Recompute::Full => (round_size(4 * t * d.d), full - round_size(4 * t * d.d)),
-            Recompute::Selective => {
-                let dropped = blocks(&[a * t * d.d, a * t * d.d, a * t * d.i]);
-                (full - dropped, dropped)
-            }
-        };
-        let resident = if f.offload_activations {
-            layers.min(2)
+impl TextTerms {
+    fn new(td: &Dims, t: usize, a: usize, layers: usize, f: &StepFeatures) -> Self {
+        let att_cp = if f.cp.size > 1 {
+            round_size(a * t * td.dq)
         } else {
-            layers
+            0
         };
-        LayerCost {
-            kept,
-            one_at_a_time,
-            resident,
+        let o = round_size(4 * t * td.d);
+        let kept_cp = if f.recompute == Recompute::Full {
+            0
+        } else {
+            att_cp
+        };
+        TextTerms {
+            o,
+            all: td.layer_acts(t, a, Recompute::None) + att_cp,
+            kept: td.layer_acts(t, a, f.recompute) + kept_cp,
             layers,
+            offload: f.offload_activations,
+            rec: match f.recompute {
+                Recompute::None => 0,
+                Recompute::Selective => td.fwd_scratch(t),
+                Recompute::Full => td.fwd_scratch(t) + o,
+            },
         }
     }
 
-    /// Kept bytes on the device once layer `l`'s forward has run.
+    /// Layers 0..L-2 go to the host (the last one stays), when there are two or more.
+    fn offloaded(&self, l: usize) -> bool {
+        self.offload && l + 1 < self.layers
+    }
+
+    /// Device bytes of the layers before `l` (their input and what they keep; an offloaded
+    /// layer leaves the device after the next layer ran).
+    fn before(&self, l: usize) -> usize {
+        (0..l)
+            .filter(|&k| !self.offloaded(k) || k + 1 == l)
+            .map(|_| self.o + self.kept)
+            .sum()
+    }
+
+    /// Saved bytes on the device during layer `l`'s forward: the layers before it, its input,
+    /// what it keeps and its output (what it makes and drops is working memory).
     fn at_forward(&self, l: usize) -> usize {
-        (l + 1).min(self.resident) * self.kept
+        self.before(l) + 2 * self.o + self.kept
     }
 
-    fn on_device(&self) -> usize {
-        self.resident * self.kept
+    /// Saved bytes on the device after the forward: the layers still there and the output.
+    fn after_forward(&self) -> usize {
+        self.before(self.layers) + self.o
     }
 
-    fn on_host(&self) -> usize {
-        (self.layers - self.resident) * self.kept
+    /// What a layer brings back from the host.
+    fn reload(&self, l: usize) -> usize {
+        if self.offloaded(l) {
+            self.o + self.kept
+        } else {
+            0
+        }
+    }
+
+    /// What layer `l`'s backward adds to the working tensors: its reload and the prefetched
+    /// one of layer l-1, what it recomputes, the recompute's working tensors.
+    fn backward(&self, l: usize) -> usize {
+        let prev = if l > 0 { self.reload(l - 1) } else { 0 };
+        self.reload(l) + prev + (self.all - self.kept) + self.rec
+    }
+
+    fn host(&self) -> usize {
+        (0..self.layers).map(|l| self.reload(l)).sum()
     }
 }
 
@@ -488,8 +556,7 @@ pub fn plan_with(
     let images = p > 0;
     let (lv, lt) = (cfg.vision_layers_used(), cfg.text_config.num_hidden_layers);
     let f = |n: usize| round_size(4 * n);
-    let tl = LayerCost::new(&td, t, a, lt, feat);
-    let vl = LayerCost::new(&vd, p, a, if images { lv } else { 0 }, feat);
+    let tl = TextTerms::new(&td, t, a, lt, feat);
     let (cp_fwd, cp_bwd) = feat.cp.buffers(&td, cfg.text_config.head_dim(), t, a);
 
     let saved = Saved {
@@ -498,7 +565,7 @@ pub fn plan_with(
         } else {
             0
         },
-        vision_layer: if images { vl.kept } else { 0 },
+        vision_layer: if images { vd.layer_saved(p, a) } else { 0 },
         projector: if images {
             blocks(&[
                 4 * p,
@@ -512,7 +579,7 @@ pub fn plan_with(
             0
         },
         text_embed: f(t * d),
-        text_layer: tl.kept,
+        text_layer: tl.o + tl.kept,
         final_norm: blocks(&[4 * t, a * t * d]),
         head: match mode {
             LossMode::Full => 2 * f(t * v),
@@ -542,17 +609,17 @@ pub fn plan_with(
             comm(At::Fwd(ve)),
             0,
         ));
-        let scratch = vd.fwd_scratch(p) + vl.one_at_a_time;
+        let scratch = vd.fwd_scratch(p);
         let fallback = ph("vision forward", saved.vision_embed, 0, 0, scratch);
         phases.push(highest(
             (0..lv).map(|i| {
-                let kept = saved.vision_embed + vl.at_forward(i);
+                let kept = saved.vision_embed + (i + 1) * saved.vision_layer;
                 let c = comm(At::Fwd(layout.vision_layer(i)));
                 ph("vision forward", kept, 0, c, scratch)
             }),
             fallback,
         ));
-        live += saved.vision_embed + vl.on_device() + saved.projector;
+        live += saved.vision_embed + lv * saved.vision_layer + saved.projector;
         let scratch = blocks(&[
             4 * p * dv,
             4 * m * mm * dv,
@@ -563,22 +630,29 @@ pub fn plan_with(
         let c = comm(At::Fwd(layout.projector()));
         phases.push(ph("projector forward", live, 0, c, scratch));
     }
-    live += saved.text_embed;
+    // The spliced embeddings are layer 0's input (`O` of the text terms).
     let c = comm(At::Fwd(layout.text_embed()));
-    phases.push(ph("text embed forward", live, 0, c, 0));
-    let scratch = td.fwd_scratch(t) + tl.one_at_a_time + cp_fwd;
+    phases.push(ph("text embed forward", live + saved.text_embed, 0, c, 0));
+    let scratch = td.fwd_scratch(t) + cp_fwd;
+    let dropped = tl.all - tl.kept;
     phases.push(highest(
         (0..lt).map(|l| {
             let c = comm(At::Fwd(layout.text_layer(l)));
-            ph("text forward", live + tl.at_forward(l), 0, c, scratch)
+            ph(
+                "text forward",
+                live + tl.at_forward(l),
+                0,
+                c,
+                scratch + dropped,
+            )
         }),
-        ph("text forward", live, 0, 0, scratch),
+        ph("text forward", live + tl.o, 0, 0, scratch),
     ));
-    live += tl.on_device() + saved.final_norm;
+    live += tl.after_forward() + saved.final_norm;
     let head_fwd = comm(At::Fwd(layout.text_head()));
     phases.push(ph("final norm forward", live, 0, head_fwd, f(t * d)));
     phases.push(ph("head forward", live, saved.head + chunk, head_fwd, 0));
-    let host_saved = tl.on_host() + vl.on_host();
+    let host_activations = tl.host();
 
     // The backward, with every saved activation live.
     let trains = |part| trainable.contains(&part);
@@ -589,7 +663,7 @@ pub fn plan_with(
         params,
         grads,
         saved,
-        host_saved,
+        host_activations,
         phases,
     };
     if !want_dx0 && trainable.is_empty() {
@@ -601,11 +675,16 @@ pub fn plan_with(
     // The final norm's backward runs with the decoder backward's buffers, the head group
     // still held; each layer's with its own group.
     let base = 2 * f(t * d) + td.bwd_scratch(t, a);
-    let layer = base + tl.one_at_a_time + cp_bwd;
+    // A full recompute runs the layer's forward exchange before its backward one.
+    let cp_layer = match feat.recompute {
+        Recompute::Full => cp_fwd.max(cp_bwd),
+        _ => cp_bwd,
+    };
     let head_step = ph("text backward", live, saved.head, head_bwd, base);
     let layers = (0..lt).map(|l| {
         let c = comm(At::Bwd(layout.text_layer(l)));
-        ph("text backward", live, saved.head, c, layer)
+        let scratch = base + tl.backward(l) + cp_layer;
+        ph("text backward", live, saved.head, c, scratch)
     });
     phases.push(highest(layers.chain([head_step]), head_step));
     if want_dx0 {
@@ -640,7 +719,7 @@ pub fn plan_with(
         );
         phases.push(at);
         if vision_needed {
-            let scratch = 2 * f(p * dv) + vd.bwd_scratch(p, a) + vl.one_at_a_time;
+            let scratch = 2 * f(p * dv) + vd.bwd_scratch(p, a);
             // The patch embedding's step is counted with the layers' working set (it holds
             // less: an upper bound for a sharded rank, nothing for one that holds its groups).
             let embed = comm(At::Bwd(ParamLayout::VISION_EMBED));

@@ -21,8 +21,10 @@ use super::block::{
 };
 use super::config::{HiddenAct, Mistral3Config};
 use super::exec::Exec;
+use super::offload::CopyMark;
 use super::ops::{store, Act};
 use super::params::{TextEmbed, TextHead, TextLayer};
+use super::saved::{Held, LayerSaved, MemoryFeatures};
 use super::source::{group_grad, GradSink, GroupWeights, ParamSource};
 use super::{head_view, ModelError};
 use crate::cp::attn::{CpCtx, CpShapes};
@@ -31,8 +33,8 @@ use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::BufferViewMut;
 
-/// Everything the text forward saves (device tensors; positions, RoPE table and sequence
-/// ends are host data the kernels take as such).
+/// Everything the text forward saves (device tensors, or host copies when offloaded;
+/// positions, RoPE table and sequence ends are host data the kernels take as such).
 #[derive(Debug)]
 pub struct TextActs<A: cannon_runtime::Element> {
     pub rope: RopeTable,
@@ -40,9 +42,12 @@ pub struct TextActs<A: cannon_runtime::Element> {
     pub pos: Vec<u32>,
     /// Ends of the packed sequences: tokens never attend across them.
     pub cu_seqlens: Vec<usize>,
-    pub x0: Tensor<f32>, // [T,D] spliced embeddings, the first block's input
-    pub outs: Vec<Tensor<f32>>, // L x [T,D]: block l's output
-    pub blocks: Vec<BlockActs<A>>,
+    /// L x what layer l keeps: its input `[T,D]` (the spliced embeddings for layer 0) and
+    /// its activations, as `train.recompute` and `train.offload_activations` say
+    /// ([`super::saved`]).
+    pub layers: Vec<LayerSaved<A>>,
+    /// `[T,D]` the last layer's output (the spliced embeddings with no layer).
+    pub out: Tensor<f32>,
     pub rstd_f: Tensor<f32>, // [T]
     pub xf: Tensor<A>,       // [T,D] final norm output (the lm_head's input)
     /// Under context parallelism: this rank's token layout (T above is then its Tl tokens,
@@ -53,19 +58,12 @@ pub struct TextActs<A: cannon_runtime::Element> {
 impl<A: cannon_runtime::Element> TextActs<A> {
     /// The decoder's last hidden state (the final norm's input).
     pub fn last(&self) -> &Tensor<f32> {
-        self.outs.last().unwrap_or(&self.x0)
+        &self.out
     }
 
     /// Tokens of the batch.
     pub fn tokens(&self) -> usize {
         self.pos.len()
-    }
-
-    fn input(&self, l: usize) -> &Tensor<f32> {
-        match l {
-            0 => &self.x0,
-            _ => &self.outs[l - 1],
-        }
     }
 }
 
@@ -164,7 +162,9 @@ pub fn embed_backward(
 /// Decoder forward from `x0 [T,D]` (tokens at position ids `pos`, packed sequences ending at
 /// `cu_seqlens`, see [`crate::batch::sequence_ends`]) to the final norm's output. Each layer's
 /// group is fetched just before the layer runs and let go after it; the head group, fetched
-/// for the final norm, is handed back for the lm_head.
+/// for the final norm, is handed back for the lm_head. `mem` says what each layer keeps and
+/// where ([`super::saved`]).
+#[allow(clippy::too_many_arguments)]
 pub fn forward<'p, A: Act>(
     exec: &Exec,
     cfg: &Mistral3Config,
@@ -172,13 +172,16 @@ pub fn forward<'p, A: Act>(
     x0: Tensor<f32>,
     pos: Vec<u32>,
     cu_seqlens: Vec<usize>,
+    mem: MemoryFeatures,
 ) -> Result<(TextActs<A>, GroupWeights<'p>), ModelError> {
-    forward_cp(exec, cfg, params, x0, pos, cu_seqlens, None)
+    forward_cp(exec, cfg, params, x0, pos, cu_seqlens, mem, None)
 }
 
 /// [`forward`] of a context-parallel rank (`cp` given): `x0 [Tl,D]` and `pos [Tl]` are this
 /// rank's tokens of the layout, `cu_seqlens` the whole batch's sequence ends; attention
-/// exchanges with the CP group ([`crate::cp`]).
+/// exchanges with the CP group ([`crate::cp`]). Recompute and offload work per rank on its
+/// own tensors, whatever their (head-sharded) shapes.
+#[allow(clippy::too_many_arguments)]
 pub fn forward_cp<'p, A: Act>(
     exec: &Exec,
     cfg: &Mistral3Config,
@@ -186,6 +189,7 @@ pub fn forward_cp<'p, A: Act>(
     x0: Tensor<f32>,
     pos: Vec<u32>,
     cu_seqlens: Vec<usize>,
+    mem: MemoryFeatures,
     cp: Option<(&CpGroup, CpLayout)>,
 ) -> Result<(TextActs<A>, GroupWeights<'p>), ModelError> {
     let st = exec.stream();
@@ -232,10 +236,20 @@ pub fn forward_cp<'p, A: Act>(
     }
     let rope = RopeTable::text(t.head_dim(), t.rope_theta(), max_pos)?;
     let layout = params.layout();
+    let pool = match (mem.offload_activations, exec.host_pool()) {
+        (false, _) => None,
+        (true, Some(p)) => Some(p.clone()),
+        (true, None) => {
+            return Err(ModelError::Input(
+                "activation offload needs an exec with a host pool (Exec::with_host_pool)".into(),
+            ))
+        }
+    };
+    let layers_n = t.num_hidden_layers;
     let mut scratch = FwdScratch::new(exec, &dims, n)?;
-    let mut outs: Vec<Tensor<f32>> = Vec::with_capacity(t.num_hidden_layers);
-    let mut blocks = Vec::with_capacity(t.num_hidden_layers);
-    for l in 0..t.num_hidden_layers {
+    let mut layers: Vec<LayerSaved<A>> = Vec::with_capacity(layers_n);
+    let mut x = x0;
+    for l in 0..layers_n {
         let cpx = group.zip(cpl.as_ref()).map(|(group, layout)| CpCtx {
             exec,
             group,
@@ -256,18 +270,26 @@ pub fn forward_cp<'p, A: Act>(
         let g = layout.text_layer(l);
         let fetched = params.fetch(g)?;
         let w = TextLayer::split(fetched.view()?, &layout.groups[g])?.block();
-        let x = outs.last().unwrap_or(&x0).view();
         block_forward(
             st,
             &ctx,
             &w,
             &mut acts,
             &mut scratch,
-            &x,
+            &x.view(),
             &mut out.view_mut(),
         )?;
-        outs.push(out);
-        blocks.push(acts);
+        let mut saved = LayerSaved::keep(x, acts, mem.recompute);
+        // The last layer's backward comes first: it stays. The previous layer's device
+        // copies are freed once this layer ran (its copy to the host overlapped it).
+        if let (Some(p), true) = (&pool, l + 1 < layers_n) {
+            saved.offload(p, st)?;
+        }
+        if let Some(prev) = layers.last_mut() {
+            prev.settle()?;
+        }
+        layers.push(saved);
+        x = out;
     }
     drop(scratch);
     let head_w = params.fetch(layout.text_head())?;
@@ -275,7 +297,7 @@ pub fn forward_cp<'p, A: Act>(
     let mut rstd_f = exec.empty(&[n])?;
     let mut xf = exec.empty(&[n, d])?;
     let mut xf32 = exec.empty::<f32>(&[n, d])?;
-    let last = outs.last().unwrap_or(&x0).view();
+    let last = x.view();
     let mut rv = rstd_f.view_mut();
     ops::rmsnorm_forward(
         st,
@@ -291,9 +313,8 @@ pub fn forward_cp<'p, A: Act>(
         rope,
         pos,
         cu_seqlens,
-        x0,
-        outs,
-        blocks,
+        layers,
+        out: x,
         rstd_f,
         xf,
         cp: cpl,
@@ -371,7 +392,22 @@ pub fn backward_cp<A: Act>(
     // dxf is spent: it holds each layer's input gradient in turn.
     let mut dprev = dxf;
     let mut visit = TextVisit::default();
-    for l in (0..a.blocks.len()).rev() {
+    // Recompute runs layer forwards again: their working tensors (and, for the full
+    // recompute, the layer's output, which nothing reads).
+    let recomputes = a.layers.iter().any(|s| s.q_dropped() || s.ln1_dropped());
+    let mut fwd = recomputes
+        .then(|| FwdScratch::new(exec, &dims, n))
+        .transpose()?;
+    let mut rec_out = a
+        .layers
+        .iter()
+        .any(LayerSaved::q_dropped)
+        .then(|| exec.empty::<f32>(&[n, d]))
+        .transpose()?;
+    let pool = exec.host_pool();
+    // Layer l's reload, queued while layer l+1's backward ran, and its copy mark.
+    let mut next: Option<(Held<A>, Option<CopyMark>)> = None;
+    for l in (0..a.layers.len()).rev() {
         let below_trains = (0..=l).any(|k| grads.trains(layout.text_layer(k)));
         if !below_trains && !want_dx0 {
             return Ok((None, visit));
@@ -388,27 +424,59 @@ pub fn backward_cp<A: Act>(
             cu_seqlens: &a.cu_seqlens,
             cp: cpx,
         };
+        let saved = &a.layers[l];
+        let mut held = match next.take() {
+            Some((h, mark)) => {
+                if let (Some(p), Some(m)) = (pool, &mark) {
+                    p.wait(st, m)?;
+                }
+                h
+            }
+            None => reload(exec, saved)?.0,
+        };
+        // Layer l-1's reload overlaps this layer's backward.
+        if l > 0 && a.layers[l - 1].offloaded() {
+            let (h, mark) = reload(exec, &a.layers[l - 1])?;
+            next = Some((h, mark));
+        }
         let g = layout.text_layer(l);
         let fetched = params.fetch(g)?;
         let w = TextLayer::split(fetched.view()?, &layout.groups[g])?.block();
+        if let Some(s) = fwd.as_mut() {
+            saved.recompute(exec, &mut held, &ctx, &w, s, rec_out.as_mut())?;
+        }
         let gl = group_grad(grads, g, TextLayer::ranges(&layout.groups[g]).block())?;
-        let (x, dout) = (a.input(l).view(), dx.view());
+        let (x, dout) = (saved.input(&held)?.view(), dx.view());
         let mut dxl = dprev.view_mut();
         block_backward(
             st,
             &ctx,
             &w,
             gl,
-            &a.blocks[l],
+            saved.refs(&held)?,
             &mut scratch,
             &x,
             &dout,
             &mut dxl,
         )?;
+        drop(held);
         drop(fetched);
         grads.release(g)?;
         std::mem::swap(&mut dx, &mut dprev);
         visit.layers += 1;
     }
     Ok((want_dx0.then_some(dx), visit))
+}
+
+/// Queues the reload of what `saved` offloaded, and marks it (None when nothing was).
+fn reload<A: Act>(
+    exec: &Exec,
+    saved: &LayerSaved<A>,
+) -> Result<(Held<A>, Option<CopyMark>), ModelError> {
+    let held = saved.reload(exec)?;
+    let mark = match exec.host_pool().filter(|_| saved.offloaded()) {
+        Some(p) => Some(p.mark()?),
+        None => None,
+    };
+    Ok((held, mark))
 }

@@ -25,6 +25,10 @@
 //! buffer, and their backward is not run at all unless something below them needs it
 //! ([`Visited`] reports what ran).
 //!
+//! What each decoder layer keeps for its backward, and where, is the run's
+//! [`MemoryFeatures`] ([`saved`]: recompute, activation offload to a [`offload::HostPool`]);
+//! [`LossMode`] says whether the logits exist whole or in chunks ([`head`]).
+//!
 //! A pass ([`Pass`]) takes each layer group's parameters from a [`ParamSource`] at the point
 //! of use and hands each group's gradient to a [`GradSink`] when it is done with it, in the
 //! order of [`PassPlan`] ([`source`]). The model's own [`Params`] and [`Grads`] are the
@@ -38,12 +42,14 @@ pub mod head;
 pub mod init;
 pub mod memory;
 pub mod mistral;
+pub mod offload;
 pub mod ops;
 pub mod optim;
 pub mod params;
 pub mod pixtral;
 pub mod projector;
 pub mod save;
+pub mod saved;
 pub mod source;
 pub mod weights;
 
@@ -53,6 +59,7 @@ pub use exec::Exec;
 pub use head::LossMode;
 pub use ops::{Act, Precision};
 pub use params::{Grads, ParamLayout, Params, Part};
+pub use saved::{MemoryFeatures, Recompute};
 pub use source::{GradSink, GroupWeights, ParamSource, PassPlan};
 pub use weights::WeightsError;
 
@@ -144,6 +151,8 @@ pub struct Mistral3 {
     pub cfg: Mistral3Config,
     pub params: Params,
     pub loss_mode: LossMode,
+    /// What the decoder layers keep for the backward, and where ([`saved`]).
+    pub memory: MemoryFeatures,
     pub exec: Exec,
 }
 
@@ -171,6 +180,7 @@ impl Mistral3 {
             cfg,
             params,
             loss_mode: LossMode::Full,
+            memory: MemoryFeatures::default(),
             exec,
         })
     }
@@ -181,6 +191,7 @@ impl Mistral3 {
             cfg: self.cfg.clone(),
             params: self.params.try_clone(self.exec.stream())?,
             loss_mode: self.loss_mode,
+            memory: self.memory,
             exec: self.exec.clone(),
         })
     }
@@ -228,6 +239,7 @@ impl Mistral3 {
             cfg: &self.cfg,
             exec: &self.exec,
             loss_mode: self.loss_mode,
+            memory: self.memory,
             params: &self.params,
             loss_norm: LossNorm::Mean,
         }
@@ -291,6 +303,8 @@ pub struct Pass<'a> {
     pub cfg: &'a Mistral3Config,
     pub exec: &'a Exec,
     pub loss_mode: LossMode,
+    /// What the decoder layers keep for the backward, and where ([`saved`]).
+    pub memory: MemoryFeatures,
     pub params: &'a dyn ParamSource,
     /// What the summed loss is divided by: `Mean`, the batch's own trained targets;
     /// `Divisor(n)`, the trained targets of every micro batch on every rank of the optimizer
@@ -358,7 +372,7 @@ impl Pass<'_> {
         let mut norm = self.loss_norm;
         // The head group (final norm + lm_head) is fetched once, by the decoder's final norm.
         let (text, head_w) = match cp {
-            None => mistral::forward(ex, cfg, params, x0, pos, ends)?,
+            None => mistral::forward(ex, cfg, params, x0, pos, ends, self.memory)?,
             Some(g) => {
                 // Split after the splice; positions and sequence ends are the whole batch's.
                 let layout = g.layout(pos.len(), &ends)?;
@@ -373,7 +387,7 @@ impl Pass<'_> {
                     }
                 }
                 let cp = Some((g, layout));
-                mistral::forward_cp(ex, cfg, params, x0, pos_l, ends, cp)?
+                mistral::forward_cp(ex, cfg, params, x0, pos_l, ends, self.memory, cp)?
             }
         };
         let w = head_view(params.layout(), &head_w)?.lm_head;

@@ -315,7 +315,7 @@ pub fn backward<A: Act>(
             &ctx,
             &w,
             gl,
-            &a.blocks[l],
+            a.blocks[l].refs(),
             &mut scratch,
             &x,
             &dv_,

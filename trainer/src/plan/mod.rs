@@ -261,7 +261,7 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
             grads,
             master,
             moments,
-            host_activations: step.host_saved,
+            host_activations: step.host_activations,
             step,
             optimizer_in_flight,
             host_optimizer,

@@ -2,8 +2,9 @@
 //! memory feature set on top of the given settings, and whether each fits).
 
 use super::{loss_name, plan, Plan, PlanError, PlanSettings, RankPlan};
-use crate::model::memory::{CpAlgo, Recompute};
+use crate::model::memory::CpAlgo;
 use crate::model::LossMode;
+use crate::model::Recompute;
 use serde_json::{json, Value};
 
 const GIB: f64 = (1u64 << 30) as f64;

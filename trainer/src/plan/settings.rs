@@ -17,7 +17,8 @@
 //! does not know yet is taken by the planner alone.
 
 use crate::config::{ConfigError, Dtype, TrainConfig};
-use crate::model::memory::{ContextParallel, CpAlgo, Recompute, StepFeatures};
+use crate::model::memory::{ContextParallel, CpAlgo, StepFeatures};
+use crate::model::Recompute;
 use crate::model::{LossMode, Mistral3Config, Part, Precision};
 use std::path::{Path, PathBuf};
 

@@ -24,4 +24,4 @@ pub mod step;
 
 pub use run::{RunPlan, RunSummary, StepHook, TrainError, TrainState, Trainer};
 pub use schedule::LrSchedule;
-pub use step::{accumulate, train_steps, Accumulated, StepLog, TrainSettings};
+pub use step::{accumulate, memory_features, train_steps, Accumulated, StepLog, TrainSettings};

@@ -16,7 +16,7 @@ use super::flops::{gemm_peak, step_flops};
 use super::identity::RunIdentity;
 use super::metrics::{EvalRecord, JsonlWriter, Progress, StepRecord};
 use super::schedule::LrSchedule;
-use super::step::accumulate;
+use super::step::{accumulate, memory_features};
 use crate::config::{self, preset, ConfigError, Dtype, Resume, TrainConfig};
 use crate::data::dataset::DataSet;
 use crate::data::image::ImageConfig;
@@ -27,8 +27,7 @@ use crate::eval::{self, EvalError, EvalReport};
 use crate::model::init::{self, Init};
 use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use crate::model::{
-    weights, Act, Exec, Grads, LossMode, Mistral3, Mistral3Config, ModelError, ParamLayout, Part,
-    Precision,
+    weights, Act, Exec, Grads, Mistral3, Mistral3Config, ModelError, ParamLayout, Part, Precision,
 };
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -484,10 +483,16 @@ impl Trainer {
                 Init::Normal(init::INITIALIZER_RANGE),
             )?,
         };
+        let (loss_mode, memory) = memory_features(&cfg.train);
+        let exec = match (memory.needs_host_pool(), exec.host_pool()) {
+            (true, None) => exec.with_host_pool().map_err(ModelError::from)?,
+            _ => exec,
+        };
         let model = Mistral3 {
             cfg: mcfg,
             params,
-            loss_mode: LossMode::Full,
+            loss_mode,
+            memory,
             exec: exec.clone(),
         };
         let trainable: Vec<Part> = [Part::Vision, Part::Projector, Part::Text]
@@ -511,7 +516,10 @@ impl Trainer {
             eps: t.eps,
             weight_decay: t.weight_decay,
         };
-        let opt = AdamW::new(&exec, adamw, &grads)?;
+        let mut opt = AdamW::new(&exec, adamw, &grads)?;
+        if memory.offload_optimizer {
+            opt.offload(&exec)?;
+        }
         let precision = match t.dtype {
             Dtype::F32 => Precision::F32,
             Dtype::Bf16 => Precision::Bf16,
@@ -612,6 +620,11 @@ impl Trainer {
         hooks: &mut [&mut dyn StepHook],
     ) -> Result<RunSummary, TrainError> {
         self.write_run_files()?;
+        // A resumed state's moments were restored where the checkpoint code put them.
+        if self.state.model.memory.offload_optimizer {
+            let exec = self.state.model.exec.clone();
+            self.state.opt.offload(&exec)?;
+        }
         let resuming = self.state.step > 0;
         let mut jsonl =
             JsonlWriter::open(&self.plan.jsonl, resuming).map_err(io(&self.plan.jsonl))?;

@@ -110,6 +110,7 @@ fn run_as<A: Act>(trainer: &mut Trainer, ranks: Ranks) -> Result<RunSummary, Tra
         max_grad_norm: trainer.plan.cfg.train.max_grad_norm,
         frozen: trainer.plan.frozen.clone(),
         loss_mode: s.model.loss_mode,
+        memory: s.model.memory,
     };
     let (first, total) = (trainer.state.step, trainer.state.total_steps);
     // The run's files are the lead process's: ranks of other processes would race on them.

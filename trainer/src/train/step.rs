@@ -1,7 +1,7 @@
 //! The training step: forward, backward, `clip_grad_norm_`, AdamW, as torch does it.
 
 use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use crate::model::{Act, Batch, Mistral3, ModelError, Part};
+use crate::model::{Act, Batch, LossMode, MemoryFeatures, Mistral3, ModelError, Part, Recompute};
 
 /// What the optimizer steps need besides the model and the batch (constant learning rate).
 #[derive(Debug, Clone, PartialEq)]
@@ -96,4 +96,24 @@ pub fn accumulate<A: Act>(
         loss += acts.loss();
     }
     Ok(Accumulated { loss, targets })
+}
+
+/// The model's loss mode and memory features from `[train]` (`loss_chunk`, `recompute`,
+/// `offload_activations`, `offload_optimizer`).
+pub fn memory_features(t: &crate::config::TrainSection) -> (LossMode, MemoryFeatures) {
+    let loss = match t.loss_chunk {
+        0 => LossMode::Full,
+        n => LossMode::Chunked(n),
+    };
+    let recompute = match t.recompute {
+        crate::config::RecomputeMode::None => Recompute::None,
+        crate::config::RecomputeMode::Full => Recompute::Full,
+        crate::config::RecomputeMode::Selective => Recompute::Selective,
+    };
+    let mem = MemoryFeatures {
+        recompute,
+        offload_activations: t.offload_activations,
+        offload_optimizer: t.offload_optimizer,
+    };
+    (loss, mem)
 }

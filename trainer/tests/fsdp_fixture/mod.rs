@@ -125,6 +125,7 @@ pub fn settings(frozen: &[Part]) -> FsdpSettings {
         max_grad_norm: 1.0,
         frozen: frozen.to_vec(),
         loss_mode: LossMode::Full,
+        memory: Default::default(),
     }
 }
 
@@ -221,6 +222,7 @@ pub fn run_unsharded(
                 cfg,
                 exec: &exec,
                 loss_mode: s.loss_mode,
+                memory: s.memory,
                 params: &params,
                 loss_norm: LossNorm::Divisor(count as f64),
             };
@@ -259,6 +261,7 @@ pub fn model(cfg: &Mistral3Config, host: &[Vec<f32>]) -> Mistral3 {
         cfg: cfg.clone(),
         params,
         loss_mode: LossMode::Full,
+        memory: Default::default(),
         exec,
     }
 }

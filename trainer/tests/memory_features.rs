@@ -1,0 +1,351 @@
+//! The memory features against the plain step: chunked loss within 1e-6 of the full loss;
+//! recompute (full, selective), activation offload and optimizer offload bit for bit equal
+//! to keeping everything on the device, with lower allocator figures; the same with FSDP
+//! ranks; and the plan's formulas equal to the measured peak in every combination.
+//!
+//! The model is the FSDP fixture's tiny Mistral3 with four decoder layers (with two, the
+//! offloaded layer's reload overlaps the last layer's backward and the peak cannot fall).
+
+mod fsdp_fixture;
+use fsdp_fixture as fx;
+
+use cannon_runtime::{CachingAllocator, Stream};
+use cannon_trainer::batch::Batch;
+use cannon_trainer::fsdp::FsdpSettings;
+use cannon_trainer::model::memory::{plan_with, StepFeatures, StepShape};
+use cannon_trainer::model::optim::{clip_grad_norm, AdamW};
+use cannon_trainer::model::{
+    Act, Exec, Grads, LossMode, MemoryFeatures, Mistral3, Mistral3Config, ParamLayout, Params,
+    Part, Recompute,
+};
+use std::sync::Arc;
+
+const ALL: [Part; 3] = [Part::Vision, Part::Projector, Part::Text];
+
+fn config() -> Mistral3Config {
+    let mut cfg = fx::config();
+    cfg.text_config.num_hidden_layers = 4;
+    cfg
+}
+
+/// A private allocator (the figures are this model's alone) with a host pool.
+fn exec() -> Exec {
+    Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu())
+        .unwrap()
+        .with_host_pool()
+        .unwrap()
+}
+
+fn model(cfg: &Mistral3Config, memory: MemoryFeatures, loss_mode: LossMode) -> Mistral3 {
+    let exec = exec();
+    let host = fx::init(cfg, 7);
+    let params = Params::from_host(&exec, ParamLayout::new(cfg), &host).unwrap();
+    Mistral3 {
+        cfg: cfg.clone(),
+        params,
+        loss_mode,
+        memory,
+        exec,
+    }
+}
+
+/// Two rows: one with an image, one packed without.
+fn batch() -> Batch {
+    let mut rng = cannon_runtime::rng::SplitMix64::new(3);
+    let a = fx::micro_batch(&mut rng, true, false);
+    let b = fx::micro_batch(&mut rng, false, true);
+    let cat = |x: &[u32], y: &[u32]| [x, y].concat();
+    Batch {
+        rows: 2,
+        seq: fx::SEQ,
+        input_ids: cat(&a.input_ids, &b.input_ids),
+        labels: [a.labels.as_slice(), &b.labels].concat(),
+        position_ids: cat(&a.positions(), &b.positions()),
+        images: a.images,
+        ..Batch::default()
+    }
+}
+
+fn features(recompute: Recompute, offload: bool) -> MemoryFeatures {
+    MemoryFeatures {
+        recompute,
+        offload_activations: offload,
+        offload_optimizer: false,
+    }
+}
+
+/// Loss, every gradient group on the host, and the measured step (after a warm-up step).
+fn step<A: Act>(m: &Mistral3, b: &Batch) -> (f64, Vec<Option<Vec<f32>>>, usize) {
+    let mut grads = m.grads(&ALL).unwrap();
+    m.measure_step::<A>(b, &mut grads, None).unwrap();
+    grads.zero(m.exec.stream()).unwrap();
+    let (loss, mem) = m.measure_step::<A>(b, &mut grads, None).unwrap();
+    let host = host_grads(&grads, &m.exec);
+    (loss, host, mem.max_allocated - mem.start_allocated)
+}
+
+fn host_grads(g: &Grads, exec: &Exec) -> Vec<Option<Vec<f32>>> {
+    g.data
+        .iter()
+        .map(|t| t.as_ref().map(|t| t.to_host(exec.stream()).unwrap()))
+        .collect()
+}
+
+fn bits(v: &[Option<Vec<f32>>]) -> Vec<Option<Vec<u32>>> {
+    v.iter()
+        .map(|g| g.as_ref().map(|g| g.iter().map(|x| x.to_bits()).collect()))
+        .collect()
+}
+
+#[test]
+fn recompute_and_offload_give_bit_identical_gradients_and_lower_peaks() {
+    let cfg = config();
+    let b = batch();
+    let plain = model(&cfg, MemoryFeatures::default(), LossMode::Full);
+    let (loss0, g0, peak0) = step::<f32>(&plain, &b);
+    let (loss0h, g0h, _) = step::<half::bf16>(&plain, &b);
+    let mut peaks = Vec::new();
+    for r in [Recompute::None, Recompute::Selective, Recompute::Full] {
+        for offload in [false, true] {
+            let what = format!("{r:?}, offload {offload}");
+            let m = model(&cfg, features(r, offload), LossMode::Full);
+            let (loss, g, peak) = step::<f32>(&m, &b);
+            assert_eq!(loss.to_bits(), loss0.to_bits(), "{what}: loss");
+            assert!(bits(&g) == bits(&g0), "{what}: f32 gradients differ");
+            let (lossh, gh, _) = step::<half::bf16>(&m, &b);
+            assert_eq!(lossh.to_bits(), loss0h.to_bits(), "{what}: bf16 loss");
+            assert!(bits(&gh) == bits(&g0h), "{what}: bf16 gradients differ");
+            peaks.push((what, peak));
+        }
+    }
+    eprintln!("plain peak {peak0}: {peaks:?}");
+    for (what, peak) in &peaks[1..] {
+        assert!(*peak < peak0, "{what}: peak {peak} not below {peak0}");
+    }
+    // Keeping less saves more: selective < none, full < selective (with or without offload).
+    assert!(
+        peaks[2].1 < peaks[0].1 && peaks[4].1 < peaks[2].1,
+        "{peaks:?}"
+    );
+    assert!(
+        peaks[3].1 < peaks[1].1 && peaks[5].1 < peaks[3].1,
+        "{peaks:?}"
+    );
+}
+
+/// The plan's formulas for every combination equal the allocator's peak to the byte, and
+/// the host pool holds what the plan says was offloaded.
+#[test]
+fn plan_equals_the_measured_peak_with_every_feature() {
+    let cfg = config();
+    let b = batch();
+    for chunk in [LossMode::Full, LossMode::Chunked(5)] {
+        for r in [Recompute::None, Recompute::Selective, Recompute::Full] {
+            for offload in [false, true] {
+                let mem = features(r, offload);
+                let m = model(&cfg, mem, chunk);
+                for trainable in [&ALL[..], &[Part::Text]] {
+                    let what = format!("{chunk:?} {r:?} offload {offload} {trainable:?}");
+                    let mut grads = m.grads(trainable).unwrap();
+                    m.measure_step::<f32>(&b, &mut grads, None).unwrap();
+                    let (_, got) = m.measure_step::<f32>(&b, &mut grads, None).unwrap();
+                    let shape = StepShape::of(&cfg, &b).unwrap();
+                    let feat = StepFeatures::from(mem);
+                    let p = plan_with(
+                        &cfg,
+                        &shape,
+                        f32::PRECISION,
+                        chunk,
+                        trainable,
+                        false,
+                        &feat,
+                        &|_| 0,
+                    );
+                    assert_eq!(
+                        got.max_allocated - got.start_allocated,
+                        p.peak(),
+                        "{what}: measured vs the plan (peak phase {}): {p:#?}",
+                        p.peak_phase()
+                    );
+                    let host = m.exec.host_pool().unwrap().stats();
+                    assert_eq!(host.allocated, 0, "{what}: the host pool kept blocks");
+                    assert_eq!(
+                        host.peak_allocated, p.host_activations,
+                        "{what}: host bytes"
+                    );
+                    m.exec.host_pool().unwrap().allocator().reset_peak();
+                }
+            }
+        }
+    }
+}
+
+/// Chunked loss vs the full logits: the chunks change only the order of f32 sums (the lm_head
+/// weight gradient is accumulated chunk by chunk, the log-sum-exp per row is the same), so
+/// loss and gradients agree to f32 rounding of those sums; the bar 1e-6 (relative: the loss
+/// against itself, each gradient group in L2 against its own norm) is about 10 ulps.
+#[test]
+fn chunked_loss_matches_the_full_loss_within_1e_6() {
+    let cfg = config();
+    let b = batch();
+    let full = model(&cfg, MemoryFeatures::default(), LossMode::Full);
+    let (loss, g, _) = step::<f32>(&full, &b);
+    for rows in [1, 5, 16, 1000] {
+        let m = model(&cfg, MemoryFeatures::default(), LossMode::Chunked(rows));
+        let (lc, gc, _) = step::<f32>(&m, &b);
+        let rel = (lc - loss).abs() / loss.abs();
+        assert!(rel <= 1e-6, "chunk {rows}: loss {lc} vs {loss} ({rel:.2e})");
+        for (i, (a, r)) in gc.iter().zip(&g).enumerate() {
+            let (Some(a), Some(r)) = (a, r) else {
+                assert_eq!(a.is_some(), r.is_some());
+                continue;
+            };
+            let e = fx::rel_l2(std::slice::from_ref(a), std::slice::from_ref(r));
+            assert!(e <= 1e-6, "chunk {rows}, group {i}: relative L2 {e:.2e}");
+        }
+    }
+}
+
+/// Moments in the host pool, streamed per group: the same parameters bit for bit after three
+/// AdamW steps, and the device holds fewer bytes by exactly the moments' blocks.
+#[test]
+fn optimizer_offload_is_bit_identical_and_moves_the_moments_off_the_device() {
+    let cfg = config();
+    let b = batch();
+    let run = |offload: bool| {
+        let m = model(&cfg, MemoryFeatures::default(), LossMode::Full);
+        let mut m = m;
+        let mut grads = m.grads(&ALL).unwrap();
+        let before = m.exec.memory().allocated;
+        let mut opt = AdamW::new(&m.exec, Default::default(), &grads).unwrap();
+        if offload {
+            opt.offload(&m.exec).unwrap();
+        }
+        let resident = m.exec.memory().allocated - before;
+        let host = m.exec.host_pool().unwrap().stats().allocated;
+        let st = m.exec.clone();
+        let st = st.stream();
+        for _ in 0..3 {
+            grads.zero(st).unwrap();
+            let acts = m.forward::<f32>(&b).unwrap();
+            m.backward(&b, &acts, &mut grads, None).unwrap();
+            drop(acts);
+            clip_grad_norm(st, &mut grads, 1.0).unwrap();
+            opt.update(st, &mut m.params, &grads, 1e-2).unwrap();
+        }
+        (m.params.to_host(st).unwrap(), resident, host)
+    };
+    let (p0, dev0, host0) = run(false);
+    let (p1, dev1, host1) = run(true);
+    let eq = p0
+        .iter()
+        .flatten()
+        .zip(p1.iter().flatten())
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(eq, "the offloaded optimizer's parameters differ");
+    assert_eq!(host0, 0);
+    assert_eq!(dev1, 0, "moments left on the device");
+    assert_eq!(host1, dev0, "the moments' bytes moved to the host pool");
+}
+
+/// FSDP ranks with every bit-exact feature on (recompute, both offloads) train like FSDP
+/// ranks without, bit for bit, with less resident memory (moments on the host) and lower
+/// peaks (activations).
+#[test]
+fn fsdp_ranks_with_the_memory_features_train_bit_for_bit_alike() {
+    let cfg = config();
+    let host = fx::init(&cfg, 11);
+    let batches = fx::global_batch(4, 5);
+    let base: FsdpSettings = fx::settings(&[]);
+    let plain = fx::run_sharded::<f32>(2, &cfg, &host, &batches, &base, 3);
+    for r in [Recompute::Selective, Recompute::Full] {
+        let s = FsdpSettings {
+            memory: MemoryFeatures {
+                recompute: r,
+                offload_activations: true,
+                offload_optimizer: true,
+            },
+            ..base.clone()
+        };
+        let on = fx::run_sharded::<f32>(2, &cfg, &host, &batches, &s, 3);
+        let losses =
+            |run: &fx::Run| -> Vec<u64> { run.stats.iter().map(|s| s.loss.to_bits()).collect() };
+        assert_eq!(losses(&on), losses(&plain), "{r:?}: losses");
+        let eq = on
+            .params
+            .iter()
+            .flatten()
+            .zip(plain.params.iter().flatten())
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(eq, "{r:?}: parameters differ");
+        for rank in 0..2 {
+            assert!(
+                on.resident[rank] < plain.resident[rank],
+                "{r:?} rank {rank}: resident {} vs {}",
+                on.resident[rank],
+                plain.resident[rank]
+            );
+            assert!(
+                on.peak[rank] < plain.peak[rank],
+                "{r:?} rank {rank}: peak {} vs {}",
+                on.peak[rank],
+                plain.peak[rank]
+            );
+        }
+    }
+}
+
+/// Offload needs the exec's host pool: without one the forward says so.
+#[test]
+fn offload_without_a_host_pool_is_an_error() {
+    let cfg = config();
+    let exec = Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu()).unwrap();
+    let host = fx::init(&cfg, 7);
+    let params = Params::from_host(&exec, ParamLayout::new(&cfg), &host).unwrap();
+    let m = Mistral3 {
+        cfg: cfg.clone(),
+        params,
+        loss_mode: LossMode::Full,
+        memory: features(Recompute::None, true),
+        exec,
+    };
+    let err = m.forward::<f32>(&batch()).unwrap_err().to_string();
+    assert!(err.contains("host pool"), "{err}");
+}
+
+/// `[train]`'s keys reach the model: loss_chunk 0 is the full loss, N > 0 chunks of N; the
+/// recompute names and the offload flags map one to one; a bad value names its key.
+#[test]
+fn train_keys_select_the_features() {
+    use cannon_trainer::config::TrainConfig;
+    use cannon_trainer::train::memory_features;
+    let cfg = TrainConfig::load(None, &[]).unwrap();
+    assert_eq!(
+        memory_features(&cfg.train),
+        (LossMode::Full, MemoryFeatures::default())
+    );
+    let sets = [
+        "train.loss_chunk=128",
+        "train.recompute=selective",
+        "train.offload_activations=true",
+        "train.offload_optimizer=true",
+    ]
+    .map(String::from);
+    let cfg = TrainConfig::load(None, &sets).unwrap();
+    let want = MemoryFeatures {
+        recompute: Recompute::Selective,
+        offload_activations: true,
+        offload_optimizer: true,
+    };
+    assert_eq!(memory_features(&cfg.train), (LossMode::Chunked(128), want));
+    let full = TrainConfig::load(None, &["train.recompute=full".into()]).unwrap();
+    assert_eq!(memory_features(&full.train).1.recompute, Recompute::Full);
+    let err = TrainConfig::load(None, &["train.recompute=partial".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("train.recompute"), "{err}");
+    let err = TrainConfig::load(None, &["train.loss_chunk=-1".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("train.loss_chunk"), "{err}");
+}
