@@ -102,6 +102,10 @@ impl Case {
             "train.offload_activations={}",
             self.memory.offload_activations
         ));
+        s.push(format!(
+            "train.offload_optimizer={}",
+            self.memory.offload_optimizer
+        ));
         if self.cp.size > 1 {
             s.push(format!("parallel.cp_size={}", self.cp.size));
             s.push(format!("parallel.cp_algo={}", self.cp.algo));
@@ -165,6 +169,9 @@ impl Case {
                 .collect();
             let mut grads = model.grads(&trainable).unwrap();
             let mut opt = AdamW::new(&model.exec, adamw, &grads).unwrap();
+            if self.memory.offload_optimizer {
+                opt.offload(&model.exec).unwrap();
+            }
             let exec = model.exec.clone();
             let alloc = exec.allocator().clone();
             let mut out = (0, 0);
@@ -341,6 +348,34 @@ fn fsdp_two_ranks_recompute_full_and_offload() {
         cp: PLAIN.1,
     }
     .check();
+}
+
+/// The optimizer offload: the moments on the host, one group's through the device.
+#[test]
+fn optimizer_offload_one_rank_and_fsdp_two_ranks() {
+    for (name, nproc) in [
+        ("1 rank offload optimizer", 1),
+        ("fsdp 2 offload optimizer", 2),
+    ] {
+        Case {
+            name,
+            nproc,
+            rows: 2,
+            seq: 96,
+            img: 32,
+            accum: 1,
+            bf16: true,
+            chunk: 0,
+            all_train: true,
+            memory: MemoryFeatures {
+                recompute: Recompute::None,
+                offload_activations: false,
+                offload_optimizer: true,
+            },
+            cp: PLAIN.1,
+        }
+        .check();
+    }
 }
 
 /// Selective recompute with the chunked loss on one rank, in bf16.

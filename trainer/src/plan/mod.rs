@@ -18,15 +18,13 @@
 //!                    buffer 4·s·W and the next group's (the prefetch) are alive, plus the
 //!                    group's full gradient 4·s·W in the backward (and a 4·s reduce-scatter
 //!                    part from the second micro batch of grad_accum on)
-//! offload optimizer  master weights and moments on the host; the device keeps a copy of
-//!                    the parameter shards in the activation dtype (2 bytes in bf16: the
-//!                    gathered buffers follow it) and the f32 gradient shards; the update
-//!                    streams two groups' master + moments through the device at a time
+//! offload optimizer  the AdamW moments on the host (8·s per trained group); the update
+//!                    copies one group's m and v to the device at a time (as the trainer's
+//!                    `model::optim::adamw_group` does); parameters and gradients stay
 //! ```
 //!
 //! The parameters ARE the master weights in this trainer (f32; bf16 GEMMs round them on the
-//! fly), so "master weights" is a separate line only under offload (where the device copy is
-//! the compute copy). The planned peak is the allocator's `max_allocated`; `max_reserved` is
+//! fly), so there is no separate master copy (its line is 0). The planned peak is the allocator's `max_allocated`; `max_reserved` is
 //! at least that (blocks are reused per size, see `model::memory`), so a plan within a few
 //! percent of the device memory is tight.
 
@@ -39,7 +37,7 @@ use crate::data::image::ImageConfig;
 use crate::fsdp::ShardLayout;
 use crate::model::memory::{plan_with, At, CpAlgo, MemoryPlan, Phase, StepShape};
 use crate::model::source::PlanInputs;
-use crate::model::{LossMode, ParamLayout, PassPlan, Precision};
+use crate::model::{LossMode, ParamLayout, PassPlan};
 use cannon_runtime::alloc::round_size;
 
 /// The plan of one rank (ranks with the same rows share one).
@@ -178,12 +176,9 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
     .into_iter()
     .filter(|p| !s.frozen.contains(p))
     .collect();
-    let a = match s.precision {
-        Precision::F32 => 4,
-        Precision::Bf16 => 2,
-    };
-    // Bytes per element of the device copy of the parameters (and of gathered groups).
-    let pa = if s.offload_optimizer { a } else { 4 };
+    // Bytes per element of the device copy of the parameters (and of gathered groups): f32,
+    // the master weights themselves, with or without the optimizer offload.
+    let pa = 4;
     let shard = |g: usize| cut.groups[g].shard;
     let groups = 0..layout.groups.len();
     let sum = |bytes: &dyn Fn(usize) -> usize, only_trained: bool| -> usize {
@@ -196,17 +191,16 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
     let params = sum(&|g| pa * shard(g), false);
     let grads = sum(&|g| 4 * shard(g), true);
     let (master, moments, host_optimizer, optimizer_in_flight) = if s.offload_optimizer {
-        // f32 master (a separate copy only when the device copy is bf16) + m + v per group.
-        let per = if pa == 4 { 8 } else { 12 };
-        // One block per tensor (master, m, v), as on the device.
-        let host = sum(&|g| 4 * shard(g), true) * per / 4;
+        // m + v per trained group on the host, one block each; one group's pair on the
+        // device during its update.
+        let host = sum(&|g| 4 * shard(g), true) * 2;
         let largest = groups
             .clone()
             .filter(|&g| trains(g))
-            .map(|g| round_size(4 * shard(g)) * per / 4)
+            .map(|g| round_size(4 * shard(g)) * 2)
             .max()
             .unwrap_or(0);
-        (0, 0, host, 2 * largest)
+        (0, 0, host, largest)
     } else {
         (0, sum(&|g| 4 * shard(g), true) * 2, 0, 0)
     };

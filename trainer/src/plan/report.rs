@@ -113,12 +113,9 @@ pub fn text(p: &Plan, device: u64) -> String {
     row("rows, text tokens, vision patches", &|r| {
         format!("{}, {}, {}", r.rows, r.tokens, r.patches)
     });
-    let master_note = if s.offload_optimizer {
-        "parameters (device copy, sharded)"
-    } else {
-        "parameters = f32 master weights (sharded)"
-    };
-    row(master_note, &|r| gib(r.params));
+    row("parameters = f32 master weights (sharded)", &|r| {
+        gib(r.params)
+    });
     row("gradients (f32, sharded)", &|r| gib(r.grads));
     row("master weights (separate copy)", &|r| gib(r.master));
     row("AdamW moments m + v", &|r| gib(r.moments));
