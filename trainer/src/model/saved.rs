@@ -75,7 +75,8 @@ impl MemoryFeatures {
 #[derive(Debug)]
 pub enum Slot<T: Element> {
     Device(Tensor<T>),
-    Host(HostTensor<T>),
+    // Boxed: a host tensor (with its copy event under `npu`) is several times a device one.
+    Host(Box<HostTensor<T>>),
     Dropped,
 }
 
@@ -83,7 +84,7 @@ impl<T: Element> Slot<T> {
     fn offload(&mut self, pool: &HostPool, st: &Stream) -> Result<()> {
         if let Slot::Device(_) = self {
             if let Slot::Device(t) = std::mem::replace(self, Slot::Dropped) {
-                *self = Slot::Host(pool.offload(st, t)?);
+                *self = Slot::Host(Box::new(pool.offload(st, t)?));
             }
         }
         Ok(())

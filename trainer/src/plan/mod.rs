@@ -24,9 +24,9 @@
 //! ```
 //!
 //! The parameters ARE the master weights in this trainer (f32; bf16 GEMMs round them on the
-//! fly), so there is no separate master copy (its line is 0). The planned peak is the allocator's `max_allocated`; `max_reserved` is
-//! at least that (blocks are reused per size, see `model::memory`), so a plan within a few
-//! percent of the device memory is tight.
+//! fly), so there is no separate master copy (its line is 0). The planned peak is the
+//! allocator's `max_allocated`; `max_reserved` is at least that (blocks are reused per size,
+//! see `model::memory`), so a plan within a few percent of the device memory is tight.
 
 pub mod report;
 pub mod settings;

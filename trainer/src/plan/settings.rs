@@ -1,6 +1,6 @@
 //! What `cannon plan` plans for: the HF config, the run config's keys (`--set`, checked as
-//! `cannon train` checks them), and the memory-feature keys the planner models before the
-//! trainer runs them:
+//! `cannon train` checks them), including the memory-feature keys (all of which the trainer
+//! runs, except `parallel.ep_size`, the planner's alone):
 //!
 //! ```text
 //! parallel.cp_size = 1            context-parallel ranks of the language model (divides nproc)
