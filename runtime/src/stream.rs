@@ -12,7 +12,7 @@
 //! exist only under `#[cfg(feature = "npu")]` and must be kept in step with a device field.
 //!
 //! Every stream has a process-unique [`Stream::id`], and the caching allocator keeps a weak
-//! reference ([`StreamRef`]) to the streams a block was used on, to record an event on them
+//! reference (`StreamRef`) to the streams a block was used on, to record an event on them
 //! when the block is freed (see [`crate::alloc`]). A dropped NPU stream drains its queue
 //! first, so a stream that is gone has no work left that could touch a block.
 
