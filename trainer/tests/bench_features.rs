@@ -3,31 +3,16 @@
 //! and context parallel (ulysses: the data-parallel run's losses within float rounding), in
 //! the printed table and in the JSON file.
 
+mod common;
+
 use cannon_trainer::data::synth;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cannon");
 
-fn tokenizer() -> PathBuf {
-    let p =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tokenizers/tekken_240911.json");
-    assert!(
-        p.is_file(),
-        "these tests need the project's shared folder: {} is missing",
-        p.display()
-    );
-    p
-}
-
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "cannon-bench-features-{}-{name}",
-        std::process::id()
-    ));
-    std::fs::remove_dir_all(&d).ok();
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("bench-features", name)
 }
 
 #[test]
@@ -57,7 +42,7 @@ lr = 1e-3
 warmup_steps = 2
 "#,
             data = data.display(),
-            tok = tokenizer().display(),
+            tok = common::tekken().display(),
         ),
     )
     .unwrap();

@@ -24,10 +24,7 @@ fn tok() -> &'static Tekken {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cannon-formats-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&d).ok();
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("formats", name)
 }
 
 fn png(path: &Path, w: u32, h: u32) {

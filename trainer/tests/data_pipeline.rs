@@ -26,10 +26,7 @@ fn ids() -> SpecialIds {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cannon-{name}-{}", std::process::id()));
-    std::fs::remove_dir_all(&d).ok();
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("pipeline", name)
 }
 
 fn msg(role: Role, content: &str) -> Message {

@@ -1,5 +1,5 @@
-//! What the integration tests share: the path of a fixture under `../shared`, and the HF
-//! config of a tiny Mistral3 that fits the data pipeline.
+//! What the integration tests share: the path of a fixture under `../shared`, a fresh scratch
+//! folder per test, and the HF config of a tiny Mistral3 that fits the data pipeline.
 
 use std::path::PathBuf;
 
@@ -18,6 +18,22 @@ pub fn shared_path(rel: &str) -> PathBuf {
         );
     }
     p
+}
+
+/// The project's Tekken tokenizer file (`../shared/tokenizers/tekken_240911.json`).
+#[allow(dead_code)] // not every test crate tokenizes
+pub fn tekken() -> PathBuf {
+    shared_path("tokenizers/tekken_240911.json")
+}
+
+/// An empty folder `<tmp>/cannon-<suite>-<pid>-<name>`, made anew for each test (the process
+/// id keeps concurrent test binaries apart).
+#[allow(dead_code)] // not every test crate writes files
+pub fn scratch(suite: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cannon-{suite}-{}-{name}", std::process::id()));
+    std::fs::remove_dir_all(&d).ok();
+    std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+    d
 }
 
 /// The `config.json` of a tiny Mistral3 whose vocabulary (`vocab`), `[IMG]` id (`img`) and
