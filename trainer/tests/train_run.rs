@@ -3,6 +3,8 @@
 //! and gradient accumulation: two micro batches of B rows give the loss and gradients of one
 //! batch of 2B rows.
 
+mod common;
+
 use cannon_trainer::config::preset::{self, PresetSizes};
 use cannon_trainer::data::batch::pad_batch;
 use cannon_trainer::data::shuffle::Position;
@@ -16,23 +18,8 @@ use std::sync::OnceLock;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cannon");
 
-/// The project's Tekken file; a missing `../shared` fails here with a message naming it.
-fn tokenizer() -> PathBuf {
-    let p =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tokenizers/tekken_240911.json");
-    assert!(
-        p.is_file(),
-        "these tests need the project's shared folder: {} is missing",
-        p.display()
-    );
-    p
-}
-
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cannon-train-run-{}-{name}", std::process::id()));
-    std::fs::remove_dir_all(&d).ok();
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::scratch("train-run", name)
 }
 
 /// A small synthetic set shared by the tests of this file.
@@ -74,7 +61,7 @@ dir = "{out}"
 every = 1
 "#,
         data = dataset().display(),
-        tok = tokenizer().display(),
+        tok = common::tekken().display(),
         out = out.display()
     )
 }
@@ -214,6 +201,46 @@ fn dry_run_checks_and_prints_without_training() {
     assert!(stderr.contains("train.lr = -1: must be > 0"), "{stderr}");
 }
 
+/// Without `log.dir`, every process of a multi-process job must name the same run folder:
+/// `CANNON_RUN_ID` (what `cannon launch` sets on one node) names it, and a job without it is
+/// refused rather than letting each process pick a folder from its own start time.
+#[test]
+fn a_job_of_several_processes_shares_one_run_folder() {
+    let dir = tmp("run-id");
+    let cfg = dir.join("no-dir.toml");
+    let text = tiny_toml(&dir).replace(&format!("dir = \"{}\"\n", dir.display()), "");
+    assert!(!text.contains("dir ="), "{text}");
+    std::fs::write(&cfg, text).unwrap();
+    let dry = |env: &[(&str, &str)]| {
+        let o = Command::new(BIN)
+            .args(["train", "--config", cfg.to_str().unwrap(), "--dry-run"])
+            .current_dir(&dir)
+            .env_remove("CANNON_RUN_ID")
+            .env_remove("WORLD_SIZE")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let s = |b: Vec<u8>| String::from_utf8(b).unwrap();
+        (o.status.code().unwrap_or(-1), s(o.stdout), s(o.stderr))
+    };
+    let (code, stdout, stderr) = dry(&[("WORLD_SIZE", "2"), ("CANNON_RUN_ID", "job-7")]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("dir = \"runs/job-7\""), "{stdout}");
+    let (code, _, stderr) = dry(&[("WORLD_SIZE", "2")]);
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("WORLD_SIZE") && stderr.contains("log.dir"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = dry(&[("CANNON_RUN_ID", "../up")]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("CANNON_RUN_ID"), "{stderr}");
+    // One process alone still gets a fresh dated folder.
+    let (code, stdout, stderr) = dry(&[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("dir = \"runs/20"), "{stdout}");
+}
+
 fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
     let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
@@ -231,7 +258,7 @@ fn grads_of(model: &Mistral3, micro: &[cannon_trainer::data::Batch]) -> (f64, Ve
 
 #[test]
 fn two_micro_batches_equal_one_batch_of_both() {
-    let tok = Tekken::from_file(tokenizer(), Some(1280)).unwrap();
+    let tok = Tekken::from_file(common::tekken(), Some(1280)).unwrap();
     let sizes = PresetSizes {
         text_hidden: 32,
         text_intermediate: 64,

@@ -20,7 +20,7 @@
 
 use clap::Args;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -73,6 +73,11 @@ pub struct Plan {
     pub node_rank: usize,
     pub master_addr: String,
     pub master_port: u16,
+    /// The run folder's name every process of a one-node job shares (`CANNON_RUN_ID`): the
+    /// launch's start time, so that ranks started in different seconds still agree. None with
+    /// several nodes, whose launchers start at different times: such a job names its folder
+    /// with `log.dir`.
+    pub run_id: Option<String>,
 }
 
 impl LaunchArgs {
@@ -114,6 +119,7 @@ impl LaunchArgs {
             node_rank: self.node_rank,
             master_addr,
             master_port: self.master_port,
+            run_id: (self.nnodes == 1).then(|| crate::train::run::run_id_now(Path::new("runs"))),
         })
     }
 }
@@ -121,7 +127,7 @@ impl LaunchArgs {
 impl Plan {
     /// The environment of local rank `local`.
     pub fn env(&self, local: usize) -> Vec<(&'static str, String)> {
-        vec![
+        let mut env = vec![
             ("RANK", (self.first_rank + local).to_string()),
             ("WORLD_SIZE", self.world_size.to_string()),
             ("LOCAL_RANK", local.to_string()),
@@ -129,7 +135,11 @@ impl Plan {
             ("GROUP_RANK", self.node_rank.to_string()),
             ("MASTER_ADDR", self.master_addr.clone()),
             ("MASTER_PORT", self.master_port.to_string()),
-        ]
+        ];
+        if let Some(id) = &self.run_id {
+            env.push((crate::train::run::RUN_ID_ENV, id.clone()));
+        }
+        env
     }
 }
 
@@ -435,6 +445,9 @@ mod tests {
         assert!(env.contains(&("RANK", "3".into())));
         assert!(env.contains(&("MASTER_ADDR", "127.0.0.1".into())));
         assert!(env.contains(&("MASTER_PORT", "29500".into())));
+        // One node: the launcher names the run folder all its processes share.
+        let id = p.run_id.clone().unwrap();
+        assert!(env.contains(&("CANNON_RUN_ID", id)), "{env:?}");
 
         let b = parse(&[
             "--nproc",
@@ -468,6 +481,8 @@ mod tests {
                 "{want:?} in {env:?}"
             );
         }
+        // Several nodes start their launchers at different times: no shared name (log.dir).
+        assert!(env.iter().all(|(k, _)| *k != "CANNON_RUN_ID"), "{env:?}");
     }
 
     #[test]

@@ -150,7 +150,7 @@ impl RunPlan {
         };
         let out_dir = match &cfg.log.dir {
             Some(d) => d.clone(),
-            None => fresh_run_dir(Path::new("runs")),
+            None => default_run_dir(Path::new("runs"))?,
         };
         let jsonl = cfg
             .log
@@ -224,20 +224,56 @@ impl RunPlan {
     }
 }
 
-/// `runs/<UTC yyyymmdd-hhmmss>`, with `-2`, `-3`, ... if that folder exists.
-fn fresh_run_dir(root: &Path) -> PathBuf {
+/// The environment variable that names the run folder of a job of several processes (set by
+/// `cannon launch` on one node; every process of the job must see the same value).
+pub const RUN_ID_ENV: &str = "CANNON_RUN_ID";
+
+/// The run folder when `log.dir` is not set: `<root>/<CANNON_RUN_ID>` in a job whose launcher
+/// named it, else a fresh `<root>/<UTC yyyymmdd-hhmmss>` for a single process. A job of several
+/// processes (`WORLD_SIZE` > 1) without either is an error: each process would name its own
+/// folder from its own start time, and a checkpoint's shards would land in different folders.
+fn default_run_dir(root: &Path) -> Result<PathBuf, TrainError> {
+    if let Some(id) = std::env::var(RUN_ID_ENV)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    {
+        let id = id.trim();
+        if Path::new(id).components().count() != 1 || id == "." || id == ".." {
+            return Err(TrainError::Input(format!(
+                "{RUN_ID_ENV}={id:?} is not a folder name (one path component)"
+            )));
+        }
+        return Ok(root.join(id));
+    }
+    let world: usize = std::env::var("WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1);
+    if world > 1 {
+        return Err(TrainError::Input(format!(
+            "this process is one of a job of {world} (WORLD_SIZE) and log.dir is not set: give \
+             the job one run folder with --set log.dir=DIR (cannon launch on one node names one \
+             for you through {RUN_ID_ENV})"
+        )));
+    }
+    Ok(root.join(run_id_now(root)))
+}
+
+/// A fresh run name under `root`: `<UTC yyyymmdd-hhmmss>`, with `-2`, `-3`, ... if that folder
+/// exists.
+pub fn run_id_now(root: &Path) -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let base = utc_stamp(secs);
-    let mut dir = root.join(&base);
+    let mut id = base.clone();
     let mut k = 2;
-    while dir.exists() {
-        dir = root.join(format!("{base}-{k}"));
+    while root.join(&id).exists() {
+        id = format!("{base}-{k}");
         k += 1;
     }
-    dir
+    id
 }
 
 /// `yyyymmdd-hhmmss` of a Unix time (UTC; the civil-from-days algorithm of H. Hinnant).
