@@ -1,10 +1,13 @@
-//! CPU GEMM: f32 on faer's `gemm` crate, bf16 on our AVX512-BF16 kernel or the portable path.
+//! CPU GEMM: f32 on faer's `gemm` crate, bf16 on our AVX512-BF16 kernel or the portable path
+//! (operands widened to f32 in reused buffers, then the f32 GEMM).
 //!
 //! Callers (mod.rs) have already checked every slice against the dims, so the raw-pointer
 //! calls below stay inside the slices.
 
 use super::{Dims, Trans};
 use cannon_runtime::Float;
+use rayon::prelude::*;
+use std::cell::Cell;
 
 /// Below this many multiply-adds a product runs on the calling thread: waking the pool costs
 /// more than it saves (measured: a 64^3 product takes ~10 us single-threaded).
@@ -115,19 +118,42 @@ pub(super) fn gemm_f32(
     }
 }
 
-/// Copies `op(X)` (`[rows, cols]`) rounded to bf16 and widened back to f32 into a dense matrix.
-fn widen_op<T: Float>(t: Trans, rows: usize, cols: usize, x: &[T], ld: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(rows * cols);
-    for i in 0..rows {
-        for j in 0..cols {
-            let v = match t {
-                Trans::N => x[i * ld + j],
-                Trans::T => x[j * ld + i],
-            };
-            out.push(f32::from_bits((v.bf16_bits() as u32) << 16));
+/// Below this many elements an operand is widened on the calling thread.
+const PARALLEL_MIN_WIDEN: usize = 1 << 16;
+
+thread_local! {
+    // The widened operands of the portable bf16 path, reused from call to call: a fresh
+    // allocation per product would page-fault its whole size in every step (the bench's
+    // lm_head operand alone is 64 MiB). Taken out while in use, so a product that starts on
+    // this thread meanwhile (rayon work stealing) allocates its own.
+    static WIDE_A: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static WIDE_B: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// The stored matrix `[rows, cols]` (row stride `ld`) rounded to bf16 and widened back to f32,
+/// densely (row stride `cols`) into `out`. It keeps the stored layout, so the copy is one
+/// front-to-back stream per row (a transposed operand stays transposed and the f32 GEMM reads
+/// it through its strides), split over the thread pool by rows when large.
+fn widen_stored<T: Float>(rows: usize, cols: usize, x: &[T], ld: usize, out: &mut Vec<f32>) {
+    // Every element is written below: only a grown tail needs initialising.
+    out.resize(rows * cols, 0.0);
+    let row = |i: usize, dst: &mut [f32]| {
+        for (o, v) in dst.iter_mut().zip(&x[i * ld..i * ld + cols]) {
+            *o = f32::from_bits((v.bf16_bits() as u32) << 16);
         }
+    };
+    if cols == 0 {
+        return;
     }
-    out
+    if rows * cols < PARALLEL_MIN_WIDEN {
+        out.chunks_mut(cols)
+            .enumerate()
+            .for_each(|(i, d)| row(i, d));
+    } else {
+        out.par_chunks_mut(cols)
+            .enumerate()
+            .for_each(|(i, d)| row(i, d));
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -159,19 +185,15 @@ pub(super) fn gemm_bf16<TA: Float, TB: Float>(
         return;
     }
     let _ = force_portable;
-    let aw = widen_op(ta, d.m, d.k, a, lda);
-    let bw = widen_op(tb, d.k, d.n, b, ldb);
-    gemm_f32(
-        Trans::N,
-        Trans::N,
-        d,
-        alpha,
-        &aw,
-        d.k,
-        &bw,
-        d.n,
-        beta,
-        c,
-        ldc,
-    );
+    // Products of the bf16-rounded values, accumulated in f32: what the bf16 kernel computes,
+    // at the f32 GEMM's rate (widening is O(mk + kn) against the product's O(mnk)).
+    let (ar, ac) = super::stored_shape(ta, d.m, d.k);
+    let (br, bc) = super::stored_shape(tb, d.k, d.n);
+    let mut aw = WIDE_A.with(|c| c.take());
+    let mut bw = WIDE_B.with(|c| c.take());
+    widen_stored(ar, ac, a, lda, &mut aw);
+    widen_stored(br, bc, b, ldb, &mut bw);
+    gemm_f32(ta, tb, d, alpha, &aw, ac, &bw, bc, beta, c, ldc);
+    WIDE_A.with(|c| c.set(aw));
+    WIDE_B.with(|c| c.set(bw));
 }

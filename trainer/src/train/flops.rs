@@ -19,6 +19,7 @@ use crate::batch::Batch;
 use crate::model::{Exec, Mistral3Config, Part};
 use cannon_kernels::gemm::{Dims, Trans};
 use cannon_kernels::{ops, KernelError, Precision};
+use cannon_runtime::Float;
 use std::time::Instant;
 
 /// Forward FLOPs of each part for one batch, and the backward factor that applies.
@@ -101,11 +102,25 @@ pub fn step_flops(cfg: &Mistral3Config, batch: &Batch, trainable: &[Part]) -> St
 }
 
 /// The best FLOP/s of `reps` square `n^3` GEMMs at precision `p` on `exec`'s device (one
-/// warm-up call first).
+/// warm-up call first). At bf16 the operands are bf16, as the model's activations and cast
+/// weights are: the peak is the rate of the products the model runs, not of an f32 -> bf16
+/// rounding of the inputs that the model does once per tensor, elsewhere.
 pub fn gemm_peak(exec: &Exec, p: Precision, n: usize, reps: usize) -> Result<f64, KernelError> {
+    match p {
+        Precision::F32 => gemm_peak_of::<f32>(exec, p, n, reps),
+        Precision::Bf16 => gemm_peak_of::<half::bf16>(exec, p, n, reps),
+    }
+}
+
+fn gemm_peak_of<T: Float>(
+    exec: &Exec,
+    p: Precision,
+    n: usize,
+    reps: usize,
+) -> Result<f64, KernelError> {
     let st = exec.stream();
-    let a = exec.upload(&vec![0.5f32; n * n], &[n, n])?;
-    let b = exec.upload(&vec![0.25f32; n * n], &[n, n])?;
+    let a = exec.upload(&vec![T::from_f32(0.5); n * n], &[n, n])?;
+    let b = exec.upload(&vec![T::from_f32(0.25); n * n], &[n, n])?;
     let mut c = exec.empty::<f32>(&[n, n])?;
     let dims = Dims { m: n, n, k: n };
     let mut best = f64::INFINITY;
