@@ -181,6 +181,32 @@ pub struct Dims {
     pub k: usize,
 }
 
+/// An f32-precision call with a bf16 operand `what`: f32 products need f32 storage (a typed
+/// error, not a silent widening). Shared by every op built on the GEMM.
+pub(crate) fn not_f32(op: &'static str, what: &str) -> KernelError {
+    KernelError::InvalidArgument {
+        op,
+        detail: format!("{what} is bf16; Precision::F32 needs f32 operands (use Precision::Bf16)"),
+    }
+}
+
+/// [`not_f32`] for the first bf16 of `operands` (name, storage dtype) under `Precision::F32`;
+/// the device bodies check dtypes, the host ones borrow the slices as f32.
+#[cfg_attr(not(feature = "npu"), allow(dead_code))]
+pub(crate) fn require_f32(
+    op: &'static str,
+    p: Precision,
+    operands: &[(&str, cannon_runtime::DType)],
+) -> Result<()> {
+    match operands
+        .iter()
+        .find(|(_, d)| *d != cannon_runtime::DType::F32)
+    {
+        Some((what, _)) if p == Precision::F32 => Err(not_f32(op, what)),
+        _ => Ok(()),
+    }
+}
+
 /// `C = alpha * op(A) op(B) + beta * C` in precision `p`: the entry point generic over the
 /// operands' storage. `F32` runs [`gemm_f32`] and needs f32 operands (a bf16 operand is a
 /// typed error, not a silent widening); `Bf16` runs [`gemm_bf16`] on bf16 or f32 operands.
@@ -201,12 +227,8 @@ pub fn gemm<A: Float, B: Float>(
 ) -> Result<()> {
     match p {
         Precision::F32 => {
-            let not_f32 = |what| KernelError::InvalidArgument {
-                op: "gemm",
-                detail: format!("{what} is bf16; Precision::F32 needs f32 operands"),
-            };
-            let a = crate::cast::as_f32(a).ok_or_else(|| not_f32("a"))?;
-            let b = crate::cast::as_f32(b).ok_or_else(|| not_f32("b"))?;
+            let a = crate::cast::as_f32(a).ok_or_else(|| not_f32("gemm", "a"))?;
+            let b = crate::cast::as_f32(b).ok_or_else(|| not_f32("gemm", "b"))?;
             gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
         }
         Precision::Bf16 => gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc),

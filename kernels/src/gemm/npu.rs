@@ -24,7 +24,7 @@
 
 use super::{Dims, Precision, Trans};
 use crate::backend::npu_body;
-use crate::error::{KernelError, Result};
+use crate::error::Result;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use cannon_runtime::{DType, Float};
 
@@ -53,18 +53,7 @@ pub fn gemm<A: Float, B: Float>(
         "aclnnMatmul (+ aclnnCast, aclnnMuls, aclnnInplaceAdd)",
         {
             super::check_operands(OP, ta, tb, d, a.len(), lda, b.len(), ldb, c.len(), ldc)?;
-            if p == Precision::F32 {
-                for (what, is_bf16) in
-                    [("a", A::DTYPE != DType::F32), ("b", B::DTYPE != DType::F32)]
-                {
-                    if is_bf16 {
-                        return Err(KernelError::InvalidArgument {
-                            op: OP,
-                            detail: format!("{what} is bf16; Precision::F32 needs f32 operands"),
-                        });
-                    }
-                }
-            }
+            super::require_f32(OP, p, &[("a", A::DTYPE), ("b", B::DTYPE)])?;
             imp::gemm(
                 OP,
                 stream,

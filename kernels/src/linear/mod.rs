@@ -28,7 +28,8 @@ pub(crate) mod npu;
 mod tests;
 
 use crate::cast;
-use crate::error::{check_len, KernelError, Result};
+use crate::error::{check_len, Result};
+use crate::gemm::not_f32;
 use crate::gemm::{Bf16, Precision, F32};
 use cannon_runtime::BufferViewMut;
 use cannon_runtime::Float;
@@ -107,14 +108,6 @@ fn check_backward(op: &'static str, d: LinearDims, g: &LinearGrads, dy: usize) -
         check_len(op, "db", db.len(), d.d_out)?;
     }
     Ok(())
-}
-
-/// An f32-precision call with a bf16 operand: f32 products need f32 storage.
-fn not_f32(op: &'static str, what: &str) -> KernelError {
-    KernelError::InvalidArgument {
-        op,
-        detail: format!("{what} is bf16; Precision::F32 needs f32 operands (use Precision::Bf16)"),
-    }
 }
 
 /// `Y[T,O] = X[T,I] W[O,I]^T (+ b[O])` in precision `p`.

@@ -20,24 +20,10 @@
 
 use super::{LinearDims, LinearGradBufs};
 use crate::backend::npu_body;
-use crate::error::{KernelError, Result};
+use crate::error::Result;
 use crate::gemm::Precision;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
-use cannon_runtime::{DType, Float};
-
-fn f32_only(op: &'static str, p: Precision, operands: &[(&str, DType)]) -> Result<()> {
-    if p == Precision::F32 {
-        if let Some((what, _)) = operands.iter().find(|(_, d)| *d != DType::F32) {
-            return Err(KernelError::InvalidArgument {
-                op,
-                detail: format!(
-                    "{what} is bf16; Precision::F32 needs f32 operands (use Precision::Bf16)"
-                ),
-            });
-        }
-    }
-    Ok(())
-}
+use cannon_runtime::Float;
 
 /// `Y = X W^T (+ b)`, see the module docs.
 #[allow(clippy::too_many_arguments)]
@@ -62,7 +48,7 @@ pub fn forward<Y: Float, X: Float, W: Float>(
             use crate::gemm::{Dims, Trans};
             use cannon_runtime::DeviceBuffer;
             super::check_forward(OP, d, y.len(), x.len(), w.len())?;
-            f32_only(OP, p, &[("x", X::DTYPE), ("w", W::DTYPE), ("y", Y::DTYPE)])?;
+            crate::gemm::require_f32(OP, p, &[("x", X::DTYPE), ("w", W::DTYPE), ("y", Y::DTYPE)])?;
             if let Some(b) = b {
                 crate::error::check_len(OP, "b", b.len(), d.d_out)?;
             }
@@ -141,7 +127,7 @@ pub fn backward<G: Float, X: Float, W: Float>(
         if let Some(db) = &g.db {
             check_len(OP, "db", db.len(), d.d_out)?;
         }
-        f32_only(OP, p, &[("dy", G::DTYPE), ("x", X::DTYPE), ("w", W::DTYPE)])?;
+        crate::gemm::require_f32(OP, p, &[("dy", G::DTYPE), ("x", X::DTYPE), ("w", W::DTYPE)])?;
         let round = p == Precision::Bf16;
         if let Some(dx) = g.dx.as_mut() {
             let dims = Dims {

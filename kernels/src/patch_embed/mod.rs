@@ -24,6 +24,7 @@ mod tests;
 
 use crate::cast;
 use crate::error::{check_len, KernelError, Result};
+use crate::gemm::not_f32;
 use crate::gemm::{Bf16, Precision, F32};
 use cannon_runtime::BufferViewMut;
 use cannon_runtime::Float;
@@ -145,14 +146,6 @@ fn check_grads(
         check_len(op, "dpixels", dp.len(), g.channels * g.height * g.width)?;
     }
     Ok(())
-}
-
-/// An f32-precision call with a bf16 operand: f32 products need f32 storage.
-fn not_f32(op: &'static str, what: &str) -> KernelError {
-    KernelError::InvalidArgument {
-        op,
-        detail: format!("{what} is bf16; Precision::F32 needs f32 operands (use Precision::Bf16)"),
-    }
 }
 
 /// `out[Np, D] = im2col(pixels) W^T` in precision `p` (f32 output; under `Bf16` pixels and

@@ -27,17 +27,7 @@ use crate::backend::npu_body;
 use crate::error::{check_len, Result};
 use crate::gemm::Precision;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
-use cannon_runtime::{DType, Float};
-
-/// Under `F32` every operand must be f32, as on the CPU.
-fn f32_only(op: &'static str, p: Precision, operands: &[(&str, DType)]) -> Result<()> {
-    if p == Precision::F32 {
-        if let Some((what, _)) = operands.iter().find(|(_, d)| *d != DType::F32) {
-            return Err(super::not_f32(op, what));
-        }
-    }
-    Ok(())
-}
+use cannon_runtime::Float;
 
 #[cfg(feature = "npu")]
 mod imp {
@@ -110,7 +100,7 @@ pub fn forward<P: Float, W: Float>(
         use crate::gemm::{npu::imp as gm, Dims, Trans};
         super::check_common(OP, &g, d_model, pixels.len(), weight.len())?;
         check_len(OP, "out", out.len(), g.num_patches() * d_model)?;
-        f32_only(OP, p, &[("pixels", P::DTYPE), ("weight", W::DTYPE)])?;
+        crate::gemm::require_f32(OP, p, &[("pixels", P::DTYPE), ("weight", W::DTYPE)])?;
         let (np, k) = (g.num_patches(), g.patch_len());
         if np == 0 || d_model == 0 {
             return Ok(());
@@ -167,7 +157,7 @@ pub fn backward<G: Float, P: Float, W: Float>(
         if let Some(dp) = &grads.dpixels {
             check_len(OP, "dpixels", dp.len(), g.channels * g.height * g.width)?;
         }
-        f32_only(
+        crate::gemm::require_f32(
             OP,
             p,
             &[
