@@ -134,3 +134,21 @@ fn unknown_rows_and_bad_configs_are_usage_errors() {
     assert!(!json.exists(), "no rows written for an unusable config");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The deeper bench config the README's second feature table runs is a valid run config whose
+/// model is the default's sizes with 8 decoder layers.
+#[test]
+fn shipped_deep_config_is_valid() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let text =
+        std::fs::read_to_string(root.join("trainer/benches/configs/tiny-deep.toml")).unwrap();
+    let cfg = cannon_trainer::config::TrainConfig::from_toml(&text).unwrap();
+    cfg.validate().unwrap();
+    let model = cannon_trainer::model::Mistral3Config::from_file(
+        &root.join("trainer/benches/configs/tiny-deep/config.json"),
+    )
+    .unwrap();
+    model.validate().unwrap();
+    assert_eq!(model.text_config.num_hidden_layers, 8);
+    assert!(cfg.data.packing && cfg.data.max_len == 512);
+}
