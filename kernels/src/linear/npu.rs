@@ -22,8 +22,8 @@ use super::{LinearDims, LinearGradBufs};
 use crate::backend::npu_body;
 use crate::error::Result;
 use crate::gemm::Precision;
-use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use cannon_runtime::Float;
+use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `Y = X W^T (+ b)`, see the module docs.
 #[allow(clippy::too_many_arguments)]

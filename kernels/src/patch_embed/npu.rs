@@ -26,8 +26,8 @@ use super::{PatchEmbedGradBufs, PatchGeom};
 use crate::backend::npu_body;
 use crate::error::{check_len, Result};
 use crate::gemm::Precision;
-use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use cannon_runtime::Float;
+use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 #[cfg(feature = "npu")]
 mod imp {
