@@ -300,8 +300,8 @@ impl Dims {
 /// terms) and context parallelism.
 ///
 /// Context parallelism (`crate::cp::attn`, `crate::cp::ring`; u Ulysses ranks, r ring
-/// ranks). With Tl the rank's tokens, rep = u / Hkv when Hkv < u (kv heads repeated, else
-/// 1) and Hkv' = rep·Hkv, write `q4 = 4·Tl·Hq·Hd`, `k4 = 4·Tl·Hkv'·Hd` (f32) and `qa`, `ka`
+/// ranks). With Tl the rank's tokens, rep = u / Hkv when Hkv < u (each kv head repeated),
+/// rep = 1 otherwise, and Hkv' = rep·Hkv, write `q4 = 4·Tl·Hq·Hd`, `k4 = 4·Tl·Hkv'·Hd` (f32) and `qa`, `ka`
 /// the same in activation storage, `kv = a·Tl·Hkv·Hd`, and `x = 1` when u > 1 (an
 /// all-to-all receives into a second buffer beside the one it sends), else 0. A layer saves
 /// its q, k, v in the head-sharded layout (`k`, `v` of Hkv' heads: `ka` each) and the
