@@ -1,7 +1,9 @@
 //! Context parallelism (Ulysses, Ring, hybrid) equals one rank: loss and every gradient group
 //! on the shared tiny fixture and on small random models with images and packed sequences,
 //! at lengths that do not divide by the CP layout; the vision tower issues no CP collective;
-//! and CP composed with FSDP (dp 2 x cp 2) follows the one-rank run over several steps.
+//! CP composed with FSDP (dp 2 x cp 2 of Ulysses and Ring, dp 2 x hybrid 2 x 2) follows the
+//! one-rank run over several steps; and bf16 activations under CP (bars of their own, see
+//! `bf16_ulysses_and_ring_equal_one_rank_in_bf16`).
 //!
 //! Tolerance (f32): relative L2 per gradient group <= 1e-5, loss relative <= 1e-6 (measured:
 //! at most 1.2e-6 and 3e-8). A CP rank
@@ -22,7 +24,7 @@ use cannon_trainer::batch::Batch;
 use cannon_trainer::cp::{CpAlgo, CpGroup, CpSettings};
 use cannon_trainer::fsdp::{run_cpu_ranks, FsdpRank};
 use cannon_trainer::model::{
-    Exec, MemoryFeatures, Mistral3, Mistral3Config, ParamLayout, Params, Part, Pass, Recompute,
+    Act, Exec, MemoryFeatures, Mistral3, Mistral3Config, ParamLayout, Params, Part, Pass, Recompute,
 };
 use common::shared_path;
 use fsdp_fixture::*;
@@ -54,11 +56,16 @@ fn layouts() -> Vec<CpSettings> {
 
 /// One rank: mean loss and every gradient group of `batch`.
 fn one_rank(cfg: &Mistral3Config, host: &[Vec<f32>], batch: &Batch) -> (f64, HostGrads) {
+    one_rank_as::<f32>(cfg, host, batch)
+}
+
+/// [`one_rank`] with activations stored as `A` (bf16: the trainer's `train.dtype = bf16`).
+fn one_rank_as<A: Act>(cfg: &Mistral3Config, host: &[Vec<f32>], batch: &Batch) -> (f64, HostGrads) {
     let exec = Exec::cpu();
     let params = Params::from_host(&exec, ParamLayout::new(cfg), host).unwrap();
     let mut grads = cannon_trainer::model::Grads::new(&exec, &params.layout, &ALL).unwrap();
     let pass = pass(cfg, &exec, &params, MemoryFeatures::default());
-    let acts = pass.forward::<f32>(batch).unwrap();
+    let acts = pass.forward::<A>(batch).unwrap();
     pass.backward(batch, &acts, &mut grads, None).unwrap();
     (acts.loss(), grads.to_host(exec.stream()).unwrap())
 }
@@ -103,6 +110,17 @@ fn cp_ranks_with(
     s: CpSettings,
     memory: MemoryFeatures,
 ) -> CpRun {
+    cp_ranks_as::<f32>(cfg, host, batch, s, memory)
+}
+
+/// [`cp_ranks_with`] with activations stored as `A`.
+fn cp_ranks_as<A: Act>(
+    cfg: &Mistral3Config,
+    host: &[Vec<f32>],
+    batch: &Batch,
+    s: CpSettings,
+    memory: MemoryFeatures,
+) -> CpRun {
     let per_rank = run_cpu_ranks(s.size, TIMEOUT, |comm, exec| {
         let exec = match memory.needs_host_pool() {
             true => exec.with_host_pool()?,
@@ -114,7 +132,7 @@ fn cp_ranks_with(
         let mut grads = cannon_trainer::model::Grads::new(&exec, &params.layout, &ALL)?;
         let pass = pass(cfg, &exec, &params, memory);
         let before = group.calls();
-        let acts = pass.forward_cp::<f32>(batch, &group)?;
+        let acts = pass.forward_cp::<A>(batch, &group)?;
         let (_, vision_bwd) = pass.backward_cp(batch, &acts, &mut grads, &group)?;
         let all = group.calls() - before;
         let sums = group.sum(&[acts.head.sum, acts.head.targets as f64], st)?;
@@ -269,12 +287,13 @@ fn head_counts_the_layout_cannot_split_are_errors_naming_the_key() {
     settings(4, CpAlgo::Ulysses, 1).check(&cfg).unwrap();
 }
 
-/// dp 2 x cp 2 with FSDP over the 4 ranks follows the one-rank run: 4 steps of a global
-/// batch of 4 micro batches (2 per replica), losses within 1e-5 normalised difference and
-/// final parameters within 1e-5 relative L2 (the FSDP test's bars: AdamW's normalisation
-/// amplifies gradient rounding little over a few steps).
+/// dp 2 x cp 2 (Ulysses, Ring) with FSDP over the 4 ranks, and dp 2 x hybrid 2 x 2 over 8,
+/// follow the one-rank run: 4 steps of a global batch of 4 micro batches (2 per replica),
+/// losses within 1e-5 normalised difference and final parameters within 1e-5 relative L2
+/// (the FSDP test's bars: AdamW's normalisation amplifies gradient rounding little over a
+/// few steps).
 #[test]
-fn fsdp_dp2_cp2_equals_one_rank() {
+fn fsdp_dp2_cp_equals_one_rank() {
     let cfg = config();
     let host = init(&cfg, 3);
     let batches = global_batch(4, 9);
@@ -284,8 +303,9 @@ fn fsdp_dp2_cp2_equals_one_rank() {
     for cp in [
         settings(2, CpAlgo::Ulysses, 1),
         settings(2, CpAlgo::Ring, 1),
+        settings(4, CpAlgo::Hybrid, 2),
     ] {
-        let out = run_cpu_ranks(4, TIMEOUT, |comm, exec| {
+        let out = run_cpu_ranks(2 * cp.size, TIMEOUT, |comm, exec| {
             let rank = FsdpRank::new(comm, exec, cfg.clone(), &host, s.clone())?;
             let mut rank = rank.with_cp(cp)?;
             let (replica, replicas) = rank.data_parallel();
@@ -308,8 +328,8 @@ fn fsdp_dp2_cp2_equals_one_rank() {
             let dl = loss_diff(losses, &ref_losses);
             let dp = rel_l2(params, &ref_params);
             eprintln!(
-                "fsdp dp2 x cp2 {}: loss diff {dl:.1e}, params rel L2 {dp:.1e}",
-                cp.algo
+                "fsdp dp 2 x cp {} {}: loss diff {dl:.1e}, params rel L2 {dp:.1e}",
+                cp.size, cp.algo
             );
             assert!(dl <= 1e-5, "{:?}: loss diff {dl:e}", cp.algo);
             assert!(dp <= 1e-5, "{:?}: params rel L2 {dp:e}", cp.algo);
@@ -419,6 +439,113 @@ fn recompute_and_offload_under_cp_are_bit_identical() {
             match recompute {
                 Recompute::Full => assert!(first > plain.all_calls[0], "{what}: no re-exchange"),
                 _ => assert_eq!(first, plain.all_calls[0], "{what}: exchanges"),
+            }
+        }
+    }
+}
+
+/// `(part, tensor name, relative L2 of a against b)` of every parameter tensor's gradient.
+fn per_tensor(layout: &ParamLayout, a: &HostGrads, b: &HostGrads) -> Vec<(Part, String, f64)> {
+    let mut out = Vec::new();
+    for (g, group) in layout.groups.iter().enumerate() {
+        let (x, y) = (a[g].as_ref().unwrap(), b[g].as_ref().unwrap());
+        for slot in &group.slots {
+            let n: usize = slot.shape.iter().product();
+            let r = slot.offset..slot.offset + n;
+            let e = rel_l2_f32(&x[r.clone()], &y[r]);
+            out.push((group.part, format!("group {g} {}", slot.name), e));
+        }
+    }
+    out
+}
+
+/// The largest of `errs` in each part, with the tensor's name.
+fn worst_per_part(errs: &[(Part, String, f64)]) -> Vec<(Part, String, f64)> {
+    ALL.iter()
+        .filter_map(|&p| {
+            errs.iter()
+                .filter(|e| e.0 == p)
+                .max_by(|a, b| a.2.total_cmp(&b.2))
+                .cloned()
+        })
+        .collect()
+}
+
+/// bf16 activations under CP (`train.dtype = bf16`): Ulysses 2 and Ring 2 against one rank,
+/// both in bf16, on the shared fixture and on packed rows with an image at 23 tokens.
+/// Bars per tensor (each parameter tensor's gradient, relative L2) and for the loss,
+/// set from what this test measured (AMD EPYC, 2 cores; it prints every figure):
+///
+/// - Ulysses: the all-to-all moves stored values and computes nothing, so every bf16
+///   rounding sees the same f32 value as on one rank; what differs is the order of f32 sums
+///   (weight gradients over each rank's tokens, then over ranks), as in f32. The f32 bars
+///   hold: loss 1e-6, every tensor 1e-5 (measured: loss 0, tensors at most 2.7e-7).
+/// - Ring: the attention output is merged block by block with the log-sum-exp in f32 and
+///   stored in bf16 once, as one rank stores its kernel's f32 output; the two f32 values
+///   differ by f32 rounding (~1e-7), and where one lies next to a bf16 rounding boundary
+///   the stored values differ by one bf16 ulp (2^-8 relative). The same happens to the
+///   attention gradients (f32 per block, stored in bf16), and those one-ulp flips reach
+///   every gradient upstream. Bars: loss 1e-4 (measured 2.6e-5), decoder and embedding
+///   tensors 1e-2 (measured 3.7e-3), projector and vision tensors 2e-2 (measured 7.9e-3:
+///   their gradient comes through the image features' gradient, whose rows partly cancel,
+///   so the same absolute flips are larger relative ones); a margin of 2.5x or more.
+///
+/// For scale the test prints one rank in bf16 against f32: loss 1.8e-4, tensors up to
+/// 2.2e-2 (decoder), 2.4e-2 (vision), 3.8e-2 (projector): Ring's difference under bf16 is
+/// well below what bf16 itself costs, while a lost token or block moves gradients by
+/// O(1e-1) (`dropping_one_token_is_caught`).
+#[test]
+fn bf16_ulysses_and_ring_equal_one_rank_in_bf16() {
+    use half::bf16;
+    let dir = shared_path("reference/mistral3-tiny");
+    let model = Mistral3::load(&dir).unwrap();
+    let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors")).unwrap();
+    let fixture = (
+        model.cfg.clone(),
+        model.params.to_host(model.exec.stream()).unwrap(),
+        r.batch().unwrap(),
+    );
+    let cfg = config();
+    let mut rng = cannon_runtime::rng::SplitMix64::new(5);
+    let packed = (
+        cfg.clone(),
+        init(&cfg, 11),
+        truncated(&micro_batch(&mut rng, true, true), 23),
+    );
+    // (loss, decoder and embedding tensors, projector and vision tensors)
+    let bars = |algo| match algo {
+        CpAlgo::Ring => (1e-4, 1e-2, 2e-2),
+        _ => (1e-6, 1e-5, 1e-5),
+    };
+    for (what, (cfg, host, batch)) in [("fixture", fixture), ("packed 23", packed)] {
+        let layout = ParamLayout::new(&cfg);
+        let (loss1, grads1) = one_rank_as::<bf16>(&cfg, &host, &batch);
+        let (loss32, grads32) = one_rank(&cfg, &host, &batch);
+        let scale = worst_per_part(&per_tensor(&layout, &grads1, &grads32));
+        eprintln!(
+            "{what}: one rank bf16 vs f32: loss rel {:.1e}, worst per part {scale:?}",
+            (loss1 - loss32).abs() / loss32.abs()
+        );
+        for s in [
+            settings(2, CpAlgo::Ulysses, 1),
+            settings(2, CpAlgo::Ring, 1),
+        ] {
+            let run = cp_ranks_as::<bf16>(&cfg, &host, &batch, s, MemoryFeatures::default());
+            let dl = (run.loss - loss1).abs() / loss1.abs();
+            let errs = per_tensor(&layout, &run.grads, &grads1);
+            eprintln!(
+                "{what} bf16 {} cp 2: loss rel {dl:.1e}, worst per part {:?}",
+                s.algo,
+                worst_per_part(&errs)
+            );
+            let (loss_bar, text_bar, image_bar) = bars(s.algo);
+            assert!(dl <= loss_bar, "{what} {s:?}: loss {} vs {loss1}", run.loss);
+            for (part, name, e) in &errs {
+                let bar = match part {
+                    Part::Text => text_bar,
+                    Part::Projector | Part::Vision => image_bar,
+                };
+                assert!(*e <= bar, "{what} {s:?}: {name} rel L2 {e:e}");
             }
         }
     }

@@ -68,8 +68,9 @@
 //! rank's gathered groups, its prefetch and the group's full gradient, which the test `plan`
 //! checks against real FSDP steps), and context parallelism ([`ContextParallel`]: T is then
 //! the rank's tokens, the attention's exchange buffers join each text layer's working
-//! tensors, and each layer keeps `F`'s attention output once more, head-sharded, `a·T·Hq·Hd`,
-//! with `att`). A phase that spans a tower's layers is taken at the layer where it is highest.
+//! tensors, each layer keeps `F`'s attention output once more, head-sharded, `a·T·Hq·Hd`,
+//! with `att`, and its k and v with Ulysses' repeated kv heads; see [`StepFeatures`]). A
+//! phase that spans a tower's layers is taken at the layer where it is highest.
 
 use super::config::{HiddenAct, Mistral3Config};
 use super::params::{ParamLayout, Part};
@@ -83,8 +84,11 @@ use cannon_runtime::alloc::round_size;
 /// The sizes of one batch that the memory depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StepShape {
-    /// T: tokens.
+    /// T: tokens (of this rank, under context parallelism: `Tl`).
     pub tokens: usize,
+    /// Tokens of the whole batch (= `tokens` without context parallelism): the spliced
+    /// embeddings and the gradient flowing into them are the whole batch's on every CP rank.
+    pub whole_tokens: usize,
     /// P: vision patches over all images.
     pub patches: usize,
     /// M: merged image tokens.
@@ -106,6 +110,7 @@ impl StepShape {
         };
         Ok(StepShape {
             tokens: batch.input_ids.len(),
+            whole_tokens: batch.input_ids.len(),
             patches,
             merged,
             pixels: batch.images.pixel_values.len(),
@@ -188,6 +193,7 @@ fn blocks(bytes: &[usize]) -> usize {
 }
 
 /// The sizes of a pre-norm block: (d, q width, kv width, heads, inter, gelu gate).
+#[derive(Clone, Copy)]
 struct Dims {
     d: usize,
     dq: usize,
@@ -293,20 +299,32 @@ impl Dims {
 /// offload ([`MemoryFeatures`], as the model runs them; see the module docs for their
 /// terms) and context parallelism.
 ///
-/// Context-parallel exchange buffers of one text layer (a: activation bytes, Tl = T/cp,
-/// Hkv' = max(Hkv, u) after replicating KV heads for Ulysses):
+/// Context parallelism (`crate::cp::attn`, `crate::cp::ring`; u Ulysses ranks, r ring
+/// ranks). With Tl the rank's tokens, rep = u / Hkv when Hkv < u (each kv head repeated),
+/// rep = 1 otherwise, and Hkv' = rep·Hkv, write `q4 = 4·Tl·Hq·Hd`, `k4 = 4·Tl·Hkv'·Hd` (f32) and `qa`, `ka`
+/// the same in activation storage, `kv = a·Tl·Hkv·Hd`, and `x = 1` when u > 1 (an
+/// all-to-all receives into a second buffer beside the one it sends), else 0. A layer saves
+/// its q, k, v in the head-sharded layout (`k`, `v` of Hkv' heads: `ka` each) and the
+/// head-sharded attention output once more (`qa`). The exchange buffers of one layer, each
+/// the highest of its steps in the order the code allocates and frees them:
 ///
 /// ```text
-/// ulysses (u = cp)     fwd a·Tl·(2·Hq + 2·Hkv')·Hd   (q, k, v, out re-laid head-sharded)
-///                      bwd the same for dq, dk, dv, dout
-/// ring (r = cp)        fwd 2·a·Tl·2·Hkv·Hd (K/V block held + next in flight)
-///                          + 4·Tl·Hq·(Hd + 1) (f32 partial out and lse)
-///                      bwd the fwd's K/V blocks + 2·4·Tl·2·Hkv·Hd (dK/dV travelling)
-/// hybrid (u x r)       ulysses over u, then ring over r = cp/u on Tl·u tokens of Hkv'/u heads
+/// forward   q, k, v to heads (f32)        max((1 + x)·q4, q4 + (2 + x)·k4)
+///           ring (r > 1)                  q4 (f32 output) + 2·ka (K/V block) + ka (the
+///                                         next one, received while the block is held)
+///           attention output back         (1 + x)·qa
+/// backward  d out to heads, dq dk dv      2·qa + 2·ka          (head-sharded, kept to the end)
+///           ring (r > 1)                  2·qa + 2·ka + q4 + 2·k4 (f32 dq, dK, dV) + 2·ka
+///                                         (K/V block) + k4 (dK or dV received)
+///           back to tokens                qa + 2·ka + (1 + x)·qa  for dq;
+///                                         qa + 2·ka + x·ka + kv (+ ka when rep > 1) for dk
 /// ```
 ///
 /// Under the full recompute a layer's backward first runs its forward again, collectives
-/// included, so it holds the larger of the two exchange sets.
+/// included, beside the same tensors but before the layer's gradient buffer exists
+/// ([`At::Recompute`]: a sharded rank's full gradient of the group comes after).
+/// The whole batch's spliced embeddings `[T, D]` exist on every CP rank until its rows are
+/// split off, and again as the gradient flowing into them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepFeatures {
     pub recompute: Recompute,
@@ -376,30 +394,48 @@ impl ContextParallel {
         }
     }
 
-    /// Exchange buffers of one text layer's (forward, backward) for `t` local tokens.
+    /// Ulysses' replication of the kv heads: each one `rep` times (`u / Hkv` when there are
+    /// fewer kv heads than Ulysses ranks).
+    fn kv_rep(&self, hkv: usize) -> usize {
+        let (u, _) = self.degrees();
+        if self.size <= 1 || hkv == 0 || hkv.is_multiple_of(u) {
+            1
+        } else {
+            u / hkv
+        }
+    }
+
+    /// Exchange buffers of one text layer's (forward, backward) for `t` local tokens (see
+    /// [`StepFeatures`] for the terms).
     fn buffers(&self, d: &Dims, hd: usize, t: usize, a: usize) -> (usize, usize) {
         if self.size <= 1 {
             return (0, 0);
         }
         let (u, r) = self.degrees();
-        let hkv = d.dkv / hd.max(1);
-        let (mut fwd, mut bwd) = (0, 0);
-        let hkv_u = if u > 1 {
-            let h = hkv.max(u);
-            let n = a * t * (2 * d.hq + 2 * h) * hd;
-            fwd += round_size(n);
-            bwd += round_size(n);
-            h / u
+        let dke = d.dkv * self.kv_rep(d.dkv / hd.max(1));
+        let (q4, k4) = (round_size(4 * t * d.dq), round_size(4 * t * dke));
+        let (qa, ka) = (round_size(a * t * d.dq), round_size(a * t * dke));
+        let kv = round_size(a * t * d.dkv);
+        let x = usize::from(u > 1);
+        let rep_extra = if dke > d.dkv { ka } else { 0 };
+        let ring_fwd = if r > 1 { q4 + 3 * ka } else { 0 };
+        let fwd = [(1 + x) * q4, q4 + (2 + x) * k4, ring_fwd, (1 + x) * qa];
+        // dq, dk, dv in the head-sharded layout (and d out until the attention is done).
+        let held = qa + 2 * ka;
+        let ring_bwd = if r > 1 {
+            qa + held + q4 + 3 * k4 + 2 * ka
         } else {
-            hkv
+            0
         };
-        if r > 1 {
-            let (tr, hq_r) = (t * u, d.hq / u.max(1));
-            let kv = blocks(&[a * tr * 2 * hkv_u * hd, a * tr * 2 * hkv_u * hd]);
-            fwd += kv + blocks(&[4 * tr * hq_r * hd, 4 * tr * hq_r]);
-            bwd += kv + blocks(&[4 * tr * 2 * hkv_u * hd, 4 * tr * 2 * hkv_u * hd]);
-        }
-        (fwd, bwd)
+        let bwd = [
+            (1 + x) * qa,
+            qa + held,
+            ring_bwd,
+            held + (1 + x) * qa,
+            held + x * ka + kv + rep_extra,
+        ];
+        let max = |v: &[usize]| v.iter().copied().max().unwrap_or(0);
+        (max(&fwd), max(&bwd))
     }
 }
 
@@ -409,6 +445,9 @@ impl ContextParallel {
 pub enum At {
     Fwd(usize),
     Bwd(usize),
+    /// A decoder layer's forward run again by the full recompute, at the start of the
+    /// group's backward step: its weights are there, its gradient is not yet.
+    Recompute(usize),
 }
 
 /// The decoder's terms under the memory features (see the module docs), per layer: what the
@@ -427,11 +466,16 @@ struct TextTerms {
 }
 
 impl TextTerms {
-    fn new(td: &Dims, t: usize, a: usize, layers: usize, f: &StepFeatures) -> Self {
+    fn new(td: &Dims, hd: usize, t: usize, a: usize, layers: usize, f: &StepFeatures) -> Self {
         let att_cp = if f.cp.size > 1 {
             round_size(a * t * td.dq)
         } else {
             0
+        };
+        // Under CP the layer keeps k and v head-sharded, with Ulysses' repeated kv heads.
+        let sd = Dims {
+            dkv: td.dkv * f.cp.kv_rep(td.dkv / hd.max(1)),
+            ..*td
         };
         let o = round_size(4 * t * td.d);
         let kept_cp = if f.recompute == Recompute::Full {
@@ -441,8 +485,8 @@ impl TextTerms {
         };
         TextTerms {
             o,
-            all: td.layer_acts(t, a, Recompute::None) + att_cp,
-            kept: td.layer_acts(t, a, f.recompute) + kept_cp,
+            all: sd.layer_acts(t, a, Recompute::None) + att_cp,
+            kept: sd.layer_acts(t, a, f.recompute) + kept_cp,
             layers,
             offload: f.offload_activations,
             rec: match f.recompute {
@@ -556,8 +600,11 @@ pub fn plan_with(
     let images = p > 0;
     let (lv, lt) = (cfg.vision_layers_used(), cfg.text_config.num_hidden_layers);
     let f = |n: usize| round_size(4 * n);
-    let tl = TextTerms::new(&td, t, a, lt, feat);
-    let (cp_fwd, cp_bwd) = feat.cp.buffers(&td, cfg.text_config.head_dim(), t, a);
+    let hd = cfg.text_config.head_dim();
+    let tl = TextTerms::new(&td, hd, t, a, lt, feat);
+    let (cp_fwd, cp_bwd) = feat.cp.buffers(&td, hd, t, a);
+    // The whole batch's tokens (the spliced embeddings and their gradient, on every CP rank).
+    let tw = s.whole_tokens.max(t);
 
     let saved = Saved {
         vision_embed: if images {
@@ -578,7 +625,7 @@ pub fn plan_with(
         } else {
             0
         },
-        text_embed: f(t * d),
+        text_embed: f(tw * d),
         text_layer: tl.o + tl.kept,
         final_norm: blocks(&[4 * t, a * t * d]),
         head: match mode {
@@ -633,6 +680,12 @@ pub fn plan_with(
     // The spliced embeddings are layer 0's input (`O` of the text terms).
     let c = comm(At::Fwd(layout.text_embed()));
     phases.push(ph("text embed forward", live + saved.text_embed, 0, c, 0));
+    if tw > t {
+        // A CP rank copies its rows out of the whole batch's (its shard and the real rows
+        // gathered on the way; at most all of them), then lets the whole batch's go.
+        let split = saved.text_embed + 2 * f(t * d);
+        phases.push(ph("cp split", live + split, 0, 0, 0));
+    }
     let scratch = td.fwd_scratch(t) + cp_fwd;
     let dropped = tl.all - tl.kept;
     phases.push(highest(
@@ -675,16 +728,24 @@ pub fn plan_with(
     // The final norm's backward runs with the decoder backward's buffers, the head group
     // still held; each layer's with its own group.
     let base = 2 * f(t * d) + td.bwd_scratch(t, a);
-    // A full recompute runs the layer's forward exchange before its backward one.
-    let cp_layer = match feat.recompute {
-        Recompute::Full => cp_fwd.max(cp_bwd),
-        _ => cp_bwd,
-    };
     let head_step = ph("text backward", live, saved.head, head_bwd, base);
-    let layers = (0..lt).map(|l| {
-        let c = comm(At::Bwd(layout.text_layer(l)));
-        let scratch = base + tl.backward(l) + cp_layer;
-        ph("text backward", live, saved.head, c, scratch)
+    let layers = (0..lt).flat_map(|l| {
+        let g = layout.text_layer(l);
+        let scratch = base + tl.backward(l);
+        let bwd = ph(
+            "text backward",
+            live,
+            saved.head,
+            comm(At::Bwd(g)),
+            scratch + cp_bwd,
+        );
+        // A full recompute runs the layer's forward exchange first, beside the same
+        // tensors but before the layer's gradient buffer is made.
+        let again = (feat.recompute == Recompute::Full).then(|| {
+            let c = comm(At::Recompute(g));
+            ph("text backward", live, saved.head, c, scratch + cp_fwd)
+        });
+        std::iter::once(bwd).chain(again)
     });
     phases.push(highest(layers.chain([head_step]), head_step));
     if want_dx0 {
@@ -694,7 +755,7 @@ pub fn plan_with(
             live,
             saved.head,
             c,
-            f(t * d) + f(m * d),
+            f(tw * d) + f(m * d),
         ));
     }
     if image_needed {

@@ -376,7 +376,11 @@ impl Pass<'_> {
             Some(g) => {
                 // Split after the splice; positions and sequence ends are the whole batch's.
                 let layout = g.layout(pos.len(), &ends)?;
-                let x0 = cp_shard_rows(ex, &layout, &x0, t.hidden_size)?;
+                // The whole batch's embeddings go once this rank's rows are copied out.
+                let x0 = {
+                    let whole = x0;
+                    cp_shard_rows(ex, &layout, &whole, t.hidden_size)?
+                };
                 let pos_l = layout.shard(&pos, 0);
                 targets = layout.shard(&targets, IGNORE_INDEX);
                 if norm == LossNorm::Mean {
@@ -491,8 +495,12 @@ impl Pass<'_> {
             return Ok((visited, 0));
         };
         // A CP rank's dx0 holds its tokens: scattered into the batch's rows, zero elsewhere.
+        // (The rank's own rows are freed at once.)
         let mut dx0 = match &a.text.cp {
-            Some(l) => cp_unshard_rows(ex, l, &dx0, t.hidden_size)?,
+            Some(l) => {
+                let mine = dx0;
+                cp_unshard_rows(ex, l, &mine, t.hidden_size)?
+            }
             None => dx0,
         };
         let eg = layout.text_embed();

@@ -8,8 +8,9 @@
 //! ```text
 //! rows per rank      ceil(micro_batch / dp) with dp = nproc / cp_size (rows split as the
 //!                    trainer splits them: the first ranks take one more when uneven)
-//! tokens per rank    rows x max_len / cp_size (rows padded to max_len: the worst case; ring
-//!                    pads to a multiple of 2·cp for its head-tail chunks); one image per row
+//! tokens per rank    rows x max_len / cp_size (rows padded to max_len: the worst case; the
+//!                    CP layout pads to a multiple of 2·cp for its head-tail chunks, Ulysses
+//!                    too); one image per row
 //!                    of longest_edge x longest_edge pixels, rounded up to the patch size
 //! one rank (or no FSDP)  params 4·N, grads 4·N_trained, moments 8·N_trained, as allocated
 //!                    (one block per group, rounded to 512 bytes)
@@ -35,7 +36,7 @@ pub use settings::{PlanError, PlanSettings};
 
 use crate::data::image::ImageConfig;
 use crate::fsdp::ShardLayout;
-use crate::model::memory::{plan_with, At, CpAlgo, MemoryPlan, Phase, StepShape};
+use crate::model::memory::{plan_with, At, MemoryPlan, Phase, StepShape};
 use crate::model::source::PlanInputs;
 use crate::model::{LossMode, ParamLayout, PassPlan};
 use cannon_runtime::alloc::round_size;
@@ -208,14 +209,16 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
     let mut ranks: Vec<RankPlan> = Vec::new();
     for (r, &rows) in even_counts(s.micro_batch, dp).iter().enumerate() {
         let text = rows * s.max_len;
-        let tokens = match s.features.cp.algo {
-            CpAlgo::Ring | CpAlgo::Hybrid if cp > 1 => text.div_ceil(2 * cp) * 2,
-            _ => text.div_ceil(cp),
+        // `cp::CpLayout`: 2·r chunks of C = u·ceil(T / 2·cp) tokens, 2·C / u per rank.
+        let tokens = match cp {
+            1 => text,
+            _ => text.div_ceil(2 * cp) * 2,
         };
         let images = rows * s.images_per_row;
         let patches = images * (side / patch).pow(2);
         let shape = StepShape {
             tokens,
+            whole_tokens: text,
             patches,
             merged: images * per_image_tokens,
             pixels: images * cfg.vision_config.num_channels * side * side,
@@ -275,7 +278,8 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
 /// Bytes of the buffers a sharded rank holds at step `at` of its pass plan besides its
 /// shards: the step's gathered group (if it fetches), the next fetching step's (prefetched
 /// when this one was entered), and in the backward the group's full gradient (plus the
-/// reduce-scatter's part when it is added to a shard already written this step).
+/// reduce-scatter's part when it is added to a shard already written this step), which
+/// a layer's recompute does not hold yet.
 fn gathered(pass: &PassPlan, cut: &ShardLayout, at: At, elem: usize, accum: bool) -> usize {
     let full = |g: usize| cut.groups[g].padded(cut.world);
     let g_bytes = |g: usize| round_size(elem * full(g));
@@ -286,7 +290,7 @@ fn gathered(pass: &PassPlan, cut: &ShardLayout, at: At, elem: usize, accum: bool
             };
             g_bytes(g) + pass.forward.get(i + 1).map_or(0, |&n| g_bytes(n))
         }
-        At::Bwd(g) => {
+        At::Bwd(g) | At::Recompute(g) => {
             let Some(i) = pass.backward.iter().position(|x| x.group == g) else {
                 return 0;
             };
@@ -305,7 +309,7 @@ fn gathered(pass: &PassPlan, cut: &ShardLayout, at: At, elem: usize, accum: bool
             } else {
                 0
             };
-            let grad = if step.release {
+            let grad = if step.release && matches!(at, At::Bwd(_)) {
                 round_size(4 * full(g)) + part
             } else {
                 0
