@@ -749,6 +749,10 @@ pub fn plan_with(
     });
     phases.push(highest(layers.chain([head_step]), head_step));
     if want_dx0 {
+        // Under CP the gradient is the whole batch's rows again (a rank's own rows copied
+        // in, zero elsewhere). That copy's transient, about 2·T·D with the rank's rows, is
+        // not a phase of its own: it comes before the embedding's gradient (V·D) exists,
+        // which is larger unless a batch holds more than half a vocabulary of tokens.
         let c = comm(At::Bwd(layout.text_embed()));
         phases.push(ph(
             "splice backward",
