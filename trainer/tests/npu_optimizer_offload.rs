@@ -2,9 +2,11 @@
 //! no CANN): the f32 master weights and AdamW's moments in the host pool's pinned memory,
 //! each group copied to the device for its use (the next one ahead on the pool's copy
 //! stream) and streamed through it for its update. The emulator rejects host memory where a
-//! kernel wants device memory and runs each stream on its own thread (a missing event wait
-//! reads stale bytes), so bit-identical training here means every read went through a
-//! device copy made in order. One test in this file: the device allocator is the process's.
+//! kernel wants device memory, so a pass or an update that handed a kernel the host copy
+//! fails here; it runs each stream on its own thread, so the copies and the compute really
+//! are ordered by the events (a missing wait is a race, not caught every time: removing the
+//! wait on a prefetched group did not fail this test in one try). One test in this file: the
+//! device allocator is the process's.
 #![cfg(feature = "npu")]
 
 mod fsdp_fixture;

@@ -164,7 +164,7 @@ impl FsdpRank {
             .filter(|_| settings.memory.offload_optimizer);
         let store = |values: &[f32]| -> Result<Stored, FsdpError> {
             Ok(match pool {
-                Some(pool) => Stored::Host(pool.from_values(values)?),
+                Some(pool) => Stored::Host(Box::new(pool.from_values(values)?)),
                 None => Stored::Device(exec.upload(values, &[values.len()])?),
             })
         };

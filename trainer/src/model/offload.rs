@@ -377,7 +377,9 @@ fn lock<'a, T: Element>(
 #[derive(Debug)]
 pub enum Stored {
     Device(Tensor<f32>),
-    Host(HostTensor<f32>),
+    /// Boxed: the host side (with its pinned copy and events on an NPU) is larger than a
+    /// device tensor.
+    Host(Box<HostTensor<f32>>),
 }
 
 impl Stored {
@@ -444,7 +446,7 @@ impl Stored {
     pub fn try_clone(&self, st: &Stream) -> Result<Self> {
         Ok(match self {
             Stored::Device(t) => Stored::Device(t.try_clone(st)?),
-            Stored::Host(h) => Stored::Host(h.try_clone()?),
+            Stored::Host(h) => Stored::Host(Box::new(h.try_clone()?)),
         })
     }
 
@@ -454,15 +456,15 @@ impl Stored {
         if self.is_host() {
             return Ok(());
         }
-        let placeholder = Stored::Host(HostTensor {
+        let placeholder = Stored::Host(Box::new(HostTensor {
             shape: vec![0],
             host: None,
             #[cfg(feature = "npu")]
             pinned: None,
             device: None,
-        });
+        }));
         if let Stored::Device(t) = std::mem::replace(self, placeholder) {
-            *self = Stored::Host(pool.keep(st, t)?);
+            *self = Stored::Host(Box::new(pool.keep(st, t)?));
         }
         Ok(())
     }
