@@ -520,6 +520,9 @@ impl Trainer {
         let mut model = model;
         if memory.offload_optimizer {
             opt.offload(&exec, &mut model.params)?;
+            // The masters' and moments' device blocks go back to the device rather than
+            // stay reserved in the allocator's cache.
+            exec.allocator().empty_cache();
         }
         let precision = match t.dtype {
             Dtype::F32 => Precision::F32,
