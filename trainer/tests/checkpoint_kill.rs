@@ -86,12 +86,7 @@ fn state_at(step: u64) -> Snapshot {
             memory: Default::default(),
             exec: exec.clone(),
         },
-        opt: AdamW {
-            cfg: AdamWConfig::default(),
-            step,
-            m,
-            v,
-        },
+        opt: AdamW::from_moments(AdamWConfig::default(), step, m, v),
         progress: Progress {
             step,
             config: json!({}),

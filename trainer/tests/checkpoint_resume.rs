@@ -157,7 +157,7 @@ fn loader_at(pos: Position) -> Loader {
 
 fn bits(state: &Snapshot) -> Vec<Vec<u32>> {
     let st = state.model.exec.stream();
-    let host = |t: &cannon_kernels::Tensor<f32>| -> Vec<u32> {
+    let host = |t: &cannon_trainer::model::offload::Stored| -> Vec<u32> {
         t.to_host(st).unwrap().iter().map(|x| x.to_bits()).collect()
     };
     let mut out: Vec<Vec<u32>> = state.model.params.data.iter().map(host).collect();

@@ -13,6 +13,7 @@ use cannon_runtime::{CachingAllocator, Stream};
 use cannon_trainer::batch::Batch;
 use cannon_trainer::fsdp::FsdpSettings;
 use cannon_trainer::model::memory::{plan_with, StepFeatures, StepShape};
+use cannon_trainer::model::offload::Stored;
 use cannon_trainer::model::optim::{clip_grad_norm, AdamW};
 use cannon_trainer::model::{
     Act, Exec, Grads, LossMode, MemoryFeatures, Mistral3, Mistral3Config, ParamLayout, Params,
@@ -206,46 +207,220 @@ fn chunked_loss_matches_the_full_loss_within_1e_6() {
     }
 }
 
-/// Moments in the host pool, streamed per group: the same parameters bit for bit after three
-/// AdamW steps, and the device holds fewer bytes by exactly the moments' blocks.
+/// Bytes of one block per tensor of these lengths (f32), as the caching allocators round them.
+fn f32_blocks(lens: impl Iterator<Item = usize>) -> usize {
+    lens.map(|n| cannon_runtime::alloc::round_size(4 * n)).sum()
+}
+
+/// Master weights and moments in the host pool, streamed per group: the same losses and
+/// parameters bit for bit over four AdamW steps (f32 and bf16 activations); every group is
+/// in the host pool and its bytes left the device (resident bytes fall by exactly the
+/// masters' and moments' blocks, which the pool holds); and the step's `max_allocated`
+/// (forward, backward, clip, update) falls by at least the master weights' bytes.
 #[test]
-fn optimizer_offload_is_bit_identical_and_moves_the_moments_off_the_device() {
+fn optimizer_offload_is_bit_identical_and_moves_masters_and_moments_off_the_device() {
     let cfg = config();
     let b = batch();
-    let run = |offload: bool| {
-        let m = model(&cfg, MemoryFeatures::default(), LossMode::Full);
-        let mut m = m;
+    let layout = ParamLayout::new(&cfg);
+    let masters = f32_blocks(layout.groups.iter().map(|g| g.len));
+    let run = |offload: bool, bf16: bool| {
+        let mut m = model(&cfg, MemoryFeatures::default(), LossMode::Full);
         let mut grads = m.grads(&ALL).unwrap();
         let before = m.exec.memory().allocated;
         let mut opt = AdamW::new(&m.exec, Default::default(), &grads).unwrap();
         if offload {
-            opt.offload(&m.exec).unwrap();
+            let exec = m.exec.clone();
+            opt.offload(&exec, &mut m.params).unwrap();
+            assert!(
+                m.params.data.iter().all(Stored::is_host),
+                "a group on the device"
+            );
+            let moments = opt.m.iter().chain(&opt.v).flatten();
+            assert!(
+                moments.clone().all(Stored::is_host),
+                "a moment on the device"
+            );
         }
-        let resident = m.exec.memory().allocated - before;
+        // Device bytes held across steps besides the gradients (which stay).
+        let resident = m.exec.memory().allocated + masters - before;
         let host = m.exec.host_pool().unwrap().stats().allocated;
-        let st = m.exec.clone();
-        let st = st.stream();
-        for _ in 0..3 {
+        let exec = m.exec.clone();
+        let st = exec.stream();
+        let (mut losses, mut peak) = (Vec::new(), 0);
+        for _ in 0..4 {
+            exec.allocator().reset_peak();
             grads.zero(st).unwrap();
-            let acts = m.forward::<f32>(&b).unwrap();
-            m.backward(&b, &acts, &mut grads, None).unwrap();
-            drop(acts);
+            let loss = if bf16 {
+                let acts = m.forward::<half::bf16>(&b).unwrap();
+                m.backward(&b, &acts, &mut grads, None).unwrap();
+                acts.loss()
+            } else {
+                let acts = m.forward::<f32>(&b).unwrap();
+                m.backward(&b, &acts, &mut grads, None).unwrap();
+                acts.loss()
+            };
+            losses.push(loss.to_bits());
             clip_grad_norm(st, &mut grads, 1.0).unwrap();
             opt.update(st, &mut m.params, &grads, 1e-2).unwrap();
+            peak = peak.max(exec.allocator().stats().peak_allocated);
         }
-        (m.params.to_host(st).unwrap(), resident, host)
+        let moments: Vec<Vec<u32>> = opt
+            .m
+            .iter()
+            .chain(&opt.v)
+            .flatten()
+            .map(|t| t.to_host(st).unwrap().iter().map(|x| x.to_bits()).collect())
+            .collect();
+        let params = m.params.to_host(st).unwrap();
+        let params: Vec<u32> = params.iter().flatten().map(|x| x.to_bits()).collect();
+        (losses, params, moments, resident, host, peak)
     };
-    let (p0, dev0, host0) = run(false);
-    let (p1, dev1, host1) = run(true);
-    let eq = p0
-        .iter()
-        .flatten()
-        .zip(p1.iter().flatten())
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    assert!(eq, "the offloaded optimizer's parameters differ");
-    assert_eq!(host0, 0);
-    assert_eq!(dev1, 0, "moments left on the device");
-    assert_eq!(host1, dev0, "the moments' bytes moved to the host pool");
+    for bf16 in [false, true] {
+        let (l0, p0, m0, dev0, host0, peak0) = run(false, bf16);
+        let (l1, p1, m1, dev1, host1, peak1) = run(true, bf16);
+        assert_eq!(l1, l0, "bf16 {bf16}: losses differ");
+        assert!(
+            p1 == p0,
+            "bf16 {bf16}: the offloaded optimizer's parameters differ"
+        );
+        assert!(
+            m1 == m0,
+            "bf16 {bf16}: the offloaded optimizer's moments differ"
+        );
+        assert_eq!(host0, 0);
+        // Masters (every group) and moments (every group trains here) were resident.
+        assert_eq!(dev0, 3 * masters, "bf16 {bf16}: plain resident");
+        assert_eq!(
+            dev1, 0,
+            "bf16 {bf16}: masters or moments left on the device"
+        );
+        assert_eq!(host1, 3 * masters, "bf16 {bf16}: the host pool's bytes");
+        eprintln!(
+            "bf16 {bf16}: max_allocated {peak0} B -> {peak1} B (masters {masters} B, \
+             moments {} B)",
+            2 * masters
+        );
+        assert!(
+            peak0 - peak1 >= masters,
+            "bf16 {bf16}: max_allocated fell by {} B, the masters are {masters} B",
+            peak0 - peak1
+        );
+    }
+}
+
+/// With the master weights in the host pool, the forward + backward's peak is the plan's to
+/// the byte: the model's terms plus, at each group's step, that group copied in and the next
+/// one ahead (`plan::gathered` over one rank, as for an FSDP rank's gathered groups without
+/// full gradients); the pool holds exactly the masters' blocks after the step.
+#[test]
+fn plan_equals_the_measured_peak_with_the_masters_on_the_host() {
+    use cannon_trainer::fsdp::ShardLayout;
+    use cannon_trainer::model::source::PlanInputs;
+    use cannon_trainer::model::PassPlan;
+    let cfg = config();
+    let b = batch();
+    let layout = ParamLayout::new(&cfg);
+    let masters = f32_blocks(layout.groups.iter().map(|g| g.len));
+    let one = ShardLayout::new(&layout, 1);
+    for chunk in [LossMode::Full, LossMode::Chunked(5)] {
+        for (r, offload) in [
+            (Recompute::None, false),
+            (Recompute::Selective, true),
+            (Recompute::Full, false),
+        ] {
+            let mem = features(r, offload);
+            let mut m = model(&cfg, mem, chunk);
+            let exec = m.exec.clone();
+            m.params.offload(&exec).unwrap();
+            for trainable in [&ALL[..], &[Part::Text]] {
+                let what = format!("{chunk:?} {r:?} offload activations {offload} {trainable:?}");
+                let mut grads = m.grads(trainable).unwrap();
+                m.measure_step::<f32>(&b, &mut grads, None).unwrap();
+                let (_, got) = m.measure_step::<f32>(&b, &mut grads, None).unwrap();
+                let trains = |g: usize| trainable.contains(&layout.groups[g].part);
+                let inputs = PlanInputs {
+                    trains: &trains,
+                    images: true,
+                    dpixels: false,
+                };
+                let pass = PassPlan::new(&cfg, &layout, inputs);
+                let shape = StepShape::of(&cfg, &b).unwrap();
+                let fetched = |at| cannon_trainer::plan::gathered(&pass, &one, at, 4, None);
+                let p = plan_with(
+                    &cfg,
+                    &shape,
+                    f32::PRECISION,
+                    chunk,
+                    trainable,
+                    false,
+                    &StepFeatures::from(mem),
+                    &fetched,
+                );
+                assert_eq!(
+                    got.max_allocated - got.start_allocated,
+                    p.peak(),
+                    "{what}: measured vs the plan (peak phase {}): {p:#?}",
+                    p.peak_phase()
+                );
+                let host = m.exec.host_pool().unwrap().stats();
+                assert_eq!(
+                    host.allocated, masters,
+                    "{what}: the pool holds the masters"
+                );
+            }
+        }
+    }
+}
+
+/// FSDP ranks with the master weights and moments in the host pool: losses, final
+/// parameters and every rank's saved state (masters and moments) bit for bit those of the
+/// ranks without the offload over four steps, and each rank's resident bytes fall by
+/// exactly its shards' blocks less the staging buffer.
+#[test]
+fn fsdp_optimizer_offload_is_bit_identical_and_moves_the_shards_off_the_device() {
+    use cannon_trainer::fsdp::ShardLayout;
+    let cfg = config();
+    let host = fx::init(&cfg, 13);
+    let batches = fx::global_batch(4, 6);
+    let base: FsdpSettings = fx::settings(&[Part::Vision]);
+    let plain = fx::run_sharded::<f32>(2, &cfg, &host, &batches, &base, 4);
+    let s = FsdpSettings {
+        memory: MemoryFeatures {
+            offload_optimizer: true,
+            ..MemoryFeatures::default()
+        },
+        ..base.clone()
+    };
+    let on = fx::run_sharded::<f32>(2, &cfg, &host, &batches, &s, 4);
+    let losses =
+        |run: &fx::Run| -> Vec<u64> { run.stats.iter().map(|s| s.loss.to_bits()).collect() };
+    assert_eq!(losses(&on), losses(&plain), "losses");
+    let bits = |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|x| x.to_bits()).collect() };
+    assert!(bits(&on.params) == bits(&plain.params), "parameters differ");
+    assert!(
+        on.states == plain.states,
+        "shard states (masters, moments) differ"
+    );
+    let layout = ParamLayout::new(&cfg);
+    let cut = ShardLayout::new(&layout, 2);
+    let trained = |g: usize| layout.groups[g].part != Part::Vision;
+    let shards = f32_blocks(cut.groups.iter().map(|c| c.shard));
+    let moments = 2 * f32_blocks(
+        (0..cut.groups.len())
+            .filter(|&g| trained(g))
+            .map(|g| cut.groups[g].shard),
+    );
+    let staging = f32_blocks(cut.groups.iter().map(|c| c.shard).max().into_iter());
+    for rank in 0..2 {
+        assert_eq!(
+            plain.resident[rank] - on.resident[rank],
+            shards + moments - staging,
+            "rank {rank}: resident {} vs {}",
+            on.resident[rank],
+            plain.resident[rank]
+        );
+        assert!(on.peak[rank] < plain.peak[rank], "rank {rank}: peak");
+    }
 }
 
 /// FSDP ranks with every bit-exact feature on (recompute, both offloads) train like FSDP

@@ -174,7 +174,8 @@ impl Case {
             let mut grads = model.grads(&trainable).unwrap();
             let mut opt = AdamW::new(&model.exec, adamw, &grads).unwrap();
             if self.memory.offload_optimizer {
-                opt.offload(&model.exec).unwrap();
+                let exec = model.exec.clone();
+                opt.offload(&exec, &mut model.params).unwrap();
             }
             let exec = model.exec.clone();
             let alloc = exec.allocator().clone();
@@ -502,10 +503,15 @@ fn planned_features_follow_their_formulas() {
         assert!(a.peak() < none.peak(), "{algo}");
         assert!(a.comm_max() > 0);
     }
-    // Offloading the optimizer (f32 run): m and v go to the host, gradients stay.
+    // Offloading the optimizer (f32 run): the master weights, m and v go to the host,
+    // gradients stay; an FSDP rank keeps one staging buffer of its largest shard.
     let opt = with(&["train.offload_optimizer=true"]);
     assert_eq!((opt.moments, opt.grads), (0, none.grads));
-    assert_eq!(opt.host_optimizer, 2 * none.grads);
+    assert_eq!(opt.host_optimizer, none.params + 2 * none.grads);
+    let cut =
+        cannon_trainer::fsdp::ShardLayout::new(&cannon_trainer::model::ParamLayout::new(&cfg), 4);
+    let largest = cut.groups.iter().map(|g| g.shard).max().unwrap();
+    assert_eq!(opt.params, round(4 * largest));
     assert!(opt.peak() < none.peak());
     assert_eq!(cfg.text_config.hidden_size, d);
 }

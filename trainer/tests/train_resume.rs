@@ -61,7 +61,7 @@ impl StepHook for CrashAfter {
 fn weights(t: &Trainer) -> Vec<Vec<u32>> {
     let st = t.state.model.exec.stream();
     let mut out: Vec<Vec<u32>> = Vec::new();
-    let host = |x: &cannon_kernels::Tensor<f32>| -> Vec<u32> {
+    let host = |x: &cannon_trainer::model::offload::Stored| -> Vec<u32> {
         x.to_host(st).unwrap().iter().map(|v| v.to_bits()).collect()
     };
     out.extend(t.state.model.params.data.iter().map(host));
@@ -266,7 +266,7 @@ fn a_sharded_run_saves_per_rank_and_resumes_on_any_world_size() {
     );
     let params = |t: &Trainer| -> Vec<Vec<u32>> {
         let st = t.state.model.exec.stream();
-        let host = |x: &cannon_kernels::Tensor<f32>| -> Vec<u32> {
+        let host = |x: &cannon_trainer::model::offload::Stored| -> Vec<u32> {
             x.to_host(st).unwrap().iter().map(|v| v.to_bits()).collect()
         };
         t.state.model.params.data.iter().map(host).collect()
@@ -280,7 +280,7 @@ fn a_sharded_run_saves_per_rank_and_resumes_on_any_world_size() {
     export(&mut last, &hf, &ExportOptions::default()).unwrap();
     let exported = Mistral3::load(&hf).unwrap();
     let st = exported.exec.stream();
-    let bits_of = |x: &cannon_kernels::Tensor<f32>| -> Vec<u32> {
+    let bits_of = |x: &cannon_trainer::model::offload::Stored| -> Vec<u32> {
         x.to_host(st).unwrap().iter().map(|v| v.to_bits()).collect()
     };
     let got: Vec<Vec<u32>> = exported.params.data.iter().map(bits_of).collect();
@@ -307,4 +307,83 @@ fn resume_latest_without_a_run_folder_is_a_usage_error() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("log.dir"), "{err}");
+}
+
+/// The final parameters of a run, bit patterns.
+fn final_params(t: &Trainer) -> Vec<Vec<u32>> {
+    let st = t.state.model.exec.stream();
+    let p = t.state.model.params.to_host(st).unwrap();
+    p.iter()
+        .map(|g| g.iter().map(|v| v.to_bits()).collect())
+        .collect()
+}
+
+/// The optimizer offload (`train.offload_optimizer`: master weights and moments in the host
+/// pool) through `cannon train`'s paths: one rank and 2 FSDP ranks train bit for bit like
+/// the runs without it (losses, final weights and, one rank, moments); a crashed one-rank
+/// run resumed from its step-3 checkpoint (masters and moments restored into the host pool)
+/// ends with the uninterrupted run's losses, weights and moments; the 2-rank run resumed
+/// from its step-3 checkpoint on 2 ranks ends as it did.
+#[test]
+fn the_optimizer_offload_trains_and_resumes_bit_for_bit() {
+    let root = scratch("offload");
+    synth::write(&root.join("data"), 48, 3).unwrap();
+    let off = "train.offload_optimizer=true";
+    let on_host = |t: &Trainer| t.state.model.params.data.iter().all(|g| g.is_host());
+
+    let mut plain = Trainer::new(plan(&root, "plain", &[]), Exec::cpu()).unwrap();
+    let want = plain.run(&mut []).unwrap();
+    let mut a = Trainer::new(plan(&root, "a", &[off]), Exec::cpu()).unwrap();
+    assert!(on_host(&a), "the master weights are not in the host pool");
+    let full = a.run(&mut []).unwrap();
+    assert_eq!(bits(&full.losses), bits(&want.losses));
+    assert_eq!(weights(&a), weights(&plain), "weights and AdamW moments");
+
+    let mut b = Trainer::new(plan(&root, "b", &[off]), Exec::cpu()).unwrap();
+    let mut hook = CheckpointHook::new(&b).unwrap();
+    let err = b.run(&mut [&mut hook, &mut CrashAfter(4)]).unwrap_err();
+    assert!(err.to_string().contains("simulated crash"), "{err}");
+    drop(b);
+    let p = plan(&root, "b", &[off, "checkpoint.resume=true"]);
+    let mut ckpt = resume::resume_from(&p)
+        .unwrap()
+        .expect("the step-3 checkpoint");
+    let mut c = Trainer::new(p, Exec::cpu()).unwrap();
+    assert_eq!(resume::resume(&mut c, &mut ckpt).unwrap().step, 3);
+    let rest = c.run(&mut []).unwrap();
+    assert_eq!(bits(&rest.losses), bits(&full.losses[3..]));
+    assert!(
+        on_host(&c),
+        "the resumed master weights are not in the host pool"
+    );
+    assert_eq!(
+        weights(&c),
+        weights(&a),
+        "resumed weights and AdamW moments"
+    );
+
+    let two = ["parallel.nproc=2", "checkpoint.keep_last=2"];
+    let mut s0 = Trainer::new(plan(&root, "s0", &two), Exec::cpu()).unwrap();
+    let want = run_sharded(&mut s0).unwrap();
+    let mut s1 = Trainer::new(plan(&root, "s1", &[two[0], two[1], off]), Exec::cpu()).unwrap();
+    let full = run_sharded(&mut s1).unwrap();
+    assert_eq!(bits(&full.losses), bits(&want.losses));
+    assert_eq!(
+        final_params(&s1),
+        final_params(&s0),
+        "2 ranks: final weights"
+    );
+    let step3 = root.join("s1/checkpoints/step-000003");
+    let from3 = format!("checkpoint.resume={:?}", step3.display().to_string());
+    let p = plan(&root, "s2", &[two[0], off, &from3]);
+    let mut ckpt = resume::resume_from(&p).unwrap().unwrap();
+    let mut t = Trainer::new(p, Exec::cpu()).unwrap();
+    assert_eq!(resume::resume(&mut t, &mut ckpt).unwrap().step, 3);
+    let rest = run_sharded(&mut t).unwrap();
+    assert_eq!(bits(&rest.losses), bits(&full.losses[3..]));
+    assert_eq!(
+        final_params(&t),
+        final_params(&s1),
+        "2 ranks resumed: final weights"
+    );
 }

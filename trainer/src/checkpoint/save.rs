@@ -20,6 +20,7 @@ use super::manifest::{
 };
 use super::st_io::{StDtype, StReader, StWriter, TensorSpec};
 use super::CheckpointDir;
+use crate::model::offload::Stored;
 use cannon_kernels::Tensor;
 use cannon_runtime::comm::{Communicator, ReduceOp};
 use cannon_runtime::{DeviceBuffer, Stream};
@@ -50,10 +51,12 @@ pub struct SaveMeta {
 }
 
 /// Where a shard's values are: on the rank's device (copied to the host one tensor at a time
-/// while the file is written), or already on the host.
+/// while the file is written), held by the trainer wherever it keeps them (on the device or
+/// in its host pool: the optimizer offload), or already on the host.
 #[derive(Clone, Copy, Debug)]
 pub enum ShardData<'a> {
     Device(&'a Tensor<f32>),
+    Stored(&'a Stored),
     Host(&'a [f32]),
 }
 
@@ -61,6 +64,7 @@ impl<'a> ShardData<'a> {
     pub fn len(&self) -> usize {
         match self {
             ShardData::Device(t) => t.numel(),
+            ShardData::Stored(t) => t.numel(),
             ShardData::Host(v) => v.len(),
         }
     }
@@ -72,6 +76,7 @@ impl<'a> ShardData<'a> {
     fn to_host(self, stream: &Stream) -> Result<Cow<'a, [f32]>> {
         Ok(match self {
             ShardData::Device(t) => Cow::Owned(t.to_host(stream)?),
+            ShardData::Stored(t) => Cow::Owned(t.to_host(stream)?),
             ShardData::Host(v) => Cow::Borrowed(v),
         })
     }
@@ -120,6 +125,37 @@ impl<'a> RankShards<'a> {
                 param: ShardData::Device(p),
                 exp_avg: m.as_ref().map(ShardData::Device),
                 exp_avg_sq: v.as_ref().map(ShardData::Device),
+            })
+            .collect();
+        Ok(RankShards { rank, groups, rng })
+    }
+}
+
+impl<'a> RankShards<'a> {
+    /// A rank's shards as the trainer holds them: `params[g]` (`Params::data`), and
+    /// `exp_avg[g]` / `exp_avg_sq[g]` (`AdamW::m`/`v`) for the trained groups.
+    pub fn stored(
+        rank: usize,
+        params: &'a [Stored],
+        exp_avg: &'a [Option<Stored>],
+        exp_avg_sq: &'a [Option<Stored>],
+        rng: u64,
+    ) -> Result<Self> {
+        if exp_avg.len() != params.len() || exp_avg_sq.len() != params.len() {
+            return Err(CheckpointError::Argument(format!(
+                "rank {rank}: {} parameter, {} exp_avg and {} exp_avg_sq groups",
+                params.len(),
+                exp_avg.len(),
+                exp_avg_sq.len()
+            )));
+        }
+        let groups = params
+            .iter()
+            .zip(exp_avg.iter().zip(exp_avg_sq))
+            .map(|(p, (m, v))| GroupShards {
+                param: ShardData::Stored(p),
+                exp_avg: m.as_ref().map(ShardData::Stored),
+                exp_avg_sq: v.as_ref().map(ShardData::Stored),
             })
             .collect();
         Ok(RankShards { rank, groups, rng })

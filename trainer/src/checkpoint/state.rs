@@ -70,7 +70,7 @@ pub fn save_one_rank(
     progress: &Progress,
 ) -> Result<PathBuf> {
     let meta = one_rank_meta(model, model_config, opt, progress)?;
-    let shards = RankShards::device(0, &model.params.data, &opt.m, &opt.v, progress.rng)?;
+    let shards = RankShards::stored(0, &model.params.data, &opt.m, &opt.v, progress.rng)?;
     save_local(dir, &meta, &[shards], model.exec.stream(), keep_last)
 }
 
@@ -101,12 +101,11 @@ pub fn restore_one_rank(
     let stream = exec.stream();
     for g in 0..layout.groups.len() {
         let w = ckpt.read_group(Kind::Param, g)?;
-        model.params.data[g].view_mut().memcpy_htod(stream, &w)?;
+        // Written where the run keeps them: the device, or the host pool (optimizer offload).
+        model.params.data[g].write(stream, &w)?;
         if let (Some(m), Some(v)) = (opt.m[g].as_mut(), opt.v[g].as_mut()) {
-            m.view_mut()
-                .memcpy_htod(stream, &ckpt.read_group(Kind::ExpAvg, g)?)?;
-            v.view_mut()
-                .memcpy_htod(stream, &ckpt.read_group(Kind::ExpAvgSq, g)?)?;
+            m.write(stream, &ckpt.read_group(Kind::ExpAvg, g)?)?;
+            v.write(stream, &ckpt.read_group(Kind::ExpAvgSq, g)?)?;
         }
     }
     let man = ckpt.manifest();
@@ -163,12 +162,7 @@ impl Snapshot {
             m.push(t.then(|| exec.zeros::<f32>(&[gl.len])).transpose()?);
             v.push(t.then(|| exec.zeros::<f32>(&[gl.len])).transpose()?);
         }
-        let mut opt = AdamW {
-            cfg: ckpt.manifest().optimizer.config(),
-            step: 0,
-            m,
-            v,
-        };
+        let mut opt = AdamW::from_moments(ckpt.manifest().optimizer.config(), 0, m, v);
         let params = Params::zeros(&exec, layout)?;
         let mut model = Mistral3 {
             cfg,

@@ -4,6 +4,7 @@
 
 use super::manifest::group_entries;
 use super::*;
+use crate::model::offload::Stored;
 use crate::model::optim::{AdamW, AdamWConfig};
 use crate::model::{Exec, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
 use cannon_kernels::Tensor;
@@ -74,15 +75,15 @@ fn random_state(seed: u64, step: u64) -> Snapshot {
             memory: Default::default(),
             exec,
         },
-        opt: AdamW {
-            cfg: AdamWConfig {
+        opt: AdamW::from_moments(
+            AdamWConfig {
                 lr: 3e-4,
                 ..AdamWConfig::default()
             },
             step,
             m,
             v,
-        },
+        ),
         progress: Progress {
             step,
             config: json!({"train": {"lr": 3e-4}}),
@@ -107,7 +108,7 @@ fn tmp_root(name: &str) -> PathBuf {
     d
 }
 
-fn bits(t: &Tensor<f32>, st: &Stream) -> Vec<u32> {
+fn bits(t: &Stored, st: &Stream) -> Vec<u32> {
     t.to_host(st).unwrap().iter().map(|x| x.to_bits()).collect()
 }
 
@@ -166,7 +167,7 @@ fn a_save_stopped_half_way_leaves_the_previous_checkpoint_the_latest() {
     first.save(&dir, 0).unwrap();
     let second = random_state(4, 2);
     let meta = second.save_meta().unwrap();
-    let shards = RankShards::device(
+    let shards = RankShards::stored(
         0,
         &second.model.params.data,
         &second.opt.m,
@@ -236,7 +237,7 @@ fn shard(state: &Snapshot, world: usize) -> Sharded {
         .iter()
         .map(|g| padded_shards(g.len, world))
         .collect();
-    let cut = |t: &Tensor<f32>, s: ShardRange| {
+    let cut = |t: &Stored, s: ShardRange| {
         let mut v = t.to_host(st).unwrap()[s.range()].to_vec();
         // Padding holds garbage on purpose: it must never be read back.
         v.resize(s.stored, f32::NAN);
@@ -254,7 +255,7 @@ fn shard(state: &Snapshot, world: usize) -> Sharded {
                 .map(|(t, s)| cut(t, s[r]))
                 .collect(),
         );
-        let opt = |xs: &Vec<Option<Tensor<f32>>>| -> Vec<Option<Tensor<f32>>> {
+        let opt = |xs: &Vec<Option<Stored>>| -> Vec<Option<Tensor<f32>>> {
             xs.iter()
                 .zip(&ranges)
                 .map(|(t, s)| t.as_ref().map(|t| cut(t, s[r])))
@@ -303,7 +304,7 @@ fn a_checkpoint_of_three_ranks_reshards_to_any_world_size() {
         .iter()
         .any(|g| g.shards[2].padding() > 0));
 
-    let whole = |t: &Tensor<f32>| t.to_host(st).unwrap();
+    let whole = |t: &Stored| t.to_host(st).unwrap();
     for world in [1, 2, 4] {
         for (g, gl) in state.model.params.layout.groups.iter().enumerate() {
             for target in padded_shards(gl.len, world) {
@@ -402,8 +403,8 @@ fn a_checkpoint_that_does_not_fit_is_an_error_naming_what() {
     let mut live = random_state(9, 0);
     let g = live.model.params.layout.projector();
     let len = live.model.params.layout.groups[g].len;
-    live.opt.m[g] = Some(live.model.exec.zeros(&[len]).unwrap());
-    live.opt.v[g] = Some(live.model.exec.zeros(&[len]).unwrap());
+    live.opt.m[g] = Some(Stored::Device(live.model.exec.zeros(&[len]).unwrap()));
+    live.opt.v[g] = Some(Stored::Device(live.model.exec.zeros(&[len]).unwrap()));
     let err = live
         .restore(&mut Checkpoint::open(&path).unwrap())
         .unwrap_err()

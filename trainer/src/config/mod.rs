@@ -248,8 +248,9 @@ pub struct TrainSection {
     /// Saved decoder activations go to a host pool after each layer's forward and come back
     /// before its backward.
     pub offload_activations: bool,
-    /// AdamW moments and master weights live in a host pool and are streamed to the device
-    /// one layer group at a time for the update.
+    /// The f32 master weights and AdamW moments live in a host pool; each layer group is
+    /// copied to the device at its point of use in the passes (the next one ahead) and
+    /// streamed through it for the update (`model::optim`).
     pub offload_optimizer: bool,
 }
 

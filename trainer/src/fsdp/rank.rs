@@ -13,6 +13,12 @@
 //!   AdamW        on this rank's parameter, moment and gradient shards only
 //! ```
 //!
+//! With the optimizer offload (`train.offload_optimizer`) the rank's `[shard]` master weights
+//! and moments are in its exec's host pool from the start (made there, never on the device):
+//! each gather first copies the host shard into the rank's staging buffer (one `[shard]` of
+//! the largest group, on the device: the collective reads device memory), and AdamW streams
+//! each trained group's p, m, v through the device (`model::optim::adamw_group`).
+//!
 //! Context parallelism ([`FsdpRank::with_cp`], world = dp x cp): the world's consecutive
 //! groups of `cp` ranks are CP groups, each a data-parallel replica that takes the same micro
 //! batches and splits their tokens ([`crate::cp`]). FSDP still shards over the whole world,
@@ -32,7 +38,8 @@ use super::shard::ShardLayout;
 use super::state::{GroupState, ShardState};
 use super::FsdpError;
 use crate::cp::{CpGroup, CpSettings};
-use crate::model::optim::{adamw_group, offload_moments, AdamWConfig};
+use crate::model::offload::Stored;
+use crate::model::optim::{adamw_group, AdamWConfig};
 use crate::model::source::PlanInputs;
 use crate::model::{
     Act, Batch, Exec, LossMode, MemoryFeatures, Mistral3Config, ParamLayout, Params, Part, Pass,
@@ -42,7 +49,7 @@ use crate::train::TrainSettings;
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::comm::{Communicator, ReduceOp};
-use cannon_runtime::{BufferView, BufferViewMut, DeviceBuffer, Element};
+use cannon_runtime::{BufferView, BufferViewMut, DeviceBuffer};
 
 /// What a sharded step needs besides the batches and the learning rate.
 #[derive(Clone, Debug, PartialEq)]
@@ -101,12 +108,16 @@ pub struct FsdpRank {
     exec: Exec,
     comm: Communicator,
     cut: ShardLayout,
-    /// `[shard]` f32 master weights of every group.
-    params: Vec<Tensor<f32>>,
+    /// `[shard]` f32 master weights of every group (in the host pool under the optimizer
+    /// offload).
+    params: Vec<Stored>,
     /// `[shard]` gradient, first and second moment of every trained group.
     grads: Vec<Option<Tensor<f32>>>,
-    m: Vec<Option<Tensor<f32>>>,
-    v: Vec<Option<Tensor<f32>>>,
+    m: Vec<Option<Stored>>,
+    v: Vec<Option<Stored>>,
+    /// Under the optimizer offload: the device buffer a host shard is copied into for its
+    /// all-gather (`[max shard]`).
+    staging: Option<Tensor<f32>>,
     step: u64,
     settings: FsdpSettings,
     /// This rank's CP group (None: no context parallelism) and its replica index.
@@ -147,25 +158,43 @@ impl FsdpRank {
         }
         let (rank, world) = (comm.rank(), comm.world_size());
         let cut = ShardLayout::new(&layout, world);
+        // Under the optimizer offload the shards and moments are made in the host pool.
+        let pool = exec
+            .host_pool()
+            .filter(|_| settings.memory.offload_optimizer);
+        let store = |values: &[f32]| -> Result<Stored, FsdpError> {
+            Ok(match pool {
+                Some(pool) => Stored::Host(Box::new(pool.from_values(values)?)),
+                None => Stored::Device(exec.upload(values, &[values.len()])?),
+            })
+        };
         let mut params = Vec::with_capacity(full.len());
         for (g, host) in full.iter().enumerate() {
-            let shard = cut.cut(g, rank, host)?;
-            params.push(exec.upload(&shard, &[shard.len()])?);
+            params.push(store(&cut.cut(g, rank, host)?)?);
         }
         let trains = |g: usize| !settings.frozen.contains(&layout.groups[g].part);
-        let zeros = || -> Result<Vec<Option<Tensor<f32>>>, FsdpError> {
+        let grads = (0..layout.groups.len())
+            .map(|g| {
+                let z = trains(g).then(|| exec.zeros(&[cut.groups[g].shard]));
+                Ok(z.transpose()?)
+            })
+            .collect::<Result<Vec<_>, FsdpError>>()?;
+        let moments = || -> Result<Vec<Option<Stored>>, FsdpError> {
             (0..layout.groups.len())
                 .map(|g| {
-                    let z = trains(g).then(|| exec.zeros(&[cut.groups[g].shard]));
-                    Ok(z.transpose()?)
+                    let zeros = vec![0.0; cut.groups[g].shard];
+                    trains(g).then(|| store(&zeros)).transpose()
                 })
                 .collect()
         };
-        let (grads, mut m, mut v) = (zeros()?, zeros()?, zeros()?);
-        if let (true, Some(pool)) = (settings.memory.offload_optimizer, exec.host_pool()) {
-            offload_moments(pool, exec.stream(), &mut m)?;
-            offload_moments(pool, exec.stream(), &mut v)?;
-        }
+        let (m, v) = (moments()?, moments()?);
+        let staging = match pool {
+            Some(_) => {
+                let largest = cut.groups.iter().map(|c| c.shard).max().unwrap_or(0);
+                Some(exec.zeros(&[largest])?)
+            }
+            None => None,
+        };
         Ok(FsdpRank {
             cfg,
             layout,
@@ -176,6 +205,7 @@ impl FsdpRank {
             grads,
             m,
             v,
+            staging,
             step: 0,
             settings,
             cp: None,
@@ -322,6 +352,7 @@ impl FsdpRank {
             lr,
             ..self.settings.adamw
         };
+        let pool = self.exec.host_pool().map(|p| &**p);
         for (((p, g), m), v) in self
             .params
             .iter_mut()
@@ -330,7 +361,7 @@ impl FsdpRank {
             .zip(&mut self.v)
         {
             if let (Some(g), Some(m), Some(v)) = (g, m.as_mut(), v.as_mut()) {
-                adamw_group(st, p, g, m, v, self.step, &hp)?;
+                adamw_group(st, pool, p, g, m, v, self.step, &hp)?;
             }
         }
         Ok(())
@@ -429,9 +460,11 @@ impl FsdpRank {
         let (cfg, loss_mode) = (&self.cfg, self.settings.loss_mode);
         let memory = self.settings.memory;
         let (comm, shards) = (&self.comm, &self.params[..]);
+        let staging = &mut self.staging;
         let cp = self.cp.as_ref();
         let steps = Schedule::forward_steps(&plan.forward);
-        let fwd = Schedule::new(exec, comm, layout, cut, shards, steps, None);
+        let fwd = Schedule::new(exec, comm, layout, cut, shards, steps, None)
+            .with_staging(staging.as_mut());
         let acts = match batch {
             Some(b) => {
                 let pass = Pass {
@@ -455,7 +488,8 @@ impl FsdpRank {
             shards: &mut self.grads,
             fresh,
         };
-        let bwd = Schedule::new(exec, comm, layout, cut, shards, plan.backward, Some(grads));
+        let bwd = Schedule::new(exec, comm, layout, cut, shards, plan.backward, Some(grads))
+            .with_staging(staging.as_mut());
         let mut sink = Reducer::new(exec, cut, &bwd);
         let mut sum = 0.0;
         if let (Some(b), Some(a)) = (batch, &acts) {
@@ -526,24 +560,40 @@ impl FsdpRank {
         for (g, shard) in self.params.iter().enumerate() {
             let cut = self.cut.groups[g];
             let mut full = self.exec.empty::<f32>(&[cut.padded(self.cut.world)])?;
-            self.comm
-                .all_gather(&shard.view(), &mut full.view_mut(), st)?;
+            // A shard in the host pool goes through a device copy (the collective reads
+            // device memory).
+            let copy = match (shard, self.exec.host_pool()) {
+                (Stored::Host(h), Some(pool)) => {
+                    let t = pool.reload(self.exec.allocator(), st, h)?;
+                    pool.wait(st, &pool.mark()?)?;
+                    Some(t)
+                }
+                _ => None,
+            };
+            let view = match (&copy, shard) {
+                (Some(t), _) => t.view(),
+                (None, Stored::Device(t)) => t.view(),
+                (None, Stored::Host(_)) => {
+                    return Err(FsdpError::Invalid(format!(
+                        "group {g}'s shard is in a host pool the rank's exec does not have"
+                    )))
+                }
+            };
+            self.comm.all_gather(&view, &mut full.view_mut(), st)?;
+            drop(copy);
             let mut group = self.exec.empty::<f32>(&[cut.len])?;
             group
                 .view_mut()
                 .memcpy_dtod(st, &full.view().slice(0..cut.len)?)?;
             data.push(group);
         }
-        Ok(Params {
-            layout: self.layout.clone(),
-            data,
-        })
+        Ok(Params::new(self.layout.clone(), data))
     }
 
     /// Host copies of this rank's shards and optimizer state.
     pub fn state(&self) -> Result<ShardState, FsdpError> {
         let st = self.exec.stream();
-        let host = |t: &Option<Tensor<f32>>| t.as_ref().map(|t| t.to_host(st)).transpose();
+        let host = |t: &Option<Stored>| t.as_ref().map(|t| t.to_host(st)).transpose();
         let groups = (0..self.params.len())
             .map(|g| {
                 Ok(GroupState {
@@ -607,7 +657,7 @@ impl FsdpRank {
             }
         }
         for (g, gs) in s.groups.iter().enumerate() {
-            self.params[g].view_mut().memcpy_htod(st, &gs.params)?;
+            self.params[g].write(st, &gs.params)?;
             if let (Some(m), Some(v)) = (&gs.m, &gs.v) {
                 upload_into(st, &mut self.m[g], m)?;
                 upload_into(st, &mut self.v[g], v)?;
@@ -618,13 +668,13 @@ impl FsdpRank {
     }
 }
 
-fn upload_into<T: Element>(
+fn upload_into(
     st: &cannon_runtime::Stream,
-    dst: &mut Option<Tensor<T>>,
-    src: &[T],
+    dst: &mut Option<Stored>,
+    src: &[f32],
 ) -> Result<(), FsdpError> {
     if let Some(t) = dst.as_mut() {
-        t.view_mut().memcpy_htod(st, src)?;
+        t.write(st, src)?;
     }
     Ok(())
 }

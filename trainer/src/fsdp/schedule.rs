@@ -20,11 +20,16 @@
 //! function of the plan alone.
 //!
 //! The gradient shards accumulate over the micro batches of a step: a step's first
-//! reduce-scatter into a shard writes it, later ones are added. Entering a group that is not ahead in the plan, or leaving a
-//! step whose gradient was never released, is an error, never a silent extra collective or a
-//! lost gradient.
+//! reduce-scatter into a shard writes it, later ones are added. Entering a group that is not
+//! ahead in the plan, or leaving a step whose gradient was never released, is an error, never
+//! a silent extra collective or a lost gradient.
+//!
+//! A shard in the host pool (the optimizer offload) is copied into the rank's staging buffer
+//! on the device before its all-gather ([`Schedule::with_staging`]); on an NPU the copy runs
+//! on the pool's copy stream and the compute stream waits for it before the collective.
 
 use super::shard::ShardLayout;
+use crate::model::offload::Stored;
 use crate::model::source::BackwardStep;
 use crate::model::{Exec, GroupWeights, ModelError, ParamLayout, ParamSource};
 use cannon_kernels::{ops, Tensor};
@@ -38,7 +43,7 @@ pub struct Schedule<'a> {
     layout: &'a ParamLayout,
     cut: &'a ShardLayout,
     /// This rank's `[shard]` of every group.
-    shards: &'a [Tensor<f32>],
+    shards: &'a [Stored],
     state: RefCell<State<'a>>,
 }
 
@@ -64,6 +69,8 @@ struct State<'a> {
     prefetched: Option<(usize, Tensor<f32>)>,
     /// Collectives made only for the peers (steps this rank's pass skipped).
     for_peers: usize,
+    /// Where a shard in the host pool is copied before its gather (`[max shard]`).
+    staging: Option<&'a mut Tensor<f32>>,
 }
 
 impl<'a> Schedule<'a> {
@@ -74,7 +81,7 @@ impl<'a> Schedule<'a> {
         comm: &'a Communicator,
         layout: &'a ParamLayout,
         cut: &'a ShardLayout,
-        shards: &'a [Tensor<f32>],
+        shards: &'a [Stored],
         steps: Vec<BackwardStep>,
         grads: Option<GradShards<'a>>,
     ) -> Self {
@@ -90,6 +97,13 @@ impl<'a> Schedule<'a> {
                 ..State::default()
             }),
         }
+    }
+
+    /// The device buffer host shards are copied into before their gather (needed when any
+    /// shard is in the host pool).
+    pub fn with_staging(self, staging: Option<&'a mut Tensor<f32>>) -> Self {
+        self.state.borrow_mut().staging = staging;
+        self
     }
 
     /// Whether group `g` has a gradient shard.
@@ -112,13 +126,30 @@ impl<'a> Schedule<'a> {
             .collect()
     }
 
-    /// All-gathers group `g` into a new padded full buffer `[shard * world]`.
-    fn gather(&self, g: usize) -> Result<Tensor<f32>, ModelError> {
-        let padded = self.cut.groups[g].padded(self.cut.world);
-        let mut full = self.exec.empty::<f32>(&[padded])?;
-        let shard = self.shards[g].view();
-        self.comm
-            .all_gather(&shard, &mut full.view_mut(), self.exec.stream())?;
+    /// All-gathers group `g` into a new padded full buffer `[shard * world]` (a shard in the
+    /// host pool through the staging buffer).
+    fn gather(&self, s: &mut State, g: usize) -> Result<Tensor<f32>, ModelError> {
+        let st = self.exec.stream();
+        let cut = self.cut.groups[g];
+        let mut full = self.exec.empty::<f32>(&[cut.padded(self.cut.world)])?;
+        match &self.shards[g] {
+            Stored::Device(t) => self.comm.all_gather(&t.view(), &mut full.view_mut(), st)?,
+            Stored::Host(h) => {
+                let (Some(pool), Some(staging)) = (self.exec.host_pool(), s.staging.as_mut())
+                else {
+                    return Err(ModelError::Plan(format!(
+                        "group {g}'s shard is in the host pool, but the schedule has no host \
+                         pool and staging buffer to gather it through"
+                    )));
+                };
+                let mut dst = staging.view_mut();
+                let mut dst = dst.slice_mut(0..cut.shard)?;
+                pool.reload_into(st, h, &mut dst)?;
+                pool.wait(st, &pool.mark()?)?;
+                let src = staging.view().slice(0..cut.shard)?;
+                self.comm.all_gather(&src, &mut full.view_mut(), st)?;
+            }
+        }
         Ok(full)
     }
 
@@ -169,12 +200,12 @@ impl<'a> Schedule<'a> {
             Some((p, buf)) if p == i => buf,
             other => {
                 s.prefetched = other;
-                self.gather(step.group)?
+                self.gather(s, step.group)?
             }
         };
         if let Some(n) = (i + 1..s.steps.len()).find(|&n| s.steps[n].fetch) {
             if s.prefetched.is_none() {
-                let ahead = self.gather(s.steps[n].group)?;
+                let ahead = self.gather(s, s.steps[n].group)?;
                 s.prefetched = Some((n, ahead));
             }
         }

@@ -66,7 +66,8 @@
 //! [`plan_with`] adds for `crate::plan` (`cannon plan`) the bytes of parameter and gradient
 //! buffers that exist only while the pass is at a given group's step ([`At`]: a sharded
 //! rank's gathered groups, its prefetch and the group's full gradient, which the test `plan`
-//! checks against real FSDP steps), and context parallelism ([`ContextParallel`]: T is then
+//! checks against real FSDP steps; under the optimizer offload, one rank's groups copied in
+//! from the host pool and the next one ahead, which `memory_features` checks to the byte), and context parallelism ([`ContextParallel`]: T is then
 //! the rank's tokens, the attention's exchange buffers join each text layer's working
 //! tensors, each layer keeps `F`'s attention output once more, head-sharded, `a·T·Hq·Hd`,
 //! with `att`, and its k and v with Ulysses' repeated kv heads; see [`StepFeatures`]). A
@@ -566,7 +567,8 @@ pub fn plan(
 
 /// [`plan`] under memory features `feat`, with `comm(at)` bytes of parameter and gradient
 /// buffers alive at each group step besides the resident ones (0 for a model that holds
-/// its groups; a sharded rank's gathered groups, see `crate::plan`). `s.tokens` is the
+/// its groups on the device; a sharded rank's gathered groups, or the groups copied in from
+/// the host pool under the optimizer offload, see `crate::plan::gathered`). `s.tokens` is the
 /// rank's text tokens (T/cp under context parallel); patches and merged tokens are whole.
 /// A phase that spans a tower's layers reports the layer where it is highest.
 #[allow(clippy::too_many_arguments)]

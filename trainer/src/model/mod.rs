@@ -351,6 +351,17 @@ impl Pass<'_> {
         if let LossMode::Chunked(0) = self.loss_mode {
             return Err(ModelError::Input("loss chunk size must be > 0".into()));
         }
+        // The groups this forward fetches, in order (a source copying them in goes ahead).
+        let plan = PassPlan::new(
+            cfg,
+            params.layout(),
+            source::PlanInputs {
+                trains: &|_| false,
+                images: !batch.images.is_empty(),
+                dpixels: false,
+            },
+        );
+        params.begin(&plan.forward)?;
         let calls = || cp.map_or(0, CpGroup::calls);
         let calls_before = calls();
         let (vision, projector) = if batch.images.is_empty() {
@@ -461,6 +472,22 @@ impl Pass<'_> {
             return Ok((Visited::default(), 0));
         }
 
+        // The groups this backward fetches, in order (a source copying them in goes ahead).
+        let order: Vec<usize> = {
+            let trains = |g: usize| grads.trains(g);
+            let inputs = source::PlanInputs {
+                trains: &trains,
+                images: a.projector.is_some(),
+                dpixels: dpixels.is_some(),
+            };
+            let plan = PassPlan::new(cfg, layout, inputs);
+            plan.backward
+                .iter()
+                .filter(|s| s.fetch)
+                .map(|s| s.group)
+                .collect()
+        };
+        params.begin(&order)?;
         let dv = (t.hidden_size, t.vocab_size);
         let mut dxf = ex.zeros(&[a.text.tokens(), t.hidden_size])?;
         let hg = layout.text_head();

@@ -3,21 +3,32 @@
 //!
 //! Optimizer state (m, v) lives per group on the model's device, beside the group's gradient,
 //! and only for groups that train (frozen groups have no gradient and so no state). The f32
-//! parameters are the master weights: AdamW updates them in place.
+//! parameters are the master weights: AdamW updates them in place. There is no separate
+//! compute copy (even in bf16 the GEMMs round the f32 weights on the fly: [`super::ops`]),
+//! so the master weights are also what every forward reads.
 //!
-//! With `train.offload_optimizer` the moments live in the exec's host pool instead
-//! ([`AdamW::offload`], [`super::offload`]) and pass through the device one group at a time
-//! for the update ([`adamw_group`]). The master weights stay on the device: they are also the
-//! weights the forward reads (no separate compute copy exists, even in bf16: see
-//! [`super::ops`]), so moving them would move every forward's weights, not the optimizer's.
+//! With `train.offload_optimizer` ([`AdamW::offload`]) the master weights and the moments
+//! live in the exec's host pool ([`super::offload::Stored::Host`]; pinned memory on an NPU),
+//! as ZeRO-Offload and FSDP2's CPU offload policy keep them:
+//!
+//! ```text
+//! forward, backward   each group copied to the device at its point of use, the next one
+//!                     ahead, freed after use (Params::fetch, super::source); gradients
+//!                     stay on the device, and so do the clip and the norm
+//! update              per trained group: p, m, v copied to the device, the same AdamW
+//!                     kernel, p, m, v copied back (adamw_group): bit for bit the device
+//!                     update, with at most one group's state on the device
+//! ```
+//!
+//! An FSDP rank (`crate::fsdp`) keeps its `[shard]` masters and moments there the same way
+//! and copies a shard into a staging buffer before each all-gather.
 
 use super::exec::Exec;
-use super::offload::HostPool;
+use super::offload::{HostPool, Stored};
 use super::params::{Grads, Params};
 use super::ModelError;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
-use std::sync::Arc;
 
 /// AdamW hyper-parameters (torch.optim.AdamW names).
 pub use cannon_kernels::adamw::AdamW as AdamWConfig;
@@ -50,18 +61,24 @@ pub fn clip_grad_norm(
 pub struct AdamW {
     pub cfg: AdamWConfig,
     pub step: u64,
-    pub m: Vec<Option<Tensor<f32>>>,
-    pub v: Vec<Option<Tensor<f32>>>,
+    pub m: Vec<Option<Stored>>,
+    pub v: Vec<Option<Stored>>,
+    /// The host pool the offloaded state is in (set by [`AdamW::offload`]).
+    pool: Option<std::sync::Arc<HostPool>>,
 }
 
 impl AdamW {
     /// Zero moments on `exec`'s device for the groups `grads` holds.
     pub fn new(exec: &Exec, cfg: AdamWConfig, grads: &Grads) -> Result<Self, ModelError> {
-        let zeros = || -> Result<Vec<Option<Tensor<f32>>>, KernelError> {
+        let zeros = || -> Result<Vec<Option<Stored>>, KernelError> {
             grads
                 .data
                 .iter()
-                .map(|g| g.as_ref().map(|g| exec.zeros(g.shape())).transpose())
+                .map(|g| {
+                    g.as_ref()
+                        .map(|g| exec.zeros(g.shape()).map(Stored::Device))
+                        .transpose()
+                })
                 .collect()
         };
         Ok(AdamW {
@@ -69,7 +86,28 @@ impl AdamW {
             step: 0,
             m: zeros()?,
             v: zeros()?,
+            pool: None,
         })
+    }
+
+    /// A state of `step` steps with the given moments (one entry per group, Some for the
+    /// trained ones), on the device they are on.
+    pub fn from_moments(
+        cfg: AdamWConfig,
+        step: u64,
+        m: Vec<Option<Tensor<f32>>>,
+        v: Vec<Option<Tensor<f32>>>,
+    ) -> Self {
+        let stored = |ts: Vec<Option<Tensor<f32>>>| -> Vec<Option<Stored>> {
+            ts.into_iter().map(|t| t.map(Stored::Device)).collect()
+        };
+        AdamW {
+            cfg,
+            step,
+            m: stored(m),
+            v: stored(v),
+            pool: None,
+        }
     }
 
     /// One step of `torch.optim.AdamW` at learning rate `lr` on every trained group.
@@ -82,6 +120,7 @@ impl AdamW {
     ) -> Result<(), KernelError> {
         self.step += 1;
         let hp = AdamWConfig { lr, ..self.cfg };
+        let pool = self.pool.as_deref();
         for (((p, g), m), v) in params
             .data
             .iter_mut()
@@ -90,71 +129,103 @@ impl AdamW {
             .zip(&mut self.v)
         {
             if let (Some(g), Some(m), Some(v)) = (g, m.as_mut(), v.as_mut()) {
-                adamw_group(stream, p, g, m, v, self.step, &hp)?;
+                adamw_group(stream, pool, p, g, m, v, self.step, &hp)?;
             }
         }
         Ok(())
     }
 
-    /// Moves the moments into `exec`'s host pool (`train.offload_optimizer`): from then on
-    /// [`AdamW::update`] streams each group's moments through the device for its update.
-    pub fn offload(&mut self, exec: &Exec) -> Result<(), ModelError> {
+    /// Moves the master weights `params` and the moments into `exec`'s host pool
+    /// (`train.offload_optimizer`, see the module docs): from then on a pass fetches each
+    /// group and [`AdamW::update`] streams each group's state through the device. What is
+    /// there already stays (a resumed run calls it again).
+    pub fn offload(&mut self, exec: &Exec, params: &mut Params) -> Result<(), ModelError> {
         let pool = exec.host_pool().ok_or_else(|| {
             ModelError::Input(
                 "optimizer offload needs an exec with a host pool (Exec::with_host_pool)".into(),
             )
         })?;
-        offload_moments(pool, exec.stream(), &mut self.m)?;
-        offload_moments(pool, exec.stream(), &mut self.v)?;
+        params.offload(exec)?;
+        offload_all(pool, exec.stream(), &mut self.m)?;
+        offload_all(pool, exec.stream(), &mut self.v)?;
+        self.pool = Some(pool.clone());
         Ok(())
     }
 }
 
-/// Moves every moment tensor of `ms` into `pool` (those already there stay).
-pub fn offload_moments(
+/// Moves every tensor of `ts` into `pool` (those already there stay).
+pub fn offload_all(
     pool: &HostPool,
     st: &Stream,
-    ms: &mut [Option<Tensor<f32>>],
+    ts: &mut [Option<Stored>],
 ) -> Result<(), KernelError> {
-    for t in ms.iter_mut().flatten() {
-        if Arc::ptr_eq(t.buffer().allocator(), pool.allocator()) {
-            continue;
-        }
-        let mut host = Tensor::empty_in(pool.allocator(), t.shape())?;
-        t.view()
-            .memcpy_dtoh(st, host.buffer_mut().as_host_slice_mut()?)?;
-        *t = host;
+    for t in ts.iter_mut().flatten() {
+        t.offload(pool, st)?;
     }
     Ok(())
 }
 
-/// One AdamW step of one group: in place when the moments `m`, `v` share the parameters'
-/// allocator; otherwise (offloaded to a host pool) they are copied to device tensors for the
-/// update and back, one group at a time, so the device holds at most one group's moments.
-/// The same kernel runs on the same values either way, so the result is bit-identical.
+/// A device tensor to compute on: the copy made for the update, or the stored tensor itself.
+fn on_device<'a>(
+    copy: &'a mut Option<Tensor<f32>>,
+    stored: &'a mut Stored,
+) -> Result<&'a mut Tensor<f32>, KernelError> {
+    match copy {
+        Some(t) => Ok(t),
+        None => stored
+            .device_tensor_mut()
+            .ok_or_else(|| no_pool("a host tensor without its device copy")),
+    }
+}
+
+fn no_pool(detail: &str) -> KernelError {
+    KernelError::InvalidArgument {
+        op: "adamw_group",
+        detail: detail.into(),
+    }
+}
+
+/// One AdamW step of one group: in place for what is on the device; the parameters `p` and
+/// moments `m`, `v` held in the host pool `pool` (the optimizer offload) are copied to device
+/// tensors (from the gradient's allocator) for the update and back, one group at a time, so
+/// the device holds at most one group's optimizer state. The same kernel runs on the same
+/// values either way, so the result is bit-identical.
+#[allow(clippy::too_many_arguments)]
 pub fn adamw_group(
     st: &Stream,
-    p: &mut Tensor<f32>,
+    pool: Option<&HostPool>,
+    p: &mut Stored,
     g: &Tensor<f32>,
-    m: &mut Tensor<f32>,
-    v: &mut Tensor<f32>,
+    m: &mut Stored,
+    v: &mut Stored,
     step: u64,
     hp: &AdamWConfig,
 ) -> Result<(), KernelError> {
-    let device = p.buffer().allocator().clone();
-    if Arc::ptr_eq(m.buffer().allocator(), &device) {
-        let (mut mv, mut vv) = (m.view_mut(), v.view_mut());
-        return ops::adamw_step(st, &mut p.view_mut(), &g.view(), &mut mv, &mut vv, step, hp);
+    let device = g.buffer().allocator().clone();
+    let bring = |s: &Stored| -> Result<Option<Tensor<f32>>, KernelError> {
+        match s {
+            Stored::Device(_) => Ok(None),
+            Stored::Host(h) => {
+                let pool = pool.ok_or_else(|| no_pool("host optimizer state without a pool"))?;
+                pool.reload(&device, st, h).map(Some)
+            }
+        }
+    };
+    let (mut pd, mut md, mut vd) = (bring(p)?, bring(m)?, bring(v)?);
+    let streamed = pd.is_some() || md.is_some() || vd.is_some();
+    if let (true, Some(pool)) = (streamed, pool) {
+        pool.wait(st, &pool.mark()?)?;
     }
-    let mut md = Tensor::<f32>::empty_in(&device, m.shape())?;
-    md.view_mut().memcpy_htod(st, m.buffer().as_host_slice()?)?;
-    let mut vd = Tensor::<f32>::empty_in(&device, v.shape())?;
-    vd.view_mut().memcpy_htod(st, v.buffer().as_host_slice()?)?;
-    let (mut mv, mut vv) = (md.view_mut(), vd.view_mut());
-    ops::adamw_step(st, &mut p.view_mut(), &g.view(), &mut mv, &mut vv, step, hp)?;
-    md.view()
-        .memcpy_dtoh(st, m.buffer_mut().as_host_slice_mut()?)?;
-    vd.view()
-        .memcpy_dtoh(st, v.buffer_mut().as_host_slice_mut()?)?;
+    {
+        let pv = &mut on_device(&mut pd, p)?.view_mut();
+        let mv = &mut on_device(&mut md, m)?.view_mut();
+        let vv = &mut on_device(&mut vd, v)?.view_mut();
+        ops::adamw_step(st, pv, &g.view(), mv, vv, step, hp)?;
+    }
+    for (copy, stored) in [(pd, p), (md, m), (vd, v)] {
+        if let (Some(t), Stored::Host(h), Some(pool)) = (copy, stored, pool) {
+            pool.store_into(st, &t.view(), h)?;
+        }
+    }
     Ok(())
 }

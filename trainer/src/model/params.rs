@@ -15,10 +15,15 @@
 //!
 //! Tensor names are transformers 5.x names; shapes are HF's `[out, in]`. Every group is one
 //! `[len]` f32 [`Tensor`] on the model's device (the master weights), and so is every
-//! gradient group; the host holds only the layout.
+//! gradient group; the host holds only the layout. With the optimizer offload
+//! ([`Params::offload`]) the master weights are in the exec's host pool instead
+//! ([`Stored::Host`]) and a pass fetches a device copy of each group at its point of use
+//! ([`super::source`]).
 
 use super::config::Mistral3Config;
 use super::exec::Exec;
+use super::offload::Stored;
+use super::source::Streamer;
 use super::ModelError;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
@@ -324,18 +329,41 @@ impl ParamLayout {
     }
 }
 
-/// One flat f32 tensor per group, laid out by a [`ParamLayout`], on the model's device.
+/// One flat f32 tensor per group, laid out by a [`ParamLayout`], on the model's device (or,
+/// after [`Params::offload`], in the exec's host pool).
 #[derive(Debug)]
 pub struct Params {
     pub layout: ParamLayout,
-    pub data: Vec<Tensor<f32>>,
+    /// `[len]` master weights of every group.
+    pub data: Vec<Stored>,
+    /// How groups in the host pool come to the device (set by [`Params::offload`]).
+    pub(crate) streamer: Option<Streamer>,
 }
 
 fn unknown(name: &str) -> ModelError {
     ModelError::Input(format!("{name} is not a parameter of this model"))
 }
 
+fn offloaded(g: usize) -> KernelError {
+    KernelError::InvalidArgument {
+        op: "Params",
+        detail: format!(
+            "group {g} is in the host pool (train.offload_optimizer): a pass fetches it \
+             (ParamSource::fetch)"
+        ),
+    }
+}
+
 impl Params {
+    /// Device groups `data` laid out by `layout`.
+    pub fn new(layout: ParamLayout, data: Vec<Tensor<f32>>) -> Self {
+        Params {
+            layout,
+            data: data.into_iter().map(Stored::Device).collect(),
+            streamer: None,
+        }
+    }
+
     /// Zeroed groups on `exec`'s device.
     pub fn zeros(exec: &Exec, layout: ParamLayout) -> Result<Self, ModelError> {
         let data = layout
@@ -343,7 +371,7 @@ impl Params {
             .iter()
             .map(|g| exec.zeros(&[g.len]))
             .collect::<Result<_, _>>()?;
-        Ok(Params { layout, data })
+        Ok(Params::new(layout, data))
     }
 
     /// Uploads host groups (one `Vec` per group, each of the group's length).
@@ -365,10 +393,32 @@ impl Params {
             .zip(host)
             .map(|(g, h)| exec.upload(h, &[g.len]))
             .collect::<Result<_, _>>()?;
-        Ok(Params { layout, data })
+        Ok(Params::new(layout, data))
     }
 
-    /// A copy on the same device (same allocator).
+    /// Moves every group into `exec`'s host pool (`train.offload_optimizer`): from then on a
+    /// pass copies each group to `exec`'s device at its point of use, the next one ahead
+    /// ([`super::source`]), and the optimizer streams each group through the device for its
+    /// update. Groups already there stay.
+    pub fn offload(&mut self, exec: &Exec) -> Result<(), ModelError> {
+        let pool = exec.host_pool().ok_or_else(|| {
+            ModelError::Input(
+                "optimizer offload needs an exec with a host pool (Exec::with_host_pool)".into(),
+            )
+        })?;
+        for t in &mut self.data {
+            t.offload(pool, exec.stream())?;
+        }
+        self.streamer = Some(Streamer::new(exec.clone()));
+        Ok(())
+    }
+
+    /// Whether any group is in a host pool.
+    pub fn is_offloaded(&self) -> bool {
+        self.data.iter().any(Stored::is_host)
+    }
+
+    /// A copy in the same places (same allocators).
     pub fn try_clone(&self, stream: &Stream) -> Result<Self, ModelError> {
         let data = self
             .data
@@ -378,64 +428,81 @@ impl Params {
         Ok(Params {
             layout: self.layout.clone(),
             data,
+            streamer: self.streamer.as_ref().map(Streamer::fresh),
         })
     }
 
-    fn view(&self, g: usize) -> BufferView<'_, f32> {
-        self.data[g].view()
+    /// Group `g` on the device (an error naming it when it is in the host pool).
+    fn view(&self, g: usize) -> Result<BufferView<'_, f32>, KernelError> {
+        self.data[g]
+            .device_tensor()
+            .map(Tensor::view)
+            .ok_or_else(|| offloaded(g))
     }
 
     pub fn vision_embed(&self) -> Result<VisionEmbed<BufferView<'_, f32>>, KernelError> {
         let g = ParamLayout::VISION_EMBED;
-        VisionEmbed::split(self.view(g), &self.layout.groups[g])
+        VisionEmbed::split(self.view(g)?, &self.layout.groups[g])
     }
 
     pub fn vision_layer(&self, i: usize) -> Result<VisionLayer<BufferView<'_, f32>>, KernelError> {
         let g = self.layout.vision_layer(i);
-        VisionLayer::split(self.view(g), &self.layout.groups[g])
+        VisionLayer::split(self.view(g)?, &self.layout.groups[g])
     }
 
     pub fn projector(&self) -> Result<Projector<BufferView<'_, f32>>, KernelError> {
         let g = self.layout.projector();
-        Projector::split(self.view(g), &self.layout.groups[g])
+        Projector::split(self.view(g)?, &self.layout.groups[g])
     }
 
     pub fn text_embed(&self) -> Result<TextEmbed<BufferView<'_, f32>>, KernelError> {
         let g = self.layout.text_embed();
-        TextEmbed::split(self.view(g), &self.layout.groups[g])
+        TextEmbed::split(self.view(g)?, &self.layout.groups[g])
     }
 
     pub fn text_layer(&self, i: usize) -> Result<TextLayer<BufferView<'_, f32>>, KernelError> {
         let g = self.layout.text_layer(i);
-        TextLayer::split(self.view(g), &self.layout.groups[g])
+        TextLayer::split(self.view(g)?, &self.layout.groups[g])
     }
 
     pub fn text_head(&self) -> Result<TextHead<BufferView<'_, f32>>, KernelError> {
         let g = self.layout.text_head();
-        TextHead::split(self.view(g), &self.layout.groups[g])
+        TextHead::split(self.view(g)?, &self.layout.groups[g])
     }
 
-    /// A tensor by its 5.x name.
+    /// A device tensor by its 5.x name (None if unknown, or in the host pool: see
+    /// [`Params::read`]).
     pub fn get(&self, name: &str) -> Option<BufferView<'_, f32>> {
         let (g, s) = self.layout.find(name)?;
         self.data[g]
+            .device_tensor()?
             .view()
             .slice(self.layout.groups[g].slots[s].range())
             .ok()
     }
 
-    /// A host copy of a tensor, by its 5.x name.
+    /// A host copy of a tensor, by its 5.x name (wherever its group is).
     pub fn read(&self, stream: &Stream, name: &str) -> Result<Vec<f32>, ModelError> {
-        let view = self.get(name).ok_or_else(|| unknown(name))?;
-        Ok(view.clone_dtoh(stream)?)
+        let (g, s) = self.layout.find(name).ok_or_else(|| unknown(name))?;
+        let range = self.layout.groups[g].slots[s].range();
+        match &self.data[g] {
+            Stored::Device(t) => Ok(t.view().slice(range)?.clone_dtoh(stream)?),
+            Stored::Host(h) => Ok(h.to_vec()?[range].to_vec()),
+        }
     }
 
     /// Overwrites a tensor, by its 5.x name, with host values of its length.
     pub fn write(&mut self, stream: &Stream, name: &str, values: &[f32]) -> Result<(), ModelError> {
         let (g, s) = self.layout.find(name).ok_or_else(|| unknown(name))?;
         let range = self.layout.groups[g].slots[s].range();
-        let mut view = self.data[g].buffer_mut().slice_mut(range)?;
-        Ok(view.memcpy_htod(stream, values)?)
+        if values.len() != range.len() {
+            return Err(ModelError::Input(format!(
+                "{} values for {name}, which has {}",
+                values.len(),
+                range.len()
+            )));
+        }
+        Ok(self.data[g].write_at(stream, range.start, values)?)
     }
 
     /// Host copies of every group.

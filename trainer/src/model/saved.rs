@@ -60,7 +60,8 @@ pub struct MemoryFeatures {
     pub recompute: Recompute,
     /// Saved decoder activations go to the exec's host pool between forward and backward.
     pub offload_activations: bool,
-    /// AdamW moments live in the exec's host pool, streamed through the device per group.
+    /// The f32 master weights and AdamW moments live in the exec's host pool, copied to the
+    /// device per group for the passes and the update (`super::optim`).
     pub offload_optimizer: bool,
 }
 

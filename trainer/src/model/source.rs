@@ -17,20 +17,32 @@
 //! Each group is one step: fetch its weights ([`ParamSource::fetch`]), compute, let the
 //! weights go (drop), hand its gradient back ([`GradSink::release`]). One step at a time is
 //! what lets a sharded source hold at most the current group and the prefetched next one.
+//!
+//! The model's own [`Params`] are a view of each group while they are on the device. With
+//! the optimizer offload they are in the exec's host pool ([`Params::offload`]) and the
+//! [`Streamer`] copies each group to the device at its fetch, issuing the next group's copy
+//! of the pass's plan (told by [`ParamSource::begin`]) before returning, as the sharded
+//! source issues the next gather: the device holds the current group and the next one. On an
+//! NPU the copies run on the host pool's copy stream from pinned memory
+//! ([`super::offload::HostPool::reload`]) and the compute stream waits for a group's copy
+//! only when it is fetched, so the next group's copy overlaps the current group's compute.
 
 use super::config::Mistral3Config;
+use super::exec::Exec;
+use super::offload::{CopyMark, Stored};
 use super::params::{Grads, GroupGrad, ParamLayout, Params, Part};
 use super::ModelError;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut};
+use std::sync::Mutex;
 
 /// A group's full f32 buffer at its point of use.
 #[derive(Debug)]
 pub enum GroupWeights<'a> {
     /// The group as the model holds it (one rank: a view, no copy).
     Resident(BufferView<'a, f32>),
-    /// A full buffer gathered for this use, padded past `len` to a multiple of the world
-    /// size; freed when dropped.
+    /// A full buffer gathered (or copied in from the host pool) for this use, padded past
+    /// `len` to a multiple of the world size; freed when dropped.
     Gathered { buf: Tensor<f32>, len: usize },
 }
 
@@ -52,6 +64,13 @@ pub trait ParamSource {
     /// as a prefetch) and issues the gather of the next group of the plan before returning,
     /// so that on an asynchronous backend it overlaps the compute of `g`.
     fn fetch(&self, g: usize) -> Result<GroupWeights<'_>, ModelError>;
+
+    /// The pass about to run fetches the groups `order` in that order (its [`PassPlan`]'s
+    /// forward, or the fetching steps of its backward): a source that copies groups in may
+    /// issue each next copy ahead. A sharded source knows its plan already.
+    fn begin(&self, _order: &[usize]) -> Result<(), ModelError> {
+        Ok(())
+    }
 }
 
 /// Takes the gradients the pass computes, one group at a time.
@@ -78,7 +97,115 @@ impl ParamSource for Params {
             .data
             .get(g)
             .ok_or_else(|| no_group(g, self.data.len()))?;
-        Ok(GroupWeights::Resident(t.view()))
+        match t {
+            Stored::Device(t) => Ok(GroupWeights::Resident(t.view())),
+            Stored::Host(_) => {
+                let s = self.streamer.as_ref().ok_or_else(|| {
+                    ModelError::Input(format!(
+                        "group {g} is in a host pool but the parameters were not offloaded \
+                         through Params::offload (no device to copy it to)"
+                    ))
+                })?;
+                let buf = s.fetch(&self.data, g)?;
+                Ok(GroupWeights::Gathered {
+                    buf,
+                    len: self.layout.groups[g].len,
+                })
+            }
+        }
+    }
+
+    fn begin(&self, order: &[usize]) -> Result<(), ModelError> {
+        match &self.streamer {
+            Some(s) => s.begin(order),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Copies the groups of [`Params`] in the host pool to the device, one at a time and the
+/// next ahead (see the module docs).
+#[derive(Debug)]
+pub struct Streamer {
+    /// The device (allocator, compute stream) and the host pool the groups are in.
+    exec: Exec,
+    state: Mutex<StreamState>,
+}
+
+#[derive(Debug, Default)]
+struct StreamState {
+    /// The groups the running pass fetches, in order.
+    order: Vec<usize>,
+    /// The next position of `order` to fetch.
+    next: usize,
+    /// A copy issued ahead: (group, device buffer, the point its copy ends at).
+    ahead: Option<(usize, Tensor<f32>, CopyMark)>,
+}
+
+impl Streamer {
+    pub(crate) fn new(exec: Exec) -> Self {
+        Streamer {
+            exec,
+            state: Mutex::new(StreamState::default()),
+        }
+    }
+
+    /// A streamer on the same exec with no pass under way (for a copy of the parameters).
+    pub(crate) fn fresh(&self) -> Self {
+        Streamer::new(self.exec.clone())
+    }
+
+    fn state(&self) -> Result<std::sync::MutexGuard<'_, StreamState>, ModelError> {
+        self.state
+            .lock()
+            .map_err(|_| ModelError::Input("the parameter streamer was poisoned by a panic".into()))
+    }
+
+    /// A new pass: its fetch order; a copy still ahead from an unfinished pass is dropped.
+    fn begin(&self, order: &[usize]) -> Result<(), ModelError> {
+        let mut s = self.state()?;
+        s.order = order.to_vec();
+        s.next = 0;
+        s.ahead = None;
+        Ok(())
+    }
+
+    /// Group `g` of `data` on the device: the copy issued ahead, or one made now; then the
+    /// copy of the group after `g` in the pass's order is issued. A group out of the order
+    /// (a pass that told none) is copied on its own, nothing issued ahead.
+    fn fetch(&self, data: &[Stored], g: usize) -> Result<Tensor<f32>, ModelError> {
+        let pool = self.exec.host_pool().ok_or_else(|| {
+            ModelError::Input("offloaded parameters need an exec with a host pool".into())
+        })?;
+        let (st, alloc) = (self.exec.stream(), self.exec.allocator());
+        let host = |g: usize| match data.get(g) {
+            Some(Stored::Host(h)) => Some(h),
+            _ => None,
+        };
+        let mut s = self.state()?;
+        let buf = match s.ahead.take() {
+            Some((a, buf, mark)) if a == g => {
+                pool.wait(st, &mark)?;
+                buf
+            }
+            other => {
+                drop(other);
+                let h = host(g).ok_or_else(|| no_group(g, data.len()))?;
+                let buf = pool.reload(alloc, st, h)?;
+                pool.wait(st, &pool.mark()?)?;
+                buf
+            }
+        };
+        let at = (s.next..s.order.len()).find(|&i| s.order[i] == g);
+        if let Some(i) = at {
+            s.next = i + 1;
+            if let Some(h) = s.order.get(i + 1).and_then(|&n| host(n).map(|h| (n, h))) {
+                let (n, h) = h;
+                let ahead = pool.reload(alloc, st, h)?;
+                s.ahead = Some((n, ahead, pool.mark()?));
+            }
+        }
+        Ok(buf)
     }
 }
 

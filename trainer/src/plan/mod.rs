@@ -19,9 +19,17 @@
 //!                    buffer 4·s·W and the next group's (the prefetch) are alive, plus the
 //!                    group's full gradient 4·s·W in the backward (and a 4·s reduce-scatter
 //!                    part from the second micro batch of grad_accum on)
-//! offload optimizer  the AdamW moments on the host (8·s per trained group); the update
-//!                    copies one group's m and v to the device at a time (as the trainer's
-//!                    `model::optim::adamw_group` does); parameters and gradients stay
+//! offload optimizer  the f32 master weights (4·s per group) and the AdamW moments (8·s per
+//!                    trained group) on the host, one block each; gradients stay on the
+//!                    device. One rank: a pass copies each group in at its point of use and
+//!                    the next one ahead (`model::source`), so at a group's step the device
+//!                    holds its 4·n and the next fetching step's (the same terms as an FSDP
+//!                    rank's gathered groups, without gradients). FSDP: the rank keeps one
+//!                    staging buffer of the largest shard, 4·max s, on the device, which
+//!                    each host shard is copied into for its all-gather; the gathered groups
+//!                    are as without the offload. The update copies one trained group's p,
+//!                    m and v to the device at a time (`model::optim::adamw_group`): 3·4·s
+//!                    of the largest, after the pass
 //! ```
 //!
 //! The parameters ARE the master weights in this trainer (f32; bf16 GEMMs round them on the
@@ -50,7 +58,9 @@ pub struct RankPlan {
     pub rows: usize,
     pub tokens: usize,
     pub patches: usize,
-    /// Device bytes held across steps.
+    /// Device bytes held across steps: the parameters (with the optimizer offload: none on
+    /// one rank, the staging buffer of an FSDP rank), gradients, master weights (0: the
+    /// parameters are the masters), moments.
     pub params: usize,
     pub grads: usize,
     pub master: usize,
@@ -59,7 +69,8 @@ pub struct RankPlan {
     pub step: MemoryPlan,
     /// Device bytes of the optimizer update's streamed state (offload optimizer).
     pub optimizer_in_flight: usize,
-    /// Host bytes: saved activations offloaded, optimizer state offloaded.
+    /// Host bytes: saved activations offloaded, optimizer state offloaded (the master
+    /// weights and the moments).
     pub host_activations: usize,
     pub host_optimizer: usize,
 }
@@ -189,21 +200,26 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
             .map(|g| round_size(bytes(g)))
             .sum()
     };
-    let params = sum(&|g| pa * shard(g), false);
     let grads = sum(&|g| 4 * shard(g), true);
-    let (master, moments, host_optimizer, optimizer_in_flight) = if s.offload_optimizer {
-        // m + v per trained group on the host, one block each; one group's pair on the
-        // device during its update.
-        let host = sum(&|g| 4 * shard(g), true) * 2;
+    let (params, master, moments, host_optimizer, optimizer_in_flight) = if s.offload_optimizer {
+        // p per group and m + v per trained group on the host, one block each; an FSDP
+        // rank's staging buffer on the device; one group's p, m, v on the device during its
+        // update.
+        let host = sum(&|g| pa * shard(g), false) + sum(&|g| 4 * shard(g), true) * 2;
+        let staging = match sharded {
+            true => round_size(pa * groups.clone().map(shard).max().unwrap_or(0)),
+            false => 0,
+        };
         let largest = groups
             .clone()
             .filter(|&g| trains(g))
-            .map(|g| round_size(4 * shard(g)) * 2)
+            .map(|g| round_size(4 * shard(g)) * 3)
             .max()
             .unwrap_or(0);
-        (0, 0, host, largest)
+        (staging, 0, 0, host, largest)
     } else {
-        (0, sum(&|g| 4 * shard(g), true) * 2, 0, 0)
+        let params = sum(&|g| pa * shard(g), false);
+        (params, 0, sum(&|g| 4 * shard(g), true) * 2, 0, 0)
     };
 
     let mut ranks: Vec<RankPlan> = Vec::new();
@@ -234,10 +250,12 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
             },
         );
         let comm = |at: At| -> usize {
-            if !sharded {
-                return 0;
+            match (sharded, s.offload_optimizer) {
+                (true, _) => gathered(&pass, &cut, at, pa, Some(s.grad_accum > 1)),
+                // One rank with its groups in the host pool: the copied-in groups.
+                (false, true) => gathered(&pass, &cut, at, pa, None),
+                (false, false) => 0,
             }
-            gathered(&pass, &cut, at, pa, s.grad_accum > 1)
         };
         let step = plan_with(
             cfg,
@@ -280,7 +298,16 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
 /// when this one was entered), and in the backward the group's full gradient (plus the
 /// reduce-scatter's part when it is added to a shard already written this step), which
 /// a layer's recompute does not hold yet.
-fn gathered(pass: &PassPlan, cut: &ShardLayout, at: At, elem: usize, accum: bool) -> usize {
+/// `sharded_grads`: Some(grad_accum > 1) for a sharded rank; None for one rank whose groups
+/// are copied in from the host pool (`cut` over one rank), which has the same groups alive
+/// and no full gradients (its gradients are resident).
+pub fn gathered(
+    pass: &PassPlan,
+    cut: &ShardLayout,
+    at: At,
+    elem: usize,
+    sharded_grads: Option<bool>,
+) -> usize {
     let full = |g: usize| cut.groups[g].padded(cut.world);
     let g_bytes = |g: usize| round_size(elem * full(g));
     match at {
@@ -304,6 +331,9 @@ fn gathered(pass: &PassPlan, cut: &ShardLayout, at: At, elem: usize, accum: bool
             // added to the shard: it is allocated at the release, after a fetching step has
             // let its weights go (which are larger), so only a step that fetches nothing
             // (the text embedding's) holds it on top of the rest.
+            let Some(accum) = sharded_grads else {
+                return own + next;
+            };
             let part = if accum && !step.fetch {
                 round_size(4 * cut.groups[g].shard)
             } else {

@@ -113,7 +113,7 @@ pub fn text(p: &Plan, device: u64) -> String {
     row("rows, text tokens, vision patches", &|r| {
         format!("{}, {}, {}", r.rows, r.tokens, r.patches)
     });
-    row("parameters = f32 master weights (sharded)", &|r| {
+    row("device parameters (f32 masters or staging)", &|r| {
         gib(r.params)
     });
     row("gradients (f32, sharded)", &|r| gib(r.grads));

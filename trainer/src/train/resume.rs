@@ -150,7 +150,7 @@ pub fn save(
     let mut meta = one_rank_meta(&state.model, model_json, &state.opt, &p)?;
     meta.extra_files
         .push((FINAL_RUN_CONFIG.to_string(), plan.effective().to_toml()));
-    let shards = RankShards::device(
+    let shards = RankShards::stored(
         0,
         &state.model.params.data,
         &state.opt.m,

@@ -553,8 +553,12 @@ impl Trainer {
             weight_decay: t.weight_decay,
         };
         let mut opt = AdamW::new(&exec, adamw, &grads)?;
+        let mut model = model;
         if memory.offload_optimizer {
-            opt.offload(&exec)?;
+            opt.offload(&exec, &mut model.params)?;
+            // The masters' and moments' device blocks go back to the device rather than
+            // stay reserved in the allocator's cache.
+            exec.allocator().empty_cache();
         }
         let precision = match t.dtype {
             Dtype::F32 => Precision::F32,
@@ -656,10 +660,13 @@ impl Trainer {
         hooks: &mut [&mut dyn StepHook],
     ) -> Result<RunSummary, TrainError> {
         self.write_run_files()?;
-        // A resumed state's moments were restored where the checkpoint code put them.
+        // A resumed state's weights and moments were restored where the checkpoint code put
+        // them (into the host pool when the state was offloaded already; a state built
+        // from a checkpoint elsewhere may be on the device): the offload is applied again.
         if self.state.model.memory.offload_optimizer {
             let exec = self.state.model.exec.clone();
-            self.state.opt.offload(&exec)?;
+            let s = &mut self.state;
+            s.opt.offload(&exec, &mut s.model.params)?;
         }
         let resuming = self.state.step > 0;
         let mut jsonl =

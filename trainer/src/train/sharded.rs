@@ -92,7 +92,7 @@ fn run_as<A: Act>(trainer: &mut Trainer, ranks: Ranks) -> Result<RunSummary, Tra
     // checkpoint of any world size): every rank also takes its shard of the AdamW moments.
     let resumed = (s.step > 0).then(|| -> Result<_, TrainError> {
         let st = model_exec.stream();
-        let host = |ts: &[Option<cannon_kernels::Tensor<f32>>]| {
+        let host = |ts: &[Option<crate::model::offload::Stored>]| {
             ts.iter()
                 .map(|t| t.as_ref().map(|t| t.to_host(st)).transpose())
                 .collect::<Result<Vec<_>, _>>()
@@ -277,8 +277,8 @@ fn run_as<A: Act>(trainer: &mut Trainer, ranks: Ranks) -> Result<RunSummary, Tra
     let s = &mut trainer.state;
     // The gathered parameters live on rank 0's device; the driver's model (which writes the
     // final model and evaluates it) may be elsewhere (the host, for NPU ranks).
-    s.model.params = if rank0.params.data.first().map(|t| t.device()) == Some(s.model.exec.device())
-    {
+    let device = |t: &crate::model::offload::Stored| t.device_tensor().map(|t| t.device());
+    s.model.params = if rank0.params.data.first().and_then(device) == Some(s.model.exec.device()) {
         rank0.params
     } else {
         let st = rank0_stream(&rank0.params)?;
@@ -335,7 +335,7 @@ fn rank0_stream(params: &Params) -> Result<cannon_runtime::Stream, TrainError> {
     let device = params
         .data
         .first()
-        .map(|t| t.device())
+        .and_then(|t| t.device_tensor().map(|t| t.device()))
         .unwrap_or(cannon_runtime::Device::Cpu);
     Ok(cannon_runtime::Stream::new(device).map_err(crate::model::ModelError::from)?)
 }
