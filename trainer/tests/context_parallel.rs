@@ -305,25 +305,7 @@ fn fsdp_dp2_cp_equals_one_rank() {
         settings(2, CpAlgo::Ring, 1),
         settings(4, CpAlgo::Hybrid, 2),
     ] {
-        let out = run_cpu_ranks(2 * cp.size, TIMEOUT, |comm, exec| {
-            let rank = FsdpRank::new(comm, exec, cfg.clone(), &host, s.clone())?;
-            let mut rank = rank.with_cp(cp)?;
-            let (replica, replicas) = rank.data_parallel();
-            assert_eq!(replicas, 2);
-            let mine: Vec<Batch> = batches
-                .iter()
-                .skip(replica)
-                .step_by(replicas)
-                .cloned()
-                .collect();
-            let mut losses = Vec::new();
-            for _ in 0..steps {
-                losses.push(rank.step::<f32>(&mine, s.adamw.lr)?.loss);
-            }
-            let full = rank.gather_full_params()?;
-            Ok((losses, full.to_host(rank.exec().stream())?))
-        })
-        .unwrap();
+        let out = dp2_cp_run(&cfg, &host, &batches, &s, cp, steps);
         for (losses, params) in &out {
             let dl = loss_diff(losses, &ref_losses);
             let dp = rel_l2(params, &ref_params);
@@ -333,6 +315,74 @@ fn fsdp_dp2_cp_equals_one_rank() {
             );
             assert!(dl <= 1e-5, "{:?}: loss diff {dl:e}", cp.algo);
             assert!(dp <= 1e-5, "{:?}: params rel L2 {dp:e}", cp.algo);
+        }
+    }
+}
+
+/// `steps` FSDP steps of dp 2 x `cp` (`2 * cp.size` CPU ranks, replica r taking micro
+/// batches r, r + 2, ...): every rank's losses and final full parameters.
+fn dp2_cp_run(
+    cfg: &Mistral3Config,
+    host: &[Vec<f32>],
+    batches: &[Batch],
+    s: &cannon_trainer::fsdp::FsdpSettings,
+    cp: CpSettings,
+    steps: usize,
+) -> Vec<(Vec<f64>, Vec<Vec<f32>>)> {
+    run_cpu_ranks(2 * cp.size, TIMEOUT, |comm, exec| {
+        let rank = FsdpRank::new(comm, exec, cfg.clone(), host, s.clone())?;
+        let mut rank = rank.with_cp(cp)?;
+        let (replica, replicas) = rank.data_parallel();
+        assert_eq!(replicas, 2);
+        let mine: Vec<Batch> = batches
+            .iter()
+            .skip(replica)
+            .step_by(replicas)
+            .cloned()
+            .collect();
+        let mut losses = Vec::new();
+        for _ in 0..steps {
+            losses.push(rank.step::<f32>(&mine, s.adamw.lr)?.loss);
+        }
+        let full = rank.gather_full_params()?;
+        Ok((losses, full.to_host(rank.exec().stream())?))
+    })
+    .unwrap()
+}
+
+/// Every memory feature at once (full recompute, chunked loss, activation and optimizer
+/// offload) on FSDP dp 2 x CP 2 of each algo follows the same layout with none over 4 steps.
+/// Recompute and both offloads are bit-identical on their own (tests above and in
+/// memory_features); the chunked loss regroups the loss's f32 sums, so the bar is float
+/// rounding: 1e-6 on the losses and on the final parameters' relative L2.
+#[test]
+fn every_memory_feature_with_fsdp_and_cp_follows_the_plain_run() {
+    let cfg = config();
+    let host = init(&cfg, 3);
+    let batches = global_batch(4, 9);
+    let plain = fsdp_fixture::settings(&[]);
+    let mut all = plain.clone();
+    all.loss_mode = cannon_trainer::model::LossMode::Chunked(5);
+    all.memory = MemoryFeatures {
+        recompute: Recompute::Full,
+        offload_activations: true,
+        offload_optimizer: true,
+    };
+    for cp in [
+        settings(2, CpAlgo::Ulysses, 1),
+        settings(2, CpAlgo::Ring, 1),
+    ] {
+        let want = dp2_cp_run(&cfg, &host, &batches, &plain, cp, 4);
+        let got = dp2_cp_run(&cfg, &host, &batches, &all, cp, 4);
+        for ((gl, gp), (wl, wp)) in got.iter().zip(&want) {
+            let dl = loss_diff(gl, wl);
+            let dp = rel_l2(gp, wp);
+            eprintln!(
+                "dp 2 x cp 2 {} with every memory feature: loss diff {dl:.1e}, params {dp:.1e}",
+                cp.algo
+            );
+            assert!(dl <= 1e-6, "{:?}: loss diff {dl:e}", cp.algo);
+            assert!(dp <= 1e-6, "{:?}: params rel L2 {dp:e}", cp.algo);
         }
     }
 }
