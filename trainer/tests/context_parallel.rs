@@ -217,14 +217,20 @@ fn truncated(b: &Batch, n: usize) -> Batch {
     b
 }
 
-#[test]
-fn shared_fixture_every_layout_equals_one_rank() {
+/// The shared tiny Mistral3 (`../shared/reference/mistral3-tiny`): its config, its weights
+/// as host groups, and the reference batch.
+fn shared_fixture() -> (Mistral3Config, Vec<Vec<f32>>, Batch) {
     let dir = shared_path("reference/mistral3-tiny");
     let model = Mistral3::load(&dir).unwrap();
     let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors")).unwrap();
-    let batch = r.batch().unwrap();
     let host = model.params.to_host(model.exec.stream()).unwrap();
-    check_all("fixture", &model.cfg, &host, &batch);
+    (model.cfg.clone(), host, r.batch().unwrap())
+}
+
+#[test]
+fn shared_fixture_every_layout_equals_one_rank() {
+    let (cfg, host, batch) = shared_fixture();
+    check_all("fixture", &cfg, &host, &batch);
 }
 
 /// Random model, an image and packed sequences, at 24 tokens and at 23 and 21 (not a
@@ -454,12 +460,8 @@ fn parallel_config_keys() {
 /// the full recompute issues one more forward's exchanges per layer.
 #[test]
 fn recompute_and_offload_under_cp_are_bit_identical() {
-    let dir = shared_path("reference/mistral3-tiny");
-    let model = Mistral3::load(&dir).unwrap();
-    let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors")).unwrap();
-    let batch = r.batch().unwrap();
-    let host = model.params.to_host(model.exec.stream()).unwrap();
-    let cfg = &model.cfg;
+    let (cfg, host, batch) = shared_fixture();
+    let cfg = &cfg;
     let memory = |recompute, offload_activations| MemoryFeatures {
         recompute,
         offload_activations,
@@ -547,14 +549,7 @@ fn worst_per_part(errs: &[(Part, String, f64)]) -> Vec<(Part, String, f64)> {
 #[test]
 fn bf16_ulysses_and_ring_equal_one_rank_in_bf16() {
     use half::bf16;
-    let dir = shared_path("reference/mistral3-tiny");
-    let model = Mistral3::load(&dir).unwrap();
-    let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors")).unwrap();
-    let fixture = (
-        model.cfg.clone(),
-        model.params.to_host(model.exec.stream()).unwrap(),
-        r.batch().unwrap(),
-    );
+    let fixture = shared_fixture();
     let cfg = config();
     let mut rng = cannon_runtime::rng::SplitMix64::new(5);
     let packed = (

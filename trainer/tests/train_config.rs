@@ -15,7 +15,11 @@ fn write(name: &str, text: &str) -> PathBuf {
 }
 
 fn err(file: Option<&str>, sets: &[&str]) -> String {
-    let path = file.map(|t| write("bad.toml", t));
+    // One file per call: the tests of this binary run in parallel, and a shared name let one
+    // test load the file another had just rewritten.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = file.map(|t| write(&format!("bad-{n}.toml"), t));
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     match TrainConfig::load(path.as_deref(), &sets) {
         Ok(c) => panic!("accepted {file:?} {sets:?}: {c:?}"),
@@ -155,9 +159,9 @@ fn bad_values_are_named() {
     );
     // A file's own mistakes are reported against the file.
     let e = err(Some("[train]\nlr = \"fast\"\n"), &[]);
-    assert!(e.contains("bad.toml") && e.contains("train.lr"), "{e}");
+    assert!(e.contains("bad-") && e.contains("train.lr"), "{e}");
     let e = err(Some("[train\n"), &[]);
-    assert!(e.contains("bad.toml"), "{e}");
+    assert!(e.contains("bad-"), "{e}");
 }
 
 #[test]

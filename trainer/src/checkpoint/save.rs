@@ -110,28 +110,9 @@ impl<'a> RankShards<'a> {
         exp_avg_sq: &'a [Option<Tensor<f32>>],
         rng: u64,
     ) -> Result<Self> {
-        if exp_avg.len() != params.len() || exp_avg_sq.len() != params.len() {
-            return Err(CheckpointError::Argument(format!(
-                "rank {rank}: {} parameter, {} exp_avg and {} exp_avg_sq groups",
-                params.len(),
-                exp_avg.len(),
-                exp_avg_sq.len()
-            )));
-        }
-        let groups = params
-            .iter()
-            .zip(exp_avg.iter().zip(exp_avg_sq))
-            .map(|(p, (m, v))| GroupShards {
-                param: ShardData::Device(p),
-                exp_avg: m.as_ref().map(ShardData::Device),
-                exp_avg_sq: v.as_ref().map(ShardData::Device),
-            })
-            .collect();
-        Ok(RankShards { rank, groups, rng })
+        Self::of(rank, (params, exp_avg, exp_avg_sq), rng, ShardData::Device)
     }
-}
 
-impl<'a> RankShards<'a> {
     /// A rank's shards as the trainer holds them: `params[g]` (`Params::data`), and
     /// `exp_avg[g]` / `exp_avg_sq[g]` (`AdamW::m`/`v`) for the trained groups.
     pub fn stored(
@@ -140,6 +121,17 @@ impl<'a> RankShards<'a> {
         exp_avg: &'a [Option<Stored>],
         exp_avg_sq: &'a [Option<Stored>],
         rng: u64,
+    ) -> Result<Self> {
+        Self::of(rank, (params, exp_avg, exp_avg_sq), rng, ShardData::Stored)
+    }
+
+    /// Both constructors: per group its parameter shard and, when it trains, its moments,
+    /// each seen through `data`.
+    fn of<T>(
+        rank: usize,
+        (params, exp_avg, exp_avg_sq): (&'a [T], &'a [Option<T>], &'a [Option<T>]),
+        rng: u64,
+        data: fn(&'a T) -> ShardData<'a>,
     ) -> Result<Self> {
         if exp_avg.len() != params.len() || exp_avg_sq.len() != params.len() {
             return Err(CheckpointError::Argument(format!(
@@ -153,9 +145,9 @@ impl<'a> RankShards<'a> {
             .iter()
             .zip(exp_avg.iter().zip(exp_avg_sq))
             .map(|(p, (m, v))| GroupShards {
-                param: ShardData::Stored(p),
-                exp_avg: m.as_ref().map(ShardData::Stored),
-                exp_avg_sq: v.as_ref().map(ShardData::Stored),
+                param: data(p),
+                exp_avg: m.as_ref().map(data),
+                exp_avg_sq: v.as_ref().map(data),
             })
             .collect();
         Ok(RankShards { rank, groups, rng })
