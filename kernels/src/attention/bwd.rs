@@ -10,7 +10,7 @@
 //! why both schedules give identical bits.
 
 use super::pack::{panel_cols, round_up, row_limit, Geom, Packed, Span};
-use super::simd::{exp2, panel, ALayout, KB, MR};
+use super::simd::{col_chunks, exp2, panel, ALayout, KB, MR};
 use cannon_runtime::Float;
 
 /// Everything backward reads, packed once per call (see pack.rs): per key block K^T, V^T and
@@ -196,24 +196,29 @@ pub(super) fn bwd_kv_block<const FMA: bool, const W: usize>(
         if let Some(dq) = dq.as_deref_mut() {
             tile_dq::<FMA, W>(geo, &t, kb0, &kb, ds, &mut dq[q0 * g * dp..]);
         }
-        for kr0 in (0..kr).step_by(MR) {
-            // Causal: the tile's rows of tokens before key kb0 + kr0 see none of the panel's
-            // keys (P = dS = 0 there); skipping them drops only exact `+ 0 * x` steps, so
-            // the sums keep their bits.
-            let rs = if geo.causal {
-                ((kb0 + kr0).saturating_sub(q0) * g).min(rp)
-            } else {
-                0
-            };
-            if rs == rp {
-                continue;
+        // dv[kr, dp] += P^T[kr, rows] @ dout[rows, dp] ; dk likewise with dS and q. Column
+        // chunks outside, key panels inside: one [rows, W] chunk of dout (q) stays in L1 across
+        // the key panels (key panels outside would stream the whole 16 KiB operand from L2
+        // once per MR keys). Same micro-kernel calls either way, so the same bits.
+        for (a, b, c) in [(&*p, t.dout, &mut *dv), (&*ds, t.q, &mut *dk)] {
+            for (j, w) in col_chunks::<W>(dp) {
+                for kr0 in (0..kr).step_by(MR) {
+                    // Causal: the tile's rows of tokens before key kb0 + kr0 see none of the
+                    // panel's keys (P = dS = 0 there); skipping them drops only exact
+                    // `+ 0 * x` steps, so the sums keep their bits.
+                    let rs = if geo.causal {
+                        ((kb0 + kr0).saturating_sub(q0) * g).min(rp)
+                    } else {
+                        0
+                    };
+                    if rs == rp {
+                        continue;
+                    }
+                    let (at, bt) = (&a[rs * KB + kr0..], &b[rs * dp + j..]);
+                    let ct = &mut c[kr0 * dp + j..];
+                    panel::<FMA, W, true>(rp - rs, w, ALayout::Cols, at, KB, bt, dp, ct, dp);
+                }
             }
-            // dv[kr0.., dp] += P^T[MR, rs..rp] @ dout[rs..rp, dp] ; dk likewise with dS and q
-            let (pt, dst) = (&p[rs * KB + kr0..], &ds[rs * KB + kr0..]);
-            let (dvb, dkb) = (&mut dv[kr0 * dp..], &mut dk[kr0 * dp..]);
-            let (dout, q) = (&t.dout[rs * dp..], &t.q[rs * dp..]);
-            panel::<FMA, W, true>(rp - rs, dp, ALayout::Cols, pt, KB, dout, dp, dvb, dp);
-            panel::<FMA, W, true>(rp - rs, dp, ALayout::Cols, dst, KB, q, dp, dkb, dp);
         }
         q0 += bq;
     }

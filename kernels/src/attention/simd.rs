@@ -170,6 +170,22 @@ pub(super) fn panel<const FMA: bool, const W: usize, const ACC: bool>(
     }
 }
 
+/// The column chunks `(start, width)` that [`panel`] splits `n` columns into, in its order:
+/// calling `panel` on one chunk runs exactly that chunk's micro-kernel. Lets a caller put the
+/// column loop outside its row loop (reusing one chunk of B across many row panels) with the
+/// same micro-kernel calls, hence the same bits.
+#[inline(always)]
+pub(super) fn col_chunks<const W: usize>(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    let wide = if W > NR { n / W } else { 0 };
+    let j = wide * W;
+    let mid = W > 2 * NR && j + 2 * NR <= n;
+    let j2 = if mid { j + 2 * NR } else { j };
+    (0..wide)
+        .map(|c| (c * W, W))
+        .chain(mid.then_some((j, 2 * NR)))
+        .chain((j2..n).step_by(NR).map(|j| (j, NR)))
+}
+
 /// 1.5 * 2^23: adding it to an f32 of magnitude < 2^22 rounds it to an integer held in the low
 /// mantissa bits.
 const ROUND_MAGIC: f32 = 12_582_912.0;

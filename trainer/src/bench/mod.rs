@@ -80,12 +80,18 @@ pub struct StepReport {
     /// Model FLOPs of one step (`crate::train::flops::step_flops`, vision and projector
     /// frozen as in the script).
     pub model_flops: f64,
-    /// The best FLOP/s of square GEMMs at the run's precision, measured in this run before
-    /// the first step ([`GEMM_PEAK_N`]).
+    /// The best FLOP/s of square GEMMs at the run's precision ([`GEMM_PEAK_N`]) in this run:
+    /// before the first step, and (single runs) the probes between steps.
     pub gemm_peak_flops: f64,
     /// Blocks the caching allocator had to take from the host per timed step (0 once every
     /// shape is cached; more means page faults and zeroing inside the step).
     pub device_allocs_per_step: f64,
+    /// The median over timed steps of (step time / the step's floor at the GEMM rate measured
+    /// beside it): one 2048^3 GEMM is timed before every step and after the last, and step i
+    /// is held against the better of its two neighbours. A machine whose speed drifts within a
+    /// run (shared hosts) moves the step and its floor together, which a single peak measured
+    /// at start-up does not. `None` where the run did not probe between steps.
+    pub step_over_floor: Option<f64>,
 }
 
 /// Side of the square GEMMs the peak is measured on: large enough that the best of a few
@@ -112,13 +118,16 @@ impl StepReport {
         let rss = self
             .peak_rss_mib
             .map_or("null".to_string(), |r| format!("{r:.1}"));
+        let sof = self
+            .step_over_floor
+            .map_or("null".to_string(), |r| format!("{r:.4}"));
         format!(
             "{{\"impl\": \"cannon\", \"dtype\": \"{}\", \"threads\": {}, \"nproc\": {}, \
              \"batch\": {}, \"seq\": {}, \"median_step_s\": {:.4}, \"min_step_s\": {:.4}, \
              \"tokens_per_s\": {:.1}, \"peak_rss_mib\": {rss}, \"trainable_params\": {}, \
              \"loss\": {:.4}, \"max_allocated_mib\": {:.1}, \"max_reserved_mib\": {:.1}, \
              \"model_gflop\": {:.3}, \"gemm_peak_gflops\": {:.1}, \"mfu\": {:.4}, \
-             \"floor_s\": {:.4}, \"device_allocs_per_step\": {:.1}}}",
+             \"floor_s\": {:.4}, \"step_over_floor\": {sof}, \"device_allocs_per_step\": {:.1}}}",
             self.precision,
             self.threads,
             self.nproc,
@@ -285,7 +294,13 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
         .sum();
     let exec = model.exec.clone();
     let gemm_peak_flops = gemm_peak(&exec, b.precision, GEMM_PEAK_N, 4)?;
+    let model_flops = step_flops(cfg, &batch, &text).total;
     let alloc = exec.allocator().clone();
+    // The GEMM rate beside every step (see `StepReport::step_over_floor`). The probe's blocks
+    // come back from the allocator's cache (same sizes as the start-up peak's) and live only
+    // between steps, so they add neither device allocations nor to the step's peak.
+    let probe = || gemm_peak(&exec, b.precision, GEMM_PEAK_N, 1);
+    let mut rates = vec![probe()?];
     let (mut times, mut loss, mut allocs0) = (Vec::with_capacity(b.steps), 0.0, 0);
     for i in 0..b.warmup + b.steps {
         if i == b.warmup {
@@ -303,10 +318,21 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
         exec.stream()
             .synchronize()
             .map_err(cannon_kernels::KernelError::from)?;
+        let dt = t0.elapsed().as_secs_f64();
+        let allocs = alloc.stats().num_device_allocs;
+        rates.push(probe()?);
+        // Blocks the probe itself took (none once cached) are not the step's.
+        allocs0 += alloc.stats().num_device_allocs - allocs;
         if i >= b.warmup {
-            times.push(t0.elapsed().as_secs_f64());
+            times.push(dt);
         }
     }
+    let mut over: Vec<f64> = times
+        .iter()
+        .zip(rates[b.warmup..].windows(2))
+        .map(|(t, r)| t * r[0].max(r[1]) / model_flops)
+        .collect();
+    over.sort_by(f64::total_cmp);
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let stats = alloc.stats();
@@ -325,9 +351,10 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
         loss,
         max_allocated_mib: mib(stats.peak_allocated),
         max_reserved_mib: mib(stats.peak_reserved),
-        model_flops: step_flops(cfg, &batch, &text).total,
-        gemm_peak_flops,
+        model_flops,
+        gemm_peak_flops: rates.iter().cloned().fold(gemm_peak_flops, f64::max),
         device_allocs_per_step: (stats.num_device_allocs - allocs0) as f64 / b.steps as f64,
+        step_over_floor: Some(over[over.len() / 2]),
     })
 }
 

@@ -111,6 +111,7 @@ fn run_as<A: Act>(
         // The busiest rank's.
         device_allocs_per_step: per_rank.iter().map(|r| r.3).max().unwrap_or(0) as f64
             / b.steps as f64,
+        step_over_floor: None,
     })
 }
 
