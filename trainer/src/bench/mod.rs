@@ -86,11 +86,13 @@ pub struct StepReport {
     /// Blocks the caching allocator had to take from the host per timed step (0 once every
     /// shape is cached; more means page faults and zeroing inside the step).
     pub device_allocs_per_step: f64,
-    /// The median over timed steps of (step time / the step's floor at the GEMM rate measured
-    /// beside it): one 2048^3 GEMM is timed before every step and after the last, and step i
-    /// is held against the better of its two neighbours. A machine whose speed drifts within a
-    /// run (shared hosts) moves the step and its floor together, which a single peak measured
-    /// at start-up does not. `None` where the run did not probe between steps.
+    /// The median over timed steps of (step time / the step's floor at the GEMM peak measured
+    /// beside it): before every step and after the last, the best of two 2048^3 GEMMs (after
+    /// a warm-up call) is the machine's peak at that moment, and step i is held against the
+    /// mean of the peaks just before and just after it. A machine whose speed drifts within a
+    /// run (shared hosts) moves the step and its floor together, which one peak measured at
+    /// start-up (the best moment of the run) does not. `None` where the run did not probe
+    /// between steps.
     pub step_over_floor: Option<f64>,
 }
 
@@ -299,7 +301,7 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
     // The GEMM rate beside every step (see `StepReport::step_over_floor`). The probe's blocks
     // come back from the allocator's cache (same sizes as the start-up peak's) and live only
     // between steps, so they add neither device allocations nor to the step's peak.
-    let probe = || gemm_peak(&exec, b.precision, GEMM_PEAK_N, 1);
+    let probe = || gemm_peak(&exec, b.precision, GEMM_PEAK_N, 2);
     let mut rates = vec![probe()?];
     let (mut times, mut loss, mut allocs0) = (Vec::with_capacity(b.steps), 0.0, 0);
     for i in 0..b.warmup + b.steps {
@@ -330,7 +332,7 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
     let mut over: Vec<f64> = times
         .iter()
         .zip(rates[b.warmup..].windows(2))
-        .map(|(t, r)| t * r[0].max(r[1]) / model_flops)
+        .map(|(t, r)| t * 0.5 * (r[0] + r[1]) / model_flops)
         .collect();
     over.sort_by(f64::total_cmp);
     times.sort_by(f64::total_cmp);

@@ -80,9 +80,9 @@ fn steps_train_and_report() {
         let floor = r.model_flops / r.gemm_peak_flops;
         assert!((r.floor_s() - floor).abs() <= 1e-12 * floor);
         assert!((r.mfu() - floor / r.median_step_s).abs() <= 1e-9 * r.mfu());
-        // Each step against the GEMM rate probed beside it: a rate no better than the run's
-        // best, so each ratio is at most that step's time over the best-peak floor, and so is
-        // their median against the median step.
+        // Each step against the GEMM peak probed beside it: no better than the run's best, so
+        // each ratio is at most that step's time over the best-peak floor, and so is their
+        // median against the median step.
         let over = r.step_over_floor.expect("single runs probe between steps");
         assert!(
             over > 0.0 && over <= r.median_step_s / floor * (1.0 + 1e-12),
