@@ -119,6 +119,11 @@ fn size_overflow_is_an_error() {
 
 #[test]
 fn npu_allocator_without_npu_support_is_typed_error() {
+    // This process's NPU tests run on the CANN `select_for_tests` picks (the emulator here):
+    // loading CANN before that choice would pin the process to the installed one and fail
+    // the tests that select the emulator, depending on which test the harness ran first.
+    #[cfg(feature = "npu")]
+    let _ = cannon_sys::emulator::select_for_tests();
     if cfg!(feature = "npu") && cannon_sys::is_available() {
         return; // a real NPU allocator: the outcome depends on the machine's devices
     }
