@@ -295,13 +295,23 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
         .map(|g| g.len)
         .sum();
     let exec = model.exec.clone();
-    let gemm_peak_flops = gemm_peak(&exec, b.precision, GEMM_PEAK_N, 4)?;
+    // The GEMM peaks (at start-up, and beside every step: `StepReport::step_over_floor`) run
+    // on their own allocator, emptied after each, so their 2048^2 operands are in neither the
+    // model's allocator figures nor its cache, and not resident while the steps run (the
+    // process's peak RSS is the model's, as in the script).
+    let probe_exec = Exec::with_allocator(
+        std::sync::Arc::new(cannon_runtime::Stream::cpu()),
+        cannon_runtime::CachingAllocator::new_cpu(),
+    )?;
+    let peak = |reps| {
+        let r = gemm_peak(&probe_exec, b.precision, GEMM_PEAK_N, reps);
+        probe_exec.allocator().empty_cache();
+        r
+    };
+    let gemm_peak_flops = peak(4)?;
     let model_flops = step_flops(cfg, &batch, &text).total;
     let alloc = exec.allocator().clone();
-    // The GEMM rate beside every step (see `StepReport::step_over_floor`). The probe's blocks
-    // come back from the allocator's cache (same sizes as the start-up peak's) and live only
-    // between steps, so they add neither device allocations nor to the step's peak.
-    let probe = || gemm_peak(&exec, b.precision, GEMM_PEAK_N, 2);
+    let probe = || peak(2);
     let mut rates = vec![probe()?];
     let (mut times, mut loss, mut allocs0) = (Vec::with_capacity(b.steps), 0.0, 0);
     for i in 0..b.warmup + b.steps {
@@ -321,10 +331,7 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
             .synchronize()
             .map_err(cannon_kernels::KernelError::from)?;
         let dt = t0.elapsed().as_secs_f64();
-        let allocs = alloc.stats().num_device_allocs;
         rates.push(probe()?);
-        // Blocks the probe itself took (none once cached) are not the step's.
-        allocs0 += alloc.stats().num_device_allocs - allocs;
         if i >= b.warmup {
             times.push(dt);
         }
