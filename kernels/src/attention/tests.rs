@@ -520,3 +520,28 @@ fn exp2_is_accurate_and_handles_the_edges() {
     }
     assert!(exp2::<true>(f32::NAN).is_nan() && exp2::<false>(f32::NAN).is_nan());
 }
+
+/// The column chunking every ISA's micro-kernels follow: contiguous chunks covering `n`,
+/// widths the micro-kernels exist for, and a chunk handed back to `panel` is one call of the
+/// same width (what lets backward put its column loop outside its key loop without changing
+/// a bit).
+#[test]
+fn column_chunks_cover_and_reproduce_themselves() {
+    use super::simd::{col_chunks, NR};
+    fn check<const W: usize>() {
+        for n in (0..=256).step_by(NR) {
+            let chunks: Vec<_> = col_chunks::<W>(n).collect();
+            let mut next = 0;
+            for &(j, w) in &chunks {
+                assert_eq!(j, next, "W {W} n {n}: {chunks:?}");
+                assert!(w == W || w == NR || (w == 2 * NR && W > 2 * NR), "{chunks:?}");
+                assert_eq!(col_chunks::<W>(w).collect::<Vec<_>>(), [(0, w)], "W {W} w {w}");
+                next = j + w;
+            }
+            assert_eq!(next, n, "W {W} n {n}: {chunks:?}");
+        }
+    }
+    // The widths `isa_dispatch!` instantiates: portable and AVX2 (16), AVX-512 (64).
+    check::<16>();
+    check::<64>();
+}
