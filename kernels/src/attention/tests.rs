@@ -534,8 +534,15 @@ fn column_chunks_cover_and_reproduce_themselves() {
             let mut next = 0;
             for &(j, w) in &chunks {
                 assert_eq!(j, next, "W {W} n {n}: {chunks:?}");
-                assert!(w == W || w == NR || (w == 2 * NR && W > 2 * NR), "{chunks:?}");
-                assert_eq!(col_chunks::<W>(w).collect::<Vec<_>>(), [(0, w)], "W {W} w {w}");
+                assert!(
+                    w == W || w == NR || (w == 2 * NR && W > 2 * NR),
+                    "{chunks:?}"
+                );
+                assert_eq!(
+                    col_chunks::<W>(w).collect::<Vec<_>>(),
+                    [(0, w)],
+                    "W {W} w {w}"
+                );
                 next = j + w;
             }
             assert_eq!(next, n, "W {W} n {n}: {chunks:?}");

@@ -74,9 +74,9 @@ pub struct Plan {
     pub master_addr: String,
     pub master_port: u16,
     /// The run folder's name every process of a one-node job shares (`CANNON_RUN_ID`): the
-    /// launch's start time, so that ranks started in different seconds still agree. None with
-    /// several nodes, whose launchers start at different times: such a job names its folder
-    /// with `log.dir`.
+    /// launch's start time ([`Plan::name_run`]), so that ranks started in different seconds
+    /// still agree. None with several nodes, whose launchers start at different times: such
+    /// a job names its folder with `log.dir`.
     pub run_id: Option<String>,
 }
 
@@ -119,12 +119,21 @@ impl LaunchArgs {
             node_rank: self.node_rank,
             master_addr,
             master_port: self.master_port,
-            run_id: (self.nnodes == 1).then(|| crate::train::run::run_id_now(Path::new("runs"))),
+            run_id: None,
         })
     }
 }
 
 impl Plan {
+    /// Names the run folder under `root` that a one-node job's processes share (a name not
+    /// yet taken there); several nodes keep none. Kept out of [`LaunchArgs::plan`], which only
+    /// checks arguments: this looks at the file system.
+    pub fn name_run(&mut self, root: &Path) {
+        if self.world_size == self.nproc {
+            self.run_id = Some(crate::train::run::run_id_now(root));
+        }
+    }
+
     /// The environment of local rank `local`.
     pub fn env(&self, local: usize) -> Vec<(&'static str, String)> {
         let mut env = vec![
@@ -196,13 +205,15 @@ fn terminate(c: &Child) {
 
 /// Runs the job; the exit code of `launch`.
 pub fn run(args: LaunchArgs) -> ExitCode {
-    let plan = match args.plan() {
+    let mut plan = match args.plan() {
         Ok(p) => p,
         Err(e) => {
             eprintln!("cannon launch: {e}");
             return ExitCode::from(2);
         }
     };
+    // `cannon train`'s default run root, relative to the directory the job starts in.
+    plan.name_run(Path::new("runs"));
     let program = match &args.program {
         Some(p) => p.clone(),
         None => match std::env::current_exe() {
@@ -439,7 +450,9 @@ mod tests {
     fn ranks_and_environment_of_one_and_two_nodes() {
         let a = parse(&["--nproc", "4", "--", "train", "--set", "x=1"]).unwrap();
         assert_eq!(a.args, vec!["train", "--set", "x=1"]);
-        let p = a.plan().unwrap();
+        let mut p = a.plan().unwrap();
+        assert_eq!(p.run_id, None, "plan only checks the arguments");
+        p.name_run(Path::new("runs"));
         assert_eq!((p.world_size, p.first_rank), (4, 0));
         let env = p.env(3);
         assert!(env.contains(&("RANK", "3".into())));
@@ -464,7 +477,8 @@ mod tests {
             "train",
         ])
         .unwrap();
-        let p = b.plan().unwrap();
+        let mut p = b.plan().unwrap();
+        p.name_run(Path::new("runs"));
         assert_eq!((p.world_size, p.first_rank), (16, 8));
         let env = p.env(2);
         for want in [
