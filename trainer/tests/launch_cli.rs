@@ -28,6 +28,15 @@ fn cannon_with_cann() -> Command {
     cmd
 }
 
+/// `cannon launch --nproc N --grace G` of `/bin/sh -c script`: every rank runs the script.
+fn launch_sh(nproc: usize, grace_s: u32, script: &str) -> Command {
+    let mut cmd = cannon();
+    cmd.args(["launch", "--nproc", &nproc.to_string(), "--grace"])
+        .arg(grace_s.to_string())
+        .args(["--program", "/bin/sh", "--", "-c", script]);
+    cmd
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -73,21 +82,7 @@ fn children_get_the_torchrun_environment_and_prefixed_output() {
 fn a_failing_rank_stops_the_job_and_is_named() {
     let sh = "if [ \"$RANK\" = 1 ]; then echo bye from $LOCAL_RANK; exit 3; fi; exec sleep 60";
     let t0 = Instant::now();
-    let out = cannon()
-        .args([
-            "launch",
-            "--nproc",
-            "3",
-            "--grace",
-            "5",
-            "--program",
-            "/bin/sh",
-            "--",
-            "-c",
-            sh,
-        ])
-        .output()
-        .unwrap();
+    let out = launch_sh(3, 5, sh).output().unwrap();
     let took = t0.elapsed();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -105,21 +100,7 @@ fn a_failing_rank_stops_the_job_and_is_named() {
 fn ranks_that_ignore_sigterm_are_killed_after_the_grace_period() {
     let sh = "if [ \"$RANK\" = 0 ]; then exit 7; fi; trap '' TERM; exec sleep 60";
     let t0 = Instant::now();
-    let out = cannon()
-        .args([
-            "launch",
-            "--nproc",
-            "2",
-            "--grace",
-            "1",
-            "--program",
-            "/bin/sh",
-            "--",
-            "-c",
-            sh,
-        ])
-        .output()
-        .unwrap();
+    let out = launch_sh(2, 1, sh).output().unwrap();
     let took = t0.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -180,19 +161,7 @@ fn launched_ranks_join_one_hccl_communicator() {
 fn sigterm_to_launch_stops_every_rank() {
     // Each rank prints its pid (the exec'd sleep keeps it) and sleeps.
     let sh = "echo pid $$; exec sleep 60";
-    let mut child = cannon()
-        .args([
-            "launch",
-            "--nproc",
-            "2",
-            "--grace",
-            "2",
-            "--program",
-            "/bin/sh",
-            "--",
-            "-c",
-            sh,
-        ])
+    let mut child = launch_sh(2, 2, sh)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
