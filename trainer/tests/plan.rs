@@ -427,26 +427,14 @@ fn cp_two_ranks_chunked_loss_and_recompute() {
             Recompute::Full,
         ),
     ] {
+        let cp = CpSettings {
+            size: 2,
+            algo,
+            ulysses_size: 1,
+        };
         let worst = Case {
-            name,
-            nproc: 2,
-            rows: 1,
             seq: 128,
-            img: 32,
-            accum: 1,
-            bf16: false,
-            chunk: 32,
-            all_train: false,
-            memory: MemoryFeatures {
-                recompute,
-                offload_activations: false,
-                offload_optimizer: false,
-            },
-            cp: CpSettings {
-                size: 2,
-                algo,
-                ulysses_size: 1,
-            },
+            ..cp_case(name, 2, cp, false, recompute)
         }
         .check();
         assert_eq!(worst, 0.0, "{name}: planned to the byte");

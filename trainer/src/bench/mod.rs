@@ -14,7 +14,7 @@
 use crate::batch::{Batch, Images};
 use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use crate::model::{Act, Exec, LossMode, Mistral3, Mistral3Config, ModelError, Part};
-use crate::train::flops::{gemm_peak, step_flops};
+use crate::train::flops::{step_flops, GemmProbe};
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_kernels::Precision;
 use cannon_runtime::rng::SplitMix64;
@@ -296,23 +296,17 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
         .sum();
     let exec = model.exec.clone();
     // The GEMM peaks (at start-up, and beside every step: `StepReport::step_over_floor`) run
-    // on their own allocator, emptied after each, so their 2048^2 operands are in neither the
-    // model's allocator figures nor its cache (the C allocator may keep the freed pages: the
-    // process's peak RSS stayed 2134-2145 MiB on the bench config, as before).
+    // on operands allocated once from their own allocator, so they are in neither the model's
+    // allocator figures nor its cache.
     let probe_exec = Exec::with_allocator(
         std::sync::Arc::new(cannon_runtime::Stream::cpu()),
         cannon_runtime::CachingAllocator::new_cpu(),
     )?;
-    let peak = |reps| {
-        let r = gemm_peak(&probe_exec, b.precision, GEMM_PEAK_N, reps);
-        probe_exec.allocator().empty_cache();
-        r
-    };
-    let gemm_peak_flops = peak(4)?;
+    let mut probe = GemmProbe::<A>::new(&probe_exec, b.precision, GEMM_PEAK_N)?;
+    let gemm_peak_flops = probe.best(4)?;
     let model_flops = step_flops(cfg, &batch, &text).total;
     let alloc = exec.allocator().clone();
-    let probe = || peak(2);
-    let mut rates = vec![probe()?];
+    let mut rates = vec![probe.best(2)?];
     let (mut times, mut loss, mut allocs0) = (Vec::with_capacity(b.steps), 0.0, 0);
     for i in 0..b.warmup + b.steps {
         if i == b.warmup {
@@ -331,7 +325,7 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
             .synchronize()
             .map_err(cannon_kernels::KernelError::from)?;
         let dt = t0.elapsed().as_secs_f64();
-        rates.push(probe()?);
+        rates.push(probe.best(2)?);
         if i >= b.warmup {
             times.push(dt);
         }

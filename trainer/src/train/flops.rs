@@ -18,7 +18,7 @@
 use crate::batch::Batch;
 use crate::model::{Exec, Mistral3Config, Part};
 use cannon_kernels::gemm::{Dims, Trans};
-use cannon_kernels::{ops, KernelError, Precision};
+use cannon_kernels::{ops, KernelError, Precision, Tensor};
 use cannon_runtime::Float;
 use std::time::Instant;
 
@@ -118,34 +118,60 @@ fn gemm_peak_of<T: Float>(
     n: usize,
     reps: usize,
 ) -> Result<f64, KernelError> {
-    let st = exec.stream();
-    let a = exec.upload(&vec![T::from_f32(0.5); n * n], &[n, n])?;
-    let b = exec.upload(&vec![T::from_f32(0.25); n * n], &[n, n])?;
-    let mut c = exec.empty::<f32>(&[n, n])?;
-    let dims = Dims { m: n, n, k: n };
-    let mut best = f64::INFINITY;
-    for i in 0..=reps.max(1) {
-        let t0 = Instant::now();
-        ops::gemm(
-            st,
+    GemmProbe::<T>::new(exec, p, n)?.best(reps)
+}
+
+/// The operands of an `n^3` GEMM at precision `p`, kept for repeated peak measurements
+/// (`bench step` probes beside every step) without allocating or uploading them again.
+pub struct GemmProbe<T: Float> {
+    exec: Exec,
+    p: Precision,
+    n: usize,
+    a: Tensor<T>,
+    b: Tensor<T>,
+    c: Tensor<f32>,
+}
+
+impl<T: Float> GemmProbe<T> {
+    pub fn new(exec: &Exec, p: Precision, n: usize) -> Result<Self, KernelError> {
+        Ok(GemmProbe {
+            exec: exec.clone(),
             p,
-            Trans::N,
-            Trans::T,
-            dims,
-            1.0,
-            &a.view(),
             n,
-            &b.view(),
-            n,
-            0.0,
-            &mut c.view_mut(),
-            n,
-        )?;
-        st.synchronize()?;
-        let dt = t0.elapsed().as_secs_f64();
-        if i > 0 {
-            best = best.min(dt);
-        }
+            a: exec.upload(&vec![T::from_f32(0.5); n * n], &[n, n])?,
+            b: exec.upload(&vec![T::from_f32(0.25); n * n], &[n, n])?,
+            c: exec.empty::<f32>(&[n, n])?,
+        })
     }
-    Ok(2.0 * (n as f64).powi(3) / best.max(1e-9))
+
+    /// The best FLOP/s of `reps` calls, after one warm-up call.
+    pub fn best(&mut self, reps: usize) -> Result<f64, KernelError> {
+        let (st, n) = (self.exec.stream(), self.n);
+        let dims = Dims { m: n, n, k: n };
+        let mut best = f64::INFINITY;
+        for i in 0..=reps.max(1) {
+            let t0 = Instant::now();
+            ops::gemm(
+                st,
+                self.p,
+                Trans::N,
+                Trans::T,
+                dims,
+                1.0,
+                &self.a.view(),
+                n,
+                &self.b.view(),
+                n,
+                0.0,
+                &mut self.c.view_mut(),
+                n,
+            )?;
+            st.synchronize()?;
+            let dt = t0.elapsed().as_secs_f64();
+            if i > 0 {
+                best = best.min(dt);
+            }
+        }
+        Ok(2.0 * (n as f64).powi(3) / best.max(1e-9))
+    }
 }
