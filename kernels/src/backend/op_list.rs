@@ -1,0 +1,392 @@
+//! The one list of the ops over runtime buffers, written once.
+//!
+//! Each entry is an op's signature (after `stream`), its doc, the slice-level function it
+//! runs on the CPU, the operands [`super::select`] checks against the stream's device, and
+//! optionally a `check` run before that. Two expansions read it: [`super::Backend`] (one
+//! method per entry, which the CPU and NPU backends implement) and [`crate::ops`] (one public
+//! entry point per entry, which checks the operands and calls the chosen backend's method).
+//! A new op is one entry here plus its two method bodies.
+
+/// Expands `$m! { <every entry> }`.
+macro_rules! for_each_op {
+    ($m:ident) => {
+        $m! {
+            /// One AdamW step of `params`, `m`, `v` in place ([`crate::adamw`]).
+            fn adamw_step(
+                params: &mut BufferViewMut<'_, f32>,
+                grads: &BufferView<'_, f32>,
+                m: &mut BufferViewMut<'_, f32>,
+                v: &mut BufferViewMut<'_, f32>,
+                step: u64,
+                hp: &AdamW,
+            ) -> Result<()>
+            => "crate::adamw::adamw_step" on [params, grads, m, v];
+
+            /// Varlen attention forward: writes `out` and `lse` ([`crate::attention`]).
+            fn attention_forward<E: Float>(
+                a: &VarlenAttention,
+                x: QkvBuf<'_, E>,
+                out: &mut BufferViewMut<'_, E>,
+                lse: &mut BufferViewMut<'_, f32>,
+            ) -> Result<()>
+            => "crate::attention::forward" on [x, out, lse];
+
+            /// Varlen attention backward: overwrites dq, dk, dv.
+            fn attention_backward<E: Float>(
+                a: &VarlenAttention,
+                x: QkvBuf<'_, E>,
+                out: &BufferView<'_, E>,
+                lse: &BufferView<'_, f32>,
+                dout: &BufferView<'_, E>,
+                g: QkvGradBuf<'_, '_, E>,
+            ) -> Result<()>
+            => "crate::attention::backward" on [x, out, lse, dout, g];
+
+            /// Ring attention block forward: merges into the f32 `out` and `lse` accumulators
+            /// (NPU: an error, no body yet).
+            fn attention_block_forward<E: Float>(
+                a: &BlockAttention,
+                x: QkvBuf<'_, E>,
+                out: &mut BufferViewMut<'_, f32>,
+                lse: &mut BufferViewMut<'_, f32>,
+            ) -> Result<()>
+            => "crate::attention::block_forward_merge" on [x, out, lse];
+
+            /// Ring attention block backward: adds into the f32 dq, dk, dv accumulators (NPU: an
+            /// error, no body yet).
+            fn attention_block_backward<E: Float>(
+                a: &BlockAttention,
+                x: QkvBuf<'_, E>,
+                out: &BufferView<'_, E>,
+                lse: &BufferView<'_, f32>,
+                dout: &BufferView<'_, E>,
+                g: QkvGradBuf<'_, '_, f32>,
+            ) -> Result<()>
+            => "crate::attention::block_backward_accumulate" on [x, out, lse, dout, g];
+
+            /// `dst = src` converted between storage types ([`crate::cast`]).
+            fn cast<A: Float, B: Float>(
+                src: &BufferView<'_, A>,
+                dst: &mut BufferViewMut<'_, B>,
+            ) -> Result<()>
+            => "crate::cast::cast" on [src, dst];
+
+            /// Cross-entropy of `[N, V]` logits; writes `d_logits` when given.
+            fn cross_entropy(
+                logits: &BufferView<'_, f32>,
+                labels: &[i32],
+                vocab: usize,
+                d_logits: Option<&mut BufferViewMut<'_, f32>>,
+                norm: LossNorm,
+            ) -> Result<CeStats>
+            => "crate::cross_entropy::cross_entropy" on [logits, d_logits];
+
+            /// Cross-entropy whose gradient overwrites the logits.
+            fn cross_entropy_in_place(
+                logits: &mut BufferViewMut<'_, f32>,
+                labels: &[i32],
+                vocab: usize,
+                norm: LossNorm,
+            ) -> Result<CeStats>
+            => "crate::cross_entropy::cross_entropy_in_place" on [logits];
+
+            /// Cross-entropy of the lm_head logits `h w^T`, `chunk_rows` rows at a time.
+            fn cross_entropy_lm_head(
+                h: &BufferView<'_, f32>,
+                w: &BufferView<'_, f32>,
+                labels: &[i32],
+                d_model: usize,
+                vocab: usize,
+                chunk_rows: usize,
+                norm: LossNorm,
+                grads: LmHeadGrads<'_>,
+            ) -> Result<CeStats>
+            => "crate::cross_entropy::cross_entropy_chunked" on [h, w, grads]
+            check { grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?; };
+
+            /// Gathers rows `ids` of `weight` ([`crate::embedding`]).
+            fn embedding_forward<E: Float>(
+                out: &mut BufferViewMut<'_, E>,
+                ids: &[u32],
+                weight: &BufferView<'_, E>,
+                dim: usize,
+            ) -> Result<()>
+            => "crate::embedding::embedding_forward" on [out, weight];
+
+            /// `dweight[ids[t]] += dout[t]`.
+            fn embedding_backward<E: Float>(
+                dweight: &mut BufferViewMut<'_, f32>,
+                dout: &BufferView<'_, E>,
+                ids: &[u32],
+                dim: usize,
+            ) -> Result<()>
+            => "crate::embedding::embedding_backward" on [dweight, dout];
+
+            /// `y = gelu(x)` ([`crate::gelu`]).
+            fn gelu_forward<E: Float>(
+                y: &mut BufferViewMut<'_, E>,
+                x: &BufferView<'_, E>,
+            ) -> Result<()>
+            => "crate::gelu::gelu_forward" on [y, x];
+
+            /// `dx += dy * gelu'(x)`.
+            fn gelu_backward<E: Float>(
+                dx: &mut BufferViewMut<'_, E>,
+                dy: &BufferView<'_, E>,
+                x: &BufferView<'_, E>,
+            ) -> Result<()>
+            => "crate::gelu::gelu_backward" on [dx, dy, x];
+
+            /// `C = alpha op(A) op(B) + beta C` in precision `p` ([`crate::gemm`]).
+            fn gemm<A: Float, B: Float>(
+                p: Precision,
+                ta: Trans,
+                tb: Trans,
+                d: Dims,
+                alpha: f32,
+                a: &BufferView<'_, A>,
+                lda: usize,
+                b: &BufferView<'_, B>,
+                ldb: usize,
+                beta: f32,
+                c: &mut BufferViewMut<'_, f32>,
+                ldc: usize,
+            ) -> Result<()>
+            => "crate::gemm::gemm_f32" on [a, b, c];
+
+            /// Sum of squares of every element of every view, in f64 ([`crate::grad_clip`]).
+            fn grad_sum_squares(
+                grads: &[BufferView<'_, f32>],
+            ) -> Result<f64>
+            => "crate::grad_clip::grad_sum_squares" on [grads];
+
+            /// Every element of every view times `coef`.
+            fn scale_grads(
+                grads: &mut [BufferViewMut<'_, f32>],
+                coef: f32,
+            ) -> Result<()>
+            => "crate::grad_clip::scale_grads" on [grads];
+
+            /// `y = x w^T (+ b)` in precision `p` ([`crate::linear`]).
+            fn linear_forward<Y: Float, X: Float, W: Float>(
+                p: Precision,
+                y: &mut BufferViewMut<'_, Y>,
+                x: &BufferView<'_, X>,
+                w: &BufferView<'_, W>,
+                b: Option<&BufferView<'_, W>>,
+                d: LinearDims,
+            ) -> Result<()>
+            => "crate::linear::linear_forward" on [y, x, w, b];
+
+            /// Accumulates the gradients present in `g`, in precision `p`.
+            fn linear_backward<G: Float, X: Float, W: Float>(
+                p: Precision,
+                g: LinearGradBufs<'_>,
+                dy: &BufferView<'_, G>,
+                x: &BufferView<'_, X>,
+                w: &BufferView<'_, W>,
+                d: LinearDims,
+            ) -> Result<()>
+            => "crate::linear::linear_backward" on [g, dy, x, w];
+
+            /// `out = im2col(pixels) weight^T` in precision `p` ([`crate::patch_embed`]).
+            fn patch_embed_forward<P: Float, W: Float>(
+                p: Precision,
+                out: &mut BufferViewMut<'_, f32>,
+                pixels: &BufferView<'_, P>,
+                weight: &BufferView<'_, W>,
+                g: PatchGeom,
+                d_model: usize,
+            ) -> Result<()>
+            => "crate::patch_embed::patch_embed_forward" on [out, pixels, weight];
+
+            /// Accumulates the gradients present in `grads`, in precision `p`.
+            fn patch_embed_backward<G: Float, P: Float, W: Float>(
+                p: Precision,
+                grads: PatchEmbedGradBufs<'_>,
+                dout: &BufferView<'_, G>,
+                pixels: &BufferView<'_, P>,
+                weight: &BufferView<'_, W>,
+                g: PatchGeom,
+                d_model: usize,
+            ) -> Result<()>
+            => "crate::patch_embed::patch_embed_backward" on [grads, dout, pixels, weight];
+
+            /// `out = rmsnorm(x) * weight`, saving `rstd` ([`crate::rmsnorm`]).
+            fn rmsnorm_forward<E: Float>(
+                out: &mut BufferViewMut<'_, E>,
+                rstd: &mut BufferViewMut<'_, f32>,
+                x: &BufferView<'_, E>,
+                weight: &BufferView<'_, E>,
+                dim: usize,
+                eps: f32,
+            ) -> Result<()>
+            => "crate::rmsnorm::rmsnorm_forward" on [out, rstd, x, weight];
+
+            /// Accumulates `dx` and `dweight`.
+            fn rmsnorm_backward<E: Float>(
+                dx: &mut BufferViewMut<'_, E>,
+                dweight: &mut BufferViewMut<'_, f32>,
+                dout: &BufferView<'_, E>,
+                x: &BufferView<'_, E>,
+                weight: &BufferView<'_, E>,
+                rstd: &BufferView<'_, f32>,
+                dim: usize,
+            ) -> Result<()>
+            => "crate::rmsnorm::rmsnorm_backward" on [dx, dweight, dout, x, weight, rstd];
+
+            /// Rotates `x` in place by the angles of `pos` ([`crate::rope`]).
+            fn rope_forward<E: Float>(
+                x: &mut BufferViewMut<'_, E>,
+                n_heads: usize,
+                table: &RopeTable,
+                pos: &[u32],
+            ) -> Result<()>
+            => "crate::rope::rope_forward" on [x];
+
+            /// The inverse rotation of `dx`, in place.
+            fn rope_backward<E: Float>(
+                dx: &mut BufferViewMut<'_, E>,
+                n_heads: usize,
+                table: &RopeTable,
+                pos: &[u32],
+            ) -> Result<()>
+            => "crate::rope::rope_backward" on [dx];
+
+            /// `h = silu(gate) * up` ([`crate::swiglu`]).
+            fn swiglu_forward<E: Float>(
+                h: &mut BufferViewMut<'_, E>,
+                gate: &BufferView<'_, E>,
+                up: &BufferView<'_, E>,
+            ) -> Result<()>
+            => "crate::swiglu::swiglu_forward" on [h, gate, up];
+
+            /// Accumulates `d_gate` and `d_up`.
+            fn swiglu_backward<E: Float>(
+                d_gate: &mut BufferViewMut<'_, E>,
+                d_up: &mut BufferViewMut<'_, E>,
+                dh: &BufferView<'_, E>,
+                gate: &BufferView<'_, E>,
+                up: &BufferView<'_, E>,
+            ) -> Result<()>
+            => "crate::swiglu::swiglu_backward" on [d_gate, d_up, dh, gate, up];
+
+            /// `y += x` ([`crate::elementwise`]).
+            fn add_into<E: Float>(
+                y: &mut BufferViewMut<'_, E>,
+                x: &BufferView<'_, E>,
+            ) -> Result<()>
+            => "crate::elementwise::add_into" on [y, x];
+
+            /// `out = a * b`.
+            fn mul<E: Float>(
+                out: &mut BufferViewMut<'_, E>,
+                a: &BufferView<'_, E>,
+                b: &BufferView<'_, E>,
+            ) -> Result<()>
+            => "crate::elementwise::mul" on [out, a, b];
+
+            /// `y *= x`.
+            fn mul_into<E: Float>(
+                y: &mut BufferViewMut<'_, E>,
+                x: &BufferView<'_, E>,
+            ) -> Result<()>
+            => "crate::elementwise::mul_into" on [y, x];
+
+            /// `out[i] = src[idx[i]]`, rows of `dim` ([`crate::index`]).
+            fn gather_rows<T: Element>(
+                out: &mut BufferViewMut<'_, T>,
+                src: &BufferView<'_, T>,
+                idx: &[usize],
+                dim: usize,
+            ) -> Result<()>
+            => "crate::index::gather_rows" on [out, src];
+
+            /// `dst[idx[i]] = src[i]`.
+            fn scatter_rows<T: Element>(
+                dst: &mut BufferViewMut<'_, T>,
+                src: &BufferView<'_, T>,
+                idx: &[usize],
+                dim: usize,
+            ) -> Result<()>
+            => "crate::index::scatter_rows" on [dst, src];
+
+            /// `dst[idx[i]] += src[i]`, in order of i.
+            fn scatter_add_rows<E: Float>(
+                dst: &mut BufferViewMut<'_, E>,
+                src: &BufferView<'_, E>,
+                idx: &[usize],
+                dim: usize,
+            ) -> Result<()>
+            => "crate::index::scatter_add_rows" on [dst, src];
+
+            /// `dst[idx[i]] = 0`.
+            fn zero_rows<T: Element>(
+                dst: &mut BufferViewMut<'_, T>,
+                idx: &[usize],
+                dim: usize,
+            ) -> Result<()>
+            => "crate::index::zero_rows" on [dst];
+
+            /// `out[b, c, r] = x[b, r, c]`.
+            fn transpose<T: Element>(
+                out: &mut BufferViewMut<'_, T>,
+                x: &BufferView<'_, T>,
+                d: TransposeDims,
+            ) -> Result<()>
+            => "crate::index::transpose" on [out, x];
+        }
+    };
+}
+pub(crate) use for_each_op;
+
+/// [`super::Backend`] from the op list.
+macro_rules! declare_backend {
+    ($(
+        $(#[doc = $doc:literal])*
+        fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
+        => $slice:literal on [$($on:ident),*] $(check $check:block)?;
+    )*) => {
+        /// Every op of the crate over runtime buffers, as one backend runs it. Shapes,
+        /// conventions and errors are those of the slice-level op (see each op's module);
+        /// `stream` orders the work on the backend's device.
+        pub trait Backend {
+            $(
+                $(#[doc = $doc])*
+                #[allow(clippy::too_many_arguments)]
+                fn $name $(<$($g: $bound),*>)? (
+                    &self,
+                    stream: &cannon_runtime::Stream,
+                    $($arg: $ty),*
+                ) -> $ret;
+            )*
+        }
+    };
+}
+pub(crate) use declare_backend;
+
+/// The public entry points of [`crate::ops`] from the op list: each runs its `check`, picks
+/// the backend from the stream and its operands, and calls that backend's method.
+macro_rules! define_entry_points {
+    ($(
+        $(#[doc = $doc:literal])*
+        fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
+        => $slice:literal on [$($on:ident),*] $(check $check:block)?;
+    )*) => {
+        $(
+            #[doc = concat!("[`", $slice, "`] on `stream`'s device:")]
+            $(#[doc = $doc])*
+            #[allow(clippy::too_many_arguments)]
+            pub fn $name $(<$($g: $bound),*>)? (
+                stream: &cannon_runtime::Stream,
+                $($arg: $ty),*
+            ) -> $ret {
+                $($check)?
+                $crate::backend::dispatch!(stringify!($name), stream, [$($on),*], |be| {
+                    $crate::backend::Backend::$name(&be, stream, $($arg),*)
+                })
+            }
+        )*
+    };
+}
+pub(crate) use define_entry_points;
