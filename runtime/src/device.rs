@@ -55,6 +55,18 @@ impl Device {
         Ok(a)
     }
 
+    /// A new caching allocator of this device that nothing else uses, so its figures are its
+    /// owner's allocations alone (a model's tensors, without the operator workspaces and
+    /// other users of the device that go to [`Device::allocator`]). Host memory for the
+    /// CPU, `aclrtMalloc` for an NPU (a typed error when the build or the machine has no
+    /// NPU support).
+    pub fn private_allocator(self) -> Result<Arc<CachingAllocator>> {
+        match self {
+            Device::Cpu => Ok(CachingAllocator::new_cpu()),
+            Device::Npu(ordinal) => Ok(CachingAllocator::with_raw(self, npu_memory(ordinal)?)),
+        }
+    }
+
     /// Parses `cpu`, `npu` (= `npu:0`) or `npu:N`, the spelling of `--device`.
     pub fn parse(s: &str) -> Option<Device> {
         match s {

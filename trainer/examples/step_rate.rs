@@ -92,7 +92,7 @@ fn main() {
             "f32" => Precision::F32,
             _ => Precision::Bf16,
         };
-        let shape = StepShape::of(&cfg, &batch).expect("batch shape");
+        let shape = StepShape::of(&cfg, &batch, model.exec.device()).expect("batch shape");
         let text = [cannon_trainer::model::Part::Text];
         let plan = plan(&cfg, &shape, prec, model.loss_mode, &text, false);
         println!(

@@ -5,7 +5,8 @@
 //! reserves nothing new.
 //!
 //! Each model gets a private allocator, so tests running in parallel threads (or anything
-//! else in the process) cannot move its figures.
+//! else in the process) cannot move its figures. With `--features npu` the same check runs on
+//! an NPU (the CANN emulator when the machine has none), where attention saves more.
 
 mod common;
 use common::shared_path;
@@ -63,7 +64,7 @@ fn check<A: Act>(
         .measure_step::<A>(batch, &mut grads, dpix.as_mut())
         .unwrap();
 
-    let shape = StepShape::of(&model.cfg, batch).unwrap();
+    let shape = StepShape::of(&model.cfg, batch, model.exec.device()).unwrap();
     let p = plan(
         &model.cfg,
         &shape,
@@ -161,4 +162,42 @@ fn bf16_activations_lower_the_peak() {
     assert_eq!(ph.saved.text_embed, pf.saved.text_embed);
     assert_eq!((ph.params, ph.grads), (pf.params, pf.grads));
     assert_eq!(Precision::Bf16, <half::bf16 as Act>::PRECISION);
+}
+
+/// On an NPU the attention saves aclnn's softmax max and sum (16 f32 per token and head)
+/// where the CPU saves one log-sum-exp; the plan for the NPU counts them, and the model's
+/// private allocator (CANN's operator workspaces go to the device's shared one) peaks at that
+/// plan to the byte.
+#[cfg(feature = "npu")]
+#[test]
+fn on_an_npu_the_step_peak_equals_the_npu_plan() {
+    use cannon_runtime::alloc::round_size;
+    use cannon_runtime::Device;
+    cannon_sys::emulator::select_for_tests().unwrap();
+    let d = Device::Npu(0);
+    let dir = fixture("shared");
+    let stream = Arc::new(Stream::new(d).unwrap());
+    let exec = Exec::with_allocator(stream, d.private_allocator().unwrap()).unwrap();
+    let m = Mistral3::load_on(&dir, exec).unwrap();
+    let b = batch(&dir);
+    let (_, npu) = check::<f32>(&m, &b, &ALL, true, "npu f32");
+    check::<half::bf16>(&m, &b, &[Part::Text], false, "npu bf16, text only");
+
+    // The CPU's plan of the same step: each layer's statistics are 16 times smaller.
+    let cpu_shape = StepShape::of(&m.cfg, &b, Device::Cpu).unwrap();
+    let cpu = plan(&m.cfg, &cpu_shape, Precision::F32, m.loss_mode, &ALL, true);
+    let t = b.input_ids.len();
+    let p = cpu_shape.patches;
+    let (hq, hv) = (
+        m.cfg.text_config.num_attention_heads,
+        m.cfg.vision_config.num_attention_heads,
+    );
+    assert_eq!(
+        npu.saved.text_layer - cpu.saved.text_layer,
+        round_size(64 * t * hq) - round_size(4 * t * hq)
+    );
+    assert_eq!(
+        npu.saved.vision_layer - cpu.saved.vision_layer,
+        round_size(64 * p * hv) - round_size(4 * p * hv)
+    );
 }

@@ -150,7 +150,7 @@ fn plan_equals_the_measured_peak_with_every_feature() {
                     let mut grads = m.grads(trainable).unwrap();
                     m.measure_step::<f32>(&b, &mut grads, None).unwrap();
                     let (_, got) = m.measure_step::<f32>(&b, &mut grads, None).unwrap();
-                    let shape = StepShape::of(&cfg, &b).unwrap();
+                    let shape = StepShape::of(&cfg, &b, m.exec.device()).unwrap();
                     let feat = StepFeatures::from(mem);
                     let p = plan_with(
                         &cfg,
@@ -344,7 +344,7 @@ fn plan_equals_the_measured_peak_with_the_masters_on_the_host() {
                     dpixels: false,
                 };
                 let pass = PassPlan::new(&cfg, &layout, inputs);
-                let shape = StepShape::of(&cfg, &b).unwrap();
+                let shape = StepShape::of(&cfg, &b, m.exec.device()).unwrap();
                 let fetched = |at| cannon_trainer::plan::gathered(&pass, &one, at, 4, None);
                 let p = plan_with(
                     &cfg,

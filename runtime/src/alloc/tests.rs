@@ -127,13 +127,33 @@ fn npu_allocator_without_npu_support_is_typed_error() {
     if cfg!(feature = "npu") && cannon_sys::is_available() {
         return; // a real NPU allocator: the outcome depends on the machine's devices
     }
-    let err = Device::Npu(0).allocator().unwrap_err();
-    if cfg!(feature = "npu") {
-        // Built with NPU support but CANN cannot be loaded: the loader's error, not a panic.
-        assert!(!matches!(err, Error::NotCompiled { .. }), "{err}");
-    } else {
-        assert!(matches!(err, Error::NotCompiled { .. }), "{err}");
+    for err in [
+        Device::Npu(0).allocator().unwrap_err(),
+        Device::Npu(0).private_allocator().unwrap_err(),
+    ] {
+        if cfg!(feature = "npu") {
+            // Built with NPU support but CANN cannot be loaded: the loader's error, not a panic.
+            assert!(!matches!(err, Error::NotCompiled { .. }), "{err}");
+        } else {
+            assert!(matches!(err, Error::NotCompiled { .. }), "{err}");
+        }
     }
+}
+
+#[test]
+fn a_private_allocator_counts_its_own_allocations_only() {
+    let shared = Device::Cpu.allocator().unwrap();
+    let (a, b) = (
+        Device::Cpu.private_allocator().unwrap(),
+        Device::Cpu.private_allocator().unwrap(),
+    );
+    assert!(!Arc::ptr_eq(&a, &shared) && !Arc::ptr_eq(&a, &b));
+    assert_eq!(a.device(), Device::Cpu);
+    let x = DeviceBuffer::<f32>::alloc_in(&a, 1000).unwrap();
+    assert_eq!(a.stats().allocated, round_size(4000));
+    assert_eq!(b.stats(), MemoryStats::default());
+    drop(x);
+    assert_eq!(a.stats().allocated, 0);
 }
 
 #[test]

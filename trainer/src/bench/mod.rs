@@ -15,7 +15,7 @@ use crate::batch::{Batch, Images};
 use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use crate::model::{Act, Exec, LossMode, Mistral3, Mistral3Config, ModelError, Part};
 use crate::train::flops::{step_flops, GemmProbe};
-use cannon_kernels::cross_entropy::IGNORE_INDEX;
+use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
 use cannon_kernels::Precision;
 use cannon_runtime::rng::SplitMix64;
 use std::time::Instant;
@@ -315,7 +315,7 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
         }
         let t0 = Instant::now();
         grads.zero(exec.stream())?;
-        let acts = model.forward::<A>(&batch)?;
+        let acts = model.forward_train::<A>(&batch, LossNorm::Mean)?;
         model.backward(&batch, &acts, &mut grads, None)?;
         loss = acts.loss();
         drop(acts);

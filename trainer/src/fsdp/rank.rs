@@ -474,6 +474,7 @@ impl FsdpRank {
                     memory,
                     params: &fwd,
                     loss_norm,
+                    keep_logits: false,
                 };
                 Some(match cp {
                     Some(cp) => pass.forward_cp::<A>(b, cp)?,
@@ -500,6 +501,7 @@ impl FsdpRank {
                 memory,
                 params: &bwd,
                 loss_norm,
+                keep_logits: false,
             };
             match cp {
                 Some(cp) => {

@@ -6,8 +6,10 @@
 //! ```
 //!
 //! Full ([`LossMode::Full`]): the forward materialises the logits and writes d loss / d logits
-//! with the loss (`cannon_kernels::ops::cross_entropy`); the backward is the
-//! lm_head's linear backward. Chunked ([`LossMode::Chunked`]): no `[T,V]` tensor ever exists.
+//! with the loss; the backward is the lm_head's linear backward. A training forward
+//! overwrites the logits with their gradient (`ops::cross_entropy_in_place`: one `[T,V]`
+//! tensor, bit-identical gradient); a forward that keeps the logits for its caller (verify,
+//! eval) writes the gradient beside them (`ops::cross_entropy`: two). Chunked ([`LossMode::Chunked`]): no `[T,V]` tensor ever exists.
 //! The forward makes the logits of `rows` tokens at a time into one `[rows,V]` tensor (the
 //! lm_head GEMM per chunk) and takes their loss without gradient; the backward makes them
 //! again, overwrites them with their gradient (`ops::cross_entropy_in_place`) and hands
@@ -43,7 +45,7 @@ pub enum LossMode {
 /// What the head's forward keeps.
 #[derive(Debug)]
 pub struct HeadActs {
-    /// `[T,V]` logits (full mode only).
+    /// `[T,V]` logits (full mode, when kept).
     pub logits: Option<Tensor<f32>>,
     /// `[T,V]` d loss / d logits (full mode only).
     pub dlogits: Option<Tensor<f32>>,
@@ -85,7 +87,8 @@ fn divisor(norm: LossNorm, n: usize) -> Result<f64> {
 }
 
 /// Logits and loss of `xf [T,D]` against `targets [T]` (`IGNORE_INDEX` = ignored), the summed
-/// loss divided as `norm` says.
+/// loss divided as `norm` says. With the full loss, `keep_logits` keeps the logits beside
+/// their gradient; otherwise the gradient overwrites them.
 #[allow(clippy::too_many_arguments)]
 pub fn forward<A: Act>(
     exec: &Exec,
@@ -95,6 +98,7 @@ pub fn forward<A: Act>(
     targets: &[i32],
     (d, v): (usize, usize),
     norm: LossNorm,
+    keep_logits: bool,
 ) -> Result<HeadActs> {
     let st = exec.stream();
     let t = targets.len();
@@ -102,11 +106,17 @@ pub fn forward<A: Act>(
         LossMode::Full => {
             let mut logits = exec.empty(&[t, v])?;
             linear(st, &mut logits.view_mut(), &xf.view(), w, d, v)?;
-            let mut dlogits = exec.empty(&[t, v])?;
-            let mut dl = dlogits.view_mut();
-            let ce = ops::cross_entropy(st, &logits.view(), targets, v, Some(&mut dl), norm)?;
+            let (logits, dlogits, ce) = if keep_logits {
+                let mut dlogits = exec.empty(&[t, v])?;
+                let mut dl = dlogits.view_mut();
+                let ce = ops::cross_entropy(st, &logits.view(), targets, v, Some(&mut dl), norm)?;
+                (Some(logits), dlogits, ce)
+            } else {
+                let ce = ops::cross_entropy_in_place(st, &mut logits.view_mut(), targets, v, norm)?;
+                (None, logits, ce)
+            };
             Ok(HeadActs {
-                logits: Some(logits),
+                logits,
                 dlogits: Some(dlogits),
                 loss: ce.loss,
                 sum: ce.sum,

@@ -5,22 +5,24 @@
 //! Notation: T tokens of the batch, P vision patches (all images), M merged image tokens
 //! (`[IMG]` rows), N·C·h·w pixel values; text D hidden, Hq / Hkv heads of Hd, I MLP width, V
 //! vocab; vision Dv, Hv heads of Hdv (no GQA), Iv; m the merge size; `a` the bytes of a stored
-//! activation (4 in an f32 run, 2 in bf16: [`super::ops`]); f32 is 4 bytes.
+//! activation (4 in an f32 run, 2 in bf16: [`super::ops`]); f32 is 4 bytes; `s` the f32
+//! attention statistics saved per token and head on the step's device (1 on the CPU, 16 on
+//! an NPU: [`StepShape::lse_per_head`]).
 //!
 //! Saved by the forward (live from the forward until the backward ends):
 //!
 //! ```text
 //! vision embed    4·N·C·h·w (pixels) + 4·P·Dv (conv out) + 4·P (rstd) + 4·P·Dv (ln_pre out)
-//! vision layer    P·[8 + 4·Hv + 8·Dv + 8·Iv + a·(2·Dv + 4·Hv·Hdv + Iv)]
+//! vision layer    P·[8 + 4·s·Hv + 8·Dv + 8·Iv + a·(2·Dv + 4·Hv·Hdv + Iv)]
 //! projector       4·P (rstd) + a·M·m²·Dv (merged) + a·M·Dv (h0) + 4·M·D (h1) + a·M·D (act)
 //!                 + 4·M·D (out)
 //! text embed      4·T·D (spliced embeddings)
-//! text layer      T·[8 + 4·Hq + 8·D + 8·I + a·(2·D + 2·Hq·Hd + 2·Hkv·Hd + I)]
+//! text layer      T·[8 + 4·s·Hq + 8·D + 8·I + a·(2·D + 2·Hq·Hd + 2·Hkv·Hd + I)]
 //! final norm      4·T + a·T·D
-//! head, full      8·T·V (logits and d logits)         chunked: 0
+//! head, full      4·T·V (d logits, in the logits)     chunked: 0
 //! ```
 //!
-//! A layer's terms, in order: rstd1 + rstd2 (4·T each), lse (4·T·Hq), mid and the layer's
+//! A layer's terms, in order: rstd1 + rstd2 (4·T each), lse (4·s·T·Hq), mid and the layer's
 //! output (4·T·D each), gate and up (4·T·I each) in f32; ln1, ln2 (a·T·D each), q and att
 //! (a·T·Hq·Hd each), k and v (a·T·Hkv·Hd each), h (a·T·I) in activation storage.
 //!
@@ -50,7 +52,7 @@
 //!
 //! **Memory features** ([`plan_with`], [`super::saved`]). Write `O = 4·T·D` (a layer's input
 //! or output), `F` the thirteen block activations of a text layer above, `K` the part a layer
-//! keeps (`F` without recompute; selective: `4·T·(Hq + D + 2·I) + a·T·(2·Hq·Hd + 2·Hkv·Hd)`,
+//! keeps (`F` without recompute; selective: `4·T·(s·Hq + D + 2·I) + a·T·(2·Hq·Hd + 2·Hkv·Hd)`,
 //! i.e. q, k, v, att, lse, mid, gate, up; full: 0), `S` the block forward's working tensors.
 //! During layer l's forward the device holds the earlier layers' `O + K` each, then `O + F +
 //! O + S` (its input, all it makes, its output), so the text forward's high point is at the
@@ -79,8 +81,10 @@ use super::pixtral::PatchGrid;
 use super::projector::tokens_per_image;
 use super::saved::{MemoryFeatures, Recompute};
 use super::{Batch, LossMode, ModelError, Precision};
+use cannon_kernels::attention::lse_per_head;
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_runtime::alloc::round_size;
+use cannon_runtime::Device;
 
 /// The sizes of one batch that the memory depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,10 +102,15 @@ pub struct StepShape {
     pub pixels: usize,
     /// Whether any target is trained (the chunked loss skips everything otherwise).
     pub trained_targets: bool,
+    /// f32 softmax statistics an attention layer saves per (token, query head) on the
+    /// step's device ([`cannon_kernels::attention::lse_per_head`]): 1 on the CPU (the
+    /// log-sum-exp), 16 on an NPU (aclnn's softmaxMax and softmaxSum, 8 each).
+    pub lse_per_head: usize,
 }
 
 impl StepShape {
-    pub fn of(cfg: &Mistral3Config, batch: &Batch) -> Result<Self, ModelError> {
+    /// The shape of `batch` run on `device`.
+    pub fn of(cfg: &Mistral3Config, batch: &Batch, device: Device) -> Result<Self, ModelError> {
         let (patches, merged) = if batch.images.is_empty() {
             (0, 0)
         } else {
@@ -116,6 +125,7 @@ impl StepShape {
             merged,
             pixels: batch.images.pixel_values.len(),
             trained_targets: batch.targets().iter().any(|&t| t != IGNORE_INDEX),
+            lse_per_head: lse_per_head(device),
         })
     }
 }
@@ -141,7 +151,8 @@ pub struct Phase {
     pub name: &'static str,
     /// Saved activations alive (the head's logits excluded).
     pub saved: usize,
-    /// Logits: the full loss's `[T,V]` logits and their gradient, or the chunk alive.
+    /// Logits: the full loss's `[T,V]` logits overwritten by their gradient, or the chunk
+    /// alive.
     pub logits: usize,
     /// Parameter and gradient buffers that exist only for this phase (FSDP's gathered groups
     /// and full gradients) and context-parallel exchange buffers.
@@ -193,7 +204,8 @@ fn blocks(bytes: &[usize]) -> usize {
     bytes.iter().map(|&b| round_size(b)).sum()
 }
 
-/// The sizes of a pre-norm block: (d, q width, kv width, heads, inter, gelu gate).
+/// The sizes of a pre-norm block: (d, q width, kv width, heads, inter, gelu gate), and the
+/// f32 attention statistics it saves per token and head on the step's device.
 #[derive(Clone, Copy)]
 struct Dims {
     d: usize,
@@ -202,10 +214,11 @@ struct Dims {
     hq: usize,
     i: usize,
     gelu: bool,
+    lse: usize,
 }
 
 impl Dims {
-    fn text(cfg: &Mistral3Config) -> Self {
+    fn text(cfg: &Mistral3Config, s: &StepShape) -> Self {
         let t = &cfg.text_config;
         Dims {
             d: t.hidden_size,
@@ -214,10 +227,11 @@ impl Dims {
             hq: t.num_attention_heads,
             i: t.intermediate_size,
             gelu: false,
+            lse: s.lse_per_head,
         }
     }
 
-    fn vision(cfg: &Mistral3Config) -> Self {
+    fn vision(cfg: &Mistral3Config, s: &StepShape) -> Self {
         let v = &cfg.vision_config;
         let dq = v.num_attention_heads * v.head_dim();
         Dims {
@@ -227,6 +241,7 @@ impl Dims {
             hq: v.num_attention_heads,
             i: v.intermediate_size,
             gelu: v.hidden_act == HiddenAct::Gelu,
+            lse: s.lse_per_head,
         }
     }
 
@@ -246,7 +261,7 @@ impl Dims {
             (a * t * self.dkv, true),
             (a * t * self.dkv, true),
             (a * t * self.dq, true),
-            (4 * t * self.hq, true),
+            (4 * t * self.hq * self.lse, true),
             (4 * t * self.d, true),
             (4 * t, false),
             (a * t * self.d, false),
@@ -598,7 +613,7 @@ pub fn plan_with(
     let (d, v) = (cfg.text_config.hidden_size, cfg.text_config.vocab_size);
     let dv = cfg.vision_config.hidden_size;
     let mm = cfg.spatial_merge_size * cfg.spatial_merge_size;
-    let (td, vd) = (Dims::text(cfg), Dims::vision(cfg));
+    let (td, vd) = (Dims::text(cfg, s), Dims::vision(cfg, s));
     let images = p > 0;
     let (lv, lt) = (cfg.vision_layers_used(), cfg.text_config.num_hidden_layers);
     let f = |n: usize| round_size(4 * n);
@@ -630,8 +645,9 @@ pub fn plan_with(
         text_embed: f(tw * d),
         text_layer: tl.o + tl.kept,
         final_norm: blocks(&[4 * t, a * t * d]),
+        // A training forward overwrites the logits with their gradient (`head::forward`).
         head: match mode {
-            LossMode::Full => 2 * f(t * v),
+            LossMode::Full => f(t * v),
             LossMode::Chunked(_) => 0,
         },
     };

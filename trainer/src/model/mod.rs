@@ -129,7 +129,8 @@ impl<A: cannon_runtime::Element> ForwardActs<A> {
         self.head.loss
     }
 
-    /// `[T, V]` logits (full loss mode only).
+    /// `[T, V]` logits: full loss mode, from a forward that keeps them ([`Pass::keep_logits`];
+    /// [`Mistral3::forward`] does, a training forward does not).
     pub fn logits(&self) -> Option<&Tensor<f32>> {
         self.head.logits.as_ref()
     }
@@ -212,7 +213,7 @@ impl Mistral3 {
         let alloc = self.exec.allocator();
         alloc.reset_peak();
         let start_allocated = alloc.stats().allocated;
-        let acts = self.forward::<A>(batch)?;
+        let acts = self.forward_train::<A>(batch, LossNorm::Mean)?;
         self.backward(batch, &acts, grads, dpixels)?;
         let loss = acts.loss();
         drop(acts);
@@ -242,24 +243,29 @@ impl Mistral3 {
             memory: self.memory,
             params: &self.params,
             loss_norm: LossNorm::Mean,
+            keep_logits: true,
         }
     }
 
-    /// Forward through vision, projector, splice, decoder, lm_head and the mean loss.
+    /// Forward through vision, projector, splice, decoder, lm_head and the mean loss, keeping
+    /// the full loss's logits ([`ForwardActs::logits`]).
     pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
         self.pass().forward(batch)
     }
 
-    /// [`Mistral3::forward`] with the summed loss divided as `norm` says: `Divisor(n)` with the
-    /// trained targets of a whole optimizer step makes the backward of each micro batch its
-    /// share of that step's mean-loss gradient (gradient accumulation).
-    pub fn forward_norm<A: Act>(
+    /// The forward of a training step: the summed loss divided as `norm` says (`Mean`, or
+    /// `Divisor(n)` with the trained targets of a whole optimizer step, which makes the
+    /// backward of each micro batch its share of that step's mean-loss gradient: gradient
+    /// accumulation), and the full loss's logits overwritten by their gradient (one `[T, V]`
+    /// tensor instead of two; [`ForwardActs::logits`] is None).
+    pub fn forward_train<A: Act>(
         &self,
         batch: &Batch,
         norm: LossNorm,
     ) -> Result<ForwardActs<A>, ModelError> {
         Pass {
             loss_norm: norm,
+            keep_logits: false,
             ..self.pass()
         }
         .forward(batch)
@@ -310,6 +316,9 @@ pub struct Pass<'a> {
     /// `Divisor(n)`, the trained targets of every micro batch on every rank of the optimizer
     /// step, so that the summed gradients are the gradient of the step's mean.
     pub loss_norm: LossNorm,
+    /// Whether the full loss keeps its `[T, V]` logits for the caller beside their gradient
+    /// (verify, eval), or overwrites them with it (training: `4·T·V` bytes less).
+    pub keep_logits: bool,
 }
 
 impl Pass<'_> {
@@ -407,7 +416,8 @@ impl Pass<'_> {
         };
         let w = head_view(params.layout(), &head_w)?.lm_head;
         let dv = (t.hidden_size, t.vocab_size);
-        let head = head::forward(ex, self.loss_mode, &text.xf, &w, &targets, dv, norm)?;
+        let keep = self.keep_logits;
+        let head = head::forward(ex, self.loss_mode, &text.xf, &w, &targets, dv, norm, keep)?;
         drop(head_w);
         Ok(ForwardActs {
             vision,

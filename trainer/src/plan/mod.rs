@@ -239,6 +239,7 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
             merged: images * per_image_tokens,
             pixels: images * cfg.vision_config.num_channels * side * side,
             trained_targets: true,
+            lse_per_head: cannon_kernels::attention::lse_per_head(s.device),
         };
         let pass = PassPlan::new(
             cfg,

@@ -44,6 +44,15 @@ pub fn features(s: &PlanSettings) -> String {
     )
 }
 
+/// `npu` or `cpu`: the kind of device the ranks run on (each rank has its own).
+pub fn device_name(s: &PlanSettings) -> &'static str {
+    if s.device.is_cpu() {
+        "cpu"
+    } else {
+        "npu"
+    }
+}
+
 fn on(b: bool) -> &'static str {
     if b {
         "on"
@@ -67,7 +76,7 @@ pub fn text(p: &Plan, device: u64) -> String {
     let cp = s.features.cp.size.max(1);
     let mut out = format!(
         "cannon plan: {} ({:.2} B parameters, {:.2} B trained), {}, {} rank(s) = dp {} x cp {cp}, \
-         FSDP {}\n",
+         FSDP {}, on {}\n",
         s.dir.display(),
         total as f64 / 1e9,
         trained as f64 / 1e9,
@@ -75,6 +84,7 @@ pub fn text(p: &Plan, device: u64) -> String {
         s.nproc,
         s.nproc / cp,
         if s.nproc > 1 && s.fsdp { "on" } else { "off" },
+        device_name(s),
     );
     out += &format!(
         "batch: micro_batch {} (rows over the dp ranks) x max_len {}, {} image(s) of {} px per \
@@ -201,6 +211,7 @@ pub fn to_json(p: &Plan, device: u64, table: Option<&[FeatureRow]>) -> Value {
     let s = &p.settings;
     let mut v = json!({
         "config": s.dir.display().to_string(),
+        "device": device_name(s),
         "dtype": s.precision.to_string(),
         "nproc": s.nproc,
         "fsdp": s.fsdp && s.nproc > 1,

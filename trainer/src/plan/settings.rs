@@ -20,6 +20,7 @@ use crate::config::{ConfigError, Dtype, TrainConfig};
 use crate::model::memory::{ContextParallel, CpAlgo, StepFeatures};
 use crate::model::Recompute;
 use crate::model::{LossMode, Mistral3Config, Part, Precision};
+use cannon_runtime::Device;
 use std::path::{Path, PathBuf};
 
 /// Input `cannon plan` cannot use. Every variant names the path or the key.
@@ -70,6 +71,10 @@ pub struct PlanSettings {
     pub loss: LossMode,
     pub features: StepFeatures,
     pub offload_optimizer: bool,
+    /// The device the ranks run on: what it saves for the attention's backward differs
+    /// (`StepShape::lse_per_head`). [`PlanSettings::load`] plans for the CPU, the device of
+    /// `cannon train`'s ranks by default; `cannon plan --device` picks another.
+    pub device: Device,
 }
 
 impl PlanSettings {
@@ -125,6 +130,7 @@ impl PlanSettings {
             loss: LossMode::Full,
             features: StepFeatures::default(),
             offload_optimizer: false,
+            device: Device::Cpu,
         };
         for (key, value) in own {
             s.apply(key, &value)?;

@@ -2,6 +2,7 @@
 
 use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use crate::model::{Act, Batch, LossMode, MemoryFeatures, Mistral3, ModelError, Part, Recompute};
+use cannon_kernels::cross_entropy::LossNorm;
 
 /// What the optimizer steps need besides the model and the batch (constant learning rate).
 #[derive(Debug, Clone, PartialEq)]
@@ -45,7 +46,7 @@ pub fn train_steps<A: Act>(
     let exec = model.exec.clone();
     let st = exec.stream();
     for _ in 0..steps {
-        let acts = model.forward::<A>(batch)?;
+        let acts = model.forward_train::<A>(batch, LossNorm::Mean)?;
         grads.zero(st)?;
         model.backward(batch, &acts, &mut grads, None)?;
         log.grad_norms
@@ -91,7 +92,7 @@ pub fn accumulate<A: Act>(
     let norm = cannon_kernels::cross_entropy::LossNorm::Divisor(targets as f64);
     let mut loss = 0.0;
     for b in micro {
-        let acts = model.forward_norm::<A>(b, norm)?;
+        let acts = model.forward_train::<A>(b, norm)?;
         model.backward(b, &acts, grads, None)?;
         loss += acts.loss();
     }

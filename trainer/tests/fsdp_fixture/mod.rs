@@ -225,6 +225,7 @@ pub fn run_unsharded(
                 memory: s.memory,
                 params: &params,
                 loss_norm: LossNorm::Divisor(count as f64),
+                keep_logits: false,
             };
             let acts = pass.forward::<f32>(b).unwrap();
             pass.backward(b, &acts, &mut grads, None).unwrap();
