@@ -121,6 +121,12 @@ pub(super) fn gemm_f32(
 /// Below this many elements an operand is widened on the calling thread.
 const PARALLEL_MIN_WIDEN: usize = 1 << 16;
 
+/// Widened f32 values the portable bf16 path holds for one product (16 MiB): a larger
+/// product runs in blocks (see [`portable`]). Widening whole operands made the bench
+/// config's lm_head backward hold its 256 MiB `d logits` a second time, widened, in a
+/// buffer kept for the next step.
+pub(super) const WIDEN_CAP: usize = 1 << 22;
+
 thread_local! {
     // The widened operands of the portable bf16 path, reused from call to call: a fresh
     // allocation per product would page-fault its whole size in every step (the bench's
@@ -185,15 +191,86 @@ pub(super) fn gemm_bf16<TA: Float, TB: Float>(
         return;
     }
     let _ = force_portable;
-    // Products of the bf16-rounded values, accumulated in f32: what the bf16 kernel computes,
-    // at the f32 GEMM's rate (widening is O(mk + kn) against the product's O(mnk)).
-    let (ar, ac) = super::stored_shape(ta, d.m, d.k);
-    let (br, bc) = super::stored_shape(tb, d.k, d.n);
+    let ops = (a, lda, b, ldb, c, ldc);
+    portable(ta, tb, d, alpha, beta, ops, WIDEN_CAP);
+}
+
+/// The portable bf16 product: the bf16-rounded operands widened to f32, then [`gemm_f32`]:
+/// what the bf16 kernel computes (products of bf16 values accumulated in f32) at the f32
+/// GEMM's rate (widening is O(mk + kn) against the product's O(mnk)).
+///
+/// At most `cap` widened values are held: when `op(A)` and `op(B)` together hold more, the
+/// product runs in blocks, widening the small operand once: blocks of C's rows when `op(B)`
+/// is small (the lm_head's weight gradient, `d logits^T x`), of C's columns when `op(A)` is
+/// (the logits, `x W^T`), and otherwise of the depth, accumulating into C (the lm_head's
+/// input gradient, `d logits W`).
+pub(super) fn portable<TA: Float, TB: Float>(
+    ta: Trans,
+    tb: Trans,
+    d: Dims,
+    alpha: f32,
+    beta: f32,
+    (a, lda, b, ldb, c, ldc): (&[TA], usize, &[TB], usize, &mut [f32], usize),
+    cap: usize,
+) {
     let mut aw = WIDE_A.with(|c| c.take());
     let mut bw = WIDE_B.with(|c| c.take());
-    widen_stored(ar, ac, a, lda, &mut aw);
-    widen_stored(br, bc, b, ldb, &mut bw);
-    gemm_f32(ta, tb, d, alpha, &aw, ac, &bw, bc, beta, c, ldc);
+    let (a_len, b_len) = (d.m * d.k, d.k * d.n);
+    let half = (cap / 2).max(1);
+    // Stored (rows, cols) of `op(X)`'s block and its offset in X's slice: `op(A)` rows
+    // `i0..i0 + mi`, columns (depth) `p0..p0 + kp`; `op(B)` rows `p0..`, columns `j0..`.
+    let a_block = |i0: usize, mi: usize, p0: usize, kp: usize| match ta {
+        Trans::N => (mi, kp, i0 * lda + p0),
+        Trans::T => (kp, mi, p0 * lda + i0),
+    };
+    let b_block = |p0: usize, kp: usize, j0: usize, nj: usize| match tb {
+        Trans::N => (kp, nj, p0 * ldb + j0),
+        Trans::T => (nj, kp, j0 * ldb + p0),
+    };
+    if a_len + b_len <= cap {
+        let (ar, ac, _) = a_block(0, d.m, 0, d.k);
+        let (br, bc, _) = b_block(0, d.k, 0, d.n);
+        widen_stored(ar, ac, a, lda, &mut aw);
+        widen_stored(br, bc, b, ldb, &mut bw);
+        gemm_f32(ta, tb, d, alpha, &aw, ac, &bw, bc, beta, c, ldc);
+    } else if b_len <= half {
+        let (br, bc, _) = b_block(0, d.k, 0, d.n);
+        widen_stored(br, bc, b, ldb, &mut bw);
+        let rows = (half / d.k).max(1);
+        for i0 in (0..d.m).step_by(rows) {
+            let mi = rows.min(d.m - i0);
+            let (ar, ac, off) = a_block(i0, mi, 0, d.k);
+            widen_stored(ar, ac, &a[off..], lda, &mut aw);
+            let di = Dims { m: mi, ..d };
+            let ci = &mut c[i0 * ldc..];
+            gemm_f32(ta, tb, di, alpha, &aw, ac, &bw, bc, beta, ci, ldc);
+        }
+    } else if a_len <= half {
+        let (ar, ac, _) = a_block(0, d.m, 0, d.k);
+        widen_stored(ar, ac, a, lda, &mut aw);
+        let cols = (half / d.k).max(1);
+        for j0 in (0..d.n).step_by(cols) {
+            let nj = cols.min(d.n - j0);
+            let (br, bc, off) = b_block(0, d.k, j0, nj);
+            widen_stored(br, bc, &b[off..], ldb, &mut bw);
+            let dj = Dims { n: nj, ..d };
+            let cj = &mut c[j0..];
+            gemm_f32(ta, tb, dj, alpha, &aw, ac, &bw, bc, beta, cj, ldc);
+        }
+    } else {
+        let depth = (cap / (d.m + d.n)).max(1);
+        for p0 in (0..d.k).step_by(depth) {
+            let kp = depth.min(d.k - p0);
+            let (ar, ac, a_off) = a_block(0, d.m, p0, kp);
+            let (br, bc, b_off) = b_block(p0, kp, 0, d.n);
+            widen_stored(ar, ac, &a[a_off..], lda, &mut aw);
+            widen_stored(br, bc, &b[b_off..], ldb, &mut bw);
+            // The first block applies beta (0 ignores C's old values); the others add.
+            let beta = if p0 == 0 { beta } else { 1.0 };
+            let dp = Dims { k: kp, ..d };
+            gemm_f32(ta, tb, dp, alpha, &aw, ac, &bw, bc, beta, c, ldc);
+        }
+    }
     WIDE_A.with(|c| c.set(aw));
     WIDE_B.with(|c| c.set(bw));
 }

@@ -532,3 +532,60 @@ fn nested_calls_from_rayon_tasks() {
     let nested: Vec<Vec<f32>> = cases.par_iter().map(run).collect();
     assert_eq!(alone, nested);
 }
+
+/// The portable bf16 path holds at most `cap` widened values: a larger product runs in blocks
+/// of C's rows (small `op(B)`), of C's columns (small `op(A)`) or of the depth (neither),
+/// each with every transpose, strided operands, and beta 0 over a C of NaNs (which must not
+/// leak in) or beta != 0. Blocks of rows or columns compute each output as the whole product
+/// does; depth blocks add partial sums in f32, so against the unblocked product the bar is
+/// f32 summation order (1e-6 relative), and against float64 of the rounded inputs the f32
+/// bar (1e-5). Real caps: the bench config's lm_head products exceed `WIDEN_CAP` in all
+/// three ways (`cpu.rs`).
+#[test]
+fn portable_bf16_in_blocks_matches_the_whole_product() {
+    let mut rng = Rng::new(17);
+    let cap = 300;
+    let shapes = [
+        ("rows", Dims { m: 50, n: 7, k: 13 }),
+        ("columns", Dims { m: 7, n: 50, k: 13 }),
+        (
+            "depth",
+            Dims {
+                m: 20,
+                n: 30,
+                k: 101,
+            },
+        ),
+    ];
+    for (what, d) in shapes {
+        assert!(d.m * d.k + d.k * d.n > cap, "{what}: the cap must split");
+        for (ta, tb) in TRANS {
+            for (alpha, beta) in [(1.0f32, 0.0f32), (-0.5, 0.75)] {
+                let mut cs = case(&mut rng, ta, tb, d, 3);
+                if beta == 0.0 {
+                    // NaN inside the matrix, 0 in the row padding (which no path touches).
+                    for (i, x) in cs.c.iter_mut().enumerate() {
+                        *x = if i % cs.ldc < d.n { f32::NAN } else { 0.0 };
+                    }
+                }
+                let (ah, bh) = (bf16s(&cs.a), bf16s(&cs.b));
+                let run = |cap: usize| {
+                    let mut c = cs.c.clone();
+                    let ops = (&ah[..], cs.lda, &bh[..], cs.ldb, &mut c[..], cs.ldc);
+                    cpu::portable(ta, tb, d, alpha, beta, ops, cap);
+                    c
+                };
+                let (blocked, whole) = (run(cap), run(usize::MAX));
+                let e = rel_l2(&blocked, &whole);
+                let tag = format!("{what} {ta:?}{tb:?} alpha {alpha} beta {beta}");
+                assert!(e <= 1e-6, "{tag}: blocked vs whole rel_l2 {e:e}");
+                let c64 = f64s(&cs.c);
+                let (ra, rb) = (rounded_f64s(&cs.a), rounded_f64s(&cs.b));
+                let (al, be) = (alpha as f64, beta as f64);
+                let r = reference(ta, tb, d, al, &ra, cs.lda, &rb, cs.ldb, be, &c64, cs.ldc);
+                let e = rel_l2(&blocked, &r);
+                assert!(e <= 1e-5, "{tag}: vs float64 rel_l2 {e:e}");
+            }
+        }
+    }
+}
