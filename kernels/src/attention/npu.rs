@@ -18,11 +18,57 @@
     allow(unused_variables, unused_imports, dead_code)
 )]
 
-use super::{QkvBuf, QkvGradBuf, VarlenAttention};
+use super::{BlockAttention, QkvBuf, QkvGradBuf, VarlenAttention};
 use crate::backend::npu_body;
 use crate::error::{check_len, Result};
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
+
+/// Ring attention's blocks have no NPU body yet: they would be
+/// aclnnFlashAttentionVarLenScore calls with separate query and key lengths and the
+/// log-sum-exp merge composed from aclnn elementwise ops. Until then the NPU runs context
+/// parallelism as Ulysses.
+fn ring_block_pending(op: &'static str, ordinal: u32) -> crate::error::KernelError {
+    let device = cannon_runtime::Device::Npu(ordinal).to_string();
+    if cfg!(feature = "npu") {
+        crate::error::KernelError::Unsupported {
+            op,
+            device,
+            reason: "ring attention blocks (parallel.cp_algo = ring or hybrid) have no NPU \
+                     body yet; use parallel.cp_algo = ulysses on the NPU"
+                .into(),
+        }
+    } else {
+        crate::error::KernelError::NotCompiled { op, device }
+    }
+}
+
+/// A ring attention block's forward on the NPU: the typed error of [`ring_block_pending`].
+pub fn block_forward<E: Float>(
+    ordinal: u32,
+    _: &Stream,
+    _: &BlockAttention,
+    _: QkvBuf<'_, E>,
+    _: &mut BufferViewMut<'_, f32>,
+    _: &mut BufferViewMut<'_, f32>,
+) -> Result<()> {
+    Err(ring_block_pending("attention_block_forward", ordinal))
+}
+
+/// A ring attention block's backward on the NPU: the typed error of [`ring_block_pending`].
+#[allow(clippy::too_many_arguments)] // the op list's arguments after ordinal and stream
+pub fn block_backward<E: Float>(
+    ordinal: u32,
+    _: &Stream,
+    _: &BlockAttention,
+    _: QkvBuf<'_, E>,
+    _: &BufferView<'_, E>,
+    _: &BufferView<'_, f32>,
+    _: &BufferView<'_, E>,
+    _: QkvGradBuf<'_, '_, f32>,
+) -> Result<()> {
+    Err(ring_block_pending("attention_block_backward", ordinal))
+}
 
 /// f32 values the NPU keeps between forward and backward: softmaxMax and softmaxSum,
 /// `T * Hq * 8` each.

@@ -1,11 +1,14 @@
 //! The one list of the ops over runtime buffers, written once.
 //!
 //! Each entry is an op's signature (after `stream`), its doc, the slice-level function it
-//! runs on the CPU, the operands [`super::select`] checks against the stream's device, and
-//! optionally a `check` run before that. Two expansions read it: [`super::Backend`] (one
-//! method per entry, which the CPU and NPU backends implement) and [`crate::ops`] (one public
-//! entry point per entry, which checks the operands and calls the chosen backend's method).
-//! A new op is one entry here plus its two method bodies.
+//! runs on the CPU, the operands [`super::select`] checks against the stream's device,
+//! optionally a `check` run before that, and its NPU body: a function of the op's `npu.rs`
+//! taking the device ordinal, the stream and the entry's arguments in order. Three expansions
+//! read it: [`super::Backend`] (one method per entry), its implementation for [`super::Npu`]
+//! (each method calls the entry's NPU body) and [`crate::ops`] (one public entry point per
+//! entry, which checks the operands and calls the chosen backend's method). A new op is one
+//! entry here, its CPU method (`cpu.rs`: borrowing host slices is op-specific) and its NPU
+//! body.
 
 /// Expands `$m! { <every entry> }`.
 macro_rules! for_each_op {
@@ -20,7 +23,8 @@ macro_rules! for_each_op {
                 step: u64,
                 hp: &AdamW,
             ) -> Result<()>
-            => "crate::adamw::adamw_step" on [params, grads, m, v];
+            => "crate::adamw::adamw_step" on [params, grads, m, v]
+            npu crate::adamw::npu::step;
 
             /// Varlen attention forward: writes `out` and `lse` ([`crate::attention`]).
             fn attention_forward<E: Float>(
@@ -29,7 +33,8 @@ macro_rules! for_each_op {
                 out: &mut BufferViewMut<'_, E>,
                 lse: &mut BufferViewMut<'_, f32>,
             ) -> Result<()>
-            => "crate::attention::forward" on [x, out, lse];
+            => "crate::attention::forward" on [x, out, lse]
+            npu crate::attention::npu::forward;
 
             /// Varlen attention backward: overwrites dq, dk, dv.
             fn attention_backward<E: Float>(
@@ -40,7 +45,8 @@ macro_rules! for_each_op {
                 dout: &BufferView<'_, E>,
                 g: QkvGradBuf<'_, '_, E>,
             ) -> Result<()>
-            => "crate::attention::backward" on [x, out, lse, dout, g];
+            => "crate::attention::backward" on [x, out, lse, dout, g]
+            npu crate::attention::npu::backward;
 
             /// Ring attention block forward: merges into the f32 `out` and `lse` accumulators
             /// (NPU: an error, no body yet).
@@ -50,7 +56,8 @@ macro_rules! for_each_op {
                 out: &mut BufferViewMut<'_, f32>,
                 lse: &mut BufferViewMut<'_, f32>,
             ) -> Result<()>
-            => "crate::attention::block_forward_merge" on [x, out, lse];
+            => "crate::attention::block_forward_merge" on [x, out, lse]
+            npu crate::attention::npu::block_forward;
 
             /// Ring attention block backward: adds into the f32 dq, dk, dv accumulators (NPU: an
             /// error, no body yet).
@@ -62,14 +69,16 @@ macro_rules! for_each_op {
                 dout: &BufferView<'_, E>,
                 g: QkvGradBuf<'_, '_, f32>,
             ) -> Result<()>
-            => "crate::attention::block_backward_accumulate" on [x, out, lse, dout, g];
+            => "crate::attention::block_backward_accumulate" on [x, out, lse, dout, g]
+            npu crate::attention::npu::block_backward;
 
             /// `dst = src` converted between storage types ([`crate::cast`]).
             fn cast<A: Float, B: Float>(
                 src: &BufferView<'_, A>,
                 dst: &mut BufferViewMut<'_, B>,
             ) -> Result<()>
-            => "crate::cast::cast" on [src, dst];
+            => "crate::cast::cast" on [src, dst]
+            npu crate::cast::npu::convert;
 
             /// Cross-entropy of `[N, V]` logits; writes `d_logits` when given.
             fn cross_entropy(
@@ -79,7 +88,8 @@ macro_rules! for_each_op {
                 d_logits: Option<&mut BufferViewMut<'_, f32>>,
                 norm: LossNorm,
             ) -> Result<CeStats>
-            => "crate::cross_entropy::cross_entropy" on [logits, d_logits];
+            => "crate::cross_entropy::cross_entropy" on [logits, d_logits]
+            npu crate::cross_entropy::npu::full;
 
             /// Cross-entropy whose gradient overwrites the logits.
             fn cross_entropy_in_place(
@@ -88,7 +98,8 @@ macro_rules! for_each_op {
                 vocab: usize,
                 norm: LossNorm,
             ) -> Result<CeStats>
-            => "crate::cross_entropy::cross_entropy_in_place" on [logits];
+            => "crate::cross_entropy::cross_entropy_in_place" on [logits]
+            npu crate::cross_entropy::npu::in_place;
 
             /// Cross-entropy of the lm_head logits `h w^T`, `chunk_rows` rows at a time.
             fn cross_entropy_lm_head(
@@ -102,7 +113,8 @@ macro_rules! for_each_op {
                 grads: LmHeadGrads<'_>,
             ) -> Result<CeStats>
             => "crate::cross_entropy::cross_entropy_chunked" on [h, w, grads]
-            check { grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?; };
+            check { grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?; }
+            npu crate::cross_entropy::npu::chunked_lm_head;
 
             /// Gathers rows `ids` of `weight` ([`crate::embedding`]).
             fn embedding_forward<E: Float>(
@@ -111,7 +123,8 @@ macro_rules! for_each_op {
                 weight: &BufferView<'_, E>,
                 dim: usize,
             ) -> Result<()>
-            => "crate::embedding::embedding_forward" on [out, weight];
+            => "crate::embedding::embedding_forward" on [out, weight]
+            npu crate::embedding::npu::forward;
 
             /// `dweight[ids[t]] += dout[t]`.
             fn embedding_backward<E: Float>(
@@ -120,14 +133,16 @@ macro_rules! for_each_op {
                 ids: &[u32],
                 dim: usize,
             ) -> Result<()>
-            => "crate::embedding::embedding_backward" on [dweight, dout];
+            => "crate::embedding::embedding_backward" on [dweight, dout]
+            npu crate::embedding::npu::backward;
 
             /// `y = gelu(x)` ([`crate::gelu`]).
             fn gelu_forward<E: Float>(
                 y: &mut BufferViewMut<'_, E>,
                 x: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::gelu::gelu_forward" on [y, x];
+            => "crate::gelu::gelu_forward" on [y, x]
+            npu crate::gelu::npu::forward;
 
             /// `dx += dy * gelu'(x)`.
             fn gelu_backward<E: Float>(
@@ -135,7 +150,8 @@ macro_rules! for_each_op {
                 dy: &BufferView<'_, E>,
                 x: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::gelu::gelu_backward" on [dx, dy, x];
+            => "crate::gelu::gelu_backward" on [dx, dy, x]
+            npu crate::gelu::npu::backward;
 
             /// `C = alpha op(A) op(B) + beta C` in precision `p` ([`crate::gemm`]).
             fn gemm<A: Float, B: Float>(
@@ -152,20 +168,23 @@ macro_rules! for_each_op {
                 c: &mut BufferViewMut<'_, f32>,
                 ldc: usize,
             ) -> Result<()>
-            => "crate::gemm::gemm_f32" on [a, b, c];
+            => "crate::gemm::gemm_f32" on [a, b, c]
+            npu crate::gemm::npu::gemm;
 
             /// Sum of squares of every element of every view, in f64 ([`crate::grad_clip`]).
             fn grad_sum_squares(
                 grads: &[BufferView<'_, f32>],
             ) -> Result<f64>
-            => "crate::grad_clip::grad_sum_squares" on [grads];
+            => "crate::grad_clip::grad_sum_squares" on [grads]
+            npu crate::grad_clip::npu::grad_sum_squares;
 
             /// Every element of every view times `coef`.
             fn scale_grads(
                 grads: &mut [BufferViewMut<'_, f32>],
                 coef: f32,
             ) -> Result<()>
-            => "crate::grad_clip::scale_grads" on [grads];
+            => "crate::grad_clip::scale_grads" on [grads]
+            npu crate::grad_clip::npu::scale_grads;
 
             /// `y = x w^T (+ b)` in precision `p` ([`crate::linear`]).
             fn linear_forward<Y: Float, X: Float, W: Float>(
@@ -176,7 +195,8 @@ macro_rules! for_each_op {
                 b: Option<&BufferView<'_, W>>,
                 d: LinearDims,
             ) -> Result<()>
-            => "crate::linear::linear_forward" on [y, x, w, b];
+            => "crate::linear::linear_forward" on [y, x, w, b]
+            npu crate::linear::npu::forward;
 
             /// Accumulates the gradients present in `g`, in precision `p`.
             fn linear_backward<G: Float, X: Float, W: Float>(
@@ -187,7 +207,8 @@ macro_rules! for_each_op {
                 w: &BufferView<'_, W>,
                 d: LinearDims,
             ) -> Result<()>
-            => "crate::linear::linear_backward" on [g, dy, x, w];
+            => "crate::linear::linear_backward" on [g, dy, x, w]
+            npu crate::linear::npu::backward;
 
             /// `out = im2col(pixels) weight^T` in precision `p` ([`crate::patch_embed`]).
             fn patch_embed_forward<P: Float, W: Float>(
@@ -198,7 +219,8 @@ macro_rules! for_each_op {
                 g: PatchGeom,
                 d_model: usize,
             ) -> Result<()>
-            => "crate::patch_embed::patch_embed_forward" on [out, pixels, weight];
+            => "crate::patch_embed::patch_embed_forward" on [out, pixels, weight]
+            npu crate::patch_embed::npu::forward;
 
             /// Accumulates the gradients present in `grads`, in precision `p`.
             fn patch_embed_backward<G: Float, P: Float, W: Float>(
@@ -210,7 +232,8 @@ macro_rules! for_each_op {
                 g: PatchGeom,
                 d_model: usize,
             ) -> Result<()>
-            => "crate::patch_embed::patch_embed_backward" on [grads, dout, pixels, weight];
+            => "crate::patch_embed::patch_embed_backward" on [grads, dout, pixels, weight]
+            npu crate::patch_embed::npu::backward;
 
             /// `out = rmsnorm(x) * weight`, saving `rstd` ([`crate::rmsnorm`]).
             fn rmsnorm_forward<E: Float>(
@@ -221,7 +244,8 @@ macro_rules! for_each_op {
                 dim: usize,
                 eps: f32,
             ) -> Result<()>
-            => "crate::rmsnorm::rmsnorm_forward" on [out, rstd, x, weight];
+            => "crate::rmsnorm::rmsnorm_forward" on [out, rstd, x, weight]
+            npu crate::rmsnorm::npu::forward;
 
             /// Accumulates `dx` and `dweight`.
             fn rmsnorm_backward<E: Float>(
@@ -233,7 +257,8 @@ macro_rules! for_each_op {
                 rstd: &BufferView<'_, f32>,
                 dim: usize,
             ) -> Result<()>
-            => "crate::rmsnorm::rmsnorm_backward" on [dx, dweight, dout, x, weight, rstd];
+            => "crate::rmsnorm::rmsnorm_backward" on [dx, dweight, dout, x, weight, rstd]
+            npu crate::rmsnorm::npu::backward;
 
             /// Rotates `x` in place by the angles of `pos` ([`crate::rope`]).
             fn rope_forward<E: Float>(
@@ -242,7 +267,8 @@ macro_rules! for_each_op {
                 table: &RopeTable,
                 pos: &[u32],
             ) -> Result<()>
-            => "crate::rope::rope_forward" on [x];
+            => "crate::rope::rope_forward" on [x]
+            npu crate::rope::npu::forward;
 
             /// The inverse rotation of `dx`, in place.
             fn rope_backward<E: Float>(
@@ -251,7 +277,8 @@ macro_rules! for_each_op {
                 table: &RopeTable,
                 pos: &[u32],
             ) -> Result<()>
-            => "crate::rope::rope_backward" on [dx];
+            => "crate::rope::rope_backward" on [dx]
+            npu crate::rope::npu::backward;
 
             /// `h = silu(gate) * up` ([`crate::swiglu`]).
             fn swiglu_forward<E: Float>(
@@ -259,7 +286,8 @@ macro_rules! for_each_op {
                 gate: &BufferView<'_, E>,
                 up: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::swiglu::swiglu_forward" on [h, gate, up];
+            => "crate::swiglu::swiglu_forward" on [h, gate, up]
+            npu crate::swiglu::npu::forward;
 
             /// Accumulates `d_gate` and `d_up`.
             fn swiglu_backward<E: Float>(
@@ -269,14 +297,16 @@ macro_rules! for_each_op {
                 gate: &BufferView<'_, E>,
                 up: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::swiglu::swiglu_backward" on [d_gate, d_up, dh, gate, up];
+            => "crate::swiglu::swiglu_backward" on [d_gate, d_up, dh, gate, up]
+            npu crate::swiglu::npu::backward;
 
             /// `y += x` ([`crate::elementwise`]).
             fn add_into<E: Float>(
                 y: &mut BufferViewMut<'_, E>,
                 x: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::elementwise::add_into" on [y, x];
+            => "crate::elementwise::add_into" on [y, x]
+            npu crate::elementwise::npu::add_into;
 
             /// `out = a * b`.
             fn mul<E: Float>(
@@ -284,14 +314,16 @@ macro_rules! for_each_op {
                 a: &BufferView<'_, E>,
                 b: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::elementwise::mul" on [out, a, b];
+            => "crate::elementwise::mul" on [out, a, b]
+            npu crate::elementwise::npu::mul;
 
             /// `y *= x`.
             fn mul_into<E: Float>(
                 y: &mut BufferViewMut<'_, E>,
                 x: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::elementwise::mul_into" on [y, x];
+            => "crate::elementwise::mul_into" on [y, x]
+            npu crate::elementwise::npu::mul_into;
 
             /// `out[i] = src[idx[i]]`, rows of `dim` ([`crate::index`]).
             fn gather_rows<T: Element>(
@@ -300,7 +332,8 @@ macro_rules! for_each_op {
                 idx: &[usize],
                 dim: usize,
             ) -> Result<()>
-            => "crate::index::gather_rows" on [out, src];
+            => "crate::index::gather_rows" on [out, src]
+            npu crate::index::npu::gather_rows;
 
             /// `dst[idx[i]] = src[i]`.
             fn scatter_rows<T: Element>(
@@ -309,7 +342,8 @@ macro_rules! for_each_op {
                 idx: &[usize],
                 dim: usize,
             ) -> Result<()>
-            => "crate::index::scatter_rows" on [dst, src];
+            => "crate::index::scatter_rows" on [dst, src]
+            npu crate::index::npu::scatter_rows;
 
             /// `dst[idx[i]] += src[i]`, in order of i.
             fn scatter_add_rows<E: Float>(
@@ -318,7 +352,8 @@ macro_rules! for_each_op {
                 idx: &[usize],
                 dim: usize,
             ) -> Result<()>
-            => "crate::index::scatter_add_rows" on [dst, src];
+            => "crate::index::scatter_add_rows" on [dst, src]
+            npu crate::index::npu::scatter_add_rows;
 
             /// `dst[idx[i]] = 0`.
             fn zero_rows<T: Element>(
@@ -326,7 +361,8 @@ macro_rules! for_each_op {
                 idx: &[usize],
                 dim: usize,
             ) -> Result<()>
-            => "crate::index::zero_rows" on [dst];
+            => "crate::index::zero_rows" on [dst]
+            npu crate::index::npu::zero_rows;
 
             /// `out[b, c, r] = x[b, r, c]`.
             fn transpose<T: Element>(
@@ -334,7 +370,8 @@ macro_rules! for_each_op {
                 x: &BufferView<'_, T>,
                 d: TransposeDims,
             ) -> Result<()>
-            => "crate::index::transpose" on [out, x];
+            => "crate::index::transpose" on [out, x]
+            npu crate::index::npu::transpose;
         }
     };
 }
@@ -345,7 +382,7 @@ macro_rules! declare_backend {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)?;
+        => $slice:literal on [$($on:ident),*] $(check $check:block)? npu $npu:path;
     )*) => {
         /// Every op of the crate over runtime buffers, as one backend runs it. Shapes,
         /// conventions and errors are those of the slice-level op (see each op's module);
@@ -371,7 +408,7 @@ macro_rules! define_entry_points {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)?;
+        => $slice:literal on [$($on:ident),*] $(check $check:block)? npu $npu:path;
     )*) => {
         $(
             #[doc = concat!("[`", $slice, "`] on `stream`'s device:")]
@@ -390,3 +427,26 @@ macro_rules! define_entry_points {
     };
 }
 pub(crate) use define_entry_points;
+
+/// `impl Backend for Npu` from the op list: each method is the entry's NPU body.
+macro_rules! impl_npu_backend {
+    ($(
+        $(#[doc = $doc:literal])*
+        fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
+        => $slice:literal on [$($on:ident),*] $(check $check:block)? npu $npu:path;
+    )*) => {
+        impl Backend for Npu {
+            $(
+                #[allow(clippy::too_many_arguments)]
+                fn $name $(<$($g: $bound),*>)? (
+                    &self,
+                    stream: &cannon_runtime::Stream,
+                    $($arg: $ty),*
+                ) -> $ret {
+                    $npu(self.ordinal, stream, $($arg),*)
+                }
+            )*
+        }
+    };
+}
+pub(crate) use impl_npu_backend;
