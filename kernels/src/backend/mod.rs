@@ -5,9 +5,9 @@
 //!
 //! - [`Backend`] declares every op once, forward and backward, over runtime buffer views.
 //!   A backend that forgets an op does not compile, so the CPU and NPU paths cannot drift
-//!   apart silently. Its methods and the public entry points of [`crate::ops`] are both
-//!   expanded from one list (`op_list.rs`), so an op's signature is written there and in its
-//!   two method bodies, nowhere else.
+//!   apart silently. Its methods, their NPU implementation and the public entry points of
+//!   [`crate::ops`] are expanded from one list (`op_list.rs`), so an op's signature is
+//!   written there, in its CPU method and in its NPU body, nowhere else.
 //! - [`Cpu`] implements it by borrowing the buffers' host slices and calling the op's
 //!   slice-level kernel (the very code each op's tests check against float64); [`Npu`] by
 //!   calling the op's aclnn body in the op's own `npu.rs`. Neither holds code of an op: the
