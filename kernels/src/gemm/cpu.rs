@@ -227,16 +227,12 @@ pub(super) fn portable<TA: Float, TB: Float>(
         Trans::N => (kp, nj, p0 * ldb + j0),
         Trans::T => (nj, kp, j0 * ldb + p0),
     };
-    if a_len + b_len <= cap {
-        let (ar, ac, _) = a_block(0, d.m, 0, d.k);
-        let (br, bc, _) = b_block(0, d.k, 0, d.n);
-        widen_stored(ar, ac, a, lda, &mut aw);
-        widen_stored(br, bc, b, ldb, &mut bw);
-        gemm_f32(ta, tb, d, alpha, &aw, ac, &bw, bc, beta, c, ldc);
-    } else if b_len <= half {
+    let whole = a_len + b_len <= cap;
+    if whole || b_len <= half {
+        // A product that fits is one block of all of C's rows.
         let (br, bc, _) = b_block(0, d.k, 0, d.n);
         widen_stored(br, bc, b, ldb, &mut bw);
-        let rows = (half / d.k).max(1);
+        let rows = if whole { d.m } else { (half / d.k).max(1) };
         for i0 in (0..d.m).step_by(rows) {
             let mi = rows.min(d.m - i0);
             let (ar, ac, off) = a_block(i0, mi, 0, d.k);

@@ -1,7 +1,8 @@
 //! `cannon plan --config DIR [--set key=value ...] --device-memory GiB [--device npu|cpu]
-//! [--json FILE] [--table]`: the device memory of a training step per rank, before anything runs (see
-//! [`crate::plan`]). Exit codes: 0 it fits, 1 it does not, 2 unusable input.
+//! [--json FILE] [--table]`: the device memory of a training step per rank, before anything
+//! runs (see [`crate::plan`]). Exit codes: 0 it fits, 1 it does not, 2 unusable input.
 
+use super::verify::DeviceArg;
 use crate::plan::{self, report, PlanSettings};
 use cannon_runtime::Device;
 use clap::Args;
@@ -27,8 +28,8 @@ pub struct PlanArgs {
     /// for) or `cpu` (the trainer's CPU ranks, e.g. to compare with `cannon train`'s
     /// `max_allocated`). They differ in what attention saves for its backward: an NPU keeps
     /// aclnn's softmax max and sum (16 f32 per token and head), the CPU one log-sum-exp.
-    #[arg(long, default_value = "npu", value_parser = ["npu", "cpu"])]
-    pub device: String,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Npu)]
+    pub device: DeviceArg,
     /// Images per row (each longest_edge x longest_edge pixels, the largest the data can
     /// bring); 0 for text only.
     #[arg(long, default_value_t = 1)]
@@ -62,9 +63,9 @@ fn go(a: &PlanArgs) -> Result<bool, String> {
     let device = (gib * (1u64 << 30) as f64) as u64;
     let mut s =
         PlanSettings::load(&a.config, &a.sets, a.images_per_row).map_err(|e| e.to_string())?;
-    s.device = match a.device.as_str() {
-        "cpu" => Device::Cpu,
-        _ => Device::Npu(0),
+    s.device = match a.device {
+        DeviceArg::Cpu => Device::Cpu,
+        DeviceArg::Npu => Device::Npu(0),
     };
     let p = plan::plan(&s).map_err(|e| e.to_string())?;
     print!("{}", report::text(&p, device));

@@ -9,12 +9,14 @@
 //! with the loss; the backward is the lm_head's linear backward. A training forward
 //! overwrites the logits with their gradient (`ops::cross_entropy_in_place`: one `[T,V]`
 //! tensor, bit-identical gradient); a forward that keeps the logits for its caller (verify,
-//! eval) writes the gradient beside them (`ops::cross_entropy`: two). Chunked ([`LossMode::Chunked`]): no `[T,V]` tensor ever exists.
-//! The forward makes the logits of `rows` tokens at a time into one `[rows,V]` tensor (the
-//! lm_head GEMM per chunk) and takes their loss without gradient; the backward makes them
-//! again, overwrites them with their gradient (`ops::cross_entropy_in_place`) and hands
-//! it straight to the lm_head backward (`dxf[rows] += dl W`, `dW += dl^T xf[rows]`): one more
-//! lm_head GEMM for at most `rows x V` floats instead of `T x V`. Both divide by the count of
+//! eval) writes the gradient beside them (`ops::cross_entropy`: two).
+//!
+//! Chunked ([`LossMode::Chunked`]): no `[T,V]` tensor ever exists. The forward makes the
+//! logits of `rows` tokens at a time into one `[rows,V]` tensor (the lm_head GEMM per chunk)
+//! and takes their loss without gradient; the backward makes them again, overwrites them
+//! with their gradient (`ops::cross_entropy_in_place`) and hands it straight to the lm_head
+//! backward (`dxf[rows] += dl W`, `dW += dl^T xf[rows]`): one more lm_head GEMM for at most
+//! `rows x V` floats instead of `T x V`. Both divide by the count of
 //! the whole batch's targets, and skip chunks whose targets are all ignored, as the kernels'
 //! `cross_entropy_chunked` does.
 //!
