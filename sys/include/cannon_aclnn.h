@@ -94,6 +94,18 @@ aclnnStatus aclnnFlashAttentionUnpaddingScoreGradGetWorkspaceSize(
     aclOpExecutor **executor);
 CANNON_ACLNN_PHASE2(aclnnFlashAttentionUnpaddingScoreGrad);
 
+/* Merges two FlashAttention results by their softmax max and sum, for ring attention
+ * (aclnn_ring_attention_update.h; ops-transformer attention/ring_attention_update docs:
+ * inputLayout "SBH" or "TND", softmax statistics [B, N, S, 8] or [T, N, 8] FLOAT, attention
+ * outputs of one dtype; actualSeqQlenOptional, an INT64 tensor, only for TND). */
+aclnnStatus aclnnRingAttentionUpdateGetWorkspaceSize(
+    const aclTensor *prevAttnOut, const aclTensor *prevSoftmaxMax,
+    const aclTensor *prevSoftmaxSum, const aclTensor *curAttnOut, const aclTensor *curSoftmaxMax,
+    const aclTensor *curSoftmaxSum, const aclTensor *actualSeqQlenOptional,
+    char *inputLayoutOptional, const aclTensor *attnOutOut, const aclTensor *softmaxMaxOut,
+    const aclTensor *softmaxSumOut, uint64_t *workspaceSize, aclOpExecutor **executor);
+CANNON_ACLNN_PHASE2(aclnnRingAttentionUpdate);
+
 /* Matmul with broadcasting batch dims (aclnn_matmul.h) and the 2-D Mm (aclnn_mm.h). */
 aclnnStatus aclnnMatmulGetWorkspaceSize(const aclTensor *self, const aclTensor *mat2,
                                         aclTensor *out, int8_t cubeMathType,

@@ -10,8 +10,10 @@
 //! (dropout is not implemented), `sparseMode` 0 without a mask (full attention; pre/next
 //! tokens must then cover the sequences) or 2/3 (causal; for Sq == Skv per sequence both are
 //! the same triangle) with the 2048 x 2048 BOOL/UINT8 `triu(ones, 1)` mask, which the job
-//! checks element by element. The emulator implements self-attention only: Q and KV lengths
-//! must be equal. pse, dropMask, paddingMask and prefix must be null.
+//! checks element by element. Query and key/value sequences may differ in length (a ring
+//! attention block: queries against another rank's keys) for full attention; causal modes
+//! need equal lengths per sequence here (CANN aligns the triangle bottom-right otherwise).
+//! pse, dropMask, paddingMask and prefix must be null.
 //!
 //! softmaxMax/softmaxSum (FLOAT, T * N * 8 values each, NTD order) are the op's opaque
 //! forward-to-backward state; here max holds the row's log-sum-exp and sum holds 1 (so that
@@ -22,7 +24,10 @@ use super::*;
 use crate::aclnn_phase2;
 use crate::nnopbase::executor::{phase1, OpJob, Plan};
 use crate::nnopbase::INT_ARRAYS;
-use cannon_kernels::attention::{Qkv, QkvGrad, VarlenAttention};
+use cannon_kernels::attention::{
+    block_backward_accumulate, block_forward_merge, BlockAttention, BlockPair, Qkv, QkvGrad,
+    VarlenAttention,
+};
 use cannon_sys::aclnn::{aclIntArray, aclOpExecutor, aclnnStatus};
 use std::ffi::{c_char, CStr};
 
@@ -35,6 +40,8 @@ struct Fa {
     v: Arc<TensorDesc>,
     mask: Option<Arc<TensorDesc>>,
     cu: Vec<usize>,
+    /// Cumulative key/value ends: `cu` for self-attention.
+    cu_kv: Vec<usize>,
     heads: usize,
     kv_heads: usize,
     d: usize,
@@ -53,6 +60,40 @@ impl Fa {
             self.causal,
         )
         .with_scale(self.scale)
+    }
+
+    /// Queries and keys/values of different lengths.
+    fn cross(&self) -> bool {
+        self.cu != self.cu_kv
+    }
+
+    /// Sequence `i` of the queries against sequence `i` of the keys, for the block kernel.
+    fn pairs(&self) -> Vec<BlockPair> {
+        let starts = |cu: &[usize]| {
+            std::iter::once(0)
+                .chain(cu.iter().copied())
+                .collect::<Vec<_>>()
+        };
+        let (sq, sk) = (starts(&self.cu), starts(&self.cu_kv));
+        (0..self.cu.len())
+            .map(|i| BlockPair {
+                q: sq[i]..sq[i + 1],
+                k: sk[i]..sk[i + 1],
+                causal: self.causal,
+            })
+            .collect()
+    }
+
+    fn block<'p>(&self, pairs: &'p [BlockPair]) -> BlockAttention<'p> {
+        BlockAttention {
+            pairs,
+            q_tokens: self.q.dims[0] as usize,
+            k_tokens: self.k.dims[0] as usize,
+            q_heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.d,
+            scale: self.scale,
+        }
     }
 }
 
@@ -150,10 +191,11 @@ fn check_common(
         ));
     }
     let (t, n, d) = (q.dims[0], q.dims[1], q.dims[2]);
-    if k.dims[0] != t || v.dims[0] != t || k.dims[1] != v.dims[1] {
+    let t_kv = k.dims[0];
+    if v.dims[0] != t_kv || k.dims[1] != v.dims[1] {
         return Err(invalid(format!(
-            "query {:?}, key {:?}, value {:?}: T and Nkv must agree",
-            q.dims, k.dims, v.dims
+            "key {:?}, value {:?}: T and Nkv must agree",
+            k.dims, v.dims
         )));
     }
     if k.dims[2] != d {
@@ -193,11 +235,15 @@ fn check_common(
         )));
     }
     let cu = seq_lens(seq_q, "actualSeqQLenOptional", t)?;
-    let cukv = seq_lens(seq_kv, "actualSeqKvLenOptional", t)?;
-    if cu != cukv {
-        return Err(invalid("different query and key/value lengths (cross-attention) are not implemented by the emulator"));
+    let cukv = seq_lens(seq_kv, "actualSeqKvLenOptional", t_kv)?;
+    if cu.len() != cukv.len() {
+        return Err(invalid(format!(
+            "actualSeqQLenOptional names {} sequences, actualSeqKvLenOptional {}",
+            cu.len(),
+            cukv.len()
+        )));
     }
-    let maxlen = {
+    let lens = |cu: &[usize]| {
         let mut prev = 0;
         cu.iter()
             .map(|&e| {
@@ -205,9 +251,10 @@ fn check_common(
                 prev = e;
                 l
             })
-            .max()
-            .unwrap_or(0) as i64
+            .collect::<Vec<_>>()
     };
+    let (lq, lkv) = (lens(&cu), lens(&cukv));
+    let maxlen = lq.iter().chain(&lkv).copied().max().unwrap_or(0) as i64;
     let mask = opt_tensor(mask, "attenMaskOptional")?;
     let causal = match sparse_mode {
         0 => {
@@ -229,6 +276,14 @@ fn check_common(
                 ));
             };
             check(m, "attenMaskOptional", &[ACL_BOOL, ACL_UINT8])?;
+            if let Some(i) = (0..lq.len()).find(|&i| lq[i] != lkv[i]) {
+                return Err(invalid(format!(
+                    "sparseMode {sparse_mode} on sequence {i} of {} queries and {} keys: causal \
+                     attention between sequences of different lengths is valid on CANN but \
+                     not implemented by the emulator",
+                    lq[i], lkv[i]
+                )));
+            }
             if m.dims != [MASK, MASK] {
                 return Err(invalid(format!("attenMask has shape {:?}; sparseMode {sparse_mode} takes the compressed [2048, 2048] mask", m.dims)));
             }
@@ -251,6 +306,7 @@ fn check_common(
         v,
         mask,
         cu,
+        cu_kv: cukv,
         heads: n as usize,
         kv_heads: nkv as usize,
         d: d as usize,
@@ -377,9 +433,18 @@ pub unsafe extern "C" fn aclnnFlashAttentionVarLenScoreGetWorkspaceSize(
                     let mut lse = vec![0f32; t * n];
                     crate::with_float!(fa.q.dtype, E => {
                         let (q, k, v): (Vec<E>, Vec<E>, Vec<E>) = (read_as(&fa.q)?, read_as(&fa.k)?, read_as(&fa.v)?);
-                        let mut o = q.clone();
-                        cannon_kernels::attention::forward(&a, Qkv { q: &q, k: &k, v: &v }, &mut o, &mut lse).map_err(kernel)?;
-                        access::write(&out, &o)
+                        if fa.cross() {
+                            // The block kernel merges into f32 accumulators that start empty.
+                            let pairs = fa.pairs();
+                            let mut o = vec![0f32; q.len()];
+                            lse.fill(f32::NEG_INFINITY);
+                            block_forward_merge(&fa.block(&pairs), &q, &k, &v, &mut o, &mut lse).map_err(kernel)?;
+                            write_f32(&out, &o)
+                        } else {
+                            let mut o = q.clone();
+                            cannon_kernels::attention::forward(&a, Qkv { q: &q, k: &k, v: &v }, &mut o, &mut lse).map_err(kernel)?;
+                            access::write(&out, &o)
+                        }
                     })?;
                     // NTD order, 8 copies per row.
                     let mut m = vec![0f32; t * n * 8];
@@ -515,6 +580,14 @@ pub unsafe extern "C" fn aclnnFlashAttentionUnpaddingScoreGradGetWorkspaceSize(
                     crate::with_float!(fa.q.dtype, E => {
                         let (q, k, v): (Vec<E>, Vec<E>, Vec<E>) = (read_as(&fa.q)?, read_as(&fa.k)?, read_as(&fa.v)?);
                         let (o, g): (Vec<E>, Vec<E>) = (read_as(&out)?, read_as(&dyt)?);
+                        if fa.cross() {
+                            let pairs = fa.pairs();
+                            let (mut gq, mut gk, mut gv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
+                            block_backward_accumulate(&fa.block(&pairs), (&q, &k, &v), &o, &lse, &g, &mut gq, &mut gk, &mut gv).map_err(kernel)?;
+                            write_f32(&dq, &gq)?;
+                            write_f32(&dk, &gk)?;
+                            return write_f32(&dv, &gv);
+                        }
                         let (mut gq, mut gk, mut gv) = (q.clone(), k.clone(), v.clone());
                         cannon_kernels::attention::backward(
                             &a,

@@ -14,6 +14,7 @@ pub mod gelu;
 pub mod loss;
 pub mod matmul;
 pub mod norm;
+pub mod ring_update;
 pub mod rope;
 pub mod swiglu;
 

@@ -25,8 +25,8 @@
 //!
 //! This is a plain row-at-a-time implementation (scores of one row, then its softmax and
 //! `P V`), not the tiled micro-kernels of the varlen call: correct on every layout, but
-//! several times slower per FLOP. On the NPU the ops return an error naming them (no body
-//! yet; aclnn's FlashAttentionScore takes separate q/kv lengths and could be one).
+//! several times slower per FLOP. The NPU bodies (`super::npu`) are FlashAttention calls per
+//! pair merged by aclnnRingAttentionUpdate, with the statistics in the NPU's own form.
 
 use crate::error::{check_len, KernelError, Result};
 use cannon_runtime::Float;
@@ -60,10 +60,10 @@ pub struct BlockAttention<'a> {
 }
 
 /// Pairs grouped by one of their ranges: `(rows, [(other rows, causal)])`, sorted by rows.
-type Groups = Vec<(Range<usize>, Vec<(Range<usize>, bool)>)>;
+pub(super) type Groups = Vec<(Range<usize>, Vec<(Range<usize>, bool)>)>;
 
 impl BlockAttention<'_> {
-    fn validate(&self, op: &'static str) -> Result<()> {
+    pub(super) fn validate(&self, op: &'static str) -> Result<()> {
         let bad = |detail: String| Err(KernelError::InvalidArgument { op, detail });
         if self.q_heads == 0 || self.kv_heads == 0 || !self.q_heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
@@ -104,7 +104,7 @@ impl BlockAttention<'_> {
 
     /// The pairs grouped by query rows (`by_q`) or key rows; ranges must be equal or
     /// disjoint. Empty pairs are dropped.
-    fn groups(&self, op: &'static str, by_q: bool) -> Result<Groups> {
+    pub(super) fn groups(&self, op: &'static str, by_q: bool) -> Result<Groups> {
         let mut v: Vec<(Range<usize>, Range<usize>, bool)> = self
             .pairs
             .iter()
@@ -134,11 +134,11 @@ impl BlockAttention<'_> {
         Ok(out)
     }
 
-    fn q_len(&self) -> usize {
+    pub(super) fn q_len(&self) -> usize {
         self.q_tokens * self.q_heads * self.head_dim
     }
 
-    fn kv_len(&self) -> usize {
+    pub(super) fn kv_len(&self) -> usize {
         self.k_tokens * self.kv_heads * self.head_dim
     }
 }

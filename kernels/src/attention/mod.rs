@@ -69,7 +69,22 @@ pub use block::{
     backward_accumulate as block_backward_accumulate, forward_merge as block_forward_merge,
     BlockAttention, BlockPair,
 };
-pub use npu::lse_len_npu;
+pub use npu::{block_lse_len_npu, lse_len_npu, BLOCK_EMPTY_MAX};
+
+/// An empty ring-block `lse` accumulator of `rows` (query tokens x heads) on `device`,
+/// `rows * lse_per_head(device)` values: the log-sum-exp -inf on the CPU; softmaxMax
+/// [`BLOCK_EMPTY_MAX`] and softmaxSum 1 on the NPU (the merge's inputs must be finite there).
+/// The output accumulator starts at 0 on both.
+pub fn block_lse_init(device: cannon_runtime::Device, rows: usize) -> Vec<f32> {
+    match device {
+        cannon_runtime::Device::Cpu => vec![f32::NEG_INFINITY; rows],
+        cannon_runtime::Device::Npu(_) => {
+            let mut v = vec![BLOCK_EMPTY_MAX; rows * 8];
+            v.resize(rows * 16, 1.0);
+            v
+        }
+    }
+}
 
 /// f32 values of the softmax statistics per (token, query head) that the forward saves for
 /// the backward on `device`: 1 on the CPU (the log-sum-exp, `[T, Hq]`), 16 on the NPU

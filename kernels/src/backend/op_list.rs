@@ -49,7 +49,7 @@ macro_rules! for_each_op {
             npu crate::attention::npu::backward;
 
             /// Ring attention block forward: merges into the f32 `out` and `lse` accumulators
-            /// (NPU: an error, no body yet).
+            /// (`lse` in the device's form: [`crate::attention::block_lse_init`]).
             fn attention_block_forward<E: Float>(
                 a: &BlockAttention,
                 x: QkvBuf<'_, E>,
@@ -59,8 +59,7 @@ macro_rules! for_each_op {
             => "crate::attention::block_forward_merge" on [x, out, lse]
             npu crate::attention::npu::block_forward;
 
-            /// Ring attention block backward: adds into the f32 dq, dk, dv accumulators (NPU: an
-            /// error, no body yet).
+            /// Ring attention block backward: adds into the f32 dq, dk, dv accumulators.
             fn attention_block_backward<E: Float>(
                 a: &BlockAttention,
                 x: QkvBuf<'_, E>,

@@ -19,6 +19,7 @@ mod dense;
 mod gelu;
 mod layers;
 mod rest;
+mod ring;
 
 use cannon_runtime::{Device, DeviceBuffer, Element, Float, Stream};
 use half::bf16;

@@ -881,6 +881,106 @@ pub unsafe fn aclnnFlashAttentionUnpaddingScoreGrad(
     // SAFETY: the caller upholds the C contract (see `# Safety`).
     Ok(unsafe { cannon_fn(workspace, workspaceSize, executor, stream) })
 }
+/// `aclnnRingAttentionUpdateGetWorkspaceSize`, resolved from the aclnn op libraries on first call.
+///
+/// Returns `Err` only when the library or the symbol cannot be found; otherwise the C
+/// function's own return value.
+///
+/// # Safety
+///
+/// The caller upholds the C contract of this function (valid pointers, handle
+/// lifetimes, thread/context rules; docs/cann-api.md).
+pub unsafe fn aclnnRingAttentionUpdateGetWorkspaceSize(
+    prevAttnOut: *const aclTensor,
+    prevSoftmaxMax: *const aclTensor,
+    prevSoftmaxSum: *const aclTensor,
+    curAttnOut: *const aclTensor,
+    curSoftmaxMax: *const aclTensor,
+    curSoftmaxSum: *const aclTensor,
+    actualSeqQlenOptional: *const aclTensor,
+    inputLayoutOptional: *mut ::std::os::raw::c_char,
+    attnOutOut: *const aclTensor,
+    softmaxMaxOut: *const aclTensor,
+    softmaxSumOut: *const aclTensor,
+    workspaceSize: *mut u64,
+    executor: *mut *mut aclOpExecutor,
+) -> ::core::result::Result<aclnnStatus, crate::Error> {
+    type F = unsafe extern "C" fn(
+        *const aclTensor,
+        *const aclTensor,
+        *const aclTensor,
+        *const aclTensor,
+        *const aclTensor,
+        *const aclTensor,
+        *const aclTensor,
+        *mut ::std::os::raw::c_char,
+        *const aclTensor,
+        *const aclTensor,
+        *const aclTensor,
+        *mut u64,
+        *mut *mut aclOpExecutor,
+    ) -> aclnnStatus;
+    static CANNON_SYMBOL: crate::loader::Symbol = crate::loader::Symbol::new(
+        crate::loader::Lib::OpApi,
+        c"aclnnRingAttentionUpdateGetWorkspaceSize",
+    );
+    let cannon_addr = CANNON_SYMBOL.get()?;
+    // SAFETY: `cannon_addr` came from dlsym for this symbol; its C type is `F`.
+    let cannon_fn = unsafe {
+        ::core::mem::transmute::<*mut ::core::ffi::c_void, F>(cannon_addr.as_ptr())
+    };
+    // SAFETY: the caller upholds the C contract (see `# Safety`).
+    Ok(unsafe {
+        cannon_fn(
+            prevAttnOut,
+            prevSoftmaxMax,
+            prevSoftmaxSum,
+            curAttnOut,
+            curSoftmaxMax,
+            curSoftmaxSum,
+            actualSeqQlenOptional,
+            inputLayoutOptional,
+            attnOutOut,
+            softmaxMaxOut,
+            softmaxSumOut,
+            workspaceSize,
+            executor,
+        )
+    })
+}
+/// `aclnnRingAttentionUpdate`, resolved from the aclnn op libraries on first call.
+///
+/// Returns `Err` only when the library or the symbol cannot be found; otherwise the C
+/// function's own return value.
+///
+/// # Safety
+///
+/// The caller upholds the C contract of this function (valid pointers, handle
+/// lifetimes, thread/context rules; docs/cann-api.md).
+pub unsafe fn aclnnRingAttentionUpdate(
+    workspace: *mut ::std::os::raw::c_void,
+    workspaceSize: u64,
+    executor: *mut aclOpExecutor,
+    stream: aclrtStream,
+) -> ::core::result::Result<aclnnStatus, crate::Error> {
+    type F = unsafe extern "C" fn(
+        *mut ::std::os::raw::c_void,
+        u64,
+        *mut aclOpExecutor,
+        aclrtStream,
+    ) -> aclnnStatus;
+    static CANNON_SYMBOL: crate::loader::Symbol = crate::loader::Symbol::new(
+        crate::loader::Lib::OpApi,
+        c"aclnnRingAttentionUpdate",
+    );
+    let cannon_addr = CANNON_SYMBOL.get()?;
+    // SAFETY: `cannon_addr` came from dlsym for this symbol; its C type is `F`.
+    let cannon_fn = unsafe {
+        ::core::mem::transmute::<*mut ::core::ffi::c_void, F>(cannon_addr.as_ptr())
+    };
+    // SAFETY: the caller upholds the C contract (see `# Safety`).
+    Ok(unsafe { cannon_fn(workspace, workspaceSize, executor, stream) })
+}
 /// `aclnnMatmulGetWorkspaceSize`, resolved from the aclnn op libraries on first call.
 ///
 /// Returns `Err` only when the library or the symbol cannot be found; otherwise the C

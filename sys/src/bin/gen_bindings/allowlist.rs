@@ -196,6 +196,7 @@ pub const ACLNN_BASE_FUNCTIONS: &[&str] = &[
 pub const ACLNN_OPS: &[&str] = &[
     "FlashAttentionVarLenScore",
     "FlashAttentionUnpaddingScoreGrad",
+    "RingAttentionUpdate",
     "Matmul",
     "Mm",
     "RmsNorm",
