@@ -184,3 +184,67 @@ fn the_optimizer_offload_on_the_npu_trains_bit_for_bit() {
     );
     std::fs::remove_dir_all(&root).ok();
 }
+
+/// Context parallelism on the NPU as a user runs it: `cannon launch --nproc 2` with
+/// `parallel.cp_size = 2`, Ulysses (HCCL all-to-all around FlashAttention) and Ring (K/V
+/// blocks by HCCL send/recv, FlashAttention per block merged by aclnnRingAttentionUpdate),
+/// against one process on npu:0. Both CP ranks take the same rows and split their tokens, so
+/// the runs differ only in the order of f32 sums (the attention merge, the gradient
+/// reduce-scatter): the FSDP bar, normalised mean absolute loss difference <= 1e-5.
+#[test]
+fn context_parallel_on_the_npu_follows_one_process() {
+    let emu = emulator();
+    let root = std::env::temp_dir().join(format!("cannon-train-npu-cp-{}", std::process::id()));
+    std::fs::remove_dir_all(&root).ok();
+    let data = synth::write(&root.join("data"), 40, 5).unwrap().train;
+    let steps = 6;
+    let one = root.join("one");
+    run(
+        Command::new(BIN)
+            .arg("train")
+            .args(sets_with(&data, &one, steps, &[])),
+        &emu,
+    );
+    let l1 = losses(&one);
+    assert_eq!(l1.len(), steps, "{l1:?}");
+    for algo in ["ulysses", "ring"] {
+        let dir = root.join(algo);
+        let keys = ["parallel.cp_size=2", &format!("parallel.cp_algo={algo}")];
+        let text = run(
+            Command::new(BIN)
+                .args(["launch", "--nproc", "2", "--master-port", &free_port()])
+                .args(["--", "train"])
+                .args(sets_with(&data, &dir, steps, &keys)),
+            &emu,
+        );
+        assert!(text.contains("rank 1 of 2: trained 6 steps"), "{text}");
+        let l2 = losses(&dir);
+        assert_eq!(l2.len(), steps, "{algo}: {l2:?}");
+        let num: f64 = l1.iter().zip(&l2).map(|(a, b)| (a - b).abs()).sum();
+        let d = num / l1.iter().map(|a| a.abs()).sum::<f64>();
+        eprintln!(
+            "{algo} 2 on the NPU vs 1 process: normalised mean absolute loss difference {d:e}"
+        );
+        assert!(d <= 1e-5, "{algo}: loss diff {d:e}: {l2:?} vs {l1:?}");
+    }
+    // Without a job to hold them, two CP ranks are an error naming the key, not a silent
+    // one-rank run.
+    let out = Command::new(BIN)
+        .arg("train")
+        .args(sets_with(
+            &data,
+            &root.join("alone"),
+            steps,
+            &["parallel.cp_size=2"],
+        ))
+        .envs(emu.iter().map(|p| (cannon_sys::emulator::ENV, p)))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("parallel.cp_size = 2") && err.contains("cannon launch"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&root).ok();
+}

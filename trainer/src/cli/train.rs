@@ -347,7 +347,20 @@ fn npu_job(plan: &RunPlan) -> Result<Option<Communicator>, TrainError> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    if plan.cfg.parallel.device != DeviceKind::Npu || world <= 1 {
+    if plan.cfg.parallel.device != DeviceKind::Npu {
+        return Ok(None);
+    }
+    // On the NPU the job's processes are the ranks (the config's nproc stays 1), so the CP
+    // size is checked against the job here.
+    let cp = plan.cfg.parallel.cp_size;
+    if !world.is_multiple_of(cp) {
+        return Err(TrainError::Input(format!(
+            "parallel.cp_size = {cp} must divide the job's {world} process(es) (one rank per \
+             NPU, world = dp x cp_size): start the run with `cannon launch --nproc N -- train \
+             ...` for N a multiple of {cp}"
+        )));
+    }
+    if world <= 1 {
         return Ok(None);
     }
     join_hccl()

@@ -344,7 +344,9 @@ impl ParallelSection {
                  dense model with no experts; use 1",
             );
         }
-        if !self.nproc.is_multiple_of(self.cp_size) {
+        // On the NPU the launched processes are the ranks (nproc stays 1): the run checks
+        // cp_size against the job's size when it starts.
+        if self.device != DeviceKind::Npu && !self.nproc.is_multiple_of(self.cp_size) {
             return invalid(
                 "parallel.cp_size",
                 self.cp_size,
@@ -630,13 +632,6 @@ impl TrainConfig {
                     self.parallel.nproc,
                     "with parallel.device = npu every rank is its own process on its own NPU: \
                      start them with `cannon launch --nproc N -- train ...` and leave nproc = 1",
-                );
-            }
-            if self.parallel.cp_size > 1 {
-                return invalid(
-                    "parallel.cp_size",
-                    self.parallel.cp_size,
-                    "context parallelism runs on CPU ranks today (parallel.device = cpu);                      its Ring kernel has no NPU body yet",
                 );
             }
         }

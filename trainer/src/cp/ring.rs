@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! forward   out = 0, lse = -inf                                   [2C, Hq', Hd], [2C, Hq']
+//!           (lse: the device's form, `attention::block_lse_init`; the NPU keeps the
+//!           softmax max and sum, [2C, Hq', 16])
 //!           step s = 0 .. r-1: the K/V block of ring rank (R - s) mod r is here;
 //!             merge attention_block(q, K, V, pairs(R, owner)) into (out, lse)
 //!             pass K, V on to R + 1, take the next from R - 1 (send_recv)
@@ -19,7 +21,7 @@
 use super::attn::CpShapes;
 use super::CpLayout;
 use crate::model::{Exec, ModelError};
-use cannon_kernels::attention::{BlockAttention, QkvBuf, QkvGradBuf};
+use cannon_kernels::attention::{self, BlockAttention, QkvBuf, QkvGradBuf};
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::comm::Communicator;
 use cannon_runtime::{BufferView, Element, Float};
@@ -71,8 +73,9 @@ pub fn forward<A: Float>(
     let st = exec.stream();
     let (r, me) = (ring.world_size(), ring.rank());
     let mut out = exec.zeros::<f32>(&[sh.tokens, sh.q_heads * hd])?;
-    lse.view_mut()
-        .memcpy_htod(st, &vec![f32::NEG_INFINITY; sh.tokens * sh.q_heads])?;
+    // Empty accumulators: -inf on the CPU, the NPU's (max, sum) form there.
+    let empty = attention::block_lse_init(exec.device(), sh.tokens * sh.q_heads);
+    lse.view_mut().memcpy_htod(st, &empty)?;
     let (mut kc, mut vc) = (exec.empty::<A>(k.shape())?, exec.empty::<A>(v.shape())?);
     kc.view_mut().memcpy_dtod(st, &k.view())?;
     vc.view_mut().memcpy_dtod(st, &v.view())?;

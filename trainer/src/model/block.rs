@@ -133,7 +133,11 @@ impl<A: Act> BlockActs<A> {
         a.q = exec.empty(&[sh.tokens, sh.q_heads * hd])?;
         a.k = exec.empty(&[sh.tokens, sh.kv_heads * hd])?;
         a.v = exec.empty(&[sh.tokens, sh.kv_heads * hd])?;
-        a.lse = exec.empty(&[sh.tokens, sh.q_heads])?;
+        a.lse = exec.empty(&[
+            sh.tokens,
+            sh.q_heads,
+            cannon_kernels::attention::lse_per_head(exec.device()),
+        ])?;
         a.att_cp = Some(exec.empty(&[sh.tokens, sh.q_heads * hd])?);
         Ok(a)
     }
