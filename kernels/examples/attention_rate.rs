@@ -9,6 +9,11 @@
 //! products only: 4 * pairs * D forward, 10 * pairs * D backward, pairs = query-key pairs
 //! the mask lets through).
 //!
+//! After them, the text shape again as ring attention's blocks (`block_forward_merge`,
+//! `block_backward_accumulate`): each sequence cut in two chunks, the diagonal blocks causal
+//! and the second chunk's queries against the first chunk's keys in full, the same
+//! query-key pairs as the varlen call, so the two rows compare per FLOP.
+//!
 //! The PyTorch baseline in the kernels docs was timed the same way (median and minimum of 20
 //! runs after 3 warm-ups, 2 threads) on `torch.nn.functional.scaled_dot_product_attention`
 //! with q/k/v of shape [B, H, S, D], `is_causal` and `enable_gqa` set as above, and
@@ -16,7 +21,10 @@
 
 use std::time::Instant;
 
-use cannon_kernels::attention::{backward, forward, Qkv, QkvGrad, VarlenAttention};
+use cannon_kernels::attention::{
+    backward, block_backward_accumulate, block_forward_merge, forward, BlockAttention, BlockPair,
+    Qkv, QkvGrad, VarlenAttention,
+};
 use cannon_kernels::testutil::{attention_bench_shapes, Rng};
 
 /// (median, min) seconds of `iters` runs of `f` after 3 warm-ups.
@@ -117,6 +125,98 @@ fn main() {
         println!(
             "{:<34} {:>24} {:>24}   ({:.0} / {:.0} GFLOP/s)",
             s.name,
+            ms(fwd),
+            ms(both),
+            flop_f / fwd.0 / 1e9,
+            flop_b / both.0 / 1e9
+        );
+    }
+    ring_rows(iters, &filter, &mut rng);
+}
+
+/// The text shape as ring blocks (see the module docs).
+fn ring_rows(iters: usize, filter: &str, rng: &mut Rng) {
+    for s in attention_bench_shapes()
+        .iter()
+        .filter(|s| s.causal && format!("ring_{}", s.name).contains(filter))
+    {
+        let t = *s.cu.last().unwrap_or(&0);
+        let mut pairs = Vec::new();
+        let mut start = 0;
+        for &end in &s.cu {
+            let mid = start + (end - start) / 2;
+            let (a, b) = (start..mid, mid..end);
+            pairs.push(BlockPair {
+                q: a.clone(),
+                k: a.clone(),
+                causal: true,
+            });
+            pairs.push(BlockPair {
+                q: b.clone(),
+                k: b.clone(),
+                causal: true,
+            });
+            pairs.push(BlockPair {
+                q: b,
+                k: a,
+                causal: false,
+            });
+            start = end;
+        }
+        let a = BlockAttention {
+            pairs: &pairs,
+            q_tokens: t,
+            k_tokens: t,
+            q_heads: s.hq,
+            kv_heads: s.hkv,
+            head_dim: s.d,
+            scale: 1.0 / (s.d as f32).sqrt(),
+        };
+        let q = rng.normal_vec(t * s.hq * s.d, 1.0);
+        let k = rng.normal_vec(t * s.hkv * s.d, 1.0);
+        let v = rng.normal_vec(t * s.hkv * s.d, 1.0);
+        let dout = rng.normal_vec(t * s.hq * s.d, 1.0);
+        let mut out = vec![0.0f32; q.len()];
+        let mut lse = vec![f32::NEG_INFINITY; t * s.hq];
+        let (mut dq, mut dk, mut dv) = (out.clone(), k.clone(), v.clone());
+        let fwd_once = |out: &mut Vec<f32>, lse: &mut Vec<f32>| {
+            out.fill(0.0);
+            lse.fill(f32::NEG_INFINITY);
+            if let Err(e) = block_forward_merge(&a, &q, &k, &v, out, lse) {
+                panic!("block forward: {e}");
+            }
+        };
+        let fwd = time(iters, || fwd_once(&mut out, &mut lse));
+        let both = time(iters, || {
+            fwd_once(&mut out, &mut lse);
+            if let Err(e) = block_backward_accumulate(
+                &a,
+                (&q, &k, &v),
+                &out,
+                &lse,
+                &dout,
+                &mut dq,
+                &mut dk,
+                &mut dv,
+            ) {
+                panic!("block backward: {e}");
+            }
+        });
+        let pairs: f64 =
+            s.cu.iter()
+                .scan(0, |start, &end| {
+                    let len = (end - *start) as f64;
+                    *start = end;
+                    Some(len * (len + 1.0) / 2.0)
+                })
+                .sum::<f64>()
+                * s.hq as f64;
+        let flop_f = 4.0 * pairs * s.d as f64;
+        let flop_b = flop_f + 10.0 * pairs * s.d as f64;
+        let ms = |t: (f64, f64)| format!("{:.3} / {:.3}", t.0 * 1e3, t.1 * 1e3);
+        println!(
+            "{:<34} {:>24} {:>24}   ({:.0} / {:.0} GFLOP/s)",
+            format!("ring_{}", s.name),
             ms(fwd),
             ms(both),
             flop_f / fwd.0 / 1e9,

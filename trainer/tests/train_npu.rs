@@ -188,7 +188,8 @@ fn the_optimizer_offload_on_the_npu_trains_bit_for_bit() {
 /// Context parallelism on the NPU as a user runs it: `cannon launch --nproc 2` with
 /// `parallel.cp_size = 2`, Ulysses (HCCL all-to-all around FlashAttention) and Ring (K/V
 /// blocks by HCCL send/recv, FlashAttention per block merged by aclnnRingAttentionUpdate),
-/// against one process on npu:0. Both CP ranks take the same rows and split their tokens, so
+/// and 4 processes of hybrid (Ulysses 2 inside, Ring 2 across), against one process on
+/// npu:0. Both CP ranks take the same rows and split their tokens, so
 /// the runs differ only in the order of f32 sums (the attention merge, the gradient
 /// reduce-scatter): the FSDP bar, normalised mean absolute loss difference <= 1e-5.
 #[test]
@@ -207,23 +208,48 @@ fn context_parallel_on_the_npu_follows_one_process() {
     );
     let l1 = losses(&one);
     assert_eq!(l1.len(), steps, "{l1:?}");
-    for algo in ["ulysses", "ring"] {
+    let layouts: [(&str, usize, &[&str]); 3] = [
+        (
+            "ulysses",
+            2,
+            &["parallel.cp_size=2", "parallel.cp_algo=ulysses"],
+        ),
+        ("ring", 2, &["parallel.cp_size=2", "parallel.cp_algo=ring"]),
+        (
+            "hybrid",
+            4,
+            &[
+                "parallel.cp_size=4",
+                "parallel.cp_algo=hybrid",
+                "parallel.ulysses_size=2",
+            ],
+        ),
+    ];
+    for (algo, n, keys) in layouts {
         let dir = root.join(algo);
-        let keys = ["parallel.cp_size=2", &format!("parallel.cp_algo={algo}")];
         let text = run(
             Command::new(BIN)
-                .args(["launch", "--nproc", "2", "--master-port", &free_port()])
+                .args([
+                    "launch",
+                    "--nproc",
+                    &n.to_string(),
+                    "--master-port",
+                    &free_port(),
+                ])
                 .args(["--", "train"])
-                .args(sets_with(&data, &dir, steps, &keys)),
+                .args(sets_with(&data, &dir, steps, keys)),
             &emu,
         );
-        assert!(text.contains("rank 1 of 2: trained 6 steps"), "{text}");
+        assert!(
+            text.contains(&format!("rank 1 of {n}: trained 6 steps")),
+            "{text}"
+        );
         let l2 = losses(&dir);
         assert_eq!(l2.len(), steps, "{algo}: {l2:?}");
         let num: f64 = l1.iter().zip(&l2).map(|(a, b)| (a - b).abs()).sum();
         let d = num / l1.iter().map(|a| a.abs()).sum::<f64>();
         eprintln!(
-            "{algo} 2 on the NPU vs 1 process: normalised mean absolute loss difference {d:e}"
+            "{algo} {n} on the NPU vs 1 process: normalised mean absolute loss difference {d:e}"
         );
         assert!(d <= 1e-5, "{algo}: loss diff {d:e}: {l2:?} vs {l1:?}");
     }

@@ -133,6 +133,8 @@ pub(crate) fn phase1_err(f: impl FnOnce(*mut u64, *mut *mut aclOpExecutor) -> i3
     crate::error::take_recent().unwrap()
 }
 
+mod ring_update;
+
 mod elementwise {
     use super::*;
     use crate::ops::elementwise::*;

@@ -23,12 +23,14 @@
 //! run in parallel over distinct query ranges, the dK/dV part over distinct key ranges; each
 //! task owns its rows. GQA as in [`super`]: q head h reads kv head `h / (Hq / Hkv)`.
 //!
-//! This is a plain row-at-a-time implementation (scores of one row, then its softmax and
-//! `P V`), not the tiled micro-kernels of the varlen call: correct on every layout, but
-//! several times slower per FLOP. The NPU bodies (`super::npu`) are FlashAttention calls per
+//! The CPU kernel runs each (query range, head) and (key range, kv head) task on the f32 GEMM:
+//! the whole `[|q|, |k|]` score block at once (the causal block's upper triangle masked, so
+//! a diagonal block does twice the needed products), its softmax, and the products with V,
+//! dout, K and Q; the backward recomputes `P` and `dS` in both of its passes. The NPU bodies (`super::npu`) are FlashAttention calls per
 //! pair merged by aclnnRingAttentionUpdate, with the statistics in the NPU's own form.
 
 use crate::error::{check_len, KernelError, Result};
+use crate::gemm::{gemm_f32, Dims, Trans};
 use cannon_runtime::Float;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -143,40 +145,66 @@ impl BlockAttention<'_> {
     }
 }
 
-/// Splits `buf` (rows of `per_row`) into the disjoint, sorted row ranges of `groups`.
-fn split_rows<'a, T>(mut buf: &'a mut [T], groups: &Groups, per_row: usize) -> Vec<&'a mut [T]> {
-    let mut at = 0;
-    let mut out = Vec::with_capacity(groups.len());
-    for (r, _) in groups {
-        let rest = std::mem::take(&mut buf);
-        let (_, tail) = rest.split_at_mut((r.start - at) * per_row);
-        let (mine, tail) = tail.split_at_mut(r.len() * per_row);
-        out.push(mine);
-        buf = tail;
-        at = r.end;
-    }
-    out
-}
-
 fn widen<E: Float>(x: &[E]) -> Vec<f32> {
     x.iter().map(|v| v.to_f32()).collect()
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+/// The widened operands and shapes one call's tasks share.
+struct Ctx<'a> {
+    a: &'a BlockAttention<'a>,
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
 }
 
-/// Keys visible to query row `i` of range `q` in the pair `(k, causal)`.
-fn visible(q: &Range<usize>, i: usize, k: &Range<usize>, causal: bool) -> Range<usize> {
-    if causal {
-        k.start..k.start + (i - q.start) + 1
-    } else {
-        k.clone()
+impl Ctx<'_> {
+    /// `S = scale Q_h[q] K_kvh[k]^T` into `s [|q|, ld]` from column `col` (rows of q and k are
+    /// `Hq * D` and `Hkv * D` apart), with the causal block's upper triangle at -inf.
+    fn scores(
+        &self,
+        h: usize,
+        (q, k, causal): (&Range<usize>, &Range<usize>, bool),
+        s: &mut [f32],
+        ld: usize,
+        col: usize,
+    ) -> Result<()> {
+        let (hq, hkv, d) = (self.a.q_heads, self.a.kv_heads, self.a.head_dim);
+        let kvh = h / (hq / hkv);
+        let dims = Dims {
+            m: q.len(),
+            n: k.len(),
+            k: d,
+        };
+        let qa = &self.q[(q.start * hq + h) * d..];
+        let kb = &self.k[(k.start * hkv + kvh) * d..];
+        gemm_f32(
+            Trans::N,
+            Trans::T,
+            dims,
+            self.a.scale,
+            qa,
+            hq * d,
+            kb,
+            hkv * d,
+            0.0,
+            &mut s[col..],
+            ld,
+        )?;
+        if causal {
+            for i in 0..q.len() {
+                s[i * ld + col + i + 1..i * ld + col + k.len()].fill(f32::NEG_INFINITY);
+            }
+        }
+        Ok(())
     }
 }
 
 /// Merges the block's attention of the pairs into `out [Tq, Hq, D]` and `lse [Tq, Hq]`
 /// (f32 accumulators; rows no pair names are left as they are).
+///
+/// Per query range and head, on the f32 GEMM: `S = scale Q K^T` over the range's key ranges
+/// side by side (the causal block's upper triangle masked), the row's softmax statistics,
+/// `O = exp(S - max) V`, then the log-sum-exp merge into the accumulators.
 pub fn forward_merge<E: Float>(
     a: &BlockAttention,
     q: &[E],
@@ -193,65 +221,153 @@ pub fn forward_merge<E: Float>(
     check_len(OP_FWD, "lse", lse.len(), a.q_tokens * a.q_heads)?;
     let groups = a.groups(OP_FWD, true)?;
     let (hq, hkv, d) = (a.q_heads, a.kv_heads, a.head_dim);
-    let g = hq / hkv;
     let (q, k, v) = (widen(q), widen(k), widen(v));
-    let outs = split_rows(out, &groups, hq * d);
-    let lses = split_rows(lse, &groups, hq);
-    groups
+    let cx = Ctx {
+        a,
+        q: &q,
+        k: &k,
+        v: &v,
+    };
+    let tasks: Vec<(usize, usize)> = (0..groups.len())
+        .flat_map(|g| (0..hq).map(move |h| (g, h)))
+        .collect();
+    // Per task: the block's unnormalised output [n, D] and per row (max + ln sum, sum).
+    type Part = (Vec<f32>, Vec<(f32, f32)>);
+    let parts: Vec<Part> = tasks
         .par_iter()
-        .zip(outs)
-        .zip(lses)
-        .for_each(|(((qr, keys), out), lse)| {
-            let mut s: Vec<f32> = Vec::new();
-            let mut o = vec![0.0f32; d];
-            for i in qr.clone() {
-                for h in 0..hq {
-                    let qrow = &q[(i * hq + h) * d..][..d];
-                    let kvh = h / g;
-                    s.clear();
-                    for (kr, causal) in keys {
-                        for j in visible(qr, i, kr, *causal) {
-                            s.push(a.scale * dot(qrow, &k[(j * hkv + kvh) * d..][..d]));
-                        }
-                    }
-                    if s.is_empty() {
-                        continue;
-                    }
-                    let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                    o.fill(0.0);
-                    let mut l = 0.0f32;
-                    let mut n = 0;
-                    for (kr, causal) in keys {
-                        for j in visible(qr, i, kr, *causal) {
-                            let p = (s[n] - m).exp();
-                            n += 1;
-                            l += p;
-                            let vrow = &v[(j * hkv + kvh) * d..][..d];
-                            o.iter_mut().zip(vrow).for_each(|(y, &x)| *y += p * x);
-                        }
-                    }
-                    let lse_b = m + l.ln();
-                    let row = i - qr.start;
-                    let (acc, dst) = (&mut lse[row * hq + h], &mut out[(row * hq + h) * d..][..d]);
-                    let new = if *acc == f32::NEG_INFINITY {
-                        lse_b
-                    } else {
-                        let hi = acc.max(lse_b);
-                        hi + ((*acc - hi).exp() + (lse_b - hi).exp()).ln()
-                    };
-                    let (wa, wb) = ((*acc - new).exp(), (lse_b - new).exp() / l);
-                    dst.iter_mut()
-                        .zip(&o)
-                        .for_each(|(y, &x)| *y = *y * wa + x * wb);
-                    *acc = new;
-                }
+        .map(|&(g, h)| {
+            let (qr, keys) = &groups[g];
+            let n = qr.len();
+            let m: usize = keys.iter().map(|(kr, _)| kr.len()).sum();
+            let mut s = vec![0f32; n * m];
+            let mut col = 0;
+            for (kr, causal) in keys {
+                cx.scores(h, (qr, kr, *causal), &mut s, m, col)?;
+                col += kr.len();
             }
-        });
+            let mut stats = Vec::with_capacity(n);
+            for row in s.chunks_mut(m.max(1)).take(n) {
+                let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let mut l = 0.0f32;
+                for x in row.iter_mut() {
+                    *x = (*x - mx).exp();
+                    l += *x;
+                }
+                stats.push((mx + l.ln(), l));
+            }
+            let mut o = vec![0f32; n * d];
+            let (mut col, kvh) = (0, h / (hq / hkv));
+            for (i, (kr, _)) in keys.iter().enumerate() {
+                let dims = Dims {
+                    m: n,
+                    n: d,
+                    k: kr.len(),
+                };
+                let vb = &cx.v[(kr.start * hkv + kvh) * d..];
+                let beta = if i == 0 { 0.0 } else { 1.0 };
+                gemm_f32(
+                    Trans::N,
+                    Trans::N,
+                    dims,
+                    1.0,
+                    &s[col..],
+                    m,
+                    vb,
+                    hkv * d,
+                    beta,
+                    &mut o,
+                    d,
+                )?;
+                col += kr.len();
+            }
+            Ok((o, stats))
+        })
+        .collect::<Result<_>>()?;
+    for (&(g, h), (o, stats)) in tasks.iter().zip(&parts) {
+        let qr = &groups[g].0;
+        for (r, &(lse_b, l)) in stats.iter().enumerate() {
+            let i = qr.start + r;
+            let (acc, dst) = (&mut lse[i * hq + h], &mut out[(i * hq + h) * d..][..d]);
+            let new = if *acc == f32::NEG_INFINITY {
+                lse_b
+            } else {
+                let hi = acc.max(lse_b);
+                hi + ((*acc - hi).exp() + (lse_b - hi).exp()).ln()
+            };
+            let (wa, wb) = ((*acc - new).exp(), (lse_b - new).exp() / l);
+            dst.iter_mut()
+                .zip(&o[r * d..][..d])
+                .for_each(|(y, &x)| *y = *y * wa + x * wb);
+            *acc = new;
+        }
+    }
     Ok(())
+}
+
+/// `P = exp(S - lse)` and `dS = P (dout V^T - Di)` of head `h`'s queries `q` against keys `k`,
+/// `[|q|, |k|]` each (`bwd` holds the backward's row statistics and dout).
+fn probs_and_grads(
+    cx: &Ctx,
+    bwd: &Bwd,
+    h: usize,
+    (q, k, causal): (&Range<usize>, &Range<usize>, bool),
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let (hq, hkv, d) = (cx.a.q_heads, cx.a.kv_heads, cx.a.head_dim);
+    let kvh = h / (hq / hkv);
+    let (n, m) = (q.len(), k.len());
+    let mut p = vec![0f32; n * m];
+    cx.scores(h, (q, k, causal), &mut p, m, 0)?;
+    let mut ds = vec![0f32; n * m];
+    let dims = Dims { m: n, n: m, k: d };
+    let da = &bwd.dout[(q.start * hq + h) * d..];
+    let vb = &cx.v[(k.start * hkv + kvh) * d..];
+    gemm_f32(
+        Trans::N,
+        Trans::T,
+        dims,
+        1.0,
+        da,
+        hq * d,
+        vb,
+        hkv * d,
+        0.0,
+        &mut ds,
+        m,
+    )?;
+    for (r, (prow, drow)) in p
+        .chunks_mut(m.max(1))
+        .zip(ds.chunks_mut(m.max(1)))
+        .take(n)
+        .enumerate()
+    {
+        let at = (q.start + r) * hq + h;
+        let (l, di) = (bwd.lse[at], bwd.di[at]);
+        for (x, y) in prow.iter_mut().zip(drow.iter_mut()) {
+            *x = if l == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (*x - l).exp()
+            };
+            *y = *x * (*y - di);
+        }
+    }
+    Ok((p, ds))
+}
+
+/// What the backward's tasks read besides the operands.
+struct Bwd<'a> {
+    lse: &'a [f32],
+    dout: &'a [f32],
+    /// `Di = rowsum(dout * out)` per (query row, head).
+    di: Vec<f32>,
 }
 
 /// Block gradients, ADDED to the f32 accumulators `dq [Tq, Hq, D]`, `dk`, `dv [Tk, Hkv, D]`,
 /// from the rows' final `out [Tq, Hq, D]` and `lse [Tq, Hq]` and `dout [Tq, Hq, D]`.
+///
+/// On the f32 GEMM, per (query range, head) for dQ and per (key range, kv head) for dK and dV
+/// (each task owns its rows): `P` and `dS` of every pair recomputed from the final statistics,
+/// then `dQ += scale dS K`, `dK += scale dS^T Q`, `dV += P^T dout`.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_accumulate<E: Float>(
     a: &BlockAttention,
@@ -290,73 +406,123 @@ pub fn backward_accumulate<E: Float>(
                 .sum()
         })
         .collect();
-    // P and dS of (query row i, head h) against key row j.
-    let p_ds = |i: usize, h: usize, j: usize| -> (f32, f32) {
-        let l = lse[i * hq + h];
-        if l == f32::NEG_INFINITY {
-            return (0.0, 0.0);
-        }
-        let kvh = h / g;
-        let (qrow, krow) = (&q[(i * hq + h) * d..][..d], &k[(j * hkv + kvh) * d..][..d]);
-        let p = (scale * dot(qrow, krow) - l).exp();
-        let dp = dot(
-            &dout[(i * hq + h) * d..][..d],
-            &v[(j * hkv + kvh) * d..][..d],
-        );
-        (p, p * (dp - di[i * hq + h]))
+    let cx = Ctx {
+        a,
+        q: &q,
+        k: &k,
+        v: &v,
+    };
+    let bwd = Bwd {
+        lse,
+        dout: &dout,
+        di,
     };
     let by_q = a.groups(OP_BWD, true)?;
     let by_k = a.groups(OP_BWD, false)?;
-    let dq_part = || {
-        let dqs = split_rows(dq, &by_q, hq * d);
-        by_q.par_iter().zip(dqs).for_each(|((qr, keys), dq)| {
-            for i in qr.clone() {
-                for h in 0..hq {
-                    let dst = &mut dq[((i - qr.start) * hq + h) * d..][..d];
-                    for (kr, causal) in keys {
-                        for j in visible(qr, i, kr, *causal) {
-                            let (_, ds) = p_ds(i, h, j);
-                            let krow = &k[(j * hkv + h / g) * d..][..d];
-                            dst.iter_mut()
-                                .zip(krow)
-                                .for_each(|(y, &x)| *y += scale * ds * x);
-                        }
-                    }
+    // dQ of (query range, head): [n, D] per task, added below.
+    let dq_tasks: Vec<(usize, usize)> = (0..by_q.len())
+        .flat_map(|i| (0..hq).map(move |h| (i, h)))
+        .collect();
+    let dkv_tasks: Vec<(usize, usize)> = (0..by_k.len())
+        .flat_map(|i| (0..hkv).map(move |h| (i, h)))
+        .collect();
+    let dq_part = || -> Result<Vec<Vec<f32>>> {
+        dq_tasks
+            .par_iter()
+            .map(|&(i, h)| {
+                let (qr, keys) = &by_q[i];
+                let mut acc = vec![0f32; qr.len() * d];
+                for (kr, causal) in keys {
+                    let (_, ds) = probs_and_grads(&cx, &bwd, h, (qr, kr, *causal))?;
+                    let dims = Dims {
+                        m: qr.len(),
+                        n: d,
+                        k: kr.len(),
+                    };
+                    let kb = &cx.k[(kr.start * hkv + h / g) * d..];
+                    gemm_f32(
+                        Trans::N,
+                        Trans::N,
+                        dims,
+                        scale,
+                        &ds,
+                        kr.len(),
+                        kb,
+                        hkv * d,
+                        1.0,
+                        &mut acc,
+                        d,
+                    )?;
                 }
-            }
-        })
-    };
-    let dkv_part = || {
-        let dks = split_rows(dk, &by_k, hkv * d);
-        let dvs = split_rows(dv, &by_k, hkv * d);
-        by_k.par_iter()
-            .zip(dks)
-            .zip(dvs)
-            .for_each(|(((kr, queries), dk), dv)| {
-                for j in kr.clone() {
-                    let jj = j - kr.start;
-                    for kvh in 0..hkv {
-                        let o = (jj * hkv + kvh) * d;
-                        for (qr, causal) in queries {
-                            // Causal: query i sees key j when j - k.start <= i - q.start.
-                            let first = if *causal { qr.start + jj } else { qr.start };
-                            for i in first..qr.end {
-                                for h in kvh * g..(kvh + 1) * g {
-                                    let (p, ds) = p_ds(i, h, j);
-                                    let qrow = &q[(i * hq + h) * d..][..d];
-                                    let dorow = &dout[(i * hq + h) * d..][..d];
-                                    for c in 0..d {
-                                        dk[o + c] += scale * ds * qrow[c];
-                                        dv[o + c] += p * dorow[c];
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
+                Ok(acc)
             })
+            .collect()
     };
-    rayon::join(dq_part, dkv_part);
+    let dkv_part = || -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
+        dkv_tasks
+            .par_iter()
+            .map(|&(i, kvh)| {
+                let (kr, queries) = &by_k[i];
+                let (mut gk, mut gv) = (vec![0f32; kr.len() * d], vec![0f32; kr.len() * d]);
+                for (qr, causal) in queries {
+                    for h in kvh * g..(kvh + 1) * g {
+                        let (p, ds) = probs_and_grads(&cx, &bwd, h, (qr, kr, *causal))?;
+                        let dims = Dims {
+                            m: kr.len(),
+                            n: d,
+                            k: qr.len(),
+                        };
+                        let qa = &cx.q[(qr.start * hq + h) * d..];
+                        let da = &bwd.dout[(qr.start * hq + h) * d..];
+                        gemm_f32(
+                            Trans::T,
+                            Trans::N,
+                            dims,
+                            scale,
+                            &ds,
+                            kr.len(),
+                            qa,
+                            hq * d,
+                            1.0,
+                            &mut gk,
+                            d,
+                        )?;
+                        gemm_f32(
+                            Trans::T,
+                            Trans::N,
+                            dims,
+                            1.0,
+                            &p,
+                            kr.len(),
+                            da,
+                            hq * d,
+                            1.0,
+                            &mut gv,
+                            d,
+                        )?;
+                    }
+                }
+                Ok((gk, gv))
+            })
+            .collect()
+    };
+    let (dqs, dkvs) = rayon::join(dq_part, dkv_part);
+    let (dqs, dkvs) = (dqs?, dkvs?);
+    for (&(i, h), part) in dq_tasks.iter().zip(&dqs) {
+        let qr = &by_q[i].0;
+        for (r, row) in part.chunks(d).enumerate() {
+            let dst = &mut dq[((qr.start + r) * hq + h) * d..][..d];
+            dst.iter_mut().zip(row).for_each(|(y, x)| *y += x);
+        }
+    }
+    for (&(i, kvh), (gk, gv)) in dkv_tasks.iter().zip(&dkvs) {
+        let kr = &by_k[i].0;
+        for (r, (rk, rv)) in gk.chunks(d).zip(gv.chunks(d)).enumerate() {
+            let at = ((kr.start + r) * hkv + kvh) * d;
+            dk[at..at + d].iter_mut().zip(rk).for_each(|(y, x)| *y += x);
+            dv[at..at + d].iter_mut().zip(rv).for_each(|(y, x)| *y += x);
+        }
+    }
     Ok(())
 }
 
