@@ -4,9 +4,9 @@
 //! [`crate::bench::features`]. Exit codes: 0 measured, 2 unusable input.
 
 use crate::bench::{self, StepBench};
+use crate::config::Dtype;
 use crate::model::Mistral3Config;
-use cannon_kernels::Precision;
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -60,8 +60,8 @@ pub struct StepArgs {
     pub steps: usize,
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
-    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
-    pub dtype: DtypeArg,
+    #[arg(long, value_enum, default_value_t = Dtype::F32)]
+    pub dtype: Dtype,
     /// In-process CPU ranks of a sharded (FSDP) run; the batch's rows are split evenly.
     #[arg(long, default_value_t = 1)]
     pub nproc: usize,
@@ -71,12 +71,6 @@ pub struct StepArgs {
     /// Seed of the random weights and batch.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DtypeArg {
-    F32,
-    Bf16,
 }
 
 pub fn run(args: BenchArgs) -> ExitCode {
@@ -134,10 +128,7 @@ fn step(a: &StepArgs) -> Result<(), String> {
         img: a.img,
         steps: a.steps,
         warmup: a.warmup,
-        precision: match a.dtype {
-            DtypeArg::F32 => Precision::F32,
-            DtypeArg::Bf16 => Precision::Bf16,
-        },
+        precision: a.dtype.precision(),
         seed: a.seed,
     };
     let report = if a.nproc == 1 {

@@ -3,7 +3,8 @@
 //! `--max-shard-size`) that transformers' `Mistral3ForConditionalGeneration` loads.
 
 use crate::checkpoint::{export, parse_size_arg, Checkpoint, ExportDtype, ExportOptions};
-use clap::{Args, ValueEnum};
+use crate::config::Dtype;
+use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -20,17 +21,11 @@ pub struct ExportArgs {
     #[arg(long, default_value = "5GB", value_parser = parse_size_arg)]
     pub max_shard_size: u64,
     /// Stored dtype: the f32 master weights, or rounded to bf16.
-    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
-    pub dtype: DtypeArg,
+    #[arg(long, value_enum, default_value_t = Dtype::F32)]
+    pub dtype: Dtype,
     /// Replace a non-empty --out.
     #[arg(long)]
     pub force: bool,
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DtypeArg {
-    F32,
-    Bf16,
 }
 
 /// Exit 0 on success, 2 on unusable input (no checkpoint, a bad one, an occupied --out).
@@ -38,8 +33,8 @@ pub fn run(args: ExportArgs) -> ExitCode {
     let opts = ExportOptions {
         max_shard_size: args.max_shard_size,
         dtype: match args.dtype {
-            DtypeArg::F32 => ExportDtype::F32,
-            DtypeArg::Bf16 => ExportDtype::Bf16,
+            Dtype::F32 => ExportDtype::F32,
+            Dtype::Bf16 => ExportDtype::Bf16,
         },
         force: args.force,
     };

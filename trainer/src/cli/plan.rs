@@ -2,7 +2,7 @@
 //! [--json FILE] [--table]`: the device memory of a training step per rank, before anything
 //! runs (see [`crate::plan`]). Exit codes: 0 it fits, 1 it does not, 2 unusable input.
 
-use super::verify::DeviceArg;
+use crate::config::DeviceKind;
 use crate::plan::{self, report, PlanSettings};
 use cannon_runtime::Device;
 use clap::Args;
@@ -28,8 +28,8 @@ pub struct PlanArgs {
     /// for) or `cpu` (the trainer's CPU ranks, e.g. to compare with `cannon train`'s
     /// `max_allocated`). They differ in what attention saves for its backward: an NPU keeps
     /// aclnn's softmax max and sum (16 f32 per token and head), the CPU one log-sum-exp.
-    #[arg(long, value_enum, default_value_t = DeviceArg::Npu)]
-    pub device: DeviceArg,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Npu)]
+    pub device: DeviceKind,
     /// Images per row (each longest_edge x longest_edge pixels, the largest the data can
     /// bring); 0 for text only.
     #[arg(long, default_value_t = 1)]
@@ -64,8 +64,8 @@ fn go(a: &PlanArgs) -> Result<bool, String> {
     let mut s =
         PlanSettings::load(&a.config, &a.sets, a.images_per_row).map_err(|e| e.to_string())?;
     s.device = match a.device {
-        DeviceArg::Cpu => Device::Cpu,
-        DeviceArg::Npu => Device::Npu(0),
+        DeviceKind::Cpu => Device::Cpu,
+        DeviceKind::Npu => Device::Npu(0),
     };
     let p = plan::plan(&s).map_err(|e| e.to_string())?;
     print!("{}", report::text(&p, device));

@@ -6,10 +6,11 @@
 //! (printed first: an installed CANN, or the emulator `CANNON_CANN_EMULATOR` names); only the
 //! comparisons read results back, through device-to-host copies.
 
-use crate::model::{Exec, LossMode, Mistral3, Precision};
+use crate::config::{DeviceKind, Dtype};
+use crate::model::{Exec, LossMode, Mistral3};
 use crate::verify::{verify, Reference, VerifyError};
 use cannon_runtime::Device;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -18,10 +19,10 @@ pub struct VerifyArgs {
     /// Fixture directory: config.json, the model weights, reference.safetensors.
     #[arg(long)]
     pub reference: PathBuf,
-    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
-    pub device: DeviceArg,
-    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
-    pub dtype: DtypeArg,
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
+    #[arg(long, value_enum, default_value_t = Dtype::F32)]
+    pub dtype: Dtype,
     /// AdamW steps to run (default: the fixture's `train.steps`; at most that many).
     #[arg(long)]
     pub steps: Option<usize>,
@@ -31,30 +32,18 @@ pub struct VerifyArgs {
     pub loss_chunk_size: Option<usize>,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceArg {
-    Cpu,
-    Npu,
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DtypeArg {
-    F32,
-    Bf16,
-}
-
 /// `cannon verify`: exit 0 all pass, 1 a failed comparison, 2 unusable input.
 pub fn run(args: VerifyArgs) -> ExitCode {
     let exec = match args.device {
-        DeviceArg::Cpu => Exec::cpu(),
-        DeviceArg::Npu if !cfg!(feature = "npu") => {
+        DeviceKind::Cpu => Exec::cpu(),
+        DeviceKind::Npu if !cfg!(feature = "npu") => {
             eprintln!(
                 "cannon verify: --device npu needs a build with `--features npu` (this build \
                  has the CPU backend only)"
             );
             return ExitCode::from(2);
         }
-        DeviceArg::Npu => {
+        DeviceKind::Npu => {
             // Which CANN runs the model (an installed one, or the emulator that
             // CANNON_CANN_EMULATOR names), before anything touches it.
             eprintln!("{}", super::doctor::cann_line());
@@ -67,10 +56,7 @@ pub fn run(args: VerifyArgs) -> ExitCode {
             }
         }
     };
-    let prec = match args.dtype {
-        DtypeArg::F32 => Precision::F32,
-        DtypeArg::Bf16 => Precision::Bf16,
-    };
+    let prec = args.dtype.precision();
     let chunk = args.loss_chunk_size;
     let result = Mistral3::load_on(&args.reference, exec)
         .map_err(VerifyError::from)

@@ -195,7 +195,8 @@ pub enum Schedule {
 }
 
 /// Precision of the activations: f32, or bf16 autocast (f32 master weights and gradients).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Also the `--dtype` of `cannon verify`, `bench step` and `export`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     F32,
@@ -207,6 +208,14 @@ impl Dtype {
         match self {
             Dtype::F32 => "f32",
             Dtype::Bf16 => "bf16",
+        }
+    }
+
+    /// The products' precision of a run in this dtype.
+    pub fn precision(self) -> crate::model::Precision {
+        match self {
+            Dtype::F32 => crate::model::Precision::F32,
+            Dtype::Bf16 => crate::model::Precision::Bf16,
         }
     }
 }
@@ -394,8 +403,8 @@ impl Default for ParallelSection {
     }
 }
 
-/// `parallel.device`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// `parallel.device`; also the `--device` of `cannon verify` and `plan`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceKind {
     Cpu,

@@ -16,7 +16,7 @@
 //! A key the run config knows goes through its parsing too; a planner key the run config
 //! does not know yet is taken by the planner alone.
 
-use crate::config::{ConfigError, Dtype, TrainConfig};
+use crate::config::{ConfigError, TrainConfig};
 use crate::model::memory::{ContextParallel, CpAlgo, StepFeatures};
 use crate::model::Recompute;
 use crate::model::{LossMode, Mistral3Config, Part, Precision};
@@ -120,10 +120,7 @@ impl PlanSettings {
             max_len: cfg.data.max_len,
             longest_edge: cfg.data.longest_edge,
             images_per_row,
-            precision: match cfg.train.dtype {
-                Dtype::F32 => Precision::F32,
-                Dtype::Bf16 => Precision::Bf16,
-            },
+            precision: cfg.train.dtype.precision(),
             nproc: cfg.parallel.nproc,
             fsdp: cfg.parallel.fsdp,
             frozen: cfg.frozen(),

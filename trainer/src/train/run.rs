@@ -27,7 +27,7 @@ use crate::eval::{self, EvalError, EvalReport};
 use crate::model::init::{self, Init};
 use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use crate::model::{
-    weights, Act, Exec, Grads, Mistral3, Mistral3Config, ModelError, ParamLayout, Part, Precision,
+    weights, Act, Exec, Grads, Mistral3, Mistral3Config, ModelError, ParamLayout, Part,
 };
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -560,10 +560,7 @@ impl Trainer {
             // stay reserved in the allocator's cache.
             exec.allocator().empty_cache();
         }
-        let precision = match t.dtype {
-            Dtype::F32 => Precision::F32,
-            Dtype::Bf16 => Precision::Bf16,
-        };
+        let precision = t.dtype.precision();
         let gemm_peak = gemm_peak(&exec, precision, 512, 4).map_err(ModelError::from)?;
         let schedule = LrSchedule {
             kind: t.schedule,
