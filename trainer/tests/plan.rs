@@ -493,7 +493,8 @@ fn planned_features_follow_their_formulas() {
         assert!(a.comm_max() > 0);
     }
     // Offloading the optimizer (f32 run): the master weights, m and v go to the host,
-    // gradients stay; an FSDP rank keeps one staging buffer of its largest shard.
+    // gradients stay; an FSDP rank keeps one staging buffer of its largest shard (two slots
+    // of it on an NPU, where the next shard's copy runs ahead of its gather).
     let opt = with(&["train.offload_optimizer=true"]);
     assert_eq!((opt.moments, opt.grads), (0, none.grads));
     assert_eq!(opt.host_optimizer, none.params + 2 * none.grads);
@@ -502,6 +503,17 @@ fn planned_features_follow_their_formulas() {
     let largest = cut.groups.iter().map(|g| g.shard).max().unwrap();
     assert_eq!(opt.params, round(4 * largest));
     assert!(opt.peak() < none.peak());
+    let sets: Vec<String> = base
+        .iter()
+        .chain(&["train.offload_optimizer=true"])
+        .map(|s| s.to_string())
+        .collect();
+    let mut npu = PlanSettings::load(&dir, &sets, 1).unwrap();
+    npu.device = cannon_runtime::Device::Npu(0);
+    assert_eq!(
+        plan::plan(&npu).unwrap().ranks[0].params,
+        round(2 * 4 * largest)
+    );
     assert_eq!(cfg.text_config.hidden_size, d);
 }
 

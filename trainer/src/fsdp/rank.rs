@@ -15,8 +15,9 @@
 //!
 //! With the optimizer offload (`train.offload_optimizer`) the rank's `[shard]` master weights
 //! and moments are in its exec's host pool from the start (made there, never on the device):
-//! each gather first copies the host shard into the rank's staging buffer (one `[shard]` of
-//! the largest group, on the device: the collective reads device memory), and AdamW streams
+//! each gather first copies the host shard into the rank's staging buffer (`[shard]` of the
+//! largest group on the device, the collective reads device memory; two such slots on an
+//! NPU, where the next shard's copy runs ahead, `fsdp::schedule`), and AdamW streams
 //! each trained group's p, m, v through the device (`model::optim::adamw_group`).
 //!
 //! Context parallelism ([`FsdpRank::with_cp`], world = dp x cp): the world's consecutive
@@ -191,7 +192,8 @@ impl FsdpRank {
         let staging = match pool {
             Some(_) => {
                 let largest = cut.groups.iter().map(|c| c.shard).max().unwrap_or(0);
-                Some(exec.zeros(&[largest])?)
+                let slots = crate::model::offload::HostPool::staging_slots(exec.device());
+                Some(exec.zeros(&[slots * largest])?)
             }
             None => None,
         };

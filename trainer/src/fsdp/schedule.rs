@@ -25,11 +25,16 @@
 //! a silent extra collective or a lost gradient.
 //!
 //! A shard in the host pool (the optimizer offload) is copied into the rank's staging buffer
-//! on the device before its all-gather ([`Schedule::with_staging`]); on an NPU the copy runs
-//! on the pool's copy stream and the compute stream waits for it before the collective.
+//! on the device before its all-gather ([`Schedule::with_staging`]). On an NPU the copies
+//! run on the pool's copy stream, one step ahead: the buffer holds two slots, and right after
+//! a gather from one slot is queued the next fetching step's shard is copied into the other,
+//! so that copy overlaps the compute queued before that step's gather (the compute stream
+//! waits for it only there). A copy always waits for the work queued on the compute stream
+//! before it (`HostPool::reload_into`), so a slot is never overwritten before the gather that
+//! reads it. On the CPU, with one slot, each copy is made at its gather.
 
 use super::shard::ShardLayout;
-use crate::model::offload::Stored;
+use crate::model::offload::{CopyMark, Stored};
 use crate::model::source::BackwardStep;
 use crate::model::{Exec, GroupWeights, ModelError, ParamLayout, ParamSource};
 use cannon_kernels::{ops, Tensor};
@@ -69,8 +74,10 @@ struct State<'a> {
     prefetched: Option<(usize, Tensor<f32>)>,
     /// Collectives made only for the peers (steps this rank's pass skipped).
     for_peers: usize,
-    /// Where a shard in the host pool is copied before its gather (`[max shard]`).
+    /// Where a shard in the host pool is copied before its gather: `slots` of `[max shard]`.
     staging: Option<&'a mut Tensor<f32>>,
+    /// A step whose host shard was copied ahead: (step index, slot, the copy's mark).
+    ahead: Option<(usize, usize, CopyMark)>,
 }
 
 impl<'a> Schedule<'a> {
@@ -126,31 +133,91 @@ impl<'a> Schedule<'a> {
             .collect()
     }
 
-    /// All-gathers group `g` into a new padded full buffer `[shard * world]` (a shard in the
-    /// host pool through the staging buffer).
-    fn gather(&self, s: &mut State, g: usize) -> Result<Tensor<f32>, ModelError> {
+    /// All-gathers the group of step `i` into a new padded full buffer `[shard * world]` (a
+    /// shard in the host pool through a staging slot, see the module docs).
+    fn gather(&self, s: &mut State, i: usize) -> Result<Tensor<f32>, ModelError> {
         let st = self.exec.stream();
+        let g = s.steps[i].group;
         let cut = self.cut.groups[g];
         let mut full = self.exec.empty::<f32>(&[cut.padded(self.cut.world)])?;
-        match &self.shards[g] {
-            Stored::Device(t) => self.comm.all_gather(&t.view(), &mut full.view_mut(), st)?,
-            Stored::Host(h) => {
-                let (Some(pool), Some(staging)) = (self.exec.host_pool(), s.staging.as_mut())
-                else {
-                    return Err(ModelError::Plan(format!(
-                        "group {g}'s shard is in the host pool, but the schedule has no host \
-                         pool and staging buffer to gather it through"
-                    )));
-                };
-                let mut dst = staging.view_mut();
-                let mut dst = dst.slice_mut(0..cut.shard)?;
-                pool.reload_into(st, h, &mut dst)?;
-                pool.wait(st, &pool.mark()?)?;
-                let src = staging.view().slice(0..cut.shard)?;
-                self.comm.all_gather(&src, &mut full.view_mut(), st)?;
+        if let Stored::Device(t) = &self.shards[g] {
+            self.comm.all_gather(&t.view(), &mut full.view_mut(), st)?;
+            return Ok(full);
+        }
+        let (slot, mark) = match s.ahead.take() {
+            Some((a, slot, mark)) if a == i => (slot, mark),
+            // No copy ahead (the first host shard of the pass), or one for another step
+            // (harmless: a later copy into its slot is ordered after it on the copy stream).
+            _ => {
+                let slot = 0;
+                (slot, self.copy_shard(s, g, slot)?)
+            }
+        };
+        self.pool()?.wait(st, &mark)?;
+        let src = self
+            .staging(s)?
+            .buffer()
+            .slice(self.slot(slot, cut.shard))?;
+        self.comm.all_gather(&src, &mut full.view_mut(), st)?;
+        let slots = self.slots(s);
+        if slots > 1 {
+            let next = (i + 1..s.steps.len()).find(|&n| {
+                s.steps[n].fetch && matches!(self.shards[s.steps[n].group], Stored::Host(_))
+            });
+            if let Some(n) = next {
+                let other = (slot + 1) % slots;
+                let mark = self.copy_shard(s, s.steps[n].group, other)?;
+                s.ahead = Some((n, other, mark));
             }
         }
         Ok(full)
+    }
+
+    fn pool(&self) -> Result<&crate::model::offload::HostPool, ModelError> {
+        self.exec.host_pool().map(|p| &**p).ok_or_else(|| {
+            ModelError::Plan(
+                "a shard is in the host pool, but the schedule's exec has no host pool".into(),
+            )
+        })
+    }
+
+    /// How many `[max shard]` slots the staging buffer holds.
+    fn slots(&self, s: &State) -> usize {
+        let largest = self.cut.groups.iter().map(|c| c.shard).max().unwrap_or(0);
+        match &s.staging {
+            Some(t) if largest > 0 => t.numel() / largest,
+            _ => 0,
+        }
+    }
+
+    /// The first `len` values of staging slot `slot`.
+    fn slot(&self, slot: usize, len: usize) -> std::ops::Range<usize> {
+        let largest = self.cut.groups.iter().map(|c| c.shard).max().unwrap_or(0);
+        slot * largest..slot * largest + len
+    }
+
+    fn staging<'s>(&self, s: &'s mut State<'_>) -> Result<&'s mut Tensor<f32>, ModelError> {
+        s.staging.as_deref_mut().ok_or_else(|| {
+            ModelError::Plan(
+                "a shard is in the host pool, but the schedule has no staging buffer to gather \
+                 it through"
+                    .into(),
+            )
+        })
+    }
+
+    /// Queues the copy of group `g`'s host shard into staging slot `slot`; returns its mark.
+    fn copy_shard(&self, s: &mut State, g: usize, slot: usize) -> Result<CopyMark, ModelError> {
+        let Stored::Host(h) = &self.shards[g] else {
+            return Err(ModelError::Plan(format!(
+                "group {g}'s shard is not in the host pool"
+            )));
+        };
+        let pool = self.pool()?;
+        let range = self.slot(slot, self.cut.groups[g].shard);
+        let mut dst = self.staging(s)?.buffer_mut().slice_mut(range)?;
+        pool.reload_into(self.exec.stream(), h, &mut dst)?;
+        Ok(pool.mark()?)
     }
 
     /// Reduce-scatters (sum over the ranks) the padded full gradient `full` of group `g` into
@@ -200,12 +267,12 @@ impl<'a> Schedule<'a> {
             Some((p, buf)) if p == i => buf,
             other => {
                 s.prefetched = other;
-                self.gather(s, step.group)?
+                self.gather(s, i)?
             }
         };
         if let Some(n) = (i + 1..s.steps.len()).find(|&n| s.steps[n].fetch) {
             if s.prefetched.is_none() {
-                let ahead = self.gather(s, s.steps[n].group)?;
+                let ahead = self.gather(s, n)?;
                 s.prefetched = Some((n, ahead));
             }
         }

@@ -210,6 +210,17 @@ impl HostPool {
         })
     }
 
+    /// Staging slots an FSDP rank keeps for this pool (see `fsdp::schedule`): 2 where copies
+    /// run on their own stream (the NPU: the next host shard's copy overlaps compute while
+    /// the current one is all-gathered from the other slot), 1 on the CPU, whose copies are
+    /// synchronous memcpys with nothing to overlap.
+    pub fn staging_slots(device: Device) -> usize {
+        match device {
+            Device::Cpu => 1,
+            Device::Npu(_) => 2,
+        }
+    }
+
     /// A point after every copy queued so far (NPU: an event on the copy stream).
     pub fn mark(&self) -> Result<CopyMark> {
         #[cfg(feature = "npu")]

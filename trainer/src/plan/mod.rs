@@ -24,9 +24,10 @@
 //!                    device. One rank: a pass copies each group in at its point of use and
 //!                    the next one ahead (`model::source`), so at a group's step the device
 //!                    holds its 4·n and the next fetching step's (the same terms as an FSDP
-//!                    rank's gathered groups, without gradients). FSDP: the rank keeps one
-//!                    staging buffer of the largest shard, 4·max s, on the device, which
-//!                    each host shard is copied into for its all-gather; the gathered groups
+//!                    rank's gathered groups, without gradients). FSDP: the rank keeps a
+//!                    staging buffer of the largest shard, 4·max s (two such slots on an
+//!                    NPU, where the next copy runs ahead), on the device, which each host
+//!                    shard is copied into for its all-gather; the gathered groups
 //!                    are as without the offload. The update copies one trained group's p,
 //!                    m and v to the device at a time (`model::optim::adamw_group`): 3·4·s
 //!                    of the largest, after the pass
@@ -206,8 +207,9 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
         // rank's staging buffer on the device; one group's p, m, v on the device during its
         // update.
         let host = sum(&|g| pa * shard(g), false) + sum(&|g| 4 * shard(g), true) * 2;
+        let slots = crate::model::offload::HostPool::staging_slots(s.device);
         let staging = match sharded {
-            true => round_size(pa * groups.clone().map(shard).max().unwrap_or(0)),
+            true => round_size(slots * pa * groups.clone().map(shard).max().unwrap_or(0)),
             false => 0,
         };
         let largest = groups
