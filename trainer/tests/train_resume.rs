@@ -333,8 +333,37 @@ fn the_optimizer_offload_trains_and_resumes_bit_for_bit() {
 
     let mut plain = Trainer::new(plan(&root, "plain", &[]), Exec::cpu()).unwrap();
     let want = plain.run(&mut []).unwrap();
-    let mut a = Trainer::new(plan(&root, "a", &[off]), Exec::cpu()).unwrap();
+    // On an allocator of its own, so that its peak is this start-up's.
+    let own = Exec::cpu().with_private_allocator().unwrap();
+    let mut a = Trainer::new(plan(&root, "a", &[off]), own).unwrap();
     assert!(on_host(&a), "the master weights are not in the host pool");
+    // Start-up made the moments in the host pool and moved the weights there before the
+    // gradients existed: its device peak is below weights + gradients (it used to be
+    // weights + gradients + both moments, all on the device until the offload).
+    let round = cannon_runtime::alloc::round_size;
+    let weight_bytes: usize = a
+        .state
+        .model
+        .params
+        .layout
+        .groups
+        .iter()
+        .map(|g| round(4 * g.len))
+        .sum();
+    let grad_bytes: usize = a
+        .state
+        .opt
+        .m
+        .iter()
+        .flatten()
+        .map(|m| round(4 * m.numel()))
+        .sum();
+    let peak = a.state.model.exec.allocator().stats().peak_allocated;
+    assert!(grad_bytes > 0 && a.state.opt.m.iter().flatten().all(|m| m.is_host()));
+    assert!(
+        peak < weight_bytes + grad_bytes,
+        "start-up device peak {peak} B, weights {weight_bytes} B + gradients {grad_bytes} B"
+    );
     let full = a.run(&mut []).unwrap();
     assert_eq!(bits(&full.losses), bits(&want.losses));
     assert_eq!(weights(&a), weights(&plain), "weights and AdamW moments");

@@ -63,6 +63,13 @@ impl Exec {
         })
     }
 
+    /// The same stream with an allocator of its own, whose blocks are in no one else's figures
+    /// or cache (measurements beside a model: the GEMM peak at start-up).
+    pub fn with_private_allocator(&self) -> Result<Self, KernelError> {
+        let alloc = self.device().private_allocator()?;
+        Exec::with_allocator(self.stream.clone(), alloc)
+    }
+
     /// The same stream and allocator with a fresh [`HostPool`] for offloading (the memory
     /// features `train.offload_activations` and `train.offload_optimizer`).
     pub fn with_host_pool(mut self) -> Result<Self, KernelError> {

@@ -90,6 +90,41 @@ impl AdamW {
         })
     }
 
+    /// [`AdamW::new`] with the moments made in `exec`'s host pool (the optimizer offload),
+    /// never on the device; the parameters are offloaded separately ([`Params::offload`]).
+    pub fn new_in_host_pool(
+        exec: &Exec,
+        cfg: AdamWConfig,
+        grads: &Grads,
+    ) -> Result<Self, ModelError> {
+        let pool = exec.host_pool().ok_or_else(|| {
+            ModelError::Input(
+                "optimizer offload needs an exec with a host pool (Exec::with_host_pool)".into(),
+            )
+        })?;
+        let zeros = || -> Result<Vec<Option<Stored>>, KernelError> {
+            grads
+                .data
+                .iter()
+                .map(|g| {
+                    g.as_ref()
+                        .map(|g| {
+                            let h = pool.from_values(&vec![0f32; g.numel()])?;
+                            Ok(Stored::Host(Box::new(h)))
+                        })
+                        .transpose()
+                })
+                .collect()
+        };
+        Ok(AdamW {
+            cfg,
+            step: 0,
+            m: zeros()?,
+            v: zeros()?,
+            pool: Some(pool.clone()),
+        })
+    }
+
     /// A state of `step` steps with the given moments (one entry per group, Some for the
     /// trained ones), on the device they are on.
     pub fn from_moments(

@@ -507,7 +507,12 @@ impl Trainer {
             (None, None) => config::DEFAULT_STEPS,
         };
         let layout = ParamLayout::new(&mcfg);
-        let params = match (&cfg.model.weights, &plan.model) {
+        let (loss_mode, memory) = memory_features(&cfg.train);
+        let exec = match (memory.needs_host_pool(), exec.host_pool()) {
+            (true, None) => exec.with_host_pool().map_err(ModelError::from)?,
+            _ => exec,
+        };
+        let mut params = match (&cfg.model.weights, &plan.model) {
             (Some(dir), _) => weights::load_params(&exec, dir, layout)?,
             (None, ModelSource::Preset(..)) => {
                 init::random_params(&exec, layout, cfg.model.seed, Init::FanIn)?
@@ -519,11 +524,12 @@ impl Trainer {
                 Init::Normal(init::INITIALIZER_RANGE),
             )?,
         };
-        let (loss_mode, memory) = memory_features(&cfg.train);
-        let exec = match (memory.needs_host_pool(), exec.host_pool()) {
-            (true, None) => exec.with_host_pool().map_err(ModelError::from)?,
-            _ => exec,
-        };
+        if memory.offload_optimizer {
+            // Into the host pool before the gradients and moments exist: start-up then holds
+            // at most the f32 weights on the device, not weights, gradients and moments.
+            params.offload(&exec)?;
+            exec.allocator().empty_cache();
+        }
         let model = Mistral3 {
             cfg: mcfg,
             params,
@@ -552,16 +558,15 @@ impl Trainer {
             eps: t.eps,
             weight_decay: t.weight_decay,
         };
-        let mut opt = AdamW::new(&exec, adamw, &grads)?;
-        let mut model = model;
-        if memory.offload_optimizer {
-            opt.offload(&exec, &mut model.params)?;
-            // The masters' and moments' device blocks go back to the device rather than
-            // stay reserved in the allocator's cache.
-            exec.allocator().empty_cache();
-        }
+        // Under the optimizer offload the moments are made in the host pool.
+        let opt = match memory.offload_optimizer {
+            true => AdamW::new_in_host_pool(&exec, adamw, &grads)?,
+            false => AdamW::new(&exec, adamw, &grads)?,
+        };
         let precision = t.dtype.precision();
-        let gemm_peak = gemm_peak(&exec, precision, 512, 4).map_err(ModelError::from)?;
+        // On operands of their own allocator: the run's memory figures are the model's.
+        let probe = exec.with_private_allocator().map_err(ModelError::from)?;
+        let gemm_peak = gemm_peak(&probe, precision, 512, 4).map_err(ModelError::from)?;
         let schedule = LrSchedule {
             kind: t.schedule,
             lr: t.lr,
