@@ -25,7 +25,7 @@ use cannon_kernels::attention::{
     backward, block_backward_accumulate, block_forward_merge, forward, BlockAttention, BlockPair,
     Qkv, QkvGrad, VarlenAttention,
 };
-use cannon_kernels::testutil::{attention_bench_shapes, Rng};
+use cannon_kernels::testutil::{attention_bench_shapes, AttentionShape, Rng};
 
 /// (median, min) seconds of `iters` runs of `f` after 3 warm-ups.
 fn time(iters: usize, mut f: impl FnMut()) -> (f64, f64) {
@@ -105,31 +105,7 @@ fn main() {
                 panic!("forward + backward: {e}");
             }
         });
-        // Query-key pairs the mask lets through, per q head.
-        let pairs: f64 =
-            s.cu.iter()
-                .scan(0, |start, &end| {
-                    let len = (end - *start) as f64;
-                    *start = end;
-                    Some(if s.causal {
-                        len * (len + 1.0) / 2.0
-                    } else {
-                        len * len
-                    })
-                })
-                .sum::<f64>()
-                * s.hq as f64;
-        let flop_f = 4.0 * pairs * s.d as f64;
-        let flop_b = flop_f + 10.0 * pairs * s.d as f64;
-        let ms = |t: (f64, f64)| format!("{:.3} / {:.3}", t.0 * 1e3, t.1 * 1e3);
-        println!(
-            "{:<34} {:>24} {:>24}   ({:.0} / {:.0} GFLOP/s)",
-            s.name,
-            ms(fwd),
-            ms(both),
-            flop_f / fwd.0 / 1e9,
-            flop_b / both.0 / 1e9
-        );
+        report(s.name, s, fwd, both);
     }
     ring_rows(iters, &filter, &mut rng);
 }
@@ -202,25 +178,35 @@ fn ring_rows(iters: usize, filter: &str, rng: &mut Rng) {
                 panic!("block backward: {e}");
             }
         });
-        let pairs: f64 =
-            s.cu.iter()
-                .scan(0, |start, &end| {
-                    let len = (end - *start) as f64;
-                    *start = end;
-                    Some(len * (len + 1.0) / 2.0)
-                })
-                .sum::<f64>()
-                * s.hq as f64;
-        let flop_f = 4.0 * pairs * s.d as f64;
-        let flop_b = flop_f + 10.0 * pairs * s.d as f64;
-        let ms = |t: (f64, f64)| format!("{:.3} / {:.3}", t.0 * 1e3, t.1 * 1e3);
-        println!(
-            "{:<34} {:>24} {:>24}   ({:.0} / {:.0} GFLOP/s)",
-            format!("ring_{}", s.name),
-            ms(fwd),
-            ms(both),
-            flop_f / fwd.0 / 1e9,
-            flop_b / both.0 / 1e9
-        );
+        report(&format!("ring_{}", s.name), s, fwd, both);
     }
+}
+
+/// Prints a row: times and the GFLOP/s of the products over the query-key pairs the mask
+/// lets through (4 * pairs * D forward, 10 * pairs * D more backward).
+fn report(name: &str, s: &AttentionShape, fwd: (f64, f64), both: (f64, f64)) {
+    let pairs: f64 =
+        s.cu.iter()
+            .scan(0, |start, &end| {
+                let len = (end - *start) as f64;
+                *start = end;
+                Some(if s.causal {
+                    len * (len + 1.0) / 2.0
+                } else {
+                    len * len
+                })
+            })
+            .sum::<f64>()
+            * s.hq as f64;
+    let flop_f = 4.0 * pairs * s.d as f64;
+    let flop_b = flop_f + 10.0 * pairs * s.d as f64;
+    let ms = |t: (f64, f64)| format!("{:.3} / {:.3}", t.0 * 1e3, t.1 * 1e3);
+    println!(
+        "{:<34} {:>24} {:>24}   ({:.0} / {:.0} GFLOP/s)",
+        name,
+        ms(fwd),
+        ms(both),
+        flop_f / fwd.0 / 1e9,
+        flop_b / both.0 / 1e9
+    );
 }

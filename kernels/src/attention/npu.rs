@@ -34,6 +34,20 @@ pub fn block_lse_len_npu(a: &BlockAttention) -> usize {
 /// inputs are), and so far below any score that `e^(EMPTY_MAX - m)` is 0 in f32.
 pub const BLOCK_EMPTY_MAX: f32 = -1e30;
 
+/// The lengths of q, k, v (`q_len`, `kv_len`) and of the NPU's statistics `lse` (`lse_len`,
+/// named by `lse_what`), after the call's own validation.
+fn check_qkv_lse<E: cannon_runtime::Element>(
+    op: &'static str,
+    x: &QkvBuf<'_, E>,
+    (q_len, kv_len): (usize, usize),
+    (lse, lse_len, lse_what): (usize, usize, &str),
+) -> Result<()> {
+    check_len(op, "q", x.q.len(), q_len)?;
+    check_len(op, "k", x.k.len(), kv_len)?;
+    check_len(op, "v", x.v.len(), kv_len)?;
+    check_len(op, lse_what, lse, lse_len)
+}
+
 fn check_block<E: cannon_runtime::Element>(
     op: &'static str,
     a: &BlockAttention,
@@ -41,14 +55,12 @@ fn check_block<E: cannon_runtime::Element>(
     lse: usize,
 ) -> Result<()> {
     a.validate(op)?;
-    check_len(op, "q", x.q.len(), a.q_len())?;
-    check_len(op, "k", x.k.len(), a.kv_len())?;
-    check_len(op, "v", x.v.len(), a.kv_len())?;
-    check_len(
+    let what = "lse (softmaxMax + softmaxSum, see block_lse_len_npu)";
+    check_qkv_lse(
         op,
-        "lse (softmaxMax + softmaxSum, see block_lse_len_npu)",
-        lse,
-        block_lse_len_npu(a),
+        x,
+        (a.q_len(), a.kv_len()),
+        (lse, block_lse_len_npu(a), what),
     )
 }
 
@@ -540,15 +552,8 @@ fn check_shapes<E: cannon_runtime::Element>(
     lse: usize,
 ) -> Result<()> {
     a.validate(op)?;
-    check_len(op, "q", x.q.len(), a.q_len())?;
-    check_len(op, "k", x.k.len(), a.kv_len())?;
-    check_len(op, "v", x.v.len(), a.kv_len())?;
-    check_len(
-        op,
-        "lse (softmaxMax + softmaxSum, see lse_len_npu)",
-        lse,
-        lse_len_npu(a),
-    )
+    let what = "lse (softmaxMax + softmaxSum, see lse_len_npu)";
+    check_qkv_lse(op, x, (a.q_len(), a.kv_len()), (lse, lse_len_npu(a), what))
 }
 
 /// `aclnnFlashAttentionVarLenScore` over the batch's sequences (`actualSeqQLen =

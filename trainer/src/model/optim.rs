@@ -70,23 +70,30 @@ pub struct AdamW {
 impl AdamW {
     /// Zero moments on `exec`'s device for the groups `grads` holds.
     pub fn new(exec: &Exec, cfg: AdamWConfig, grads: &Grads) -> Result<Self, ModelError> {
-        let zeros = || -> Result<Vec<Option<Stored>>, KernelError> {
+        let zeros = |g: &Tensor<f32>| Ok(Stored::Device(exec.zeros(g.shape())?));
+        Self::with_zero_moments(cfg, grads, zeros, None)
+    }
+
+    /// Zeroed moments for the trained groups of `grads`, each made by `zeros(gradient)`.
+    fn with_zero_moments(
+        cfg: AdamWConfig,
+        grads: &Grads,
+        zeros: impl Fn(&Tensor<f32>) -> Result<Stored, KernelError>,
+        pool: Option<std::sync::Arc<HostPool>>,
+    ) -> Result<Self, ModelError> {
+        let moments = || -> Result<Vec<Option<Stored>>, KernelError> {
             grads
                 .data
                 .iter()
-                .map(|g| {
-                    g.as_ref()
-                        .map(|g| exec.zeros(g.shape()).map(Stored::Device))
-                        .transpose()
-                })
+                .map(|g| g.as_ref().map(&zeros).transpose())
                 .collect()
         };
         Ok(AdamW {
             cfg,
             step: 0,
-            m: zeros()?,
-            v: zeros()?,
-            pool: None,
+            m: moments()?,
+            v: moments()?,
+            pool,
         })
     }
 
@@ -102,27 +109,11 @@ impl AdamW {
                 "optimizer offload needs an exec with a host pool (Exec::with_host_pool)".into(),
             )
         })?;
-        let zeros = || -> Result<Vec<Option<Stored>>, KernelError> {
-            grads
-                .data
-                .iter()
-                .map(|g| {
-                    g.as_ref()
-                        .map(|g| {
-                            let h = pool.from_values(&vec![0f32; g.numel()])?;
-                            Ok(Stored::Host(Box::new(h)))
-                        })
-                        .transpose()
-                })
-                .collect()
+        let zeros = |g: &Tensor<f32>| {
+            let h = pool.from_values(&vec![0f32; g.numel()])?;
+            Ok(Stored::Host(Box::new(h)))
         };
-        Ok(AdamW {
-            cfg,
-            step: 0,
-            m: zeros()?,
-            v: zeros()?,
-            pool: Some(pool.clone()),
-        })
+        Self::with_zero_moments(cfg, grads, zeros, Some(pool.clone()))
     }
 
     /// A state of `step` steps with the given moments (one entry per group, Some for the
