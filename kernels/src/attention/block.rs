@@ -19,16 +19,19 @@
 //!
 //! Pairs with the same query rows may list different key rows (a query chunk meets two key
 //! chunks of a ring step); two pairs' query ranges are either the same or disjoint, and so
-//! are their key ranges (the pieces of sequences in chunks are). The forward and the dQ part
-//! run in parallel over distinct query ranges, the dK/dV part over distinct key ranges; each
-//! task owns its rows. GQA as in [`super`]: q head h reads kv head `h / (Hq / Hkv)`.
+//! are their key ranges (the pieces of sequences in chunks are). The forward runs in
+//! parallel over distinct query ranges (each task owns its rows), the backward over pairs,
+//! its parts added after. GQA as in [`super`]: q head h reads kv head `h / (Hq / Hkv)`.
 //!
-//! The CPU kernel runs each (query range, head) and (key range, kv head) task on the f32 GEMM:
-//! the whole `[|q|, |k|]` score block at once (the causal block's upper triangle masked, so
-//! a diagonal block does twice the needed products), its softmax, and the products with V,
-//! dout, K and Q; the backward recomputes `P` and `dS` in both of its passes. The NPU bodies (`super::npu`) are FlashAttention calls per
+//! The CPU kernel runs on the f32 GEMM, the forward per (query range, head), the backward
+//! per (pair, kv head): the whole `[|q|, |k|]` score block at once (a causal block in bands
+//! of 64 rows, so the masked upper triangle is skipped but for each band's own square), its
+//! softmax by the SIMD row kernels of [`super::simd`], and the products with V, dout, K and
+//! Q; the backward makes `P` and `dS` once per (pair, head) for all three gradients. The NPU
+//! bodies (`super::npu`) are FlashAttention calls per
 //! pair merged by aclnnRingAttentionUpdate, with the statistics in the NPU's own form.
 
+use super::cpu::{probs_grads_rows, softmax_rows, Isa};
 use crate::error::{check_len, KernelError, Result};
 use crate::gemm::{gemm_f32, Dims, Trans};
 use cannon_runtime::Float;
@@ -145,12 +148,37 @@ impl BlockAttention<'_> {
     }
 }
 
+/// Row bands of a block: a causal block's band `r` sees keys `..r.end` only, so its products
+/// skip the masked upper triangle but for the band's own square; a full block is one band.
+fn bands(n: usize, causal: bool) -> Vec<Range<usize>> {
+    const BAND: usize = 64;
+    if !causal {
+        return std::iter::once(0..n).collect();
+    }
+    (0..n).step_by(BAND).map(|s| s..(s + BAND).min(n)).collect()
+}
+
+/// `c = alpha op(a) op(b) + beta c` on the f32 GEMM, `dims` (m, n, k), operands (slice, ld).
+fn mm(
+    t: (Trans, Trans),
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    a: (&[f32], usize),
+    b: (&[f32], usize),
+    beta: f32,
+    c: (&mut [f32], usize),
+) -> Result<()> {
+    let dims = Dims { m, n, k };
+    gemm_f32(t.0, t.1, dims, alpha, a.0, a.1, b.0, b.1, beta, c.0, c.1)
+}
+
 fn widen<E: Float>(x: &[E]) -> Vec<f32> {
     x.iter().map(|v| v.to_f32()).collect()
 }
 
 /// The widened operands and shapes one call's tasks share.
 struct Ctx<'a> {
+    isa: Isa,
     a: &'a BlockAttention<'a>,
     q: &'a [f32],
     k: &'a [f32],
@@ -170,26 +198,19 @@ impl Ctx<'_> {
     ) -> Result<()> {
         let (hq, hkv, d) = (self.a.q_heads, self.a.kv_heads, self.a.head_dim);
         let kvh = h / (hq / hkv);
-        let dims = Dims {
-            m: q.len(),
-            n: k.len(),
-            k: d,
-        };
-        let qa = &self.q[(q.start * hq + h) * d..];
         let kb = &self.k[(k.start * hkv + kvh) * d..];
-        gemm_f32(
-            Trans::N,
-            Trans::T,
-            dims,
-            self.a.scale,
-            qa,
-            hq * d,
-            kb,
-            hkv * d,
-            0.0,
-            &mut s[col..],
-            ld,
-        )?;
+        for r in bands(q.len(), causal) {
+            let w = if causal { r.end } else { k.len() };
+            mm(
+                (Trans::N, Trans::T),
+                (r.len(), w, d),
+                self.a.scale,
+                (&self.q[((q.start + r.start) * hq + h) * d..], hq * d),
+                (kb, hkv * d),
+                0.0,
+                (&mut s[r.start * ld + col..], ld),
+            )?;
+        }
         if causal {
             for i in 0..q.len() {
                 s[i * ld + col + i + 1..i * ld + col + k.len()].fill(f32::NEG_INFINITY);
@@ -213,6 +234,17 @@ pub fn forward_merge<E: Float>(
     out: &mut [f32],
     lse: &mut [f32],
 ) -> Result<()> {
+    forward_merge_on(Isa::detect(), a, (q, k, v), out, lse)
+}
+
+/// [`forward_merge`] with the row kernels at `isa` (tests run every level).
+pub(super) fn forward_merge_on<E: Float>(
+    isa: Isa,
+    a: &BlockAttention,
+    (q, k, v): (&[E], &[E], &[E]),
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> Result<()> {
     a.validate(OP_FWD)?;
     check_len(OP_FWD, "q", q.len(), a.q_len())?;
     check_len(OP_FWD, "k", k.len(), a.kv_len())?;
@@ -223,6 +255,7 @@ pub fn forward_merge<E: Float>(
     let (hq, hkv, d) = (a.q_heads, a.kv_heads, a.head_dim);
     let (q, k, v) = (widen(q), widen(k), widen(v));
     let cx = Ctx {
+        isa,
         a,
         q: &q,
         k: &k,
@@ -246,38 +279,24 @@ pub fn forward_merge<E: Float>(
                 col += kr.len();
             }
             let mut stats = Vec::with_capacity(n);
-            for row in s.chunks_mut(m.max(1)).take(n) {
-                let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                let mut l = 0.0f32;
-                for x in row.iter_mut() {
-                    *x = (*x - mx).exp();
-                    l += *x;
-                }
-                stats.push((mx + l.ln(), l));
-            }
+            softmax_rows(cx.isa, &mut s, m, n, &mut stats);
             let mut o = vec![0f32; n * d];
             let (mut col, kvh) = (0, h / (hq / hkv));
-            for (i, (kr, _)) in keys.iter().enumerate() {
-                let dims = Dims {
-                    m: n,
-                    n: d,
-                    k: kr.len(),
-                };
+            for (i, (kr, causal)) in keys.iter().enumerate() {
                 let vb = &cx.v[(kr.start * hkv + kvh) * d..];
                 let beta = if i == 0 { 0.0 } else { 1.0 };
-                gemm_f32(
-                    Trans::N,
-                    Trans::N,
-                    dims,
-                    1.0,
-                    &s[col..],
-                    m,
-                    vb,
-                    hkv * d,
-                    beta,
-                    &mut o,
-                    d,
-                )?;
+                for r in bands(n, *causal) {
+                    let w = if *causal { r.end } else { kr.len() };
+                    mm(
+                        (Trans::N, Trans::N),
+                        (r.len(), d, w),
+                        1.0,
+                        (&s[r.start * m + col..], m),
+                        (vb, hkv * d),
+                        beta,
+                        (&mut o[r.start * d..], d),
+                    )?;
+                }
                 col += kr.len();
             }
             Ok((o, stats))
@@ -318,39 +337,23 @@ fn probs_and_grads(
     let mut p = vec![0f32; n * m];
     cx.scores(h, (q, k, causal), &mut p, m, 0)?;
     let mut ds = vec![0f32; n * m];
-    let dims = Dims { m: n, n: m, k: d };
     let da = &bwd.dout[(q.start * hq + h) * d..];
     let vb = &cx.v[(k.start * hkv + kvh) * d..];
-    gemm_f32(
-        Trans::N,
-        Trans::T,
-        dims,
-        1.0,
-        da,
-        hq * d,
-        vb,
-        hkv * d,
-        0.0,
-        &mut ds,
-        m,
-    )?;
-    for (r, (prow, drow)) in p
-        .chunks_mut(m.max(1))
-        .zip(ds.chunks_mut(m.max(1)))
-        .take(n)
-        .enumerate()
-    {
-        let at = (q.start + r) * hq + h;
-        let (l, di) = (bwd.lse[at], bwd.di[at]);
-        for (x, y) in prow.iter_mut().zip(drow.iter_mut()) {
-            *x = if l == f32::NEG_INFINITY {
-                0.0
-            } else {
-                (*x - l).exp()
-            };
-            *y = *x * (*y - di);
-        }
+    for r in bands(n, causal) {
+        let w = if causal { r.end } else { m };
+        mm(
+            (Trans::N, Trans::T),
+            (r.len(), w, d),
+            1.0,
+            (&da[r.start * hq * d..], hq * d),
+            (vb, hkv * d),
+            0.0,
+            (&mut ds[r.start * m..], m),
+        )?;
     }
+    let at = q.start * hq + h;
+    let (lse, di) = (&bwd.lse[at..], &bwd.di[at..]);
+    probs_grads_rows(cx.isa, &mut p, &mut ds, (m, n), lse, di, hq);
     Ok((p, ds))
 }
 
@@ -365,19 +368,31 @@ struct Bwd<'a> {
 /// Block gradients, ADDED to the f32 accumulators `dq [Tq, Hq, D]`, `dk`, `dv [Tk, Hkv, D]`,
 /// from the rows' final `out [Tq, Hq, D]` and `lse [Tq, Hq]` and `dout [Tq, Hq, D]`.
 ///
-/// On the f32 GEMM, per (query range, head) for dQ and per (key range, kv head) for dK and dV
-/// (each task owns its rows): `P` and `dS` of every pair recomputed from the final statistics,
-/// then `dQ += scale dS K`, `dK += scale dS^T Q`, `dV += P^T dout`.
+/// On the f32 GEMM, per (pair, kv head): `P` and `dS` of each query head recomputed once from
+/// the final statistics, then `dQ += scale dS K`, `dK += scale dS^T Q`, `dV += P^T dout`
+/// (five products per pair and head).
 #[allow(clippy::too_many_arguments)]
 pub fn backward_accumulate<E: Float>(
     a: &BlockAttention,
-    (q, k, v): (&[E], &[E], &[E]),
+    qkv: (&[E], &[E], &[E]),
     out: &[E],
     lse: &[f32],
     dout: &[E],
     dq: &mut [f32],
     dk: &mut [f32],
     dv: &mut [f32],
+) -> Result<()> {
+    let saved = (out, lse, dout);
+    backward_accumulate_on(Isa::detect(), a, qkv, saved, (dq, dk, dv))
+}
+
+/// [`backward_accumulate`] with the row kernels at `isa` (tests run every level).
+pub(super) fn backward_accumulate_on<E: Float>(
+    isa: Isa,
+    a: &BlockAttention,
+    (q, k, v): (&[E], &[E], &[E]),
+    (out, lse, dout): (&[E], &[f32], &[E]),
+    (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
 ) -> Result<()> {
     a.validate(OP_BWD)?;
     let (ql, kl) = (a.q_len(), a.kv_len());
@@ -407,6 +422,7 @@ pub fn backward_accumulate<E: Float>(
         })
         .collect();
     let cx = Ctx {
+        isa,
         a,
         q: &q,
         k: &k,
@@ -417,106 +433,67 @@ pub fn backward_accumulate<E: Float>(
         dout: &dout,
         di,
     };
-    let by_q = a.groups(OP_BWD, true)?;
-    let by_k = a.groups(OP_BWD, false)?;
-    // dQ of (query range, head): [n, D] per task, added below.
-    let dq_tasks: Vec<(usize, usize)> = (0..by_q.len())
-        .flat_map(|i| (0..hq).map(move |h| (i, h)))
+    // One task per (pair, kv head): P and dS of each of the kv head's query heads are made
+    // once and feed all three products; the parts are added to the accumulators after (a
+    // pair's query rows and key rows may be another pair's too, so tasks do not own rows).
+    let pairs: Vec<(Range<usize>, Range<usize>, bool)> = a
+        .groups(OP_BWD, true)?
+        .into_iter()
+        .flat_map(|(qr, keys)| keys.into_iter().map(move |(kr, c)| (qr.clone(), kr, c)))
         .collect();
-    let dkv_tasks: Vec<(usize, usize)> = (0..by_k.len())
+    let tasks: Vec<(usize, usize)> = (0..pairs.len())
         .flat_map(|i| (0..hkv).map(move |h| (i, h)))
         .collect();
-    let dq_part = || -> Result<Vec<Vec<f32>>> {
-        dq_tasks
-            .par_iter()
-            .map(|&(i, h)| {
-                let (qr, keys) = &by_q[i];
-                let mut acc = vec![0f32; qr.len() * d];
-                for (kr, causal) in keys {
-                    let (_, ds) = probs_and_grads(&cx, &bwd, h, (qr, kr, *causal))?;
-                    let dims = Dims {
-                        m: qr.len(),
-                        n: d,
-                        k: kr.len(),
-                    };
-                    let kb = &cx.k[(kr.start * hkv + h / g) * d..];
-                    gemm_f32(
-                        Trans::N,
-                        Trans::N,
-                        dims,
+    // Per task: dQ [g, |q|, D] (the group's heads in order), dK and dV [|k|, D].
+    type Part = (Vec<f32>, Vec<f32>, Vec<f32>);
+    let parts: Vec<Part> = tasks
+        .par_iter()
+        .map(|&(i, kvh)| {
+            let (qr, kr, causal) = &pairs[i];
+            let (n, m) = (qr.len(), kr.len());
+            let mut gq = vec![0f32; g * n * d];
+            let (mut gk, mut gv) = (vec![0f32; m * d], vec![0f32; m * d]);
+            let kb = &cx.k[(kr.start * hkv + kvh) * d..];
+            for (j, h) in (kvh * g..(kvh + 1) * g).enumerate() {
+                let (p, ds) = probs_and_grads(&cx, &bwd, h, (qr, kr, *causal))?;
+                let qa = &cx.q[(qr.start * hq + h) * d..];
+                let da = &bwd.dout[(qr.start * hq + h) * d..];
+                let gq = &mut gq[j * n * d..][..n * d];
+                for r in bands(n, *causal) {
+                    let w = if *causal { r.end } else { m };
+                    mm(
+                        (Trans::N, Trans::N),
+                        (r.len(), d, w),
                         scale,
-                        &ds,
-                        kr.len(),
-                        kb,
-                        hkv * d,
-                        1.0,
-                        &mut acc,
-                        d,
+                        (&ds[r.start * m..], m),
+                        (kb, hkv * d),
+                        0.0,
+                        (&mut gq[r.start * d..], d),
                     )?;
                 }
-                Ok(acc)
-            })
-            .collect()
-    };
-    let dkv_part = || -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
-        dkv_tasks
-            .par_iter()
-            .map(|&(i, kvh)| {
-                let (kr, queries) = &by_k[i];
-                let (mut gk, mut gv) = (vec![0f32; kr.len() * d], vec![0f32; kr.len() * d]);
-                for (qr, causal) in queries {
-                    for h in kvh * g..(kvh + 1) * g {
-                        let (p, ds) = probs_and_grads(&cx, &bwd, h, (qr, kr, *causal))?;
-                        let dims = Dims {
-                            m: kr.len(),
-                            n: d,
-                            k: qr.len(),
-                        };
-                        let qa = &cx.q[(qr.start * hq + h) * d..];
-                        let da = &bwd.dout[(qr.start * hq + h) * d..];
-                        gemm_f32(
-                            Trans::T,
-                            Trans::N,
-                            dims,
-                            scale,
-                            &ds,
-                            kr.len(),
-                            qa,
-                            hq * d,
-                            1.0,
-                            &mut gk,
-                            d,
-                        )?;
-                        gemm_f32(
-                            Trans::T,
-                            Trans::N,
-                            dims,
-                            1.0,
-                            &p,
-                            kr.len(),
-                            da,
-                            hq * d,
-                            1.0,
-                            &mut gv,
-                            d,
-                        )?;
-                    }
+                // Key band c meets the queries from c.start on (a causal block's earlier
+                // rows have P = dS = 0 there).
+                for c in bands(m, *causal) {
+                    let q0 = if *causal { c.start } else { 0 };
+                    let (at, out) = (q0 * m + c.start, c.start * d);
+                    let dims = (c.len(), d, n - q0);
+                    let t = (Trans::T, Trans::N);
+                    let (qa, da) = ((&qa[q0 * hq * d..], hq * d), (&da[q0 * hq * d..], hq * d));
+                    mm(t, dims, scale, (&ds[at..], m), qa, 1.0, (&mut gk[out..], d))?;
+                    mm(t, dims, 1.0, (&p[at..], m), da, 1.0, (&mut gv[out..], d))?;
                 }
-                Ok((gk, gv))
-            })
-            .collect()
-    };
-    let (dqs, dkvs) = rayon::join(dq_part, dkv_part);
-    let (dqs, dkvs) = (dqs?, dkvs?);
-    for (&(i, h), part) in dq_tasks.iter().zip(&dqs) {
-        let qr = &by_q[i].0;
-        for (r, row) in part.chunks(d).enumerate() {
-            let dst = &mut dq[((qr.start + r) * hq + h) * d..][..d];
-            dst.iter_mut().zip(row).for_each(|(y, x)| *y += x);
+            }
+            Ok((gq, gk, gv))
+        })
+        .collect::<Result<_>>()?;
+    for (&(i, kvh), (gq, gk, gv)) in tasks.iter().zip(&parts) {
+        let (qr, kr, _) = &pairs[i];
+        for (j, h) in (kvh * g..(kvh + 1) * g).enumerate() {
+            for (r, row) in gq[j * qr.len() * d..][..qr.len() * d].chunks(d).enumerate() {
+                let dst = &mut dq[((qr.start + r) * hq + h) * d..][..d];
+                dst.iter_mut().zip(row).for_each(|(y, x)| *y += x);
+            }
         }
-    }
-    for (&(i, kvh), (gk, gv)) in dkv_tasks.iter().zip(&dkvs) {
-        let kr = &by_k[i].0;
         for (r, (rk, rv)) in gk.chunks(d).zip(gv.chunks(d)).enumerate() {
             let at = ((kr.start + r) * hkv + kvh) * d;
             dk[at..at + d].iter_mut().zip(rk).for_each(|(y, x)| *y += x);

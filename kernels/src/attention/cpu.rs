@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::bwd::{self, BwdCtx, BwdScratch};
 use super::fwd::{self, FwdScratch, FwdTile};
 use super::pack::{blocks, give_buf, take_buf, Geom, Packed, Span};
-use super::simd::{KB, MR};
+use super::simd::{self, KB, MR};
 use super::{Qkv, QkvGrad, VarlenAttention};
 use cannon_runtime::Float;
 
@@ -65,9 +65,9 @@ impl Isa {
 /// entry point per SIMD level. The kernels and everything they call are `#[inline(always)]`
 /// (and free of closures), so each entry point is a full copy compiled for its ISA.
 macro_rules! isa_dispatch {
-    ($name:ident, $module:ident::$kernel:ident, <$($g:ident: $b:path),*>, ($($arg:ident: $ty:ty),*)) => {
+    ($vis:vis $name:ident, $module:ident::$kernel:ident, <$($g:ident: $b:path),*>, ($($arg:ident: $ty:ty),*)) => {
         #[allow(clippy::too_many_arguments)] // the kernel's own arguments, plus `isa`
-        fn $name<$($g: $b),*>(isa: Isa, $($arg: $ty),*) {
+        $vis fn $name<$($g: $b),*>(isa: Isa, $($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
             #[allow(clippy::too_many_arguments)]
@@ -104,6 +104,13 @@ isa_dispatch!(bwd_kv_block, bwd::bwd_kv_block, <>, (
 isa_dispatch!(bwd_q_tile, bwd::bwd_q_tile, <E: Float>, (
     c: &BwdCtx<'_>, seq: Span, kvh: usize, q0: usize, qn: usize, dq_out: &mut [E],
     ws: &mut BwdScratch
+));
+
+isa_dispatch!(pub(super) softmax_rows, simd::softmax_rows, <>, (
+    s: &mut [f32], m: usize, n: usize, stats: &mut Vec<(f32, f32)>
+));
+isa_dispatch!(pub(super) probs_grads_rows, simd::probs_grads_rows, <>, (
+    p: &mut [f32], ds: &mut [f32], mn: (usize, usize), lse: &[f32], di: &[f32], stride: usize
 ));
 
 fn geom(a: &VarlenAttention) -> Geom {

@@ -249,3 +249,78 @@ pub(super) fn dot<A: Float, B: Float>(a: &[A], b: &[B]) -> f32 {
     }
     s
 }
+
+/// Lanes of the row kernels' accumulators: one AVX-512 vector, two AVX2 vectors.
+const RL: usize = 16;
+
+/// The softmax numerators of score rows in place, `x = e^(x - max)` (a masked -inf score
+/// gives exactly 0), over the first `n` rows of `s` (`m` wide); pushes `(max + ln sum, sum)`
+/// per row onto `stats`.
+#[inline(always)]
+pub(super) fn softmax_rows<const FMA: bool, const W: usize>(
+    s: &mut [f32],
+    m: usize,
+    n: usize,
+    stats: &mut Vec<(f32, f32)>,
+) {
+    let log2e = std::f32::consts::LOG2_E;
+    for row in s.chunks_mut(m.max(1)).take(n) {
+        let mut lanes = [f32::NEG_INFINITY; RL];
+        let mut it = row.chunks_exact(RL);
+        for c in &mut it {
+            for i in 0..RL {
+                lanes[i] = if c[i] > lanes[i] { c[i] } else { lanes[i] };
+            }
+        }
+        let mx = it
+            .remainder()
+            .iter()
+            .chain(&lanes)
+            .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+        let bias = -mx * log2e;
+        let mut sum = [0.0f32; RL];
+        let mut it = row.chunks_exact_mut(RL);
+        for c in &mut it {
+            for i in 0..RL {
+                c[i] = exp2::<FMA>(fmadd::<FMA>(c[i], log2e, bias));
+                sum[i] += c[i];
+            }
+        }
+        let mut l = tree_sum(sum);
+        for x in it.into_remainder() {
+            *x = exp2::<FMA>(fmadd::<FMA>(*x, log2e, bias));
+            l += *x;
+        }
+        stats.push((mx + l.ln(), l));
+    }
+}
+
+/// The backward's probabilities and score gradients over the first `n` rows (`m` wide):
+/// `p = e^(p - lse_r)` from the scores in `p`, `ds = p (ds - di_r)` from `dout . v` in `ds`,
+/// with row `r`'s statistics at `lse[r * stride]`, `di[r * stride]`. A row with no keys
+/// (`lse = -inf`) gets zeros.
+#[inline(always)]
+pub(super) fn probs_grads_rows<const FMA: bool, const W: usize>(
+    p: &mut [f32],
+    ds: &mut [f32],
+    (m, n): (usize, usize),
+    lse: &[f32],
+    di: &[f32],
+    stride: usize,
+) {
+    let log2e = std::f32::consts::LOG2_E;
+    let rows = p.chunks_mut(m.max(1)).zip(ds.chunks_mut(m.max(1)));
+    for (r, (prow, drow)) in rows.take(n).enumerate() {
+        let (l, d) = (lse[r * stride], di[r * stride]);
+        if l == f32::NEG_INFINITY {
+            prow.fill(0.0);
+            drow.fill(0.0);
+            continue;
+        }
+        let bias = -l * log2e;
+        for (x, y) in prow.iter_mut().zip(drow.iter_mut()) {
+            *x = exp2::<FMA>(fmadd::<FMA>(*x, log2e, bias));
+            *y = *x * (*y - d);
+        }
+    }
+}
