@@ -123,7 +123,7 @@ pub fn block_forward<E: Float>(
 /// A ring attention block's backward on the NPU, per pair:
 /// `aclnnFlashAttentionUnpaddingScoreGrad` of the pair's queries against its keys with the
 /// rows' FINAL statistics and output (so that its softmax is the whole row's, as ring's
-/// backward needs), into scratch in `E`, cast to f32 and added to dq, dk, dv's rows
+/// backward needs), into scratch in `E`, cast to f32 (unless E is f32) and added to dq, dk, dv's rows
 /// (`aclnnCast`, `aclnnInplaceAdd`). The statistics are read as [`block_forward`] keeps them.
 #[allow(clippy::too_many_arguments)] // the op list's arguments after ordinal and stream
 pub fn block_backward<E: Float>(
@@ -160,14 +160,18 @@ pub fn block_backward<E: Float>(
                     (gk, &mut *g.dk, krows.clone()),
                     (gv, &mut *g.dv, krows),
                 ] {
-                    let mut wide = cannon_runtime::DeviceBuffer::<f32>::alloc(stream, grad.len())?;
-                    crate::cast::npu::convert(ordinal, stream, &grad.view(), &mut wide.view_mut())?;
-                    crate::elementwise::npu::add_into(
-                        ordinal,
-                        stream,
-                        &mut acc.slice_mut(rows)?,
-                        &wide.view(),
-                    )?;
+                    let mut wide;
+                    let src = match imp::as_f32(&grad) {
+                        Some(same) => same.view(),
+                        None => {
+                            wide = cannon_runtime::DeviceBuffer::<f32>::alloc(stream, grad.len())?;
+                            let mut w = wide.view_mut();
+                            crate::cast::npu::convert(ordinal, stream, &grad.view(), &mut w)?;
+                            wide.view()
+                        }
+                    };
+                    let mut dst = acc.slice_mut(rows)?;
+                    crate::elementwise::npu::add_into(ordinal, stream, &mut dst, &src)?;
                 }
             }
         }
@@ -186,6 +190,7 @@ mod imp {
     use super::*;
     use crate::backend::aclnn::{aclnn, AclIntArray, AclTensor};
     use cannon_runtime::DeviceBuffer;
+    use std::any::Any;
     use std::collections::HashMap;
     use std::ops::Range;
     use std::sync::{Mutex, OnceLock};
@@ -406,7 +411,8 @@ mod imp {
     }
 
     /// The pair's FlashAttention forward: its queries `q` against its keys `k` (row ranges),
-    /// one sequence, causal on the diagonal block; the output widened to f32.
+    /// one sequence, causal on the diagonal block; the output widened to f32 (written as f32
+    /// when E is).
     pub(super) fn pair_forward<E: Float>(
         op: &'static str,
         ordinal: u32,
@@ -418,7 +424,9 @@ mod imp {
         let (hq, hkv, d) = (a.q_heads, a.kv_heads, a.head_dim);
         let (nq, nk) = (q.len(), k.len());
         let mut p = Partial::alloc(stream, (nq, hq, d))?;
-        let mut o = DeviceBuffer::<E>::alloc(stream, nq * hq * d)?;
+        // With E = f32 FlashAttention writes the partial's output itself; otherwise into
+        // `narrow`, widened after.
+        let mut narrow = None;
         {
             let (qv, kv, vv) = (
                 x.q.slice(q.start * hq * d..q.end * hq * d)?,
@@ -427,17 +435,29 @@ mod imp {
             );
             let input = qkv(op, (nq, nk), (hq, hkv, d), (&qv, &kv, &vv))?;
             let stats = [nq, hq, 8];
+            let o: &mut DeviceBuffer<E> =
+                match (&mut p.out as &mut dyn Any).downcast_mut::<DeviceBuffer<E>>() {
+                    Some(same) => same,
+                    None => narrow.insert(DeviceBuffer::<E>::alloc(stream, nq * hq * d)?),
+                };
             let outs = [
                 AclTensor::from_buffer(op, &mut p.max, &stats)?,
                 AclTensor::from_buffer(op, &mut p.sum, &stats)?,
-                AclTensor::from_buffer(op, &mut o, &[nq, hq, d])?,
+                AclTensor::from_buffer(op, o, &[nq, hq, d])?,
             ];
             let ends = ([nq as i64], [nk as i64]);
             let mut args = args_for(op, stream, (&ends.0, &ends.1), causal, hq, a.scale)?;
             fa_forward(op, stream, &mut args, &input, &outs)?;
         }
-        crate::cast::npu::convert(ordinal, stream, &o.view(), &mut p.out.view_mut())?;
+        if let Some(o) = &narrow {
+            crate::cast::npu::convert(ordinal, stream, &o.view(), &mut p.out.view_mut())?;
+        }
         Ok(p)
+    }
+
+    /// `b` as f32 when `E` is f32 (then a cast to f32 would be a copy).
+    pub(super) fn as_f32<E: Float>(b: &DeviceBuffer<E>) -> Option<&DeviceBuffer<f32>> {
+        (b as &dyn Any).downcast_ref::<DeviceBuffer<f32>>()
     }
 
     /// `aclnnRingAttentionUpdate(prev, cur, actualSeqQlen = null, "SBH")` into fresh
