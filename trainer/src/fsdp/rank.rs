@@ -191,7 +191,7 @@ impl FsdpRank {
         let (m, v) = (moments()?, moments()?);
         let staging = match pool {
             Some(_) => {
-                let largest = cut.groups.iter().map(|c| c.shard).max().unwrap_or(0);
+                let largest = cut.largest_shard();
                 let slots = crate::model::offload::HostPool::staging_slots(exec.device());
                 Some(exec.zeros(&[slots * largest])?)
             }

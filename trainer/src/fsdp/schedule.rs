@@ -47,6 +47,8 @@ pub struct Schedule<'a> {
     comm: &'a Communicator,
     layout: &'a ParamLayout,
     cut: &'a ShardLayout,
+    /// The largest group's shard: a staging slot's length.
+    largest: usize,
     /// This rank's `[shard]` of every group.
     shards: &'a [Stored],
     state: RefCell<State<'a>>,
@@ -97,6 +99,7 @@ impl<'a> Schedule<'a> {
             comm,
             layout,
             cut,
+            largest: cut.largest_shard(),
             shards,
             state: RefCell::new(State {
                 steps,
@@ -183,17 +186,15 @@ impl<'a> Schedule<'a> {
 
     /// How many `[max shard]` slots the staging buffer holds.
     fn slots(&self, s: &State) -> usize {
-        let largest = self.cut.groups.iter().map(|c| c.shard).max().unwrap_or(0);
         match &s.staging {
-            Some(t) if largest > 0 => t.numel() / largest,
+            Some(t) if self.largest > 0 => t.numel() / self.largest,
             _ => 0,
         }
     }
 
     /// The first `len` values of staging slot `slot`.
     fn slot(&self, slot: usize, len: usize) -> std::ops::Range<usize> {
-        let largest = self.cut.groups.iter().map(|c| c.shard).max().unwrap_or(0);
-        slot * largest..slot * largest + len
+        slot * self.largest..slot * self.largest + len
     }
 
     fn staging<'s>(&self, s: &'s mut State<'_>) -> Result<&'s mut Tensor<f32>, ModelError> {

@@ -89,6 +89,11 @@ impl ShardLayout {
         Ok(out)
     }
 
+    /// The largest group's shard length (a staging slot holds any shard), 0 for no groups.
+    pub fn largest_shard(&self) -> usize {
+        self.groups.iter().map(|g| g.shard).max().unwrap_or(0)
+    }
+
     /// Elements of every shard of this rank (all groups), padding included.
     pub fn shard_elements(&self) -> usize {
         self.groups.iter().map(|g| g.shard).sum()
