@@ -91,8 +91,9 @@ pub struct StepReport {
     /// a warm-up call) is the machine's peak at that moment, and step i is held against the
     /// mean of the peaks just before and just after it. A machine whose speed drifts within a
     /// run (shared hosts) moves the step and its floor together, which one peak measured at
-    /// start-up (the best moment of the run) does not. `None` where the run did not probe
-    /// between steps.
+    /// start-up (the best moment of the run) does not. The sharded run (`--nproc`) cannot probe
+    /// between steps without stalling its ranks: there the median step against the mean of
+    /// the peaks just before the ranks start and just after they end.
     pub step_over_floor: Option<f64>,
 }
 

@@ -2,7 +2,8 @@
 //! of an FSDP run (`crate::fsdp`): the B rows are split into N contiguous parts of B/N rows,
 //! one micro batch per rank; every rank holds 1/N of the parameters, gradients and AdamW
 //! state. Rank 0's wall time per step is the step time (every step ends in collectives, so
-//! the ranks finish together); the allocator figures are the largest rank's.
+//! the ranks finish together); the allocator figures are the largest rank's. The GEMM peak is
+//! probed before the ranks start and after they end, not between steps.
 
 use super::{bench_batch, peak_rss_mib, random_host, StepBench, StepReport, GEMM_PEAK_N};
 use crate::fsdp::{run_cpu_ranks, split_rows, FsdpError, FsdpRank, FsdpSettings};
@@ -79,9 +80,14 @@ fn run_as<A: Act>(
         let allocs = alloc.stats().num_device_allocs - allocs0;
         Ok((times, loss, peaks, allocs))
     })?;
+    // And after they end: probing between steps would stall every rank's collectives, so
+    // the steps are held against the machine's speed just before and just after them.
+    let peak_after =
+        gemm_peak(&Exec::cpu(), b.precision, GEMM_PEAK_N, 2).map_err(ModelError::from)?;
     let mut times = per_rank[0].0.clone();
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
+    let model_flops = step_flops(cfg, &batch, &[Part::Text]).total;
     let mib = |bytes: usize| bytes as f64 / (1024.0 * 1024.0);
     let max_allocated = per_rank.iter().map(|r| r.2 .0).max().unwrap_or(0);
     let max_reserved = per_rank.iter().map(|r| r.2 .1).max().unwrap_or(0);
@@ -106,12 +112,12 @@ fn run_as<A: Act>(
         loss: per_rank[0].1,
         max_allocated_mib: mib(max_allocated),
         max_reserved_mib: mib(max_reserved),
-        model_flops: step_flops(cfg, &batch, &[Part::Text]).total,
-        gemm_peak_flops,
+        model_flops,
+        gemm_peak_flops: gemm_peak_flops.max(peak_after),
         // The busiest rank's.
         device_allocs_per_step: per_rank.iter().map(|r| r.3).max().unwrap_or(0) as f64
             / b.steps as f64,
-        step_over_floor: None,
+        step_over_floor: Some(median * 0.5 * (gemm_peak_flops + peak_after) / model_flops),
     })
 }
 
@@ -157,6 +163,12 @@ mod tests {
         // Gathered groups and reduce-scatter buffers come back from each rank's cache.
         assert_eq!(two.device_allocs_per_step, 0.0);
         assert!(two.to_json().contains("\"nproc\": 2"));
+        // Against the mean of the two probes, which is at most the best one `floor_s` uses.
+        let over = two
+            .step_over_floor
+            .expect("the sharded run probes around its steps");
+        let bound = two.median_step_s / two.floor_s() * (1.0 + 1e-12);
+        assert!(over > 0.0 && over <= bound, "{over} vs {bound}");
         assert!(two.max_allocated_mib < one.max_allocated_mib);
         let e = run_sharded(&cfg, &b, 3).unwrap_err().to_string();
         assert!(e.contains("--nproc 3"), "{e}");
