@@ -1,5 +1,6 @@
-//! N in-process CPU ranks: one thread each, one communicator each (`CpuWorld`), and each
-//! with its own caching allocator, so every rank's memory figures are its own.
+//! N in-process CPU ranks: one thread each, one communicator each (`CpuWorld`), each with its
+//! own caching allocator, so every rank's memory figures are its own, and its own thread pool
+//! of the global pool's threads / N for its kernels.
 
 use super::FsdpError;
 use crate::model::Exec;
@@ -12,6 +13,18 @@ use std::time::Duration;
 pub fn cpu_rank_exec() -> Result<Exec, FsdpError> {
     let exec = Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu())?;
     Ok(exec)
+}
+
+/// A rank's own thread pool: the global pool's threads shared out over the ranks (at least
+/// one each). Ranks that queue their parallel kernels on one shared pool interleave each
+/// other's tasks, so a GEMM's workers wait on the other rank's tasks between theirs.
+fn rank_pool(world: usize) -> Result<rayon::ThreadPool, FsdpError> {
+    let threads = (rayon::current_num_threads() / world.max(1)).max(1);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("cannon-rank-worker-{i}"))
+        .build()
+        .map_err(|e| FsdpError::Invalid(format!("a rank's thread pool of {threads}: {e}")))
 }
 
 /// Runs `f(communicator, exec)` on `world` CPU ranks, each in its own thread, and returns
@@ -32,7 +45,9 @@ where
                 let f = &f;
                 let h = std::thread::Builder::new()
                     .name(format!("cannon-rank-{rank}"))
-                    .spawn_scoped(s, move || f(comm, cpu_rank_exec()?));
+                    .spawn_scoped(s, move || {
+                        rank_pool(world)?.install(|| f(comm, cpu_rank_exec()?))
+                    });
                 (rank, h)
             })
             .collect();
