@@ -91,3 +91,26 @@ where
         None => Ok(out),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each rank's kernels run on its own pool of the global pool's threads / N (at least
+    /// one), not on the global pool the ranks would share.
+    #[test]
+    fn every_rank_runs_on_its_share_of_the_threads() {
+        let global = rayon::current_num_threads();
+        for world in [1, 2, 3] {
+            let seen = run_cpu_ranks(world, Duration::from_secs(20), |_, _| {
+                Ok((rayon::current_num_threads(), rayon::current_thread_index()))
+            })
+            .unwrap();
+            let want = (global / world).max(1);
+            for (rank, (threads, index)) in seen.into_iter().enumerate() {
+                assert_eq!(threads, want, "world {world}, rank {rank}");
+                assert!(index.is_some(), "rank {rank} is not on a pool thread");
+            }
+        }
+    }
+}
