@@ -32,10 +32,12 @@
 //! pair merged by aclnnRingAttentionUpdate, with the statistics in the NPU's own form.
 
 use super::cpu::{probs_grads_rows, softmax_rows, Isa};
+use crate::cast::as_f32;
 use crate::error::{check_len, KernelError, Result};
 use crate::gemm::{gemm_f32, Dims, Trans};
 use cannon_runtime::Float;
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::ops::Range;
 
 const OP_FWD: &str = "attention_block_forward";
@@ -172,8 +174,12 @@ fn mm(
     gemm_f32(t.0, t.1, dims, alpha, a.0, a.1, b.0, b.1, beta, c.0, c.1)
 }
 
-fn widen<E: Float>(x: &[E]) -> Vec<f32> {
-    x.iter().map(|v| v.to_f32()).collect()
+/// The values as f32: borrowed when `E` is f32, else a widened copy.
+fn widen<E: Float>(x: &[E]) -> Cow<'_, [f32]> {
+    match as_f32(x) {
+        Some(same) => Cow::Borrowed(same),
+        None => Cow::Owned(x.iter().map(|v| v.to_f32()).collect()),
+    }
 }
 
 /// The widened operands and shapes one call's tasks share.
@@ -323,20 +329,22 @@ pub(super) fn forward_merge_on<E: Float>(
     Ok(())
 }
 
-/// `P = exp(S - lse)` and `dS = P (dout V^T - Di)` of head `h`'s queries `q` against keys `k`,
-/// `[|q|, |k|]` each (`bwd` holds the backward's row statistics and dout).
+/// `P = exp(S - lse)` and `dS = P (dout V^T - Di)` of head `h`'s queries `q` against keys `k`
+/// into `p` and `ds`, `[|q|, |k|]` each (a task's buffers, reused over its heads; `bwd` holds
+/// the backward's row statistics and dout).
 fn probs_and_grads(
     cx: &Ctx,
     bwd: &Bwd,
     h: usize,
     (q, k, causal): (&Range<usize>, &Range<usize>, bool),
-) -> Result<(Vec<f32>, Vec<f32>)> {
+    (p, ds): (&mut [f32], &mut [f32]),
+) -> Result<()> {
     let (hq, hkv, d) = (cx.a.q_heads, cx.a.kv_heads, cx.a.head_dim);
     let kvh = h / (hq / hkv);
     let (n, m) = (q.len(), k.len());
-    let mut p = vec![0f32; n * m];
-    cx.scores(h, (q, k, causal), &mut p, m, 0)?;
-    let mut ds = vec![0f32; n * m];
+    // A causal block's bands leave dS's masked part to the row kernel below, which writes
+    // it as P (..) with P = 0 there: zero from the first head on, so no refill per head.
+    cx.scores(h, (q, k, causal), p, m, 0)?;
     let da = &bwd.dout[(q.start * hq + h) * d..];
     let vb = &cx.v[(k.start * hkv + kvh) * d..];
     for r in bands(n, causal) {
@@ -353,8 +361,8 @@ fn probs_and_grads(
     }
     let at = q.start * hq + h;
     let (lse, di) = (&bwd.lse[at..], &bwd.di[at..]);
-    probs_grads_rows(cx.isa, &mut p, &mut ds, (m, n), lse, di, hq);
-    Ok((p, ds))
+    probs_grads_rows(cx.isa, p, ds, (m, n), lse, di, hq);
+    Ok(())
 }
 
 /// What the backward's tasks read besides the operands.
@@ -454,8 +462,9 @@ pub(super) fn backward_accumulate_on<E: Float>(
             let mut gq = vec![0f32; g * n * d];
             let (mut gk, mut gv) = (vec![0f32; m * d], vec![0f32; m * d]);
             let kb = &cx.k[(kr.start * hkv + kvh) * d..];
+            let (mut p, mut ds) = (vec![0f32; n * m], vec![0f32; n * m]);
             for (j, h) in (kvh * g..(kvh + 1) * g).enumerate() {
-                let (p, ds) = probs_and_grads(&cx, &bwd, h, (qr, kr, *causal))?;
+                probs_and_grads(&cx, &bwd, h, (qr, kr, *causal), (&mut p, &mut ds))?;
                 let qa = &cx.q[(qr.start * hq + h) * d..];
                 let da = &bwd.dout[(qr.start * hq + h) * d..];
                 let gq = &mut gq[j * n * d..][..n * d];

@@ -250,7 +250,8 @@ pub(super) fn dot<A: Float, B: Float>(a: &[A], b: &[B]) -> f32 {
     s
 }
 
-/// Lanes of the row kernels' accumulators: one AVX-512 vector, two AVX2 vectors.
+/// Lanes of the row kernels' accumulators: one AVX-512 vector, two AVX2 vectors. (The row
+/// kernels take the `W` of `cpu::isa_dispatch!`'s entry points but need no column width.)
 const RL: usize = 16;
 
 /// The softmax numerators of score rows in place, `x = e^(x - max)` (a masked -inf score

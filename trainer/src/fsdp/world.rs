@@ -15,11 +15,10 @@ pub fn cpu_rank_exec() -> Result<Exec, FsdpError> {
     Ok(exec)
 }
 
-/// A rank's own thread pool: the global pool's threads shared out over the ranks (at least
-/// one each). Ranks that queue their parallel kernels on one shared pool interleave each
+/// A rank's own thread pool of `threads` (its share of the caller's pool, at least one).
+/// Ranks that queue their parallel kernels on one shared pool interleave each
 /// other's tasks, so a GEMM's workers wait on the other rank's tasks between theirs.
-fn rank_pool(world: usize) -> Result<rayon::ThreadPool, FsdpError> {
-    let threads = (rayon::current_num_threads() / world.max(1)).max(1);
+fn rank_pool(threads: usize) -> Result<rayon::ThreadPool, FsdpError> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("cannon-rank-worker-{i}"))
@@ -37,6 +36,8 @@ where
     F: Fn(Communicator, Exec) -> Result<R, FsdpError> + Sync,
 {
     let comms = CpuWorld::new(world, timeout)?;
+    // The caller's pool (the global one from a plain thread), shared out over the ranks.
+    let threads = (rayon::current_num_threads() / world.max(1)).max(1);
     let results: Vec<Result<R, FsdpError>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
@@ -46,7 +47,7 @@ where
                 let h = std::thread::Builder::new()
                     .name(format!("cannon-rank-{rank}"))
                     .spawn_scoped(s, move || {
-                        rank_pool(world)?.install(|| f(comm, cpu_rank_exec()?))
+                        rank_pool(threads)?.install(|| f(comm, cpu_rank_exec()?))
                     });
                 (rank, h)
             })

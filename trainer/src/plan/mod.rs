@@ -209,7 +209,7 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
         let host = sum(&|g| pa * shard(g), false) + sum(&|g| 4 * shard(g), true) * 2;
         let slots = crate::model::offload::HostPool::staging_slots(s.device);
         let staging = match sharded {
-            true => round_size(slots * pa * groups.clone().map(shard).max().unwrap_or(0)),
+            true => round_size(slots * pa * cut.largest_shard()),
             false => 0,
         };
         let largest = groups
