@@ -406,6 +406,19 @@ fn a_sample_whose_ids_and_labels_disagree_is_an_error() {
         RowBuilder::new(8, 11).push_row(&[s]),
         Err(BatchError::Image { .. })
     ));
+    // A bad image after good ones in the same row leaves the earlier rows' images as they
+    // were: none of the failed row's images stays behind.
+    let mut r = RowBuilder::new(16, 11);
+    r.push_row(&[fake(5, 1, 1)]).unwrap();
+    let mut bad = fake(4, 2, 3);
+    bad.images[1].pixels.pop();
+    let err = r.push_row(&[fake(3, 2, 2), bad]).unwrap_err();
+    assert!(matches!(err, BatchError::Image { index: 4, .. }), "{err:?}");
+    let b = r.finish();
+    assert_eq!(b.rows, 1);
+    assert_eq!(b.images.sizes, [(28, 28)]);
+    assert_eq!(b.images.pixel_values, vec![1.0; 3 * 28 * 28]);
+    b.check().unwrap();
 }
 
 #[test]
