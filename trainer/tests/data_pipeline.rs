@@ -489,6 +489,55 @@ fn loader_resumes_exactly_from_a_position() {
     std::fs::remove_dir_all(&d).ok();
 }
 
+/// A batch whose images cannot be read is an error naming the first bad image in row order
+/// (the samples are made in parallel), and the stream stays where it was: once the images
+/// are back, the same batch comes.
+#[test]
+fn a_batch_with_unreadable_images_names_the_first_and_keeps_the_position() {
+    let (d, o) = synth_set("bad_image", 30, 4);
+    for pack in [false, true] {
+        let cfg = DataConfig {
+            dataset: Some(o.train.clone()),
+            batch_size: 3,
+            max_len: 128,
+            pack,
+            seed: 2,
+            ..DataConfig::default()
+        };
+        let mut l = Loader::open(&cfg, tok(), Position::default()).unwrap();
+        let _ = batches(&mut l, 2);
+        let pos = l.position();
+        let expected = Loader::open(&cfg, tok(), pos)
+            .unwrap()
+            .next_batch()
+            .unwrap();
+        let first = Shuffler::new(l.dataset().samples.len(), cfg.seed, pos)
+            .next()
+            .unwrap();
+        let first_image = l.dataset().samples[first].images[0].clone();
+        let images = d.join("images");
+        let kept: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&images)
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                let bytes = std::fs::read(&p).unwrap();
+                std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+                (p, bytes)
+            })
+            .collect();
+        match l.next_batch() {
+            Err(DataError::Image { path, .. }) => assert_eq!(path, first_image, "pack = {pack}"),
+            other => panic!("pack = {pack}: {other:?}"),
+        }
+        assert_eq!(l.position(), pos);
+        for (p, bytes) in kept {
+            std::fs::write(p, bytes).unwrap();
+        }
+        assert_eq!(l.next_batch().unwrap(), expected, "pack = {pack}");
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
 /// Same seed, same bytes; every line reads cleanly; answers are one short word.
 #[test]
 fn synth_is_deterministic_and_clean() {

@@ -7,6 +7,7 @@ use super::image::{self, ImageConfig};
 use super::info::DatasetSpec;
 use super::shuffle::{Position, Shuffler};
 use super::{Batch, DataError, Result, Tekken};
+use rayon::prelude::*;
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -146,53 +147,67 @@ impl Loader {
 
     /// The next batch. On error the position is left where it was.
     pub fn next_batch(&mut self) -> Result<Batch> {
-        let saved = self.order.clone();
-        let r = if self.cfg.pack {
-            self.next_packed()
+        let mut order = self.order.clone();
+        let rows = if self.cfg.pack {
+            self.packed_rows(&mut order)?
         } else {
-            self.next_padded()
+            self.padded_rows(&mut order)?
         };
-        if r.is_err() {
-            self.order = saved;
-        }
-        r
+        let samples = self.make_samples(&rows)?;
+        let batch = if self.cfg.pack {
+            let mut b = RowBuilder::new(self.cfg.max_len, self.pad_id);
+            let mut rest = &samples[..];
+            for row in &rows {
+                let (this, next) = rest.split_at(row.len());
+                // A sample longer than max_len (never read so, but a bad dataset must not
+                // panic) is an error here.
+                b.push_row(this)?;
+                rest = next;
+            }
+            b.finish()
+        } else {
+            pad_batch(&samples, self.pad_id, self.cfg.pad_to_multiple_of)?
+        };
+        self.order = order;
+        Ok(batch)
     }
 
-    fn next_padded(&mut self) -> Result<Batch> {
-        let mut samples = Vec::with_capacity(self.cfg.batch_size);
-        for _ in 0..self.cfg.batch_size {
-            let i = self.order.next().ok_or_else(empty)?;
-            samples.push(self.sample(i)?);
-        }
-        Ok(pad_batch(
-            &samples,
-            self.pad_id,
-            self.cfg.pad_to_multiple_of,
-        )?)
+    /// The samples of `rows`, in order. Their images are decoded, resized and normalised over
+    /// the thread pool (done in turn, it took a fifth of a step of the built-in default while
+    /// the other threads waited); the first failing sample in row order is the error.
+    fn make_samples(&self, rows: &[Vec<usize>]) -> Result<Vec<Sample>> {
+        let ids: Vec<usize> = rows.iter().flatten().copied().collect();
+        let made: Vec<Result<Sample>> = ids.par_iter().map(|&i| self.sample(i)).collect();
+        made.into_iter().collect()
+    }
+
+    /// One sample per row.
+    fn padded_rows(&self, order: &mut Shuffler) -> Result<Vec<Vec<usize>>> {
+        (0..self.cfg.batch_size)
+            .map(|_| order.next().map(|i| vec![i]).ok_or_else(empty))
+            .collect()
     }
 
     /// Fills each row in stream order: a sample that does not fit closes the row and starts
     /// the next one, so the stream position alone says where packing resumes.
-    fn next_packed(&mut self) -> Result<Batch> {
-        let mut b = RowBuilder::new(self.cfg.max_len, self.pad_id);
+    fn packed_rows(&self, order: &mut Shuffler) -> Result<Vec<Vec<usize>>> {
+        let mut rows = Vec::with_capacity(self.cfg.batch_size);
         for _ in 0..self.cfg.batch_size {
-            let mut row: Vec<Sample> = Vec::new();
+            let mut row = Vec::new();
             let mut used = 0;
             loop {
-                let i = self.order.peek().ok_or_else(empty)?;
+                let i = order.peek().ok_or_else(empty)?;
                 let len = self.data.samples[i].input_ids.len();
                 if !row.is_empty() && used + len > self.cfg.max_len {
                     break;
                 }
-                self.order.next();
-                row.push(self.sample(i)?);
+                order.next();
+                row.push(i);
                 used += len;
             }
-            // A sample longer than max_len (never read so, but a bad dataset must not panic)
-            // is an error here.
-            b.push_row(&row)?;
+            rows.push(row);
         }
-        Ok(b.finish())
+        Ok(rows)
     }
 }
 
