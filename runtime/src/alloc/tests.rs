@@ -69,6 +69,52 @@ fn allocate_free_sequence_gives_exact_figures() {
     assert_eq!(s.num_allocs, 4);
 }
 
+/// A cached block serves a smaller request when it is at most 1/8 larger, the exact size
+/// first and then the smallest such block; `allocated` counts the request, `reserved` the
+/// block; a block more than 1/8 larger is left in the cache.
+#[test]
+fn a_slightly_larger_cached_block_serves_a_request() {
+    let a = CachingAllocator::new_cpu();
+    let addr = |b: &DeviceBuffer<u8>| b.as_raw_ptr() as usize;
+    let (b16, b18, b24) = (
+        DeviceBuffer::<u8>::alloc_in(&a, 16 * R).unwrap(),
+        DeviceBuffer::<u8>::alloc_in(&a, 18 * R).unwrap(),
+        DeviceBuffer::<u8>::alloc_in(&a, 24 * R).unwrap(),
+    );
+    let (at16, at18, at24) = (addr(&b16), addr(&b18), addr(&b24));
+    drop((b16, b18, b24));
+    let before = a.stats();
+    assert_eq!((before.allocated, before.reserved), (0, 58 * R));
+
+    // 16R: its own size, not the larger 18R.
+    let x = DeviceBuffer::<u8>::alloc_in(&a, 16 * R).unwrap();
+    assert_eq!(addr(&x), at16);
+    // 16R again: the 16R block is taken, 18R is within 1/8 of it (16R + 2R).
+    let y = DeviceBuffer::<u8>::alloc_in(&a, 16 * R).unwrap();
+    assert_eq!(addr(&y), at18);
+    let s = a.stats();
+    assert_eq!((s.allocated, s.reserved), (32 * R, 58 * R));
+    assert_eq!(s.num_device_allocs, before.num_device_allocs);
+    // 20R: 24R is 1/5 larger, beyond the slack: a new block.
+    let z = DeviceBuffer::<u8>::alloc_in(&a, 20 * R).unwrap();
+    assert_ne!(addr(&z), at24);
+    let s = a.stats();
+    assert_eq!((s.allocated, s.reserved), (52 * R, 78 * R));
+    assert_eq!(s.num_device_allocs, before.num_device_allocs + 1);
+    // Freeing gives back what was counted, and the 18R block returns to the cache as 18R.
+    drop(y);
+    assert_eq!(a.stats().allocated, 36 * R);
+    let w = DeviceBuffer::<u8>::alloc_in(&a, 18 * R).unwrap();
+    assert_eq!(addr(&w), at18);
+    drop((x, z, w));
+    let s = a.stats();
+    assert_eq!((s.allocated, s.reserved), (0, 78 * R));
+    a.empty_cache();
+    let s = a.stats();
+    assert_eq!(s.reserved, 0);
+    assert_eq!(s.num_device_allocs, s.num_device_frees);
+}
+
 #[test]
 fn empty_buffers_are_not_counted() {
     let a = CachingAllocator::new_cpu();

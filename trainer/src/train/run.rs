@@ -781,10 +781,10 @@ impl Trainer {
         st.synchronize().map_err(ModelError::from)?;
         let step_s = t0.elapsed().as_secs_f64();
         let mem = alloc.stats();
-        // The caching allocator serves a request only from a cached block of exactly its
-        // rounded size, and the synthetic set's batches come in many shapes (image sizes,
-        // padded lengths): without a release the cache grows by every new shape (to ~10 GB
-        // over the default run for a 130 MB working set). Releasing it when it holds more
+        // The caching allocator serves a request only from a cached block of its rounded
+        // size or at most 1/8 larger, and the synthetic set's batches come in many shapes
+        // (image sizes, padded lengths): without a release the cache grows by every new
+        // shape (to ~10 GB over the default run for a 130 MB working set). Releasing it when it holds more
         // than CACHE_SLACK times the step's peak keeps the steady-shape reuse and bounds
         // the memory.
         if mem.reserved > CACHE_SLACK * mem.peak_allocated.max(1 << 24) {
