@@ -5,12 +5,14 @@
 //! media folder. Every record is turned into a tokenized sample or reported as bad (with its
 //! line number) and skipped; a bad record never stops the reading of the rest.
 
+use super::batch::Sample;
 use super::image::{self, ImageConfig};
 use super::info::DatasetSpec;
 use super::records::{self, Layout, Record};
 use super::template::{self, check_roles, count_placeholders, SpecialIds};
 use super::truncate::{assemble, validate_input_ids};
 use super::{DataError, Result, Tekken};
+use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 
 /// A sample ready for batching: ids, labels and where its images are.
@@ -23,6 +25,30 @@ pub struct Prepared {
     pub images: Vec<PathBuf>,
     /// Resized (height, width) of each image.
     pub image_sizes: Vec<[u32; 2]>,
+}
+
+impl Prepared {
+    /// The sample with its images decoded, resized and normalised.
+    pub fn load(&self, image: &ImageConfig) -> Result<Sample> {
+        let images = self
+            .images
+            .iter()
+            .map(|path| image::load_and_process(path, image))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Sample {
+            input_ids: self.input_ids.clone(),
+            labels: self.labels.clone(),
+            images,
+        })
+    }
+}
+
+/// `prepared` loaded in order, their images processed over the thread pool (one after the
+/// other they took a fifth of a step of the built-in default while the other threads
+/// waited); the first failing sample in order is the error.
+pub fn load_samples(prepared: &[&Prepared], image: &ImageConfig) -> Result<Vec<Sample>> {
+    let made: Vec<Result<Sample>> = prepared.par_iter().map(|p| p.load(image)).collect();
+    made.into_iter().collect()
 }
 
 /// What reading a dataset found.

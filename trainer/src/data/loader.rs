@@ -2,12 +2,11 @@
 //! padding or packing.
 
 use super::batch::{pad_batch, RowBuilder, Sample};
-use super::dataset::{DataSet, DatasetStats, SampleSettings};
-use super::image::{self, ImageConfig};
+use super::dataset::{load_samples, DataSet, DatasetStats, Prepared, SampleSettings};
+use super::image::ImageConfig;
 use super::info::DatasetSpec;
 use super::shuffle::{Position, Shuffler};
 use super::{Batch, DataError, Result, Tekken};
-use rayon::prelude::*;
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -132,17 +131,7 @@ impl Loader {
 
     /// Sample `i` of the dataset with its images processed.
     pub fn sample(&self, i: usize) -> Result<Sample> {
-        let p = &self.data.samples[i];
-        let images = p
-            .images
-            .iter()
-            .map(|path| image::load_and_process(path, &self.cfg.image))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Sample {
-            input_ids: p.input_ids.clone(),
-            labels: p.labels.clone(),
-            images,
-        })
+        self.data.samples[i].load(&self.cfg.image)
     }
 
     /// The next batch. On error the position is left where it was.
@@ -172,13 +161,14 @@ impl Loader {
         Ok(batch)
     }
 
-    /// The samples of `rows`, in order. Their images are decoded, resized and normalised over
-    /// the thread pool (done in turn, it took a fifth of a step of the built-in default while
-    /// the other threads waited); the first failing sample in row order is the error.
+    /// The samples of `rows`, in order (see [`load_samples`]).
     fn make_samples(&self, rows: &[Vec<usize>]) -> Result<Vec<Sample>> {
-        let ids: Vec<usize> = rows.iter().flatten().copied().collect();
-        let made: Vec<Result<Sample>> = ids.par_iter().map(|&i| self.sample(i)).collect();
-        made.into_iter().collect()
+        let prepared: Vec<&Prepared> = rows
+            .iter()
+            .flatten()
+            .map(|&i| &self.data.samples[i])
+            .collect();
+        load_samples(&prepared, &self.cfg.image)
     }
 
     /// One sample per row.

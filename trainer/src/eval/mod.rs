@@ -14,9 +14,9 @@
 //! which has no chance figure.
 
 use crate::batch::Batch;
-use crate::data::batch::{pad_batch, Sample};
-use crate::data::dataset::DataSet;
-use crate::data::image::{self, ImageConfig};
+use crate::data::batch::pad_batch;
+use crate::data::dataset::{load_samples, DataSet, Prepared};
+use crate::data::image::ImageConfig;
 use crate::data::{DataError, Tekken};
 use crate::model::{Act, Mistral3, ModelError};
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
@@ -193,21 +193,8 @@ pub fn evaluate<A: Act>(
     let vocab = model.cfg.text_config.vocab_size;
     let mut report = EvalReport::default();
     for chunk in data.samples.chunks(rows) {
-        let samples = chunk
-            .iter()
-            .map(|p| {
-                let images = p
-                    .images
-                    .iter()
-                    .map(|path| image::load_and_process(path, image_cfg))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(Sample {
-                    input_ids: p.input_ids.clone(),
-                    labels: p.labels.clone(),
-                    images,
-                })
-            })
-            .collect::<Result<Vec<_>, DataError>>()?;
+        let prepared: Vec<&Prepared> = chunk.iter().collect();
+        let samples = load_samples(&prepared, image_cfg)?;
         // No padding multiple: every row is as long as the longest sample, nothing more.
         let batch: Batch = pad_batch(&samples, tok.pad_id(), 1).map_err(DataError::from)?;
         let acts = model.forward::<A>(&batch)?;
