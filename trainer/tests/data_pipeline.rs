@@ -442,6 +442,18 @@ fn synth_set(name: &str, n: usize, seed: u64) -> (PathBuf, synth::SynthOutput) {
     (d, o)
 }
 
+/// Rows of at most 128 tokens over `train`.
+fn loader_cfg(train: &Path, batch_size: usize, pack: bool, seed: u64) -> DataConfig {
+    DataConfig {
+        dataset: Some(train.to_path_buf()),
+        batch_size,
+        max_len: 128,
+        pack,
+        seed,
+        ..DataConfig::default()
+    }
+}
+
 fn batches(l: &mut Loader, n: usize) -> Vec<Batch> {
     (0..n).map(|_| l.next_batch().unwrap()).collect()
 }
@@ -452,14 +464,7 @@ fn batches(l: &mut Loader, n: usize) -> Vec<Batch> {
 fn loader_resumes_exactly_from_a_position() {
     let (d, o) = synth_set("resume", 30, 3);
     for pack in [false, true] {
-        let cfg = DataConfig {
-            dataset: Some(o.train.clone()),
-            batch_size: 2,
-            max_len: 128,
-            pack,
-            seed: 9,
-            ..DataConfig::default()
-        };
+        let cfg = loader_cfg(&o.train, 2, pack, 9);
         let mut a = Loader::open(&cfg, tok(), Position::default()).unwrap();
         assert_eq!(a.stats().samples, 27);
         let _head = batches(&mut a, 5);
@@ -496,14 +501,7 @@ fn loader_resumes_exactly_from_a_position() {
 fn a_batch_with_unreadable_images_names_the_first_and_keeps_the_position() {
     let (d, o) = synth_set("bad_image", 30, 4);
     for pack in [false, true] {
-        let cfg = DataConfig {
-            dataset: Some(o.train.clone()),
-            batch_size: 3,
-            max_len: 128,
-            pack,
-            seed: 2,
-            ..DataConfig::default()
-        };
+        let cfg = loader_cfg(&o.train, 3, pack, 2);
         let mut l = Loader::open(&cfg, tok(), Position::default()).unwrap();
         let _ = batches(&mut l, 2);
         let pos = l.position();
