@@ -74,7 +74,9 @@ pub struct MemoryStats {
 
 /// Rounds a byte count up to the block granularity.
 pub fn round_size(bytes: usize) -> usize {
-    bytes.div_ceil(BLOCK_ROUND) * BLOCK_ROUND
+    // Saturates instead of wrapping: a request near usize::MAX then fails as too large for
+    // the device or host, not as a tiny block.
+    bytes.div_ceil(BLOCK_ROUND).saturating_mul(BLOCK_ROUND)
 }
 
 /// Where raw blocks come from: host memory here, device memory from the backend modules
@@ -287,7 +289,7 @@ impl CachingAllocator {
         // The exact size first, then the next larger sizes within the slack.
         let cached = st
             .free
-            .range_mut(size..=size + size / REUSE_SLACK)
+            .range_mut(size..=size.saturating_add(size / REUSE_SLACK))
             .find_map(|(&block, list)| cache::take(list, req).map(|c| (block, c)));
         if let Some((block, _)) = cached {
             if st.free.get(&block).is_some_and(|v| v.is_empty()) {

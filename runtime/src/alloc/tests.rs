@@ -161,6 +161,15 @@ fn size_overflow_is_an_error() {
     let a = CachingAllocator::new_cpu();
     let err = DeviceBuffer::<f64>::alloc_in(&a, usize::MAX / 4).unwrap_err();
     assert!(matches!(err, Error::SizeOverflow { .. }), "{err}");
+    // Byte counts whose rounding (or rounding plus the reuse slack) passes usize::MAX: an
+    // error, not a wrapped size or a panic, with a block cached to look through.
+    drop(DeviceBuffer::<u8>::alloc_in(&a, 10).unwrap());
+    for n in [usize::MAX - 8, usize::MAX / 8 * 7, usize::MAX / 2] {
+        let err = DeviceBuffer::<u8>::alloc_in(&a, n).unwrap_err();
+        assert!(matches!(err, Error::SizeOverflow { .. }), "{n}: {err}");
+    }
+    assert_eq!(round_size(usize::MAX - 8), usize::MAX);
+    assert_eq!(a.stats().allocated, 0);
 }
 
 #[test]
