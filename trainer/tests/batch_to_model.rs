@@ -9,10 +9,12 @@ use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_runtime::rng::SplitMix64;
 use cannon_trainer::data::shuffle::Position;
 use cannon_trainer::data::{synth, Batch, DataConfig, Loader, Tekken};
+use cannon_trainer::fsdp::{rank_rows, rank_share};
 use cannon_trainer::model::{
     BatchError, Exec, Grads, LossMode, Mistral3, Mistral3Config, ModelError, ParamLayout, Params,
     Part, Visited,
 };
+use cannon_trainer::train::flops::{shape_flops, step_flops};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -237,4 +239,50 @@ fn a_batch_whose_parts_disagree_is_a_clear_error() {
     b.labels[at] = model.cfg.text_config.vocab_size as i32;
     let err = model.forward::<f32>(&b).map(|_| ()).unwrap_err();
     assert!(matches!(err, ModelError::Input(_)), "{err}");
+}
+
+/// A rank of a sharded run reads only its rows (`Loader::next_rows`): they are exactly its
+/// part of the whole batch (`fsdp::rank_share`: tokens, positions, sequences and images), the
+/// stream moves by the whole batch, and the shape the rank reports the step from is the whole
+/// batch's (tokens, samples, sequences, image sizes, FLOPs), for padded and packed batches and
+/// for worlds with fewer rows than ranks.
+#[test]
+fn a_ranks_rows_from_the_loader_are_its_share_of_the_whole_batch() {
+    let cfg = tiny_model().cfg;
+    let pad = tok().pad_id();
+    for (pack, rows) in [(false, 3), (true, 3), (false, 1)] {
+        for world in [1, 2, 4] {
+            let mut whole = loader(pack, rows);
+            let mut ranks: Vec<Loader> = (0..world).map(|_| loader(pack, rows)).collect();
+            // Two batches: the second starts where the whole first batch left the stream.
+            for _ in 0..2 {
+                let full = whole.next_batch().unwrap();
+                for (r, l) in ranks.iter_mut().enumerate() {
+                    let what = format!("pack {pack}, {rows} rows, rank {r} of {world}");
+                    let (mine, shape) = l.next_rows(|n| rank_rows(n, r, world)).unwrap();
+                    let share = rank_share(&cfg, std::slice::from_ref(&full), r, world).unwrap();
+                    match share.as_slice() {
+                        [] => assert_eq!(mine.rows, 0, "{what}"),
+                        [part] => assert_eq!(&mine, part, "{what}"),
+                        more => panic!("{what}: {} parts", more.len()),
+                    }
+                    assert_eq!((shape.rows, shape.seq), (full.rows, full.seq), "{what}");
+                    assert_eq!(shape.sequence_ends, full.cu_seqlens, "{what}");
+                    assert_eq!(shape.image_sizes, full.images.sizes, "{what}");
+                    let samples: usize = full.samples_per_row.iter().sum();
+                    assert_eq!(shape.samples, samples, "{what}");
+                    let real = full.input_ids.iter().filter(|&&t| t != pad).count();
+                    assert_eq!(shape.sample_tokens, real, "{what}");
+                    for trained in [&[Part::Text][..], &[Part::Vision, Part::Text]] {
+                        assert_eq!(
+                            shape_flops(&cfg, &shape, trained),
+                            step_flops(&cfg, &full, trained),
+                            "{what}"
+                        );
+                    }
+                    assert_eq!(l.position(), whole.position(), "{what}");
+                }
+            }
+        }
+    }
 }

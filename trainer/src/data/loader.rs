@@ -1,13 +1,14 @@
 //! The stream of batches the trainer consumes: a read dataset, a resumable shuffled order, and
 //! padding or packing.
 
-use super::batch::{pad_batch, RowBuilder, Sample};
+use super::batch::{RowBuilder, Sample};
 use super::dataset::{load_samples, DataSet, DatasetStats, Prepared, SampleSettings};
 use super::image::ImageConfig;
 use super::info::DatasetSpec;
 use super::shuffle::{Position, Shuffler};
 use super::{Batch, DataError, Result, Tekken};
 use serde::Deserialize;
+use std::ops::Range;
 use std::path::PathBuf;
 
 /// Data settings, embeddable in the trainer's TOML as a `[data]` table.
@@ -64,6 +65,29 @@ impl DataConfig {
             system_prompt: self.system_prompt.as_deref(),
             image: &self.image,
         }
+    }
+}
+
+/// What a batch is before any image is read, for the step's metrics and FLOPs
+/// (`crate::train::flops::shape_flops`): it equals what the whole [`Batch`] gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchShape {
+    pub rows: usize,
+    pub seq: usize,
+    /// Cumulative ends of the sequences over all rows (the batch's `cu_seqlens`).
+    pub sequence_ends: Vec<usize>,
+    /// (height, width) of every image in batch order (the batch's `images.sizes`).
+    pub image_sizes: Vec<(usize, usize)>,
+    /// Samples in the batch (the sum of its `samples_per_row`).
+    pub samples: usize,
+    /// Tokens of the samples, padding excluded.
+    pub sample_tokens: usize,
+}
+
+impl BatchShape {
+    /// Tokens with padding (`rows x seq`).
+    pub fn tokens(&self) -> usize {
+        self.rows * self.seq
     }
 }
 
@@ -136,29 +160,89 @@ impl Loader {
 
     /// The next batch. On error the position is left where it was.
     pub fn next_batch(&mut self) -> Result<Batch> {
+        Ok(self.next_rows(|rows| 0..rows)?.0)
+    }
+
+    /// Rows `pick(rows)` of the next batch, at the whole batch's length, and the whole
+    /// batch's [`BatchShape`]: a rank of a sharded run reads only its own rows' images yet
+    /// reports the step's tokens, samples and FLOPs. The rows are the ones
+    /// [`Loader::next_batch`] makes (the same sequences, positions and images), and the
+    /// stream moves by the whole batch. On error the position is left where it was.
+    pub fn next_rows(
+        &mut self,
+        pick: impl FnOnce(usize) -> Range<usize>,
+    ) -> Result<(Batch, BatchShape)> {
         let mut order = self.order.clone();
         let rows = if self.cfg.pack {
             self.packed_rows(&mut order)?
         } else {
             self.padded_rows(&mut order)?
         };
-        let samples = self.make_samples(&rows)?;
-        let batch = if self.cfg.pack {
-            let mut b = RowBuilder::new(self.cfg.max_len, self.pad_id);
-            let mut rest = &samples[..];
-            for row in &rows {
-                let (this, next) = rest.split_at(row.len());
-                // A sample longer than max_len (never read so, but a bad dataset must not
-                // panic) is an error here.
-                b.push_row(this)?;
-                rest = next;
-            }
-            b.finish()
-        } else {
-            pad_batch(&samples, self.pad_id, self.cfg.pad_to_multiple_of)?
-        };
+        let shape = self.shape(&rows);
+        let range = pick(rows.len());
+        let picked = rows.get(range.clone()).ok_or_else(|| {
+            DataError::Config(format!("rows {range:?} of a batch of {}", rows.len()))
+        })?;
+        let samples = self.make_samples(picked)?;
+        let mut b = RowBuilder::new(shape.seq, self.pad_id);
+        b.reserve_pixels(
+            samples
+                .iter()
+                .flat_map(|s| &s.images)
+                .map(|im| im.pixels.len())
+                .sum(),
+        );
+        let mut rest = &samples[..];
+        for row in picked {
+            let (this, next) = rest.split_at(row.len());
+            // A sample longer than max_len (never read so, but a bad dataset must not
+            // panic) is an error here.
+            b.push_row(this)?;
+            rest = next;
+        }
         self.order = order;
-        Ok(batch)
+        Ok((b.finish(), shape))
+    }
+
+    /// The shape of the batch of `rows`, from the samples' token counts and image sizes
+    /// alone: rows of `max_len` when packing, else of the longest sample rounded up to
+    /// `pad_to_multiple_of` (8 in LLaMA-Factory's collator, which keeps the shapes few);
+    /// sequences as [`RowBuilder`] lays them out (each sample, then the padding tail).
+    fn shape(&self, rows: &[Vec<usize>]) -> BatchShape {
+        let len = |i: usize| self.data.samples[i].input_ids.len();
+        let seq = if self.cfg.pack {
+            self.cfg.max_len
+        } else {
+            let longest = rows.iter().flatten().map(|&i| len(i)).max().unwrap_or(0);
+            let m = self.cfg.pad_to_multiple_of.max(1);
+            longest.div_ceil(m) * m
+        };
+        let mut shape = BatchShape {
+            rows: rows.len(),
+            seq,
+            sequence_ends: Vec::new(),
+            image_sizes: Vec::new(),
+            samples: 0,
+            sample_tokens: 0,
+        };
+        for (r, row) in rows.iter().enumerate() {
+            let mut end = r * seq;
+            for &i in row {
+                let p = &self.data.samples[i];
+                if len(i) > 0 {
+                    end += len(i);
+                    shape.sequence_ends.push(end);
+                }
+                shape.sample_tokens += len(i);
+                let sizes = p.image_sizes.iter().map(|&[h, w]| (h as usize, w as usize));
+                shape.image_sizes.extend(sizes);
+            }
+            if end < (r + 1) * seq {
+                shape.sequence_ends.push((r + 1) * seq);
+            }
+            shape.samples += row.len();
+        }
+        shape
     }
 
     /// The samples of `rows`, in order (see [`load_samples`]).

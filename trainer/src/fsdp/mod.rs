@@ -38,7 +38,7 @@ pub mod world;
 
 pub use rank::{FsdpRank, FsdpSettings, StepStats};
 pub use shard::{GroupShard, ShardLayout};
-pub use split::{rank_share, split_rows};
+pub use split::{rank_rows, rank_share, split_rows};
 pub use state::{GroupState, ShardState};
 pub use world::{cpu_rank_exec, run_cpu_ranks};
 

@@ -101,14 +101,20 @@ pub fn rank_share(
 ) -> Result<Vec<Batch>, FsdpError> {
     let mut out = Vec::with_capacity(micro.len());
     for b in micro {
-        let counts = even_counts(b.rows, world);
-        let start: usize = counts[..rank.min(world)].iter().sum();
-        let mine = counts.get(rank).copied().unwrap_or(0);
-        if mine > 0 {
-            out.push(split_rows(cfg, b, start..start + mine)?);
+        let mine = rank_rows(b.rows, rank, world);
+        if !mine.is_empty() {
+            out.push(split_rows(cfg, b, mine)?);
         }
     }
     Ok(out)
+}
+
+/// Rank `rank`'s rows of a micro batch of `rows` rows (see the module docs): empty for a
+/// rank past the rows, or past the world.
+pub fn rank_rows(rows: usize, rank: usize, world: usize) -> Range<usize> {
+    let counts = even_counts(rows, world);
+    let start: usize = counts[..rank.min(world)].iter().sum();
+    start..start + counts.get(rank).copied().unwrap_or(0)
 }
 
 #[cfg(test)]

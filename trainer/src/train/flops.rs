@@ -16,6 +16,7 @@
 //! compares the step with what this machine's GEMM reaches today, not with a datasheet.
 
 use crate::batch::Batch;
+use crate::data::loader::BatchShape;
 use crate::model::{Exec, Mistral3Config, Part};
 use cannon_kernels::gemm::{Dims, Trans};
 use cannon_kernels::{ops, KernelError, Precision, Tensor};
@@ -34,6 +35,25 @@ pub struct StepFlops {
 
 /// Model FLOPs of one forward + backward of `batch` with `trainable` parts training.
 pub fn step_flops(cfg: &Mistral3Config, batch: &Batch, trainable: &[Part]) -> StepFlops {
+    let ends = batch.sequence_ends();
+    flops_of(cfg, batch.tokens(), &ends, &batch.images.sizes, trainable)
+}
+
+/// [`step_flops`] of the batch `shape` describes, before its images are read.
+pub fn shape_flops(cfg: &Mistral3Config, shape: &BatchShape, trainable: &[Part]) -> StepFlops {
+    let (ends, sizes) = (&shape.sequence_ends, &shape.image_sizes);
+    flops_of(cfg, shape.tokens(), ends, sizes, trainable)
+}
+
+/// The FLOPs of a batch of `tokens` tokens (padding included) in sequences ending at
+/// `ends`, with images of `image_sizes`.
+fn flops_of(
+    cfg: &Mistral3Config,
+    tokens: usize,
+    ends: &[usize],
+    image_sizes: &[(usize, usize)],
+    trainable: &[Part],
+) -> StepFlops {
     let t = &cfg.text_config;
     let v = &cfg.vision_config;
     let (d, it, vocab) = (
@@ -47,10 +67,10 @@ pub fn step_flops(cfg: &Mistral3Config, batch: &Batch, trainable: &[Part]) -> St
         t.head_dim() as f64,
     );
     let text_linear = d * hq * hd * 2.0 + d * hkv * hd * 2.0 + 3.0 * d * it;
-    let tokens = batch.tokens() as f64;
+    let tokens = tokens as f64;
     let mut text = 2.0 * tokens * (text_linear * t.num_hidden_layers as f64 + d * vocab);
     let mut start = 0;
-    for &end in batch.sequence_ends().iter() {
+    for &end in ends {
         let s = (end - start) as f64;
         text += 2.0 * s * s * hq * hd * t.num_hidden_layers as f64;
         start = end;
@@ -66,7 +86,7 @@ pub fn step_flops(cfg: &Mistral3Config, batch: &Batch, trainable: &[Part]) -> St
     let layers = cfg.vision_layers_used() as f64;
     let m2 = (cfg.spatial_merge_size * cfg.spatial_merge_size) as f64;
     let (mut vision, mut projector) = (0.0, 0.0);
-    for &(h, w) in &batch.images.sizes {
+    for &(h, w) in image_sizes {
         let n = ((h / p) * (w / p)) as f64;
         vision += 2.0 * n * c * (p * p) as f64 * dv;
         vision +=

@@ -12,7 +12,7 @@
 //! saving checkpoints plugs in. Resuming is building a [`Trainer`], overwriting its state
 //! with the saved one ([`Trainer::restore_position`] moves the loader) and calling `run`.
 
-use super::flops::{gemm_peak, step_flops};
+use super::flops::{gemm_peak, shape_flops};
 use super::identity::RunIdentity;
 use super::metrics::{EvalRecord, JsonlWriter, Progress, StepRecord};
 use super::schedule::LrSchedule;
@@ -756,9 +756,11 @@ impl Trainer {
         let alloc = st_exec.allocator();
         alloc.reset_peak();
         let accum = self.plan.cfg.train.grad_accum;
-        let mut micro = Vec::with_capacity(accum);
+        let (mut micro, mut shapes) = (Vec::with_capacity(accum), Vec::with_capacity(accum));
         for _ in 0..accum {
-            micro.push(self.loader.next_batch()?);
+            let (batch, shape) = self.loader.next_rows(|rows| 0..rows)?;
+            micro.push(batch);
+            shapes.push(shape);
         }
         let data_ms = t0.elapsed().as_secs_f64() * 1e3;
         let s = &mut self.state;
@@ -790,18 +792,12 @@ impl Trainer {
         if mem.reserved > CACHE_SLACK * mem.peak_allocated.max(1 << 24) {
             alloc.empty_cache();
         }
-        let pad = self.tok.pad_id();
-        let tokens: u64 = micro
+        // As a sharded run counts them (from the batches' shapes, see `train::sharded`).
+        let tokens: u64 = shapes.iter().map(|b| b.sample_tokens as u64).sum();
+        let samples: u64 = shapes.iter().map(|b| b.samples as u64).sum();
+        let flops: f64 = shapes
             .iter()
-            .map(|b| b.input_ids.iter().filter(|&&t| t != pad).count() as u64)
-            .sum();
-        let samples: u64 = micro
-            .iter()
-            .map(|b| b.samples_per_row.iter().sum::<usize>() as u64)
-            .sum();
-        let flops: f64 = micro
-            .iter()
-            .map(|b| step_flops(&s.model.cfg, b, &s.trainable).total)
+            .map(|b| shape_flops(&s.model.cfg, b, &s.trainable).total)
             .sum();
         s.step += 1;
         s.samples += samples;

@@ -9,10 +9,10 @@
 //! driver   Trainer::new as for one rank (data, tokenizer, model init, GEMM peak); its full
 //!          model is cut into the ranks' shards and released
 //! rank r   its own loader at the run's position (the same stream on every rank): per step
-//!          the grad_accum micro batches of the global batch, of which it takes its rows
-//!          (fsdp::rank_share over the dp = nproc / cp_size replicas: the cp ranks of a
-//!          replica take the same rows and split their tokens, `crate::cp`); FsdpRank::step
-//!          at the schedule's learning rate
+//!          the grad_accum micro batches of the global batch, of which it reads only its
+//!          rows' images (Loader::next_rows with fsdp::rank_rows over the dp = nproc /
+//!          cp_size replicas: the cp ranks of a replica take the same rows and split their
+//!          tokens, `crate::cp`); FsdpRank::step at the schedule's learning rate
 //! rank 0   the metrics line and progress of every step (memory figures: rank 0's
 //!          allocator; tokens, samples, FLOPs: the whole global batch)
 //! ckpt     every `checkpoint.every` steps (and after the last) each rank writes its shards
@@ -27,7 +27,7 @@
 //! trained targets over every rank), so N ranks follow the one-rank loss curve up to the
 //! order of f32 gradient sums.
 
-use super::flops::step_flops;
+use super::flops::shape_flops;
 use super::metrics::{JsonlWriter, Progress, StepRecord};
 use super::resume;
 use super::run::{RunSummary, TrainError, Trainer, CACHE_SLACK};
@@ -35,7 +35,7 @@ use crate::config::Dtype;
 use crate::data::shuffle::Position;
 use crate::data::Loader;
 use crate::fsdp::{
-    rank_share, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings, GroupState, ShardState,
+    rank_rows, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings, GroupState, ShardState,
 };
 use crate::model::{Act, Exec, Params};
 use cannon_runtime::comm::Communicator;
@@ -132,7 +132,6 @@ fn run_as<A: Act>(trainer: &mut Trainer, ranks: Ranks) -> Result<RunSummary, Tra
     let cfg = &t.state.model.cfg;
     let data_cfg = t.plan.data_config(t.image.clone());
     let (accum, every) = (t.plan.cfg.train.grad_accum, t.plan.cfg.log.every);
-    let pad = t.tok.pad_id();
     let cp = t.plan.cfg.parallel.cp();
     cp.check(cfg)?;
 
@@ -152,12 +151,19 @@ fn run_as<A: Act>(trainer: &mut Trainer, ranks: Ranks) -> Result<RunSummary, Tra
         let (mut samples, mut tokens) = (t.state.samples, t.state.tokens);
         for step in first..total {
             let t0 = Instant::now();
-            let micro = (0..accum)
-                .map(|_| loader.next_batch())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| fail(e.into()))?;
+            // Only this replica's rows are read (their images decoded); the shapes of the
+            // whole micro batches give the step's tokens, samples and FLOPs.
+            let (mut mine, mut shapes) = (Vec::new(), Vec::with_capacity(accum));
+            for _ in 0..accum {
+                let (rows, shape) = loader
+                    .next_rows(|n| rank_rows(n, replica, replicas))
+                    .map_err(|e| fail(e.into()))?;
+                if rows.rows > 0 {
+                    mine.push(rows);
+                }
+                shapes.push(shape);
+            }
             let data_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let mine = rank_share(cfg, &micro, replica, replicas)?;
             let lr = t.state.schedule.at(step);
             let st = rank.step::<A>(&mine, lr)?;
             let step_s = t0.elapsed().as_secs_f64();
@@ -175,14 +181,8 @@ fn run_as<A: Act>(trainer: &mut Trainer, ranks: Ranks) -> Result<RunSummary, Tra
                 ))));
             }
             losses.push(st.loss);
-            let step_tokens: u64 = micro
-                .iter()
-                .map(|b| b.input_ids.iter().filter(|&&x| x != pad).count() as u64)
-                .sum();
-            samples += micro
-                .iter()
-                .map(|b| b.samples_per_row.iter().sum::<usize>() as u64)
-                .sum::<u64>();
+            let step_tokens: u64 = shapes.iter().map(|b| b.sample_tokens as u64).sum();
+            samples += shapes.iter().map(|b| b.samples as u64).sum::<u64>();
             tokens += step_tokens;
             if resume::due(&t.plan, step + 1, total) {
                 let at = resume::Counters {
@@ -199,9 +199,9 @@ fn run_as<A: Act>(trainer: &mut Trainer, ranks: Ranks) -> Result<RunSummary, Tra
             if r != 0 {
                 continue;
             }
-            let flops: f64 = micro
+            let flops: f64 = shapes
                 .iter()
-                .map(|b| step_flops(cfg, b, &t.state.trainable).total)
+                .map(|b| shape_flops(cfg, b, &t.state.trainable).total)
                 .sum();
             const MIB: f64 = 1024.0 * 1024.0;
             let rec = StepRecord {
