@@ -16,7 +16,7 @@ use crate::data::info::DatasetSpec;
 use crate::data::Tekken;
 use crate::eval::evaluate;
 use crate::model::{Exec, Mistral3};
-use crate::train::run::{image_config, RunPlan, FINAL_RUN_CONFIG};
+use crate::train::run_plan::{image_config, RunPlan, FINAL_RUN_CONFIG};
 use crate::train::TrainError;
 use clap::Args;
 use std::path::{Path, PathBuf};

@@ -23,7 +23,9 @@ use std::process::ExitCode;
              steps, compare runs, check the machine",
     after_help = "Start with `cannon train`: with no arguments it trains a tiny Mistral3 on a \
                   synthetic shapes set on the CPU (a few minutes) and prints its held-out \
-                  accuracy. The model runs on the CPU; its NPU path is not implemented yet."
+                  accuracy. On an Ascend NPU (a build with `--features npu`): `cannon train \
+                  --set parallel.device=npu`, or `cannon launch --nproc 8 -- train --set \
+                  parallel.device=npu` for one process per device."
 )]
 pub struct Cli {
     #[command(subcommand)]

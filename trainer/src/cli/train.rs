@@ -16,7 +16,7 @@ use crate::data::info::DatasetSpec;
 use crate::data::Tekken;
 use crate::model::{weights, Exec, ParamLayout};
 use crate::train::resume;
-use crate::train::run::{self, image_config, model_config, ModelSource, RunPlan};
+use crate::train::run_plan::{self, image_config, model_config, ModelSource, RunPlan};
 use crate::train::sharded::Ranks;
 use crate::train::{TrainError, Trainer};
 use cannon_runtime::comm::Communicator;
@@ -140,7 +140,7 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         if let Some(saved) = r.schedule_changed {
             eprintln!("note: the LR schedule differs from the checkpoint's: {saved}");
         }
-    } else if run::wants_resume(&trainer.plan.cfg) {
+    } else if run_plan::wants_resume(&trainer.plan.cfg) {
         eprintln!(
             "no checkpoint in {} yet: starting at step 0",
             trainer.plan.checkpoint_dir.display()
@@ -320,7 +320,7 @@ fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
                 ckpt.manifest().world_size
             );
         }
-        None if run::wants_resume(cfg) => println!(
+        None if run_plan::wants_resume(cfg) => println!(
             "# resume: no checkpoint in {} yet, the run starts at step 0",
             plan.checkpoint_dir.display()
         ),

@@ -4,9 +4,11 @@
 //!   gradients, the loss normalised over all their targets) and [`train_steps`] (K AdamW
 //!   steps on one batch, what `cannon verify` checks against the reference fixture).
 //! - [`schedule`]: warm-up + cosine or constant learning rate.
-//! - [`run`]: the run: a config resolved into paths ([`run::RunPlan`]), the state a checkpoint
-//!   holds ([`run::TrainState`]), the loop ([`run::Trainer::run`]) with a hook after every
-//!   step ([`run::StepHook`]), the final evaluation.
+//! - [`run_plan`]: a config resolved into paths, a model source and a freeze list
+//!   ([`run_plan::RunPlan`]).
+//! - [`run`]: the run: the state a checkpoint holds ([`run::TrainState`]), the loop
+//!   ([`run::Trainer::run`]) with a hook after every step ([`run::StepHook`]), the final
+//!   evaluation.
 //! - [`resume`]: saving checkpoints from the loop ([`resume::CheckpointHook`]) and resuming
 //!   a run from one.
 //! - [`sharded`]: the run on `parallel.nproc` CPU ranks of an FSDP run.
@@ -17,11 +19,13 @@ pub mod identity;
 pub mod metrics;
 pub mod resume;
 pub mod run;
+pub mod run_plan;
 pub mod schedule;
 pub mod sha256;
 pub mod sharded;
 pub mod step;
 
-pub use run::{RunPlan, RunSummary, StepHook, TrainError, TrainState, Trainer};
+pub use run::{RunSummary, StepHook, TrainError, TrainState, Trainer};
+pub use run_plan::RunPlan;
 pub use schedule::LrSchedule;
 pub use step::{accumulate, memory_features, train_steps, Accumulated, StepLog, TrainSettings};

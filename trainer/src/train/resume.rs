@@ -12,7 +12,8 @@
 //! is saved beside the manifest as `cannon_train.toml`, so `cannon eval --checkpoint` reads a
 //! checkpoint like a run's `final/` folder.
 
-use super::run::{RunPlan, StepHook, TrainError, TrainState, Trainer, FINAL_RUN_CONFIG};
+use super::run::{StepHook, TrainError, TrainState, Trainer};
+use super::run_plan::{RunPlan, FINAL_RUN_CONFIG};
 use super::schedule::LrSchedule;
 use crate::checkpoint::manifest::{group_entries, OptimizerState};
 use crate::checkpoint::state::one_rank_meta;
