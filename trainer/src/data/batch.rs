@@ -85,10 +85,14 @@ impl RowBuilder {
         Ok(())
     }
 
-    /// Room for `n` more pixel values (a batch's pixels are known before its rows are
-    /// pushed: one allocation instead of a doubling per growth).
-    pub fn reserve_pixels(&mut self, n: usize) {
-        self.batch.images.pixel_values.reserve(n);
+    /// Room for the pixel values of `samples` (a batch's images are known before its rows
+    /// are pushed: one allocation instead of a doubling per growth).
+    pub fn reserve_pixels(&mut self, samples: &[Sample]) {
+        let n = samples
+            .iter()
+            .flat_map(|s| &s.images)
+            .map(|im| im.pixels.len());
+        self.batch.images.pixel_values.reserve(n.sum());
     }
 
     pub fn finish(self) -> Batch {
@@ -102,13 +106,7 @@ pub fn pad_batch(samples: &[Sample], pad_id: u32, multiple_of: usize) -> Result<
     let longest = samples.iter().map(|s| s.input_ids.len()).max().unwrap_or(0);
     let m = multiple_of.max(1);
     let mut b = RowBuilder::new(longest.div_ceil(m) * m, pad_id);
-    b.reserve_pixels(
-        samples
-            .iter()
-            .flat_map(|s| &s.images)
-            .map(|im| im.pixels.len())
-            .sum(),
-    );
+    b.reserve_pixels(samples);
     for s in samples {
         b.push_row(std::slice::from_ref(s))?;
     }

@@ -185,13 +185,7 @@ impl Loader {
         })?;
         let samples = self.make_samples(picked)?;
         let mut b = RowBuilder::new(shape.seq, self.pad_id);
-        b.reserve_pixels(
-            samples
-                .iter()
-                .flat_map(|s| &s.images)
-                .map(|im| im.pixels.len())
-                .sum(),
-        );
+        b.reserve_pixels(&samples);
         let mut rest = &samples[..];
         for row in picked {
             let (this, next) = rest.split_at(row.len());
