@@ -4,7 +4,7 @@
 mod common;
 use common::shared_path;
 
-use cannon_trainer::model::weights::{legacy_name, load_params};
+use cannon_trainer::model::weights::{legacy_name, load_host, load_params, HfWeights};
 use cannon_trainer::model::{
     Batch, Exec, Mistral3, Mistral3Config, ModelError, ParamLayout, Part, Visited, WeightsError,
 };
@@ -87,6 +87,35 @@ fn tensors(model: &Mistral3, name: impl Fn(&str) -> String, dtype: Dtype) -> Vec
             (name(&s.name), raw)
         })
         .collect()
+}
+
+/// What a rank of a sharded run reads of a bf16 checkpoint (its element range of every
+/// group, from the bytes of that range only) is its cut of the whole load, for any world
+/// size, with ranges that start and end inside tensors and span several.
+#[test]
+fn ranges_of_a_checkpoint_are_the_whole_load_cut() {
+    let model = Mistral3::load(&shared_fixture()).unwrap();
+    let dir = write_checkpoint("ranges", tensors(&model, legacy_name, Dtype::BF16));
+    let layout = model.params.layout.clone();
+    let whole = load_host(&dir, &layout).unwrap();
+    let w = HfWeights::open(&dir, &layout).unwrap();
+    for world in [1usize, 2, 3, 8] {
+        for (g, full) in whole.iter().enumerate() {
+            let shard = full.len().div_ceil(world);
+            for r in 0..world {
+                let (a, b) = (
+                    (r * shard).min(full.len()),
+                    ((r + 1) * shard).min(full.len()),
+                );
+                let got = w.read(g, a..b).unwrap();
+                assert_eq!(got, full[a..b], "group {g}, rank {r} of {world}");
+            }
+        }
+    }
+    let last = layout.groups.len() - 1;
+    let past = layout.groups[last].len + 1;
+    assert!(matches!(w.read(last, 0..past), Err(WeightsError::Range(_))));
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 fn load(dir: &Path) -> Result<Mistral3, ModelError> {

@@ -38,4 +38,4 @@ pub use save::{
 pub use state::{one_rank_meta, restore_one_rank, save_one_rank, Progress, Snapshot};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -12,22 +12,24 @@
 use super::error::{io, CheckpointError, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufWriter, Read, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-/// The element types written here: f32 (checkpoints, f32 exports) and bf16 (bf16 exports).
+/// The element types written here: f32 (checkpoints, f32 exports) and bf16 (bf16 exports);
+/// f16 too, which HF checkpoints may hold (read and widened like bf16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StDtype {
     F32,
     Bf16,
+    F16,
 }
 
 impl StDtype {
     pub fn size(self) -> usize {
         match self {
             StDtype::F32 => 4,
-            StDtype::Bf16 => 2,
+            StDtype::Bf16 | StDtype::F16 => 2,
         }
     }
 
@@ -36,6 +38,7 @@ impl StDtype {
         match self {
             StDtype::F32 => "F32",
             StDtype::Bf16 => "BF16",
+            StDtype::F16 => "F16",
         }
     }
 
@@ -43,6 +46,7 @@ impl StDtype {
         match s {
             "F32" => Some(StDtype::F32),
             "BF16" => Some(StDtype::Bf16),
+            "F16" => Some(StDtype::F16),
             _ => None,
         }
     }
@@ -160,6 +164,13 @@ impl StWriter {
                     self.scratch.extend_from_slice(&b.to_le_bytes());
                 }
             }
+            StDtype::F16 => {
+                self.scratch.reserve(data.len() * 2);
+                for x in data {
+                    let b = half::f16::from_f32(*x).to_bits();
+                    self.scratch.extend_from_slice(&b.to_le_bytes());
+                }
+            }
         }
         self.out.write_all(&self.scratch).map_err(io(&self.path))?;
         self.written += self.scratch.len() as u64;
@@ -240,12 +251,16 @@ impl Entry {
     }
 }
 
-/// A safetensors file opened for reading pieces of its tensors.
+/// A safetensors file opened for reading pieces of its tensors. Reads are positioned
+/// (`pread`), so one reader serves several threads, and only the bytes asked for are read:
+/// not a memory map, whose pages would count in the process's resident memory.
 #[derive(Debug)]
 pub struct StReader {
     path: PathBuf,
     file: File,
     tensors: HashMap<String, Entry>,
+    /// Tensors of a dtype this reader cannot widen: name -> the header's dtype.
+    unsupported: HashMap<String, String>,
     metadata: HashMap<String, String>,
 }
 
@@ -274,12 +289,19 @@ impl StReader {
             .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
         let data_start = 8 + n;
         let mut tensors = HashMap::new();
+        let mut unsupported = HashMap::new();
         let mut metadata = HashMap::new();
         for (name, v) in header {
             if name == "__metadata__" {
                 metadata = serde_json::from_value(v)
                     .map_err(|e| bad(format!("__metadata__ is not a string map: {e}")))?;
                 continue;
+            }
+            if let Some(d) = v.get("dtype").and_then(|d| d.as_str()) {
+                if StDtype::parse(d).is_none() {
+                    unsupported.insert(name, d.to_string());
+                    continue;
+                }
             }
             let (dtype, shape, offsets) =
                 parse_entry(&v).ok_or_else(|| bad(format!("bad header entry for {name}")))?;
@@ -311,6 +333,7 @@ impl StReader {
             path: path.to_path_buf(),
             file,
             tensors,
+            unsupported,
             metadata,
         })
     }
@@ -327,17 +350,35 @@ impl StReader {
         self.tensors.get(name)
     }
 
+    /// Every tensor's name, those of unsupported dtypes included.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.tensors.keys().map(String::as_str)
+        self.tensors
+            .keys()
+            .chain(self.unsupported.keys())
+            .map(String::as_str)
+    }
+
+    /// The header's dtype of tensor `name` when it is one this reader cannot widen.
+    pub fn unsupported(&self, name: &str) -> Option<&str> {
+        self.unsupported.get(name).map(String::as_str)
     }
 
     /// Elements `range` of the f32 tensor `name`, into `dst` (of the range's length).
-    pub fn read_f32_into(
-        &mut self,
-        name: &str,
-        range: Range<usize>,
-        dst: &mut [f32],
-    ) -> Result<()> {
+    pub fn read_f32_into(&self, name: &str, range: Range<usize>, dst: &mut [f32]) -> Result<()> {
+        match self.tensors.get(name) {
+            Some(e) if e.dtype != StDtype::F32 => Err(CheckpointError::Shard {
+                path: self.path.clone(),
+                reason: format!("{name} is {}, not F32", e.dtype.name()),
+            }),
+            _ => self.read_widened(name, range, dst),
+        }
+    }
+
+    /// Elements `range` of tensor `name` of any supported dtype, widened to f32 into `dst`
+    /// (of the range's length). Reads in pieces of at most [`READ_PIECE`] bytes, so a range
+    /// of any size costs no more than that beside `dst`.
+    pub fn read_widened(&self, name: &str, range: Range<usize>, dst: &mut [f32]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
         let bad = |reason: String| CheckpointError::Shard {
             path: self.path.clone(),
             reason,
@@ -346,9 +387,6 @@ impl StReader {
             .tensors
             .get(name)
             .ok_or_else(|| bad(format!("no tensor {name}")))?;
-        if e.dtype != StDtype::F32 {
-            return Err(bad(format!("{name} is {}, not F32", e.dtype.name())));
-        }
         if range.start > range.end || range.end > e.numel() || dst.len() != range.len() {
             return Err(bad(format!(
                 "elements {range:?} of {name} ({} elements) into {} slots",
@@ -356,25 +394,48 @@ impl StReader {
                 dst.len()
             )));
         }
-        let at = e.bytes.start + 4 * range.start as u64;
-        let mut raw = vec![0u8; 4 * range.len()];
-        let path = self.path.clone();
-        self.file
-            .seek(SeekFrom::Start(at))
-            .and_then(|_| self.file.read_exact(&mut raw))
-            .map_err(io(&path))?;
-        for (d, b) in dst.iter_mut().zip(raw.chunks_exact(4)) {
-            *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let size = e.dtype.size();
+        let per_piece = (READ_PIECE / size).max(1);
+        let mut raw = vec![0u8; size * per_piece.min(range.len())];
+        for (i, out) in dst.chunks_mut(per_piece).enumerate() {
+            let at = e.bytes.start + (size * (range.start + i * per_piece)) as u64;
+            let raw = &mut raw[..size * out.len()];
+            self.file.read_exact_at(raw, at).map_err(io(&self.path))?;
+            widen(e.dtype, raw, out);
         }
         Ok(())
     }
 
     /// The whole f32 tensor `name`.
-    pub fn read_f32(&mut self, name: &str) -> Result<Vec<f32>> {
+    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
         let n = self.entry(name).map_or(0, Entry::numel);
         let mut v = vec![0.0; n];
         self.read_f32_into(name, 0..n, &mut v)?;
         Ok(v)
+    }
+}
+
+/// The most bytes [`StReader::read_widened`] reads at once.
+pub const READ_PIECE: usize = 16 << 20;
+
+/// Little-endian `dtype` elements of `raw` widened into `dst` (as many as `dst` holds).
+fn widen(dtype: StDtype, raw: &[u8], dst: &mut [f32]) {
+    match dtype {
+        StDtype::F32 => {
+            for (d, b) in dst.iter_mut().zip(raw.chunks_exact(4)) {
+                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        StDtype::Bf16 => {
+            for (d, b) in dst.iter_mut().zip(raw.chunks_exact(2)) {
+                *d = half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
+        StDtype::F16 => {
+            for (d, b) in dst.iter_mut().zip(raw.chunks_exact(2)) {
+                *d = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
     }
 }
 

@@ -12,8 +12,9 @@
 use super::exec::Exec;
 use super::params::{ParamLayout, Params};
 use super::ModelError;
-use safetensors::{Dtype, SafeTensors};
+use crate::checkpoint::st_io::StReader;
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +48,8 @@ pub enum WeightsError {
         found: Vec<usize>,
         expected: Vec<usize>,
     },
+    #[error("a weights range out of bounds: {0}")]
+    Range(String),
     #[error("{path}: tensor {name} has dtype {dtype}; f32, bf16 and f16 are supported")]
     Dtype {
         path: PathBuf,
@@ -143,99 +146,145 @@ pub fn load_params(exec: &Exec, dir: &Path, layout: ParamLayout) -> Result<Param
     Params::from_host(exec, layout, &data)
 }
 
-/// Loads the checkpoint in `dir` into host groups laid out by `layout`.
+/// Loads the checkpoint in `dir` into host groups laid out by `layout` (the whole model:
+/// a sharded run reads its ranges through [`HfWeights`] instead).
 pub fn load_host(dir: &Path, layout: &ParamLayout) -> Result<Vec<Vec<f32>>, WeightsError> {
-    let mut params = HostParams {
-        layout,
-        data: layout.groups.iter().map(|g| vec![0.0; g.len]).collect(),
-    };
-    // 5.x name -> the name it was loaded under, to report duplicates.
-    let mut loaded: HashMap<String, String> = HashMap::new();
-    for (path, expected) in checkpoint_files(dir)? {
-        let bytes = std::fs::read(&path).map_err(|source| WeightsError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| WeightsError::Format {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        let names: Vec<String> = match expected {
-            Some(names) => names,
-            None => st.names().into_iter().map(String::from).collect(),
-        };
-        for name in names {
-            let view = st.tensor(&name).map_err(|e| WeightsError::Index {
+    let w = HfWeights::open(dir, layout)?;
+    (0..layout.groups.len())
+        .map(|g| w.read(g, 0..layout.groups[g].len))
+        .collect()
+}
+
+/// An HF checkpoint opened for reading any element range of any parameter group: every file's
+/// header is read and every tensor checked against the layout (name, shape, dtype, none
+/// missing, none twice) when it is opened; the data is read only when a range is asked for,
+/// and only that range's bytes, widened to f32 piece by piece. The readers are positioned
+/// reads, so the ranks of one process share one `HfWeights`.
+#[derive(Debug)]
+pub struct HfWeights {
+    layout: ParamLayout,
+    files: Vec<StReader>,
+    /// For every group, for every slot: the file holding it and the tensor's name there.
+    at: Vec<Vec<(usize, String)>>,
+}
+
+impl HfWeights {
+    /// Opens the checkpoint in `dir` (see the module docs) for `layout`.
+    pub fn open(dir: &Path, layout: &ParamLayout) -> Result<Self, WeightsError> {
+        let mut files = Vec::new();
+        let mut at: Vec<Vec<Option<(usize, String)>>> = layout
+            .groups
+            .iter()
+            .map(|g| vec![None; g.slots.len()])
+            .collect();
+        // 5.x name -> the name it was found under, to report duplicates.
+        let mut found: HashMap<String, String> = HashMap::new();
+        for (path, expected) in checkpoint_files(dir)? {
+            let reader = StReader::open(&path).map_err(|e| WeightsError::Format {
                 path: path.clone(),
-                reason: format!("tensor {name} listed in the index is not in the file: {e}"),
+                reason: e.to_string(),
             })?;
-            let canon = canonical_name(&name);
-            let Some((g, s)) = params.layout.find(&canon) else {
-                return Err(WeightsError::Unexpected { path, name });
+            let mut names: Vec<String> = match expected {
+                Some(names) => names,
+                None => reader.names().map(String::from).collect(),
             };
-            if let Some(other) = loaded.insert(canon.clone(), name.clone()) {
-                return Err(WeightsError::Duplicate { path, name, other });
+            // The header is a JSON object: report problems in a stable order.
+            names.sort();
+            let f = files.len();
+            for name in names {
+                let entry = reader.entry(&name);
+                let dtype = reader.unsupported(&name);
+                if entry.is_none() && dtype.is_none() {
+                    return Err(WeightsError::Index {
+                        path,
+                        reason: format!("tensor {name} listed in the index is not in the file"),
+                    });
+                }
+                let canon = canonical_name(&name);
+                let Some((g, s)) = layout.find(&canon) else {
+                    return Err(WeightsError::Unexpected { path, name });
+                };
+                if let Some(other) = found.insert(canon, name.clone()) {
+                    return Err(WeightsError::Duplicate { path, name, other });
+                }
+                let slot = &layout.groups[g].slots[s];
+                let Some(entry) = entry else {
+                    let dtype = dtype.unwrap_or_default().to_string();
+                    return Err(WeightsError::Dtype { path, name, dtype });
+                };
+                if entry.shape != slot.shape {
+                    return Err(WeightsError::Shape {
+                        path,
+                        name,
+                        found: entry.shape.clone(),
+                        expected: slot.shape.clone(),
+                    });
+                }
+                at[g][s] = Some((f, name));
             }
-            let slot = params.layout.groups[g].slots[s].clone();
-            if view.shape() != slot.shape.as_slice() {
-                return Err(WeightsError::Shape {
-                    path,
-                    name,
-                    found: view.shape().to_vec(),
-                    expected: slot.shape,
-                });
-            }
-            let dst = &mut params.data[g][slot.range()];
-            if !widen(view.dtype(), view.data(), dst) {
-                return Err(WeightsError::Dtype {
-                    path,
-                    name,
-                    dtype: format!("{:?}", view.dtype()),
-                });
-            }
+            files.push(reader);
         }
+        let missing: Vec<&str> = layout
+            .slots()
+            .map(|(_, s)| s.name.as_str())
+            .filter(|n| !found.contains_key(*n))
+            .collect();
+        if let Some(first) = missing.first() {
+            return Err(WeightsError::Missing {
+                name: first.to_string(),
+                more: missing.len() - 1,
+            });
+        }
+        let at = at
+            .into_iter()
+            .map(|slots| slots.into_iter().flatten().collect())
+            .collect();
+        Ok(HfWeights {
+            layout: layout.clone(),
+            files,
+            at,
+        })
     }
-    let missing: Vec<&str> = params
-        .layout
-        .slots()
-        .map(|(_, s)| s.name.as_str())
-        .filter(|n| !loaded.contains_key(*n))
-        .collect();
-    if let Some(first) = missing.first() {
-        return Err(WeightsError::Missing {
-            name: first.to_string(),
-            more: missing.len() - 1,
-        });
-    }
-    Ok(params.data)
-}
 
-/// Host groups being filled from a checkpoint.
-struct HostParams<'a> {
-    layout: &'a ParamLayout,
-    data: Vec<Vec<f32>>,
-}
-
-/// Widens little-endian f32/bf16/f16 bytes into `dst`; false for any other dtype.
-/// The caller has checked the shape, so `bytes` holds exactly `dst.len()` elements.
-pub fn widen(dtype: Dtype, bytes: &[u8], dst: &mut [f32]) -> bool {
-    match dtype {
-        Dtype::F32 => {
-            for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
-                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
+    /// Elements `range` of group `g` into `dst` (of the range's length): the bytes of the
+    /// slots the range covers, widened to f32.
+    pub fn read_into(
+        &self,
+        g: usize,
+        range: Range<usize>,
+        dst: &mut [f32],
+    ) -> Result<(), WeightsError> {
+        let group = self.layout.groups.get(g);
+        let len = group.map_or(0, |gr| gr.len);
+        if group.is_none() || range.start > range.end || range.end > len || dst.len() != range.len()
+        {
+            return Err(WeightsError::Range(format!(
+                "elements {range:?} of group {g} ({len} elements) into {} values",
+                dst.len()
+            )));
         }
-        Dtype::BF16 => {
-            for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
-                *d = half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+        let slots = self.layout.groups[g].slots.iter().zip(&self.at[g]);
+        for (slot, (f, name)) in slots {
+            let r = slot.range();
+            let (a, b) = (r.start.max(range.start), r.end.min(range.end));
+            if a >= b {
+                continue;
             }
+            let file = &self.files[*f];
+            let out = &mut dst[a - range.start..b - range.start];
+            file.read_widened(name, a - r.start..b - r.start, out)
+                .map_err(|e| WeightsError::Format {
+                    path: file.path().to_path_buf(),
+                    reason: e.to_string(),
+                })?;
         }
-        Dtype::F16 => {
-            for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
-                *d = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-            }
-        }
-        _ => return false,
+        Ok(())
     }
-    true
+
+    /// Elements `range` of group `g`.
+    pub fn read(&self, g: usize, range: Range<usize>) -> Result<Vec<f32>, WeightsError> {
+        let mut v = vec![0.0; range.len()];
+        self.read_into(g, range, &mut v)?;
+        Ok(v)
+    }
 }
