@@ -337,7 +337,13 @@ fn dp2_cp_run(
     steps: usize,
 ) -> Vec<(Vec<f64>, Vec<Vec<f32>>)> {
     run_cpu_ranks(2 * cp.size, TIMEOUT, |comm, exec| {
-        let rank = FsdpRank::new(comm, exec, cfg.clone(), host, s.clone())?;
+        let rank = FsdpRank::new(
+            comm,
+            exec,
+            cfg.clone(),
+            cannon_trainer::fsdp::ShardSource::Full(host),
+            s.clone(),
+        )?;
         let mut rank = rank.with_cp(cp)?;
         let (replica, replicas) = rank.data_parallel();
         assert_eq!(replicas, 2);

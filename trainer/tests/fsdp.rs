@@ -224,7 +224,13 @@ fn a_bad_batch_on_one_rank_fails_every_rank_with_its_name() {
     let s = settings(&[]);
     let err = run_cpu_ranks(2, Duration::from_secs(20), |comm, exec| {
         let r = comm.rank();
-        let mut rank = FsdpRank::new(comm, exec, cfg.clone(), &host, s.clone())?;
+        let mut rank = FsdpRank::new(
+            comm,
+            exec,
+            cfg.clone(),
+            cannon_trainer::fsdp::ShardSource::Full(&host),
+            s.clone(),
+        )?;
         rank.step::<f32>(&batches[r..r + 1], 1e-3)
     })
     .unwrap_err();
@@ -251,7 +257,14 @@ fn wrong_initial_groups_are_an_error() {
     host[3].pop();
     let s = settings(&[]);
     let err = run_cpu_ranks(2, Duration::from_secs(20), |comm, exec| {
-        FsdpRank::new(comm, exec, cfg.clone(), &host, s.clone()).map(|_| ())
+        FsdpRank::new(
+            comm,
+            exec,
+            cfg.clone(),
+            cannon_trainer::fsdp::ShardSource::Full(&host),
+            s.clone(),
+        )
+        .map(|_| ())
     })
     .unwrap_err();
     assert!(err.to_string().contains("group 3"), "{err}");

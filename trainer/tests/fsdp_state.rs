@@ -23,7 +23,13 @@ fn run(
 ) -> (Vec<StepStats>, Vec<Vec<f32>>, Vec<ShardState>) {
     let out = run_cpu_ranks(world, Duration::from_secs(20), |comm, exec| {
         let r = comm.rank();
-        let mut rank = FsdpRank::new(comm, exec, cfg.clone(), host, s.clone())?;
+        let mut rank = FsdpRank::new(
+            comm,
+            exec,
+            cfg.clone(),
+            cannon_trainer::fsdp::ShardSource::Full(host),
+            s.clone(),
+        )?;
         if let Some(states) = states {
             rank.load_state(&states[r])?;
         }
@@ -91,7 +97,13 @@ fn a_state_of_another_world_is_an_error_naming_both() {
     let s = settings(&[]);
     let (_, _, saved) = run(2, &cfg, &host, &batches, &s, 1, None);
     let err = run_cpu_ranks(1, Duration::from_secs(20), |comm, exec| {
-        let mut rank = FsdpRank::new(comm, exec, cfg.clone(), &host, s.clone())?;
+        let mut rank = FsdpRank::new(
+            comm,
+            exec,
+            cfg.clone(),
+            cannon_trainer::fsdp::ShardSource::Full(&host),
+            s.clone(),
+        )?;
         rank.load_state(&saved[0])
     })
     .unwrap_err()

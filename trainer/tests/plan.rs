@@ -201,7 +201,13 @@ impl Case {
             memory: self.memory,
         };
         run_cpu_ranks(self.nproc, Duration::from_secs(120), |comm, exec| {
-            let rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
+            let rank = FsdpRank::new(
+                comm,
+                exec,
+                cfg.clone(),
+                cannon_trainer::fsdp::ShardSource::Full(&host),
+                settings.clone(),
+            )?;
             let mut rank = rank.with_cp(self.cp)?;
             // A CP group takes one data-parallel share of the rows.
             let (replica, replicas) = rank.data_parallel();

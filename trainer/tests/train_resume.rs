@@ -11,7 +11,7 @@ use cannon_trainer::data::synth;
 use cannon_trainer::model::{Exec, Mistral3};
 use cannon_trainer::train::resume::{self, CheckpointHook};
 use cannon_trainer::train::sharded::run_sharded;
-use cannon_trainer::train::{RunPlan, StepHook, TrainError, TrainState, Trainer};
+use cannon_trainer::train::{RunPlan, RunSetup, StepHook, TrainError, TrainState, Trainer};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -232,8 +232,7 @@ fn a_sharded_run_saves_per_rank_and_resumes_on_any_world_size() {
     let root = scratch("sharded");
     synth::write(&root.join("data"), 48, 3).unwrap();
     let two = ["parallel.nproc=2", "checkpoint.keep_last=2"];
-    let mut a = Trainer::new(plan(&root, "a", &two), Exec::cpu()).unwrap();
-    let full = run_sharded(&mut a).unwrap();
+    let full = sharded(plan(&root, "a", &two), None);
     assert_eq!(full.losses.len(), 6);
     let step3 = root.join("a/checkpoints/step-000003");
     let ckpt = Checkpoint::open(&step3).unwrap();
@@ -245,17 +244,17 @@ fn a_sharded_run_saves_per_rank_and_resumes_on_any_world_size() {
         .is_file());
 
     let from3 = format!("checkpoint.resume={:?}", step3.display().to_string());
-    let resumed = |run: &str, nproc: &str| -> (Vec<f64>, Trainer) {
+    let resumed = |run: &str, nproc: &str| -> (Vec<f64>, PathBuf) {
         let p = plan(&root, run, &[nproc, &from3]);
         let mut ckpt = resume::resume_from(&p).unwrap().unwrap();
-        let mut t = Trainer::new(p, Exec::cpu()).unwrap();
-        assert_eq!(resume::resume(&mut t, &mut ckpt).unwrap().step, 3);
-        let rest = if t.plan.cfg.parallel.nproc > 1 {
-            run_sharded(&mut t).unwrap()
+        let rest = if p.cfg.parallel.nproc > 1 {
+            sharded(p, Some(&ckpt))
         } else {
+            let mut t = Trainer::new(p, Exec::cpu()).unwrap();
+            assert_eq!(resume::resume(&mut t, &mut ckpt).unwrap().step, 3);
             t.run(&mut []).unwrap()
         };
-        (rest.losses, t)
+        (rest.losses, rest.final_model)
     };
     let (rest, b) = resumed("b", "parallel.nproc=2");
     assert_eq!(
@@ -264,14 +263,11 @@ fn a_sharded_run_saves_per_rank_and_resumes_on_any_world_size() {
         "{rest:?} vs {:?}",
         full.losses
     );
-    let params = |t: &Trainer| -> Vec<Vec<u32>> {
-        let st = t.state.model.exec.stream();
-        let host = |x: &cannon_trainer::model::offload::Stored| -> Vec<u32> {
-            x.to_host(st).unwrap().iter().map(|v| v.to_bits()).collect()
-        };
-        t.state.model.params.data.iter().map(host).collect()
-    };
-    assert_eq!(params(&b), params(&a), "final weights");
+    assert_eq!(
+        final_params(&b),
+        final_params(&full.final_model),
+        "final weights"
+    );
 
     // The 2-rank step-6 checkpoint exports (consolidated) to the run's final weights.
     let hf = root.join("hf");
@@ -284,7 +280,11 @@ fn a_sharded_run_saves_per_rank_and_resumes_on_any_world_size() {
         x.to_host(st).unwrap().iter().map(|v| v.to_bits()).collect()
     };
     let got: Vec<Vec<u32>> = exported.params.data.iter().map(bits_of).collect();
-    assert_eq!(got, params(&a), "export of the sharded checkpoint");
+    assert_eq!(
+        got,
+        final_params(&full.final_model),
+        "export of the sharded checkpoint"
+    );
 
     for nproc in ["parallel.nproc=1", "parallel.nproc=4"] {
         let (rest, _) = resumed(&nproc.replace('=', "-"), nproc);
@@ -310,12 +310,22 @@ fn resume_latest_without_a_run_folder_is_a_usage_error() {
 }
 
 /// The final parameters of a run, bit patterns.
-fn final_params(t: &Trainer) -> Vec<Vec<u32>> {
-    let st = t.state.model.exec.stream();
-    let p = t.state.model.params.to_host(st).unwrap();
+/// The bits of the final model a run wrote into `dir` (its `final/` folder).
+fn final_params(dir: &Path) -> Vec<Vec<u32>> {
+    let m = Mistral3::load(dir).unwrap();
+    let p = m.params.to_host(m.exec.stream()).unwrap();
     p.iter()
         .map(|g| g.iter().map(|v| v.to_bits()).collect())
         .collect()
+}
+
+/// A sharded run of `plan` (resumed from `ckpt` when given): its summary.
+fn sharded(plan: RunPlan, ckpt: Option<&Checkpoint>) -> cannon_trainer::train::RunSummary {
+    let mut setup = RunSetup::new(plan, &Exec::cpu()).unwrap();
+    if let Some(c) = ckpt {
+        assert_eq!(resume::resume_setup(&mut setup, c).unwrap().step, 3);
+    }
+    run_sharded(&mut setup).unwrap()
 }
 
 /// The optimizer offload (`train.offload_optimizer`: master weights and moments in the host
@@ -392,27 +402,23 @@ fn the_optimizer_offload_trains_and_resumes_bit_for_bit() {
     );
 
     let two = ["parallel.nproc=2", "checkpoint.keep_last=2"];
-    let mut s0 = Trainer::new(plan(&root, "s0", &two), Exec::cpu()).unwrap();
-    let want = run_sharded(&mut s0).unwrap();
-    let mut s1 = Trainer::new(plan(&root, "s1", &[two[0], two[1], off]), Exec::cpu()).unwrap();
-    let full = run_sharded(&mut s1).unwrap();
+    let want = sharded(plan(&root, "s0", &two), None);
+    let full = sharded(plan(&root, "s1", &[two[0], two[1], off]), None);
     assert_eq!(bits(&full.losses), bits(&want.losses));
     assert_eq!(
-        final_params(&s1),
-        final_params(&s0),
+        final_params(&full.final_model),
+        final_params(&want.final_model),
         "2 ranks: final weights"
     );
     let step3 = root.join("s1/checkpoints/step-000003");
     let from3 = format!("checkpoint.resume={:?}", step3.display().to_string());
     let p = plan(&root, "s2", &[two[0], off, &from3]);
-    let mut ckpt = resume::resume_from(&p).unwrap().unwrap();
-    let mut t = Trainer::new(p, Exec::cpu()).unwrap();
-    assert_eq!(resume::resume(&mut t, &mut ckpt).unwrap().step, 3);
-    let rest = run_sharded(&mut t).unwrap();
+    let ckpt = resume::resume_from(&p).unwrap().unwrap();
+    let rest = sharded(p, Some(&ckpt));
     assert_eq!(bits(&rest.losses), bits(&full.losses[3..]));
     assert_eq!(
-        final_params(&t),
-        final_params(&s1),
+        final_params(&rest.final_model),
+        final_params(&full.final_model),
         "2 ranks resumed: final weights"
     );
 }

@@ -8,7 +8,7 @@ use cannon_trainer::config::TrainConfig;
 use cannon_trainer::data::synth;
 use cannon_trainer::model::Exec;
 use cannon_trainer::train::sharded::run_sharded;
-use cannon_trainer::train::{RunPlan, RunSummary, Trainer};
+use cannon_trainer::train::{RunPlan, RunSetup, RunSummary, Trainer};
 use std::path::{Path, PathBuf};
 
 fn dataset(root: &Path) -> PathBuf {
@@ -32,10 +32,11 @@ fn train(root: &Path, data: &Path, nproc: usize) -> (RunSummary, Vec<String>) {
     .into();
     let cfg = TrainConfig::load(None, &sets).unwrap();
     let plan = RunPlan::resolve(cfg, None).unwrap();
-    let mut trainer = Trainer::new(plan, Exec::cpu()).unwrap();
+    let mut setup = RunSetup::new(plan, &Exec::cpu()).unwrap();
     let summary = if nproc > 1 {
-        run_sharded(&mut trainer).unwrap()
+        run_sharded(&mut setup).unwrap()
     } else {
+        let mut trainer = Trainer::build(setup, Exec::cpu()).unwrap();
         trainer.run(&mut []).unwrap()
     };
     let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();

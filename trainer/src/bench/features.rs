@@ -29,7 +29,7 @@
 
 use crate::config::TrainConfig;
 use crate::model::Exec;
-use crate::train::{RunPlan, TrainError, Trainer};
+use crate::train::{RunPlan, RunSetup, TrainError, Trainer};
 use cannon_runtime::{CachingAllocator, Stream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -255,14 +255,14 @@ pub fn run_one(mut cfg: TrainConfig, dir: &Path) -> Result<RunTrace, TrainError>
     plan.eval_dataset = None;
     let exec = Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu())
         .map_err(crate::model::ModelError::from)?;
-    let mut trainer = Trainer::new(plan, exec)?;
-    if trainer.plan.cfg.parallel.nproc > 1 {
-        crate::train::sharded::run_sharded(&mut trainer)?;
+    let mut setup = RunSetup::new(plan, &exec)?;
+    let jsonl = setup.plan.jsonl.clone();
+    if setup.plan.cfg.parallel.nproc > 1 {
+        crate::train::sharded::run_sharded(&mut setup)?;
     } else {
-        trainer.run(&mut [])?;
+        Trainer::build(setup, exec)?.run(&mut [])?;
     }
-    let trace = read_trace(&trainer.plan.jsonl)?;
-    drop(trainer);
+    let trace = read_trace(&jsonl)?;
     let _ = std::fs::remove_dir_all(dir);
     if trace.loss.len() != STEPS {
         return Err(TrainError::Input(format!(

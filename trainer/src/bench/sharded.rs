@@ -62,7 +62,13 @@ fn run_as<A: Act>(
         let r = comm.rank();
         let mine = [split_rows(cfg, &batch, r * per..(r + 1) * per)?];
         let alloc = exec.allocator().clone();
-        let mut rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
+        let mut rank = FsdpRank::new(
+            comm,
+            exec,
+            cfg.clone(),
+            crate::fsdp::ShardSource::Full(&host),
+            settings.clone(),
+        )?;
         let (mut times, mut loss, mut peaks, mut allocs0) = (Vec::new(), 0.0, (0, 0), 0);
         for i in 0..b.warmup + b.steps {
             if i == b.warmup {

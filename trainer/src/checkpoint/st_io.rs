@@ -520,7 +520,7 @@ mod tests {
             .collect();
         assert_eq!(h.data(), want.as_slice());
 
-        let mut r = StReader::open(&path).unwrap();
+        let r = StReader::open(&path).unwrap();
         assert_eq!(r.metadata().get("format").map(String::as_str), Some("pt"));
         let mut piece = vec![0.0; 4];
         r.read_f32_into("x.a", 4..8, &mut piece).unwrap();

@@ -18,7 +18,7 @@ use crate::model::{weights, Exec, ParamLayout};
 use crate::train::resume;
 use crate::train::run_plan::{self, image_config, model_config, ModelSource, RunPlan};
 use crate::train::sharded::Ranks;
-use crate::train::{TrainError, Trainer};
+use crate::train::{RunSetup, TrainError, Trainer};
 use cannon_runtime::comm::Communicator;
 use cannon_runtime::Device;
 use clap::Args;
@@ -128,9 +128,43 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         }
         _ => Exec::cpu(),
     };
-    let mut trainer = Trainer::new(plan, exec)?;
-    if let Some(mut ckpt) = resume::resume_from(&trainer.plan)? {
-        let r = resume::resume(&mut trainer, &mut ckpt)?;
+    let sharded = job.is_some() || plan.cfg.parallel.nproc > 1;
+    let mut setup = RunSetup::new(plan, &exec)?;
+    let ckpt = resume::resume_from(&setup.plan)?;
+    if ckpt.is_none() && run_plan::wants_resume(&setup.plan.cfg) {
+        eprintln!(
+            "no checkpoint in {} yet: starting at step 0",
+            setup.plan.checkpoint_dir.display()
+        );
+    }
+    let layout = ParamLayout::new(&setup.cfg);
+    let trained: usize = layout
+        .groups
+        .iter()
+        .filter(|g| setup.trainable.contains(&g.part))
+        .map(|g| g.len)
+        .sum();
+    eprintln!(
+        "model {:?}: {} parameters, {} trained ({:?}); {} samples ({} dropped by truncation, {} \
+         bad lines); {} steps of {} x {} rows; GEMM peak {:.1} GFLOP/s ({})",
+        match &setup.plan.model {
+            ModelSource::Preset(n, _) => n.clone(),
+            ModelSource::Dir(d) => d.display().to_string(),
+        },
+        layout.num_params(),
+        trained,
+        setup.trainable,
+        setup.loader.stats().samples,
+        setup.loader.stats().dropped_truncated,
+        setup.loader.stats().bad_lines,
+        setup.total_steps,
+        setup.plan.cfg.train.grad_accum,
+        setup.plan.cfg.train.micro_batch,
+        setup.gemm_peak / 1e9,
+        setup.plan.cfg.train.dtype.name(),
+    );
+    eprintln!("run folder: {}", setup.plan.out_dir.display());
+    let resumed = |r: resume::Resumed| {
         eprintln!(
             "resumed from {} at step {} (saved over {} rank(s))",
             r.dir.display(),
@@ -140,56 +174,34 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         if let Some(saved) = r.schedule_changed {
             eprintln!("note: the LR schedule differs from the checkpoint's: {saved}");
         }
-    } else if run_plan::wants_resume(&trainer.plan.cfg) {
-        eprintln!(
-            "no checkpoint in {} yet: starting at step 0",
-            trainer.plan.checkpoint_dir.display()
-        );
-    }
-    let st = &trainer.state;
-    let layout = &st.model.params.layout;
-    let trained: usize = layout
-        .groups
-        .iter()
-        .filter(|g| st.trainable.contains(&g.part))
-        .map(|g| g.len)
-        .sum();
-    eprintln!(
-        "model {:?}: {} parameters, {} trained ({:?}); {} samples ({} dropped by truncation, {} \
-         bad lines); {} steps of {} x {} rows; GEMM peak {:.1} GFLOP/s ({})",
-        match &trainer.plan.model {
-            ModelSource::Preset(n, _) => n.clone(),
-            ModelSource::Dir(d) => d.display().to_string(),
-        },
-        layout.num_params(),
-        trained,
-        st.trainable,
-        trainer.loader.stats().samples,
-        trainer.loader.stats().dropped_truncated,
-        trainer.loader.stats().bad_lines,
-        st.total_steps,
-        trainer.plan.cfg.train.grad_accum,
-        trainer.plan.cfg.train.micro_batch,
-        trainer.gemm_peak / 1e9,
-        trainer.plan.cfg.train.dtype.name(),
-    );
-    eprintln!("run folder: {}", trainer.plan.out_dir.display());
+    };
     let job_rank = job.as_ref().map(|c| (c.rank(), c.world_size()));
-    let summary = if let Some(comm) = job {
-        eprintln!(
-            "rank {} of {} on {} (FSDP over HCCL): memory figures are rank 0's",
-            comm.rank(),
-            comm.world_size(),
-            comm.device()
-        );
-        crate::train::sharded::run_sharded_on(&mut trainer, Ranks::Hccl(comm))?
-    } else if trainer.plan.cfg.parallel.nproc > 1 {
-        eprintln!(
-            "sharded over {} CPU ranks (FSDP): memory figures are rank 0's",
-            trainer.plan.cfg.parallel.nproc
-        );
-        crate::train::sharded::run_sharded(&mut trainer)?
+    let (summary, jsonl) = if sharded {
+        // Every rank reads or draws its own shards (of the checkpoint, when resuming).
+        if let Some(ckpt) = &ckpt {
+            resumed(resume::resume_setup(&mut setup, ckpt)?);
+        }
+        let summary = if let Some(comm) = job {
+            eprintln!(
+                "rank {} of {} on {} (FSDP over HCCL): memory figures are rank 0's",
+                comm.rank(),
+                comm.world_size(),
+                comm.device()
+            );
+            crate::train::sharded::run_sharded_on(&mut setup, Ranks::Hccl(comm))?
+        } else {
+            eprintln!(
+                "sharded over {} CPU ranks (FSDP): memory figures are rank 0's",
+                setup.plan.cfg.parallel.nproc
+            );
+            crate::train::sharded::run_sharded(&mut setup)?
+        };
+        (summary, setup.plan.jsonl.clone())
     } else {
+        let mut trainer = Trainer::build(setup, exec)?;
+        if let Some(mut ckpt) = ckpt {
+            resumed(resume::resume(&mut trainer, &mut ckpt)?);
+        }
         let mut hook = resume::CheckpointHook::new(&trainer);
         let summary = match hook.as_mut() {
             Some(h) => trainer.run(&mut [h])?,
@@ -198,7 +210,7 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         if let Some(last) = hook.as_ref().and_then(|h| h.saved.last()) {
             eprintln!("last checkpoint: {}", last.display());
         }
-        summary
+        (summary, trainer.setup.plan.jsonl.clone())
     };
     if let Some((r, w)) = job_rank.filter(|&(r, _)| r != 0) {
         println!(
@@ -222,7 +234,7 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         crate::train::metrics::clock(summary.wall_s),
         summary.losses.len().min(50),
         mean_last,
-        trainer.plan.jsonl.display(),
+        jsonl.display(),
         summary.final_model.display()
     );
     let Some(rep) = summary.eval else {
@@ -258,7 +270,8 @@ fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
     println!("# model: {} parameters", layout.num_params());
     match &cfg.model.weights {
         Some(dir) => {
-            weights::load_host(dir, &layout).map_err(crate::model::ModelError::from)?;
+            // Headers only: every tensor's name, shape and dtype, and that its bytes are there.
+            weights::HfWeights::open(dir, &layout).map_err(crate::model::ModelError::from)?;
             println!(
                 "# weights {}: every tensor present, shapes match",
                 dir.display()

@@ -12,14 +12,15 @@
 //! gradient of the global mean and N ranks step like one rank over the same micro batches.
 //!
 //! ```no_run
-//! use cannon_trainer::fsdp::{rank_share, run_cpu_ranks, FsdpRank, FsdpSettings};
+//! use cannon_trainer::fsdp::{rank_share, run_cpu_ranks, FsdpRank, FsdpSettings, ShardSource};
 //! # fn demo(cfg: cannon_trainer::model::Mistral3Config, host: Vec<Vec<f32>>,
 //! #         settings: FsdpSettings, micro: Vec<cannon_trainer::batch::Batch>)
 //! #         -> Result<(), cannon_trainer::fsdp::FsdpError> {
 //! let world = 2;
 //! let losses = run_cpu_ranks(world, std::time::Duration::from_secs(60), |comm, exec| {
 //!     let r = comm.rank();
-//!     let mut rank = FsdpRank::new(comm, exec, cfg.clone(), &host, settings.clone())?;
+//!     let source = ShardSource::Full(&host);
+//!     let mut rank = FsdpRank::new(comm, exec, cfg.clone(), source, settings.clone())?;
 //!     // this rank's rows of every micro batch of the step
 //!     let mine = rank_share(&cfg, &micro, r, world)?;
 //!     let stats = rank.step::<f32>(&mine, 1e-3)?;
@@ -32,12 +33,14 @@ pub mod rank;
 pub mod reduce;
 pub mod schedule;
 pub mod shard;
+pub mod source;
 pub mod split;
 pub mod state;
 pub mod world;
 
 pub use rank::{FsdpRank, FsdpSettings, StepStats};
 pub use shard::{GroupShard, ShardLayout};
+pub use source::ShardSource;
 pub use split::{rank_rows, rank_share, split_rows};
 pub use state::{GroupState, ShardState};
 pub use world::{cpu_rank_exec, run_cpu_ranks};

@@ -36,8 +36,10 @@
 use super::reduce::Reducer;
 use super::schedule::{GradShards, Schedule};
 use super::shard::ShardLayout;
+use super::source::{Reader, ShardSource};
 use super::state::{GroupState, ShardState};
 use super::FsdpError;
+use crate::checkpoint::Kind;
 use crate::cp::{CpGroup, CpSettings};
 use crate::model::offload::Stored;
 use crate::model::optim::{adamw_group, AdamWConfig};
@@ -128,13 +130,14 @@ pub struct FsdpRank {
 
 impl FsdpRank {
     /// This rank of `comm`'s group, on `exec` (whose allocator holds the rank's memory),
-    /// keeping only its shard of the full host groups `full` (one `Vec` per group of
-    /// `ParamLayout::new(&cfg)`, the same on every rank). Local: no collective.
+    /// with its shard of every group read or drawn from `source` (one group at a time: the
+    /// rank never holds more of the model than its shards, [`super::source`]). A checkpoint
+    /// source also gives the AdamW moments and step. Local: no collective.
     pub fn new(
         comm: Communicator,
         exec: Exec,
         cfg: Mistral3Config,
-        full: &[Vec<f32>],
+        source: ShardSource<'_>,
         settings: FsdpSettings,
     ) -> Result<Self, FsdpError> {
         if comm.device() != exec.device() {
@@ -150,15 +153,10 @@ impl FsdpRank {
             _ => exec,
         };
         let layout = ParamLayout::new(&cfg);
-        if full.len() != layout.groups.len() {
-            return Err(FsdpError::Invalid(format!(
-                "{} parameter groups given, the model has {}",
-                full.len(),
-                layout.groups.len()
-            )));
-        }
         let (rank, world) = (comm.rank(), comm.world_size());
         let cut = ShardLayout::new(&layout, world);
+        let trains = |g: usize| !settings.frozen.contains(&layout.groups[g].part);
+        let mut reader = Reader::open(source, &layout, &trains)?;
         // Under the optimizer offload the shards and moments are made in the host pool.
         let pool = exec
             .host_pool()
@@ -169,26 +167,33 @@ impl FsdpRank {
                 None => Stored::Device(exec.upload(values, &[values.len()])?),
             })
         };
-        let mut params = Vec::with_capacity(full.len());
-        for (g, host) in full.iter().enumerate() {
-            params.push(store(&cut.cut(g, rank, host)?)?);
+        let groups = layout.groups.len();
+        let (mut params, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        for g in 0..groups {
+            let c = cut.groups[g];
+            let mut read = |kind| reader.shard(&layout, kind, g, c, rank);
+            let p = read(Kind::Param)?.unwrap_or_else(|| vec![0.0; c.shard]);
+            params.push(store(&p)?);
+            drop(p);
+            for (kind, dst) in [(Kind::ExpAvg, &mut m), (Kind::ExpAvgSq, &mut v)] {
+                let moment = match trains(g) {
+                    true => {
+                        let x = read(kind)?.unwrap_or_else(|| vec![0.0; c.shard]);
+                        Some(store(&x)?)
+                    }
+                    false => None,
+                };
+                dst.push(moment);
+            }
         }
-        let trains = |g: usize| !settings.frozen.contains(&layout.groups[g].part);
-        let grads = (0..layout.groups.len())
+        let step = reader.adam_step();
+        drop(reader);
+        let grads = (0..groups)
             .map(|g| {
                 let z = trains(g).then(|| exec.zeros(&[cut.groups[g].shard]));
                 Ok(z.transpose()?)
             })
             .collect::<Result<Vec<_>, FsdpError>>()?;
-        let moments = || -> Result<Vec<Option<Stored>>, FsdpError> {
-            (0..layout.groups.len())
-                .map(|g| {
-                    let zeros = vec![0.0; cut.groups[g].shard];
-                    trains(g).then(|| store(&zeros)).transpose()
-                })
-                .collect()
-        };
-        let (m, v) = (moments()?, moments()?);
         let staging = match pool {
             Some(_) => {
                 let largest = cut.largest_shard();
@@ -208,7 +213,7 @@ impl FsdpRank {
             m,
             v,
             staging,
-            step: 0,
+            step,
             settings,
             cp: None,
             replica: rank,
@@ -556,42 +561,83 @@ impl FsdpRank {
         }
     }
 
-    /// The full f32 parameters on this rank's device (for export and evaluation).
+    /// Group `g`'s full f32 weights on this rank's device (`[len]`): all-gathered from the
+    /// shards, the padding dropped. Collective: every rank calls it for the same group.
+    pub fn gather_group(&self, g: usize) -> Result<Tensor<f32>, FsdpError> {
+        let st = self.exec.stream();
+        let (Some(shard), Some(&cut)) = (self.params.get(g), self.cut.groups.get(g)) else {
+            return Err(FsdpError::Invalid(format!(
+                "group {g} of a model of {}",
+                self.params.len()
+            )));
+        };
+        let mut full = self.exec.empty::<f32>(&[cut.padded(self.cut.world)])?;
+        // A shard in the host pool goes through a device copy (the collective reads
+        // device memory).
+        let copy = match (shard, self.exec.host_pool()) {
+            (Stored::Host(h), Some(pool)) => {
+                let t = pool.reload(self.exec.allocator(), st, h)?;
+                pool.wait(st, &pool.mark()?)?;
+                Some(t)
+            }
+            _ => None,
+        };
+        let view = match (&copy, shard) {
+            (Some(t), _) => t.view(),
+            (None, Stored::Device(t)) => t.view(),
+            (None, Stored::Host(_)) => {
+                return Err(FsdpError::Invalid(format!(
+                    "group {g}'s shard is in a host pool the rank's exec does not have"
+                )))
+            }
+        };
+        self.comm.all_gather(&view, &mut full.view_mut(), st)?;
+        drop(copy);
+        let mut group = self.exec.empty::<f32>(&[cut.len])?;
+        group
+            .view_mut()
+            .memcpy_dtod(st, &full.view().slice(0..cut.len)?)?;
+        Ok(group)
+    }
+
+    /// The full f32 parameters on this rank's device, every group at once: for small models
+    /// and tests (a run's final model streams one group at a time, [`Self::gather_group`]).
     /// Collective: every rank calls it.
     pub fn gather_full_params(&self) -> Result<Params, FsdpError> {
-        let st = self.exec.stream();
-        let mut data = Vec::with_capacity(self.params.len());
-        for (g, shard) in self.params.iter().enumerate() {
-            let cut = self.cut.groups[g];
-            let mut full = self.exec.empty::<f32>(&[cut.padded(self.cut.world)])?;
-            // A shard in the host pool goes through a device copy (the collective reads
-            // device memory).
-            let copy = match (shard, self.exec.host_pool()) {
-                (Stored::Host(h), Some(pool)) => {
-                    let t = pool.reload(self.exec.allocator(), st, h)?;
-                    pool.wait(st, &pool.mark()?)?;
-                    Some(t)
-                }
-                _ => None,
-            };
-            let view = match (&copy, shard) {
-                (Some(t), _) => t.view(),
-                (None, Stored::Device(t)) => t.view(),
-                (None, Stored::Host(_)) => {
-                    return Err(FsdpError::Invalid(format!(
-                        "group {g}'s shard is in a host pool the rank's exec does not have"
-                    )))
-                }
-            };
-            self.comm.all_gather(&view, &mut full.view_mut(), st)?;
-            drop(copy);
-            let mut group = self.exec.empty::<f32>(&[cut.len])?;
-            group
-                .view_mut()
-                .memcpy_dtod(st, &full.view().slice(0..cut.len)?)?;
-            data.push(group);
-        }
+        let data = (0..self.params.len())
+            .map(|g| self.gather_group(g))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Params::new(self.layout.clone(), data))
+    }
+
+    /// Writes the model's weights as an HF directory (`config.json` + `model.safetensors`)
+    /// into `out`, one group at a time: each group is gathered (every rank), written by the
+    /// rank given an `out` and dropped, so a rank's device holds its shards plus one group
+    /// and the writer's host one group. Collective: every rank calls it, one with `out`.
+    pub fn write_hf(
+        &self,
+        out: Option<(&std::path::Path, &serde_json::Value)>,
+    ) -> Result<(), FsdpError> {
+        let mut writer = match out {
+            Some((dir, json)) => Some(
+                crate::model::save::HfWriter::create(dir, &self.layout, json)
+                    .map_err(crate::model::ModelError::from)?,
+            ),
+            None => None,
+        };
+        let st = self.exec.stream();
+        for g in 0..self.params.len() {
+            let group = self.gather_group(g)?;
+            if let Some(w) = writer.as_mut() {
+                let host = group.to_host(st)?;
+                w.write_group(&host)
+                    .map_err(crate::model::ModelError::from)?;
+            }
+        }
+        if let Some(w) = writer {
+            w.finish().map_err(crate::model::ModelError::from)?;
+        }
+        Ok(())
     }
 
     /// Host copies of this rank's shards and optimizer state.

@@ -59,18 +59,32 @@ pub fn random_range(
     seed: u64,
     init: Init,
 ) -> Result<Vec<f32>, ModelError> {
+    let mut out = vec![0.0f32; range.len()];
+    random_range_into(layout, g, range, seed, init, &mut out)?;
+    Ok(out)
+}
+
+/// [`random_range`] into `out` (of the range's length).
+pub fn random_range_into(
+    layout: &ParamLayout,
+    g: usize,
+    range: Range<usize>,
+    seed: u64,
+    init: Init,
+    out: &mut [f32],
+) -> Result<(), ModelError> {
     let group = layout.groups.get(g).ok_or_else(|| {
         ModelError::Plan(format!("group {g} of a model of {}", layout.groups.len()))
     })?;
-    if range.start > range.end || range.end > group.len {
+    if range.start > range.end || range.end > group.len || out.len() != range.len() {
         return Err(ModelError::Plan(format!(
-            "elements {range:?} of group {g} ({} elements)",
-            group.len
+            "elements {range:?} of group {g} ({} elements) into {} values",
+            group.len,
+            out.len()
         )));
     }
-    let mut out = vec![0.0f32; range.len()];
-    fill_range(layout, g, range, seed, init, &mut out);
-    Ok(out)
+    fill_range(layout, g, range, seed, init, out);
+    Ok(())
 }
 
 /// [`random_range`] into `out` (`range.len()` values) for a range the caller checked.

@@ -6,7 +6,9 @@
 //! - [`schedule`]: warm-up + cosine or constant learning rate.
 //! - [`run_plan`]: a config resolved into paths, a model source and a freeze list
 //!   ([`run_plan::RunPlan`]).
-//! - [`run`]: the run: the state a checkpoint holds ([`run::TrainState`]), the loop
+//! - [`setup`]: a run made ready without its model ([`setup::RunSetup`]): what both a
+//!   one-process run and the ranks of a sharded one start from.
+//! - [`run`]: the one-process run: the state a checkpoint holds ([`run::TrainState`]), the loop
 //!   ([`run::Trainer::run`]) with a hook after every step ([`run::StepHook`]), the final
 //!   evaluation.
 //! - [`resume`]: saving checkpoints from the loop ([`resume::CheckpointHook`]) and resuming
@@ -21,6 +23,7 @@ pub mod resume;
 pub mod run;
 pub mod run_plan;
 pub mod schedule;
+pub mod setup;
 pub mod sha256;
 pub mod sharded;
 pub mod step;
@@ -28,4 +31,5 @@ pub mod step;
 pub use run::{RunSummary, StepHook, TrainError, TrainState, Trainer};
 pub use run_plan::RunPlan;
 pub use schedule::LrSchedule;
+pub use setup::RunSetup;
 pub use step::{accumulate, memory_features, train_steps, Accumulated, StepLog, TrainSettings};

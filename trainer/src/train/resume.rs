@@ -1,8 +1,9 @@
 //! Checkpoints of `cannon train`: the [`StepHook`] that saves `[checkpoint] every` steps
 //! (and at the last step), keeping `keep_last`, its FSDP counterpart [`save_sharded`] (one
 //! file per rank, called by every rank of `train::sharded`), and the resume that puts a saved
-//! state back into a [`Trainer`] (`[checkpoint] resume = true | "DIR"`): consolidated from
-//! any world size, then cut again for the ranks when `parallel.nproc > 1`.
+//! state back into a [`Trainer`] (`[checkpoint] resume = true | "DIR"`), consolidated from
+//! any world size; a sharded run ([`resume_setup`]) takes only the counters here and each
+//! rank reads its own slices.
 //!
 //! A checkpoint holds the [`TrainState`]: weights (f32 masters), AdamW moments and step, the
 //! step, the data position and the consumed/dropped counts. The LR schedule is a function of
@@ -15,6 +16,7 @@
 use super::run::{StepHook, TrainError, TrainState, Trainer};
 use super::run_plan::{RunPlan, FINAL_RUN_CONFIG};
 use super::schedule::LrSchedule;
+use super::setup::RunSetup;
 use crate::checkpoint::manifest::{group_entries, OptimizerState};
 use crate::checkpoint::state::one_rank_meta;
 use crate::checkpoint::{
@@ -179,8 +181,8 @@ pub struct CheckpointHook {
 impl CheckpointHook {
     /// The hook of `trainer`'s run (None when `[checkpoint] every` is 0).
     pub fn new(trainer: &Trainer) -> Option<Self> {
-        (trainer.plan.cfg.checkpoint.every > 0).then(|| CheckpointHook {
-            model_json: trainer.model_json.clone(),
+        (trainer.setup.plan.cfg.checkpoint.every > 0).then(|| CheckpointHook {
+            model_json: trainer.setup.model_json.clone(),
             saved: Vec::new(),
         })
     }
@@ -240,15 +242,53 @@ pub fn resume(trainer: &mut Trainer, ckpt: &mut Checkpoint) -> Result<Resumed, T
             s.total_steps
         )));
     }
-    let saved = p.scheduler.get("schedule").cloned();
-    let now = serde_json::to_value(s.schedule).ok();
-    let schedule_changed = (saved.is_some() && saved != now).then(|| saved.unwrap_or_default());
+    let schedule_changed = schedule_change(&p.scheduler, &s.schedule);
     let step = s.step;
     trainer.restore_position();
     Ok(Resumed {
         step,
         dir: ckpt.dir().to_path_buf(),
         world_size: ckpt.manifest().world_size,
+        schedule_changed,
+    })
+}
+
+/// The saved schedule when it is not `now` (the config changed).
+fn schedule_change(saved: &serde_json::Value, now: &LrSchedule) -> Option<serde_json::Value> {
+    let saved = saved.get("schedule").cloned();
+    let now = serde_json::to_value(now).ok();
+    (saved.is_some() && saved != now).then(|| saved.unwrap_or_default())
+}
+
+/// Sets `setup`'s counters to `ckpt`'s and moves its loader there: a sharded run resumed
+/// this way reads nothing of the weights here; each rank reads its own slices of the
+/// checkpoint's weights and moments ([`RunSetup::source`]), whatever world size saved it.
+/// The model's layout and trained groups must be the checkpoint's (checked here for the
+/// layout, by every rank for the trained groups).
+pub fn resume_setup(setup: &mut RunSetup, ckpt: &Checkpoint) -> Result<Resumed, TrainError> {
+    let man = ckpt.manifest();
+    man.check_layout(&crate::model::ParamLayout::new(&setup.cfg))?;
+    let step = man.step as usize;
+    if step > setup.total_steps {
+        return Err(TrainError::Input(format!(
+            "the checkpoint {} is at step {step}, past this run's {} steps (raise train.steps)",
+            ckpt.dir().display(),
+            setup.total_steps
+        )));
+    }
+    let at = &mut setup.at;
+    at.step = step;
+    at.position = man.data.position;
+    at.samples = man.data.consumed_samples;
+    at.tokens = man.data.consumed_tokens;
+    at.dropped_samples = man.data.dropped_samples;
+    let schedule_changed = schedule_change(&man.scheduler, &at.schedule);
+    setup.restore_position();
+    setup.resume = Some(ckpt.dir().to_path_buf());
+    Ok(Resumed {
+        step,
+        dir: ckpt.dir().to_path_buf(),
+        world_size: man.world_size,
         schedule_changed,
     })
 }

@@ -1,6 +1,7 @@
-//! A training run: a [`TrainConfig`](crate::config::TrainConfig) resolved into paths and a
-//! model source ([`RunPlan`], [`super::run_plan`]), then data, tokenizer and model made ready
-//! ([`Trainer::new`]) and trained ([`Trainer::run`]): micro batches from the [`Loader`],
+//! A one-process training run: a [`TrainConfig`](crate::config::TrainConfig) resolved into
+//! paths and a model source ([`RunPlan`], [`super::run_plan`]), data and tokenizer made ready
+//! ([`RunSetup`]), then the model built on it ([`Trainer::new`]) and trained
+//! ([`Trainer::run`]): micro batches from the [`Loader`],
 //! gradient accumulation normalised over the step's targets, the LR schedule, clipping,
 //! AdamW, per-step metrics, and the held-out evaluation at the end.
 //!
@@ -12,23 +13,19 @@
 //! saving checkpoints plugs in. Resuming is building a [`Trainer`], overwriting its state
 //! with the saved one ([`Trainer::restore_position`] moves the loader) and calling `run`.
 
-use super::flops::{gemm_peak, shape_flops};
-use super::identity::RunIdentity;
-use super::metrics::{EvalRecord, JsonlWriter, Progress, StepRecord};
-use super::run_plan::{image_config, make_synth, model_config, steps_for_epochs, weight_files};
-use super::run_plan::{ModelSource, RunPlan, FINAL_RUN_CONFIG};
+use super::flops::shape_flops;
+use super::metrics::{JsonlWriter, Progress, StepRecord};
+use super::run_plan::RunPlan;
 use super::schedule::LrSchedule;
-use super::step::{accumulate, memory_features};
-use crate::config::{self, ConfigError, Dtype};
-use crate::data::dataset::DataSet;
-use crate::data::image::ImageConfig;
-use crate::data::info::DatasetSpec;
+use super::setup::{RunSetup, Weights};
+use super::step::accumulate;
+use crate::config::{ConfigError, Dtype};
 use crate::data::shuffle::Position;
-use crate::data::{DataError, Loader, Tekken};
-use crate::eval::{self, EvalError, EvalReport};
-use crate::model::init::{self, Init};
-use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use crate::model::{weights, Act, Exec, Grads, Mistral3, ModelError, ParamLayout, Part};
+use crate::data::DataError;
+use crate::eval::{EvalError, EvalReport};
+use crate::model::init;
+use crate::model::optim::{clip_grad_norm, AdamW};
+use crate::model::{Act, Exec, Grads, Mistral3, ModelError, ParamLayout, Params, Part};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -105,26 +102,17 @@ pub struct RunSummary {
     pub final_model: PathBuf,
 }
 
-/// A run ready to train: data read, model built, state at step 0 (or wherever a checkpoint
-/// put it).
+/// A one-process run ready to train: its [`RunSetup`] and its model, state at step 0 (or
+/// wherever a checkpoint put it).
 pub struct Trainer {
-    pub plan: RunPlan,
-    pub tok: Tekken,
-    pub loader: Loader,
-    pub image: ImageConfig,
+    pub setup: RunSetup,
     pub state: TrainState,
-    /// The model's `config.json` contents (written beside the final weights).
-    pub model_json: serde_json::Value,
-    /// The GEMM peak (FLOP/s) at the run's precision, measured at start-up for MFU.
-    pub gemm_peak: f64,
-    /// `(role, path)` of the run's input files, digested into `run_identity.json`.
-    pub inputs: Vec<(String, PathBuf)>,
 }
 
 impl std::fmt::Debug for Trainer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trainer")
-            .field("out_dir", &self.plan.out_dir)
+            .field("out_dir", &self.setup.plan.out_dir)
             .field("step", &self.state.step)
             .field("total_steps", &self.state.total_steps)
             .finish()
@@ -132,56 +120,30 @@ impl std::fmt::Debug for Trainer {
 }
 
 impl Trainer {
-    /// Makes the default synthetic set if needed, reads tokenizer and data, builds the model
-    /// (HF weights or random init) and the optimizer, measures the GEMM peak. Writes nothing
-    /// in the run folder yet.
+    /// [`RunSetup::new`], then the model built on `exec` (HF weights or random init) with
+    /// its gradients and optimizer. Writes nothing in the run folder yet.
     pub fn new(plan: RunPlan, exec: Exec) -> Result<Self, TrainError> {
-        if let Some(s) = &plan.synth {
-            eprintln!(
-                "making the synthetic shapes set ({} samples) in {}",
-                s.samples,
-                s.dir.display()
-            );
-            make_synth(s)?;
-        }
-        let cfg = &plan.cfg;
-        let tok = Tekken::from_file(&plan.tokenizer, cfg.data.vocab_size)?;
-        let (mcfg, model_json) = model_config(&plan.model, &tok)?;
-        // The CP layout against the model's heads, before any data or weights are read.
-        cfg.parallel.cp().check(&mcfg)?;
-        let image = image_config(&mcfg, cfg.data.longest_edge);
-        let loader = Loader::open(&plan.data_config(image.clone()), &tok, Position::default())?;
-        let stats = loader.stats().clone();
-        let total_steps = match (cfg.train.steps, cfg.train.epochs) {
-            (Some(s), _) => s,
-            (None, Some(e)) => {
-                let lengths: Vec<usize> = loader
-                    .dataset()
-                    .samples
-                    .iter()
-                    .map(|s| s.input_ids.len())
-                    .collect();
-                steps_for_epochs(&lengths, e, &plan)
-            }
-            (None, None) => config::DEFAULT_STEPS,
-        };
-        let layout = ParamLayout::new(&mcfg);
-        let (loss_mode, memory) = memory_features(&cfg.train);
+        let setup = RunSetup::new(plan, &exec)?;
+        Self::build(setup, exec)
+    }
+
+    /// The model of `setup`'s run on `exec`, whole in this process.
+    pub fn build(setup: RunSetup, exec: Exec) -> Result<Self, TrainError> {
+        let memory = setup.memory;
         let exec = match (memory.needs_host_pool(), exec.host_pool()) {
             (true, None) => exec.with_host_pool().map_err(ModelError::from)?,
             _ => exec,
         };
-        let mut params = match (&cfg.model.weights, &plan.model) {
-            (Some(dir), _) => weights::load_params(&exec, dir, layout)?,
-            (None, ModelSource::Preset(..)) => {
-                init::random_params(&exec, layout, cfg.model.seed, Init::FanIn)?
+        let layout = ParamLayout::new(&setup.cfg);
+        let mut params = match &setup.weights {
+            Weights::Hf(w) => {
+                let host = (0..layout.groups.len())
+                    .map(|g| w.read(g, 0..layout.groups[g].len))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(ModelError::from)?;
+                Params::from_host(&exec, layout, &host)?
             }
-            (None, ModelSource::Dir(_)) => init::random_params(
-                &exec,
-                layout,
-                cfg.model.seed,
-                Init::Normal(init::INITIALIZER_RANGE),
-            )?,
+            Weights::Random { seed, init } => init::random_params(&exec, layout, *seed, *init)?,
         };
         if memory.offload_optimizer {
             // Into the host pool before the gradients and moments exist: start-up then holds
@@ -190,137 +152,54 @@ impl Trainer {
             exec.allocator().empty_cache();
         }
         let model = Mistral3 {
-            cfg: mcfg,
+            cfg: setup.cfg.clone(),
             params,
-            loss_mode,
+            loss_mode: setup.loss_mode,
             memory,
             exec: exec.clone(),
         };
-        let trainable: Vec<Part> = [Part::Vision, Part::Projector, Part::Text]
-            .into_iter()
-            .filter(|p| !plan.frozen.contains(p))
-            .collect();
-        if trainable.is_empty() {
-            return Err(ConfigError::Invalid {
-                key: "model.freeze",
-                value: "[\"vision\", \"projector\", \"text\"]".into(),
-                reason: "freezes every part: nothing would train".into(),
-            }
-            .into());
-        }
-        let grads = model.grads(&trainable)?;
-        let t = &cfg.train;
-        let adamw = AdamWConfig {
-            lr: t.lr,
-            beta1: t.betas[0],
-            beta2: t.betas[1],
-            eps: t.eps,
-            weight_decay: t.weight_decay,
-        };
+        let grads = model.grads(&setup.trainable)?;
         // Under the optimizer offload the moments are made in the host pool.
         let opt = match memory.offload_optimizer {
-            true => AdamW::new_in_host_pool(&exec, adamw, &grads)?,
-            false => AdamW::new(&exec, adamw, &grads)?,
+            true => AdamW::new_in_host_pool(&exec, setup.adamw, &grads)?,
+            false => AdamW::new(&exec, setup.adamw, &grads)?,
         };
-        let precision = t.dtype.precision();
-        // On operands of their own allocator: the run's memory figures are the model's.
-        let probe = exec.with_private_allocator().map_err(ModelError::from)?;
-        let gemm_peak = gemm_peak(&probe, precision, 512, 4).map_err(ModelError::from)?;
-        let schedule = LrSchedule {
-            kind: t.schedule,
-            lr: t.lr,
-            min_lr: t.min_lr,
-            warmup_steps: t.warmup_steps,
-            total_steps,
-        };
-        let mut inputs = vec![
-            ("dataset".to_string(), plan.dataset.clone()),
-            ("tokenizer".to_string(), plan.tokenizer.clone()),
-        ];
-        if let Some(e) = &plan.eval_dataset {
-            inputs.push(("eval_dataset".into(), e.clone()));
-        }
-        if let Some(c) = &plan.config_file {
-            inputs.push(("config".into(), c.clone()));
-        }
-        if let ModelSource::Dir(d) = &plan.model {
-            inputs.push(("model_config".into(), d.join("config.json")));
-        }
-        if let Some(w) = &cfg.model.weights {
-            for f in weight_files(w)? {
-                let name = f.file_name().map(|n| n.to_string_lossy().into_owned());
-                inputs.push((format!("weights/{}", name.unwrap_or_default()), f));
-            }
-        }
+        let at = setup.at;
         let state = TrainState {
-            step: 0,
-            total_steps,
-            schedule,
-            position: loader.position(),
-            samples: 0,
-            tokens: 0,
-            dropped_samples: stats.dropped_truncated as u64,
+            step: at.step,
+            total_steps: setup.total_steps,
+            schedule: at.schedule,
+            position: at.position,
+            samples: at.samples,
+            tokens: at.tokens,
+            dropped_samples: at.dropped_samples,
             model,
             opt,
             grads,
-            trainable,
+            trainable: setup.trainable.clone(),
         };
-        Ok(Trainer {
-            plan,
-            tok,
-            loader,
-            image,
-            state,
-            model_json,
-            gemm_peak,
-            inputs,
-        })
+        Ok(Trainer { setup, state })
     }
 
     /// Moves the loader to the state's position (after a checkpoint overwrote the state).
     pub fn restore_position(&mut self) {
-        self.loader.seek(self.state.position);
+        self.setup.loader.seek(self.state.position);
     }
 
     /// Writes the run folder's `config.toml` and `run_identity.json`, trains from the
     /// state's step to the last, writes the final model, and evaluates on the held-out set.
     pub fn run(&mut self, hooks: &mut [&mut dyn StepHook]) -> Result<RunSummary, TrainError> {
-        match self.plan.cfg.train.dtype {
+        match self.setup.plan.cfg.train.dtype {
             Dtype::F32 => self.run_as::<f32>(hooks),
             Dtype::Bf16 => self.run_as::<half::bf16>(hooks),
         }
-    }
-
-    pub(crate) fn write_run_files(&self) -> Result<(), TrainError> {
-        let out = &self.plan.out_dir;
-        std::fs::create_dir_all(out).map_err(io(out))?;
-        let cfg_path = out.join("config.toml");
-        let text = format!(
-            "# The effective config of this run (every default and resolved path written in).\n{}",
-            self.plan.effective().to_toml()
-        );
-        std::fs::write(&cfg_path, text).map_err(io(&cfg_path))?;
-        let mut files = self.inputs.clone();
-        files.push(("effective_config".into(), cfg_path));
-        let id =
-            RunIdentity::new(&files).map_err(|(path, source)| TrainError::Io { path, source })?;
-        let dir = self
-            .plan
-            .jsonl
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let id_path = dir.join("run_identity.json");
-        let json = serde_json::to_string_pretty(&id).unwrap_or_default();
-        std::fs::write(&id_path, json + "\n").map_err(io(&id_path))
     }
 
     fn run_as<A: Act>(
         &mut self,
         hooks: &mut [&mut dyn StepHook],
     ) -> Result<RunSummary, TrainError> {
-        self.write_run_files()?;
+        self.setup.write_run_files()?;
         // A resumed state's weights and moments were restored where the checkpoint code put
         // them (into the host pool when the state was offloaded already; a state built
         // from a checkpoint elsewhere may be on the device): the offload is applied again.
@@ -330,14 +209,14 @@ impl Trainer {
             s.opt.offload(&exec, &mut s.model.params)?;
         }
         let resuming = self.state.step > 0;
-        let mut jsonl =
-            JsonlWriter::open(&self.plan.jsonl, resuming).map_err(io(&self.plan.jsonl))?;
+        let jsonl_path = &self.setup.plan.jsonl;
+        let mut jsonl = JsonlWriter::open(jsonl_path, resuming).map_err(io(jsonl_path))?;
         let started = Instant::now();
         let first = self.state.step;
         let total = self.state.total_steps;
         let mut progress = Progress::new(total, first);
         let mut losses = Vec::new();
-        let every = self.plan.cfg.log.every;
+        let every = self.setup.plan.cfg.log.every;
         while self.state.step < total {
             let r = self.step::<A>()?;
             losses.push(r.loss);
@@ -348,16 +227,18 @@ impl Trainer {
                 )));
             }
             if r.step % every == 0 || r.step == total {
-                jsonl.write(&r).map_err(io(&self.plan.jsonl))?;
+                jsonl.write(&r).map_err(io(&self.setup.plan.jsonl))?;
             }
             progress.update(&r, r.step - first);
             for h in hooks.iter_mut() {
-                h.after_step(&self.plan, &self.state)?;
+                h.after_step(&self.setup.plan, &self.state)?;
             }
         }
         progress.finish();
         let wall_s = started.elapsed().as_secs_f64();
-        let (final_model, eval) = self.finish::<A>(&self.state.model, &mut jsonl)?;
+        let final_model = self.setup.final_dir()?;
+        crate::model::save::save_hf(&self.state.model, &self.setup.model_json, &final_model)?;
+        let eval = self.setup.evaluate::<A>(&self.state.model, &mut jsonl)?;
         Ok(RunSummary {
             steps: self.state.step - first,
             losses,
@@ -367,57 +248,16 @@ impl Trainer {
         })
     }
 
-    /// The end of a run: writes `model` (the trained weights) with the run's config into
-    /// `<run folder>/final`, evaluates it on the held-out set if there is one, and logs the
-    /// evaluation to `jsonl`.
-    pub(crate) fn finish<A: Act>(
-        &self,
-        model: &Mistral3,
-        jsonl: &mut JsonlWriter,
-    ) -> Result<(PathBuf, Option<EvalReport>), TrainError> {
-        let final_model = self.plan.out_dir.join("final");
-        crate::model::save::save_hf(model, &self.model_json, &final_model)?;
-        let cfg_copy = final_model.join(FINAL_RUN_CONFIG);
-        std::fs::write(&cfg_copy, self.plan.effective().to_toml()).map_err(io(&cfg_copy))?;
-        let eval = match &self.plan.eval_dataset {
-            Some(path) => {
-                let spec = DatasetSpec::resolve(path, self.plan.cfg.data.dataset_dir.as_deref())?;
-                let data = DataSet::open(&spec, &self.tok, &self.loader_settings())?;
-                let rep = eval::evaluate::<A>(
-                    model,
-                    &data,
-                    &self.tok,
-                    &self.image,
-                    self.plan.cfg.train.eval_batch,
-                )?;
-                jsonl
-                    .write(&EvalRecord { eval: &rep })
-                    .map_err(io(&self.plan.jsonl))?;
-                Some(rep)
-            }
-            None => None,
-        };
-        Ok((final_model, eval))
-    }
-
-    fn loader_settings(&self) -> crate::data::dataset::SampleSettings<'_> {
-        crate::data::dataset::SampleSettings {
-            max_len: self.plan.cfg.data.max_len,
-            system_prompt: self.plan.cfg.data.system_prompt.as_deref(),
-            image: &self.image,
-        }
-    }
-
     /// One optimizer step: `grad_accum` micro batches, clip, AdamW at the schedule's rate.
     pub fn step<A: Act>(&mut self) -> Result<StepRecord, TrainError> {
         let t0 = Instant::now();
         let st_exec = self.state.model.exec.clone();
         let alloc = st_exec.allocator();
         alloc.reset_peak();
-        let accum = self.plan.cfg.train.grad_accum;
+        let accum = self.setup.plan.cfg.train.grad_accum;
         let (mut micro, mut shapes) = (Vec::with_capacity(accum), Vec::with_capacity(accum));
         for _ in 0..accum {
-            let (batch, shape) = self.loader.next_rows(|rows| 0..rows)?;
+            let (batch, shape) = self.setup.loader.next_rows(|rows| 0..rows)?;
             micro.push(batch);
             shapes.push(shape);
         }
@@ -432,7 +272,7 @@ impl Trainer {
             // moments and step count do not move either.
             (0.0, 0.0)
         } else {
-            let g = clip_grad_norm(st, &mut s.grads, self.plan.cfg.train.max_grad_norm)
+            let g = clip_grad_norm(st, &mut s.grads, self.setup.plan.cfg.train.max_grad_norm)
                 .map_err(ModelError::from)?;
             s.opt
                 .update(st, &mut s.model.params, &s.grads, lr)
@@ -461,7 +301,7 @@ impl Trainer {
         s.step += 1;
         s.samples += samples;
         s.tokens += tokens;
-        s.position = self.loader.position();
+        s.position = self.setup.loader.position();
         const MIB: f64 = 1024.0 * 1024.0;
         Ok(StepRecord {
             step: s.step,
@@ -471,7 +311,7 @@ impl Trainer {
             step_ms: step_s * 1e3,
             data_ms,
             tokens_per_s: tokens as f64 / step_s,
-            mfu: flops / (step_s * self.gemm_peak),
+            mfu: flops / (step_s * self.setup.gemm_peak),
             max_allocated_mib: mem.peak_allocated as f64 / MIB,
             max_reserved_mib: mem.peak_reserved as f64 / MIB,
             dropped_samples: s.dropped_samples,

@@ -155,7 +155,13 @@ pub fn run_sharded<A: Act>(
 ) -> Run {
     let per_rank = run_cpu_ranks(world, Duration::from_secs(20), |comm, exec| {
         let r = comm.rank();
-        let mut rank = FsdpRank::new(comm, exec, cfg.clone(), host, s.clone())?;
+        let mut rank = FsdpRank::new(
+            comm,
+            exec,
+            cfg.clone(),
+            cannon_trainer::fsdp::ShardSource::Full(host),
+            s.clone(),
+        )?;
         let resident = rank.exec().memory().allocated;
         let mine: Vec<Batch> = batches.iter().skip(r).step_by(world).cloned().collect();
         let mut stats = Vec::new();

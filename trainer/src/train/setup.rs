@@ -1,0 +1,288 @@
+//! A run made ready without its model: data read, tokenizer, the model's config, the
+//! schedule, where the weights come from, the GEMM peak. A one-process run builds its model
+//! on it ([`super::Trainer`]); a sharded run hands it to its ranks, each of which reads or
+//! draws only its own shards ([`crate::fsdp::ShardSource`]): no process builds the whole
+//! model to cut it.
+
+use super::flops::gemm_peak;
+use super::identity::RunIdentity;
+use super::metrics::{EvalRecord, JsonlWriter};
+use super::resume::Counters;
+use super::run::{io, TrainError};
+use super::run_plan::{image_config, make_synth, model_config, steps_for_epochs, weight_files};
+use super::run_plan::{ModelSource, RunPlan, FINAL_RUN_CONFIG};
+use super::schedule::LrSchedule;
+use super::step::memory_features;
+use crate::config::{self, ConfigError};
+use crate::data::dataset::{DataSet, SampleSettings};
+use crate::data::image::ImageConfig;
+use crate::data::info::DatasetSpec;
+use crate::data::shuffle::Position;
+use crate::data::{Loader, Tekken};
+use crate::eval::{self, EvalReport};
+use crate::fsdp::ShardSource;
+use crate::model::init::{self, Init};
+use crate::model::optim::AdamWConfig;
+use crate::model::weights::HfWeights;
+use crate::model::{
+    Act, Exec, LossMode, MemoryFeatures, Mistral3, Mistral3Config, ModelError, ParamLayout, Part,
+};
+use std::path::{Path, PathBuf};
+
+/// Where the run's starting weights come from.
+#[derive(Debug)]
+pub enum Weights {
+    /// Random initialisation.
+    Random { seed: u64, init: Init },
+    /// An HF checkpoint, opened (headers checked; data read by ranges).
+    Hf(HfWeights),
+}
+
+/// A run ready to train but for its model (see the module docs).
+pub struct RunSetup {
+    pub plan: RunPlan,
+    pub tok: Tekken,
+    pub loader: Loader,
+    pub image: ImageConfig,
+    /// The model's config.
+    pub cfg: Mistral3Config,
+    /// The model's `config.json` contents (written beside the final weights).
+    pub model_json: serde_json::Value,
+    /// The GEMM peak (FLOP/s) at the run's precision, measured at start-up for MFU.
+    pub gemm_peak: f64,
+    /// `(role, path)` of the run's input files, digested into `run_identity.json`.
+    pub inputs: Vec<(String, PathBuf)>,
+    /// Where the run stands: step 0, or a resumed checkpoint's counters.
+    pub at: Counters,
+    /// Optimizer steps of the whole run.
+    pub total_steps: usize,
+    /// Parts that train.
+    pub trainable: Vec<Part>,
+    pub adamw: AdamWConfig,
+    pub loss_mode: LossMode,
+    pub memory: MemoryFeatures,
+    /// The starting weights of a fresh run.
+    pub weights: Weights,
+    /// The checkpoint a resumed sharded run reads its slices from ([`super::resume`]).
+    pub resume: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for RunSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunSetup")
+            .field("out_dir", &self.plan.out_dir)
+            .field("step", &self.at.step)
+            .field("total_steps", &self.total_steps)
+            .finish()
+    }
+}
+
+impl RunSetup {
+    /// Makes the default synthetic set if needed, reads tokenizer and data, decides the model
+    /// config and where its weights come from (an HF checkpoint's headers are checked here),
+    /// measures the GEMM peak on `exec`'s device. Writes nothing in the run folder yet.
+    pub fn new(plan: RunPlan, exec: &Exec) -> Result<Self, TrainError> {
+        if let Some(s) = &plan.synth {
+            eprintln!(
+                "making the synthetic shapes set ({} samples) in {}",
+                s.samples,
+                s.dir.display()
+            );
+            make_synth(s)?;
+        }
+        let cfg = &plan.cfg;
+        let tok = Tekken::from_file(&plan.tokenizer, cfg.data.vocab_size)?;
+        let (mcfg, model_json) = model_config(&plan.model, &tok)?;
+        // The CP layout against the model's heads, before any data or weights are read.
+        cfg.parallel.cp().check(&mcfg)?;
+        let image = image_config(&mcfg, cfg.data.longest_edge);
+        let loader = Loader::open(&plan.data_config(image.clone()), &tok, Position::default())?;
+        let stats = loader.stats().clone();
+        let total_steps = match (cfg.train.steps, cfg.train.epochs) {
+            (Some(s), _) => s,
+            (None, Some(e)) => {
+                let lengths: Vec<usize> = loader
+                    .dataset()
+                    .samples
+                    .iter()
+                    .map(|s| s.input_ids.len())
+                    .collect();
+                steps_for_epochs(&lengths, e, &plan)
+            }
+            (None, None) => config::DEFAULT_STEPS,
+        };
+        let layout = ParamLayout::new(&mcfg);
+        let (loss_mode, memory) = memory_features(&cfg.train);
+        let weights = match (&cfg.model.weights, &plan.model) {
+            (Some(dir), _) => Weights::Hf(HfWeights::open(dir, &layout).map_err(ModelError::from)?),
+            (None, ModelSource::Preset(..)) => Weights::Random {
+                seed: cfg.model.seed,
+                init: Init::FanIn,
+            },
+            (None, ModelSource::Dir(_)) => Weights::Random {
+                seed: cfg.model.seed,
+                init: Init::Normal(init::INITIALIZER_RANGE),
+            },
+        };
+        let trainable: Vec<Part> = [Part::Vision, Part::Projector, Part::Text]
+            .into_iter()
+            .filter(|p| !plan.frozen.contains(p))
+            .collect();
+        if trainable.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "model.freeze",
+                value: "[\"vision\", \"projector\", \"text\"]".into(),
+                reason: "freezes every part: nothing would train".into(),
+            }
+            .into());
+        }
+        let t = &cfg.train;
+        let adamw = AdamWConfig {
+            lr: t.lr,
+            beta1: t.betas[0],
+            beta2: t.betas[1],
+            eps: t.eps,
+            weight_decay: t.weight_decay,
+        };
+        let precision = t.dtype.precision();
+        // On operands of their own allocator: the run's memory figures are the model's.
+        let probe = exec.with_private_allocator().map_err(ModelError::from)?;
+        let gemm_peak = gemm_peak(&probe, precision, 512, 4).map_err(ModelError::from)?;
+        let schedule = LrSchedule {
+            kind: t.schedule,
+            lr: t.lr,
+            min_lr: t.min_lr,
+            warmup_steps: t.warmup_steps,
+            total_steps,
+        };
+        let mut inputs = vec![
+            ("dataset".to_string(), plan.dataset.clone()),
+            ("tokenizer".to_string(), plan.tokenizer.clone()),
+        ];
+        if let Some(e) = &plan.eval_dataset {
+            inputs.push(("eval_dataset".into(), e.clone()));
+        }
+        if let Some(c) = &plan.config_file {
+            inputs.push(("config".into(), c.clone()));
+        }
+        if let ModelSource::Dir(d) = &plan.model {
+            inputs.push(("model_config".into(), d.join("config.json")));
+        }
+        if let Some(w) = &cfg.model.weights {
+            for f in weight_files(w)? {
+                let name = f.file_name().map(|n| n.to_string_lossy().into_owned());
+                inputs.push((format!("weights/{}", name.unwrap_or_default()), f));
+            }
+        }
+        let at = Counters {
+            schedule,
+            step: 0,
+            position: loader.position(),
+            samples: 0,
+            tokens: 0,
+            dropped_samples: stats.dropped_truncated as u64,
+        };
+        Ok(RunSetup {
+            plan,
+            tok,
+            loader,
+            image,
+            cfg: mcfg,
+            model_json,
+            gemm_peak,
+            inputs,
+            at,
+            total_steps,
+            trainable,
+            adamw,
+            loss_mode,
+            memory,
+            weights,
+            resume: None,
+        })
+    }
+
+    /// Where a rank's shards come from: the resumed checkpoint, else the starting weights.
+    pub fn source(&self) -> ShardSource<'_> {
+        match (&self.resume, &self.weights) {
+            (Some(dir), _) => ShardSource::Checkpoint(dir),
+            (None, Weights::Hf(w)) => ShardSource::Weights(w),
+            (None, Weights::Random { seed, init }) => ShardSource::Random {
+                seed: *seed,
+                init: *init,
+            },
+        }
+    }
+
+    /// Moves the loader to the counters' position (after a checkpoint set them).
+    pub fn restore_position(&mut self) {
+        self.loader.seek(self.at.position);
+    }
+
+    /// Writes the run folder's `config.toml` and `run_identity.json`.
+    pub(crate) fn write_run_files(&self) -> Result<(), TrainError> {
+        let out = &self.plan.out_dir;
+        std::fs::create_dir_all(out).map_err(io(out))?;
+        let cfg_path = out.join("config.toml");
+        let text = format!(
+            "# The effective config of this run (every default and resolved path written in).\n{}",
+            self.plan.effective().to_toml()
+        );
+        std::fs::write(&cfg_path, text).map_err(io(&cfg_path))?;
+        let mut files = self.inputs.clone();
+        files.push(("effective_config".into(), cfg_path));
+        let id =
+            RunIdentity::new(&files).map_err(|(path, source)| TrainError::Io { path, source })?;
+        let dir = self
+            .plan
+            .jsonl
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let id_path = dir.join("run_identity.json");
+        let json = serde_json::to_string_pretty(&id).unwrap_or_default();
+        std::fs::write(&id_path, json + "\n").map_err(io(&id_path))
+    }
+
+    /// The folder the final model is written to, with the run's config copied in.
+    pub(crate) fn final_dir(&self) -> Result<PathBuf, TrainError> {
+        let dir = self.plan.out_dir.join("final");
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let cfg_copy = dir.join(FINAL_RUN_CONFIG);
+        std::fs::write(&cfg_copy, self.plan.effective().to_toml()).map_err(io(&cfg_copy))?;
+        Ok(dir)
+    }
+
+    /// Evaluates `model` on the held-out set, if the run has one, and logs it to `jsonl`.
+    pub(crate) fn evaluate<A: Act>(
+        &self,
+        model: &Mistral3,
+        jsonl: &mut JsonlWriter,
+    ) -> Result<Option<EvalReport>, TrainError> {
+        let Some(path) = &self.plan.eval_dataset else {
+            return Ok(None);
+        };
+        let spec = DatasetSpec::resolve(path, self.plan.cfg.data.dataset_dir.as_deref())?;
+        let data = DataSet::open(&spec, &self.tok, &self.sample_settings())?;
+        let rep = eval::evaluate::<A>(
+            model,
+            &data,
+            &self.tok,
+            &self.image,
+            self.plan.cfg.train.eval_batch,
+        )?;
+        jsonl
+            .write(&EvalRecord { eval: &rep })
+            .map_err(io(&self.plan.jsonl))?;
+        Ok(Some(rep))
+    }
+
+    fn sample_settings(&self) -> SampleSettings<'_> {
+        SampleSettings {
+            max_len: self.plan.cfg.data.max_len,
+            system_prompt: self.plan.cfg.data.system_prompt.as_deref(),
+            image: &self.image,
+        }
+    }
+}
