@@ -286,6 +286,12 @@ impl FsdpRank {
         self.step
     }
 
+    /// This rank's `[shard]` master weights of every group and AdamW moments of the trained
+    /// ones, where the rank keeps them (a checkpoint streams them one tensor at a time).
+    pub fn shards(&self) -> (&[Stored], &[Option<Stored>], &[Option<Stored>]) {
+        (&self.params, &self.m, &self.v)
+    }
+
     /// Whether group `g` trains.
     pub fn trains(&self, g: usize) -> bool {
         self.grads.get(g).is_some_and(Option::is_some)

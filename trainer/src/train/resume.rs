@@ -21,7 +21,7 @@ use crate::checkpoint::manifest::{group_entries, OptimizerState};
 use crate::checkpoint::state::one_rank_meta;
 use crate::checkpoint::{
     padded_shards, restore_one_rank, save_distributed, save_local, Checkpoint, CheckpointDir,
-    CheckpointError, DataState, GroupShards, Progress, RankShards, SaveMeta, ShardData,
+    CheckpointError, DataState, Progress, RankShards, SaveMeta,
 };
 use crate::config::Resume;
 use crate::data::shuffle::Position;
@@ -95,9 +95,6 @@ pub fn save_sharded(
     rank: &FsdpRank,
     c: &Counters,
 ) -> Result<PathBuf, CheckpointError> {
-    let state = rank
-        .state()
-        .map_err(|e| CheckpointError::Argument(e.to_string()))?;
     let world = rank.world_size();
     let layout = rank.layout();
     let shards: Vec<_> = layout
@@ -113,25 +110,15 @@ pub fn save_sharded(
         config: p.config,
         model_config: model_json.clone(),
         groups: group_entries(layout, &shards, &trained)?,
-        optimizer: OptimizerState::adamw(&rank.settings().adamw, state.step),
+        optimizer: OptimizerState::adamw(&rank.settings().adamw, rank.steps_taken()),
         scheduler: p.scheduler,
         data: p.data,
         extra_files: vec![(FINAL_RUN_CONFIG.to_string(), plan.effective().to_toml())],
     };
-    let groups = state
-        .groups
-        .iter()
-        .map(|gs| GroupShards {
-            param: ShardData::Host(&gs.params),
-            exp_avg: gs.m.as_deref().map(ShardData::Host),
-            exp_avg_sq: gs.v.as_deref().map(ShardData::Host),
-        })
-        .collect();
-    let mine = RankShards {
-        rank: rank.rank(),
-        groups,
-        rng: p.rng,
-    };
+    // Straight from where the rank keeps them, one tensor at a time: no host copy of the
+    // rank's whole state.
+    let (params, m, v) = rank.shards();
+    let mine = RankShards::stored(rank.rank(), params, m, v, p.rng)?;
     let dir = CheckpointDir::new(&plan.checkpoint_dir);
     save_distributed(
         &dir,
