@@ -782,3 +782,93 @@ fn cp_with_data_parallel() {
         assert_eq!(c.check(), 0.0, "{}: planned to the byte", c.name);
     }
 }
+
+/// The phases around the step, to the byte: what a rank holds right after start-up (its
+/// shards drawn from a random init, nothing of the whole model) and its device peak while it
+/// writes the final model group by group are the plan's `start-up` and `export` device
+/// figures, for 1, 2 and 4 ranks, and for 2 and 4 with the optimizer offload (one process's
+/// offload is planned for the one-rank trainer, which copies groups in without an FSDP
+/// rank's staging buffer).
+#[test]
+fn start_up_and_export_device_bytes_are_planned_exactly() {
+    use cannon_trainer::fsdp::ShardSource;
+    use cannon_trainer::model::init::Init;
+    for offload in [false, true] {
+        for nproc in [1usize, 2, 4] {
+            if offload && nproc == 1 {
+                continue;
+            }
+            let name = format!("phases-{nproc}-{offload}");
+            let dir = config_dir(&name);
+            let sets = vec![
+                format!("parallel.nproc={nproc}"),
+                "train.micro_batch=4".into(),
+                "data.max_len=64".into(),
+                "data.longest_edge=16".into(),
+                "train.dtype=f32".into(),
+                format!("train.offload_optimizer={offload}"),
+            ];
+            let mut s = PlanSettings::load(&dir, &sets, 1).unwrap();
+            s.device = cannon_runtime::Device::Cpu;
+            let p = plan::plan(&s).unwrap();
+            let peaks = plan::run_peaks(&p, 0, false);
+            let phase = |n: &str| {
+                peaks
+                    .phases
+                    .iter()
+                    .find(|f| f.name.starts_with(n))
+                    .unwrap()
+                    .device
+            };
+            let settings = FsdpSettings {
+                adamw: AdamWConfig {
+                    lr: 1e-4,
+                    beta1: 0.9,
+                    beta2: 0.95,
+                    eps: 1e-8,
+                    weight_decay: 0.0,
+                },
+                max_grad_norm: 1.0,
+                frozen: s.frozen.clone(),
+                loss_mode: LossMode::Full,
+                memory: MemoryFeatures {
+                    offload_optimizer: offload,
+                    ..MemoryFeatures::default()
+                },
+            };
+            let cfg = s.model.clone();
+            let out_dir = std::env::temp_dir().join(format!(
+                "cannon-plan-test-{}-{name}-out",
+                std::process::id()
+            ));
+            let json = serde_json::json!({});
+            let measured = run_cpu_ranks(nproc, Duration::from_secs(60), |comm, exec| {
+                let r = comm.rank();
+                let source = ShardSource::Random {
+                    seed: 3,
+                    init: Init::FanIn,
+                };
+                let rank = FsdpRank::new(comm, exec, cfg.clone(), source, settings.clone())?;
+                let alloc = rank.exec().allocator().clone();
+                let start = alloc.stats().allocated;
+                alloc.reset_peak();
+                rank.write_hf((r == 0).then_some((out_dir.as_path(), &json)))?;
+                Ok((start, alloc.stats().peak_allocated))
+            })
+            .unwrap();
+            for (r, &(start, export)) in measured.iter().enumerate() {
+                assert_eq!(start, phase("start-up"), "{name} rank {r}: start-up");
+                // The plan takes the largest group for every rank: the measured peak is the
+                // plan's exactly on the rank whose largest group it is, never above it.
+                assert!(
+                    export <= phase("export"),
+                    "{name} rank {r}: export {export} above the plan {}",
+                    phase("export")
+                );
+            }
+            let best = measured.iter().map(|m| m.1).max().unwrap();
+            assert_eq!(best, phase("export"), "{name}: export peak");
+            std::fs::remove_dir_all(&out_dir).ok();
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! `cannon plan --config DIR [--set key=value ...] --device-memory GiB [--device npu|cpu]
 //! [--json FILE] [--table]`: the device memory of a training step per rank, before anything
-//! runs (see [`crate::plan`]). Exit codes: 0 it fits, 1 it does not, 2 unusable input.
+//! runs (see [`crate::plan`]), and every phase of the run on the device and the host, per
+//! rank, process and node ([`crate::plan::run_phases`]). Exit codes: 0 every phase fits, 1
+//! one does not, 2 unusable input.
 
 use crate::config::DeviceKind;
 use crate::plan::{self, report, PlanSettings};
@@ -37,6 +39,14 @@ pub struct PlanArgs {
     /// Also plan every memory feature set on top of these settings and print the table.
     #[arg(long)]
     pub table: bool,
+    /// Ranks per node, for the node's host memory (default: every rank of a CPU run, whose
+    /// ranks share one process; 8 NPUs per node).
+    #[arg(long, default_value_t = 0)]
+    pub nproc_per_node: usize,
+    /// Plan the held-out evaluation at the end (a sharded run's lead process reads the final
+    /// model back whole).
+    #[arg(long)]
+    pub eval: bool,
     /// Write the plan (and the table) as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -69,6 +79,8 @@ fn go(a: &PlanArgs) -> Result<bool, String> {
     };
     let p = plan::plan(&s).map_err(|e| e.to_string())?;
     print!("{}", report::text(&p, device));
+    let peaks = plan::run_peaks(&p, a.nproc_per_node, a.eval);
+    print!("{}", report::phases_text(&peaks, s.device.is_cpu()));
     let table = if a.table {
         let rows = report::feature_table(&s).map_err(|e| e.to_string())?;
         println!("\nfeature sets on these settings:\n");
@@ -78,9 +90,9 @@ fn go(a: &PlanArgs) -> Result<bool, String> {
         None
     };
     if let Some(path) = &a.json {
-        let v = report::to_json(&p, device, table.as_deref());
+        let v = report::to_json(&p, device, Some(&peaks), table.as_deref());
         let text = serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?;
         std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    Ok(p.fits(device))
+    Ok(p.fits(device) && peaks.device_per_rank as u64 <= device)
 }

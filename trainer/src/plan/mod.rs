@@ -1,5 +1,7 @@
 //! `cannon plan`: the device memory of a training step, per rank, before anything runs, from
-//! an HF config and the run's settings, and whether it fits in a given device memory.
+//! an HF config and the run's settings, and whether it fits in a given device memory; and
+//! every other phase of the run, on the device and the host, per rank, process and node
+//! ([`run_phases`]).
 //!
 //! The activation terms are the model's own ([`crate::model::memory`], which a test checks
 //! to the byte against the caching allocator); this module adds what a run holds around a
@@ -39,8 +41,10 @@
 //! see `model::memory`), so a plan within a few percent of the device memory is tight.
 
 pub mod report;
+pub mod run_phases;
 pub mod settings;
 
+pub use run_phases::{run_peaks, RunPeaks, RunPhase};
 pub use settings::{PlanError, PlanSettings};
 
 use crate::data::image::ImageConfig;

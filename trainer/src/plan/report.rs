@@ -1,7 +1,7 @@
 //! `cannon plan`'s output: the per-rank table, its JSON, and the feature table (every
 //! memory feature set on top of the given settings, and whether each fits).
 
-use super::{loss_name, plan, Plan, PlanError, PlanSettings, RankPlan};
+use super::{loss_name, plan, Plan, PlanError, PlanSettings, RankPlan, RunPeaks};
 use crate::model::memory::CpAlgo;
 use crate::model::LossMode;
 use crate::model::Recompute;
@@ -175,6 +175,54 @@ pub fn text(p: &Plan, device: u64) -> String {
     out
 }
 
+/// The run's phases (device and host per rank), and the peaks per process and per node.
+pub fn phases_text(r: &RunPeaks, cpu: bool) -> String {
+    let mut out = format!(
+        "\nevery phase of the run, worst rank{}:\n{:<44}{:>16}{:>16}{:>16}\n",
+        if cpu {
+            " (CPU ranks: device memory is host memory)"
+        } else {
+            ""
+        },
+        "",
+        "device/rank",
+        "host/rank",
+        "+ rank 0 host"
+    );
+    for f in &r.phases {
+        out += &format!(
+            "{:<44}{:>16}{:>16}{:>16}\n",
+            f.name,
+            gib(f.device),
+            gib(f.host),
+            gib(f.host_rank0)
+        );
+    }
+    out += &format!(
+        "{:<44}{:>16}\n",
+        "run peak, device per rank",
+        gib(r.device_per_rank)
+    );
+    out += &format!(
+        "{:<44}{:>16}\n",
+        format!("host per process ({} rank(s))", r.ranks_per_process),
+        gib(r.host_per_process)
+    );
+    if cpu {
+        out += &format!(
+            "{:<44}{:>16}\n",
+            "per process, device + host",
+            gib(r.process_total)
+        );
+    }
+    out += &format!(
+        "{:<44}{:>16}\n",
+        format!("host per node ({} rank(s))", r.ranks_per_node),
+        gib(r.host_per_node)
+    );
+    out
+}
+
 /// One rank's plan as JSON (bytes).
 fn rank_json(r: &RankPlan) -> Value {
     let at = r.peak_phase();
@@ -206,8 +254,13 @@ fn rank_json(r: &RankPlan) -> Value {
     })
 }
 
-/// The plan as JSON, with the feature table when given.
-pub fn to_json(p: &Plan, device: u64, table: Option<&[FeatureRow]>) -> Value {
+/// The plan as JSON, with the run's phases and the feature table when given.
+pub fn to_json(
+    p: &Plan,
+    device: u64,
+    peaks: Option<&RunPeaks>,
+    table: Option<&[FeatureRow]>,
+) -> Value {
     let s = &p.settings;
     let mut v = json!({
         "config": s.dir.display().to_string(),
@@ -224,6 +277,9 @@ pub fn to_json(p: &Plan, device: u64, table: Option<&[FeatureRow]>) -> Value {
         "fits": p.fits(device),
         "ranks": p.ranks.iter().map(rank_json).collect::<Vec<_>>(),
     });
+    if let Some(r) = peaks {
+        v["run"] = serde_json::to_value(r).unwrap_or_default();
+    }
     if let Some(rows) = table {
         v["feature_table"] = rows
             .iter()

@@ -1,7 +1,7 @@
 //! A one-process training run: a [`TrainConfig`](crate::config::TrainConfig) resolved into
 //! paths and a model source ([`RunPlan`], [`super::run_plan`]), data and tokenizer made ready
 //! ([`RunSetup`]), then the model built on it ([`Trainer::new`]) and trained
-//! ([`Trainer::run`]): micro batches from the [`Loader`],
+//! ([`Trainer::run`]): micro batches from the [`Loader`](crate::data::Loader),
 //! gradient accumulation normalised over the step's targets, the LR schedule, clipping,
 //! AdamW, per-step metrics, and the held-out evaluation at the end.
 //!
