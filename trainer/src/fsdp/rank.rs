@@ -44,9 +44,10 @@ use crate::cp::{CpGroup, CpSettings};
 use crate::model::offload::Stored;
 use crate::model::optim::{adamw_group, AdamWConfig};
 use crate::model::source::PlanInputs;
+use crate::model::source::{Resident, Streamer};
 use crate::model::{
-    Act, Batch, Exec, LossMode, MemoryFeatures, Mistral3Config, ParamLayout, Params, Part, Pass,
-    PassPlan, StepMemory,
+    Act, Batch, Exec, Grads, LossMode, MemoryFeatures, Mistral3Config, ParamLayout, Params, Part,
+    Pass, PassPlan, StepMemory,
 };
 use crate::train::TrainSettings;
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
@@ -115,12 +116,13 @@ pub struct FsdpRank {
     /// offload).
     params: Vec<Stored>,
     /// `[shard]` gradient, first and second moment of every trained group.
-    grads: Vec<Option<Tensor<f32>>>,
+    grads: Grads,
     m: Vec<Option<Stored>>,
     v: Vec<Option<Stored>>,
     /// Under the optimizer offload: the device buffer a host shard is copied into for its
-    /// all-gather (`[max shard]`).
+    /// all-gather (`[max shard]`); a world of one copies its groups in through `streamer`.
     staging: Option<Tensor<f32>>,
+    streamer: Option<Streamer>,
     step: u64,
     settings: FsdpSettings,
     /// This rank's CP group (None: no context parallelism) and its replica index.
@@ -194,13 +196,19 @@ impl FsdpRank {
                 Ok(z.transpose()?)
             })
             .collect::<Result<Vec<_>, FsdpError>>()?;
+        let grads = Grads { data: grads };
+        // A world of one holds whole groups: a pass uses them where they are (a host-pool
+        // group copied in, the next one ahead) and accumulates into the gradients in place,
+        // as one process's model does: no gathered copy, no staging, no reduce-scatter.
+        let local = world == 1;
+        let streamer = (local && pool.is_some()).then(|| Streamer::new(exec.clone()));
         let staging = match pool {
-            Some(_) => {
+            Some(_) if !local => {
                 let largest = cut.largest_shard();
                 let slots = crate::model::offload::HostPool::staging_slots(exec.device());
                 Some(exec.zeros(&[slots * largest])?)
             }
-            None => None,
+            _ => None,
         };
         Ok(FsdpRank {
             cfg,
@@ -213,6 +221,7 @@ impl FsdpRank {
             m,
             v,
             staging,
+            streamer,
             step,
             settings,
             cp: None,
@@ -294,7 +303,7 @@ impl FsdpRank {
 
     /// Whether group `g` trains.
     pub fn trains(&self, g: usize) -> bool {
-        self.grads.get(g).is_some_and(Option::is_some)
+        self.grads.has(g)
     }
 
     /// One optimizer step over this rank's micro batches `micro` (the global batch is every
@@ -314,7 +323,11 @@ impl FsdpRank {
             0
         };
         let norm = LossNorm::Divisor(head.targets.max(1) as f64);
-        let mut fresh = vec![true; self.layout.groups.len()];
+        if self.is_local() {
+            // Accumulated in place over the passes (see `pass_local`).
+            self.grads.zero(self.exec.stream())?;
+        }
+        let mut fresh = vec![!self.is_local(); self.layout.groups.len()];
         let (mut loss_sum, mut for_peers) = (0.0, 0);
         for (p, &images) in head.images.iter().enumerate().take(passes) {
             let (sum, peers) = self.pass::<A>(micro.get(p), images, norm, &mut fresh)?;
@@ -324,7 +337,7 @@ impl FsdpRank {
         let exec = self.exec.clone();
         let st = exec.stream();
         // A trained group no pass released (vision with no image anywhere) got no gradient.
-        for (g, shard) in self.grads.iter_mut().enumerate() {
+        for (g, shard) in self.grads.data.iter_mut().enumerate() {
             if let (Some(shard), true) = (shard.as_mut(), fresh[g]) {
                 shard.zero(st)?;
             }
@@ -369,7 +382,7 @@ impl FsdpRank {
         for (((p, g), m), v) in self
             .params
             .iter_mut()
-            .zip(&self.grads)
+            .zip(&self.grads.data)
             .zip(&mut self.m)
             .zip(&mut self.v)
         {
@@ -461,8 +474,14 @@ impl FsdpRank {
         loss_norm: LossNorm,
         fresh: &mut [bool],
     ) -> Result<(f64, usize), FsdpError> {
+        if self.is_local() {
+            return match batch {
+                Some(b) => self.pass_local::<A>(b, loss_norm).map(|sum| (sum, 0)),
+                None => Ok((0.0, 0)),
+            };
+        }
         let grads = &self.grads;
-        let trains = |g: usize| grads[g].is_some();
+        let trains = |g: usize| grads.has(g);
         let inputs = PlanInputs {
             trains: &trains,
             images,
@@ -499,7 +518,7 @@ impl FsdpRank {
         let mut for_peers = fwd.finish()?;
 
         let grads = GradShards {
-            shards: &mut self.grads,
+            shards: &mut self.grads.data,
             fresh,
         };
         let bwd = Schedule::new(exec, comm, layout, cut, shards, plan.backward, Some(grads))
@@ -532,6 +551,29 @@ impl FsdpRank {
         Ok((sum, for_peers))
     }
 
+    /// A world of one without context parallelism: the shards are the whole groups.
+    fn is_local(&self) -> bool {
+        self.cut.world == 1 && self.cp.is_none()
+    }
+
+    /// [`Self::pass`] in a world of one: the groups lent where they are, the gradients
+    /// accumulated in place (zeroed at the step's start). Returns the summed loss.
+    fn pass_local<A: Act>(&mut self, b: &Batch, loss_norm: LossNorm) -> Result<f64, FsdpError> {
+        let params = Resident::new(&self.layout, &self.params, self.streamer.as_ref());
+        let pass = Pass {
+            cfg: &self.cfg,
+            exec: &self.exec,
+            loss_mode: self.settings.loss_mode,
+            memory: self.settings.memory,
+            params: &params,
+            loss_norm,
+            keep_logits: false,
+        };
+        let acts = pass.forward::<A>(b)?;
+        pass.backward(b, &acts, &mut self.grads, None)?;
+        Ok(acts.head.sum)
+    }
+
     /// Sum over the ranks of one f64. HCCL reduces no fp64 (its reductions take int8..int64,
     /// fp16, fp32 and bf16) but moves fp64, so the values are all-gathered and summed on the
     /// host in rank order: the same sum on every rank and every backend.
@@ -549,7 +591,7 @@ impl FsdpRank {
     fn clip(&mut self) -> Result<f64, FsdpError> {
         let st = self.exec.stream();
         let views: Vec<BufferView<'_, f32>> =
-            self.grads.iter().flatten().map(Tensor::view).collect();
+            self.grads.data.iter().flatten().map(Tensor::view).collect();
         let local = ops::grad_sum_squares(st, &views)?;
         drop(views);
         let total = self.all_reduce_scalar(local)?;
@@ -557,6 +599,7 @@ impl FsdpRank {
         if max_norm > 0.0 && max_norm.is_finite() {
             let mut views: Vec<BufferViewMut<'_, f32>> = self
                 .grads
+                .data
                 .iter_mut()
                 .flatten()
                 .map(Tensor::view_mut)

@@ -93,6 +93,41 @@ impl ParamSource for Params {
     }
 
     fn fetch(&self, g: usize) -> Result<GroupWeights<'_>, ModelError> {
+        Resident::new(&self.layout, &self.data, self.streamer.as_ref()).group(g)
+    }
+
+    fn begin(&self, order: &[usize]) -> Result<(), ModelError> {
+        Resident::new(&self.layout, &self.data, self.streamer.as_ref()).begin(order)
+    }
+}
+
+/// Whole groups held by their owner, lent to a pass: a device group as a view (no copy), a
+/// group in the host pool copied in by `streamer` (the next one ahead). [`Params`] lends
+/// itself this way, and so does an FSDP rank of a world of one, whose shards are the groups.
+#[derive(Clone, Copy, Debug)]
+pub struct Resident<'a> {
+    layout: &'a ParamLayout,
+    data: &'a [Stored],
+    streamer: Option<&'a Streamer>,
+}
+
+impl<'a> Resident<'a> {
+    pub fn new(
+        layout: &'a ParamLayout,
+        data: &'a [Stored],
+        streamer: Option<&'a Streamer>,
+    ) -> Self {
+        Resident {
+            layout,
+            data,
+            streamer,
+        }
+    }
+}
+
+impl<'a> Resident<'a> {
+    /// Group `g` for the pass (borrowing the owner's data, not this handle).
+    pub fn group(self, g: usize) -> Result<GroupWeights<'a>, ModelError> {
         let t = self
             .data
             .get(g)
@@ -100,13 +135,13 @@ impl ParamSource for Params {
         match t {
             Stored::Device(t) => Ok(GroupWeights::Resident(t.view())),
             Stored::Host(_) => {
-                let s = self.streamer.as_ref().ok_or_else(|| {
+                let s = self.streamer.ok_or_else(|| {
                     ModelError::Input(format!(
                         "group {g} is in a host pool but the parameters were not offloaded \
                          through Params::offload (no device to copy it to)"
                     ))
                 })?;
-                let buf = s.fetch(&self.data, g)?;
+                let buf = s.fetch(self.data, g)?;
                 Ok(GroupWeights::Gathered {
                     buf,
                     len: self.layout.groups[g].len,
@@ -114,9 +149,19 @@ impl ParamSource for Params {
             }
         }
     }
+}
+
+impl ParamSource for Resident<'_> {
+    fn layout(&self) -> &ParamLayout {
+        self.layout
+    }
+
+    fn fetch(&self, g: usize) -> Result<GroupWeights<'_>, ModelError> {
+        self.group(g)
+    }
 
     fn begin(&self, order: &[usize]) -> Result<(), ModelError> {
-        match &self.streamer {
+        match self.streamer {
             Some(s) => s.begin(order),
             None => Ok(()),
         }
@@ -143,7 +188,8 @@ struct StreamState {
 }
 
 impl Streamer {
-    pub(crate) fn new(exec: Exec) -> Self {
+    /// A streamer copying groups to `exec`'s device from its host pool.
+    pub fn new(exec: Exec) -> Self {
         Streamer {
             exec,
             state: Mutex::new(StreamState::default()),
