@@ -15,6 +15,9 @@
 //!   synchronises its stream). HCCL has no `ReduceOp::Avg` (an error there, not a silent sum)
 //!   and cannot check that ranks agree on a call.
 //!
+//! - a world of one on any device ([`Communicator::solo`]): every collective is a copy or
+//!   nothing, so one process runs the same sharded code as N.
+//!
 //! Groups split with [`Communicator::split`] (data-parallel x context-parallel). Every buffer
 //! and the stream must live on the communicator's device ([`CommError::DeviceMismatch`]). On
 //! the CPU every wait for peers is bounded by a timeout; a failure (timeout, a dropped peer,
@@ -48,6 +51,7 @@ mod error;
 #[cfg(feature = "npu")]
 mod hccl;
 pub mod rendezvous;
+mod solo;
 mod store;
 mod types;
 
@@ -82,8 +86,18 @@ pub struct Communicator {
 #[derive(Debug)]
 enum Inner {
     Cpu(cpu::CpuCommunicator),
+    Solo(solo::SoloCommunicator),
     #[cfg(feature = "npu")]
     Hccl(hccl::HcclCommunicator),
+}
+
+impl From<solo::SoloCommunicator> for Communicator {
+    fn from(c: solo::SoloCommunicator) -> Self {
+        Communicator {
+            inner: Inner::Solo(c),
+            calls: std::cell::Cell::new(0),
+        }
+    }
 }
 
 impl From<cpu::CpuCommunicator> for Communicator {
@@ -118,6 +132,7 @@ macro_rules! dispatch {
     ($self:expr, $c:ident => $call:expr) => {
         match &$self.inner {
             Inner::Cpu($c) => $call,
+            Inner::Solo($c) => $call,
             #[cfg(feature = "npu")]
             Inner::Hccl($c) => $call,
         }
@@ -125,6 +140,14 @@ macro_rules! dispatch {
 }
 
 impl Communicator {
+    /// The one rank of a world of one on `device` (any device): every collective is the
+    /// identity, a copy from its send buffer to its receive buffer on the stream. One process
+    /// training alone runs the sharded step on it. `timeout` is kept for the calls that
+    /// read it (nothing waits).
+    pub fn solo(device: Device, timeout: Duration) -> Communicator {
+        solo::SoloCommunicator::new(device, timeout).into()
+    }
+
     /// torchrun-style HCCL start: RANK/WORLD_SIZE/LOCAL_RANK and the rendezvous
     /// ([`rendezvous::Rendezvous::from_env`]: CANNON_RDZV_DIR, else the TCP store at
     /// MASTER_ADDR:MASTER_PORT) from the environment, this process on NPU `LOCAL_RANK`.
@@ -166,6 +189,7 @@ impl Communicator {
     pub fn device(&self) -> Device {
         match &self.inner {
             Inner::Cpu(_) => Device::Cpu,
+            Inner::Solo(c) => c.device(),
             #[cfg(feature = "npu")]
             Inner::Hccl(c) => c.device(),
         }
@@ -345,7 +369,7 @@ impl Communicator {
     /// always `Ok` on the CPU, whose calls report their errors directly.
     pub fn check_async_error(&self) -> CommResult<()> {
         match &self.inner {
-            Inner::Cpu(_) => Ok(()),
+            Inner::Cpu(_) | Inner::Solo(_) => Ok(()),
             #[cfg(feature = "npu")]
             Inner::Hccl(c) => c.check_async_error(),
         }
@@ -358,6 +382,7 @@ impl Communicator {
                 drop(c);
                 Ok(())
             }
+            Inner::Solo(_) => Ok(()),
             #[cfg(feature = "npu")]
             Inner::Hccl(c) => c.destroy(),
         }
