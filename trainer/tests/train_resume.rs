@@ -5,13 +5,15 @@
 
 mod common;
 
+use cannon_trainer::checkpoint::Kind;
 use cannon_trainer::checkpoint::{export, Checkpoint, ExportDtype, ExportOptions};
 use cannon_trainer::config::TrainConfig;
 use cannon_trainer::data::synth;
 use cannon_trainer::model::{Exec, Mistral3};
-use cannon_trainer::train::resume::{self, CheckpointHook};
-use cannon_trainer::train::sharded::run_sharded;
-use cannon_trainer::train::{RunPlan, RunSetup, StepHook, TrainError, TrainState, Trainer};
+use cannon_trainer::train::metrics::StepRecord;
+use cannon_trainer::train::resume;
+use cannon_trainer::train::sharded::{run_sharded, run_sharded_on, Ranks};
+use cannon_trainer::train::{RunPlan, RunSetup, RunSummary, StepHook, TrainError};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -50,31 +52,54 @@ fn plan(root: &Path, run: &str, extra: &[&str]) -> RunPlan {
 struct CrashAfter(usize);
 
 impl StepHook for CrashAfter {
-    fn after_step(&mut self, _: &RunPlan, state: &TrainState) -> Result<(), TrainError> {
-        if state.step == self.0 {
+    fn after_step(&mut self, _: &RunPlan, rec: &StepRecord) -> Result<(), TrainError> {
+        if rec.step == self.0 {
             return Err(TrainError::Input("simulated crash".into()));
         }
         Ok(())
     }
 }
 
-fn weights(t: &Trainer) -> Vec<Vec<u32>> {
-    let st = t.state.model.exec.stream();
-    let mut out: Vec<Vec<u32>> = Vec::new();
-    let host = |x: &cannon_trainer::model::offload::Stored| -> Vec<u32> {
-        x.to_host(st).unwrap().iter().map(|v| v.to_bits()).collect()
+/// `plan` run by `cannon train`'s loop (one process alone, or its `parallel.nproc` CPU
+/// ranks), resumed from the checkpoint `checkpoint.resume` names if there is one.
+fn train(
+    plan: RunPlan,
+    hooks: &mut [&mut (dyn StepHook + Send)],
+) -> Result<RunSummary, TrainError> {
+    let ckpt = resume::resume_from(&plan).unwrap();
+    let mut setup = RunSetup::new(plan, &Exec::cpu()).unwrap();
+    if let Some(c) = &ckpt {
+        resume::resume_setup(&mut setup, c).unwrap();
+    }
+    let ranks = match setup.plan.cfg.parallel.nproc {
+        1 => Ranks::Solo(Exec::cpu()),
+        n => Ranks::Cpu(n),
     };
-    out.extend(t.state.model.params.data.iter().map(host));
-    out.extend(
-        t.state
-            .opt
-            .m
-            .iter()
-            .chain(&t.state.opt.v)
-            .flatten()
-            .map(host),
+    run_sharded_on(&mut setup, ranks, hooks)
+}
+
+/// The bits of a checkpoint's weights and AdamW moments, with its counters (step, data
+/// position, consumed samples and tokens) and AdamW's step.
+fn state(dir: &Path) -> (Vec<Vec<u32>>, String) {
+    let mut c = Checkpoint::open(dir).unwrap();
+    let groups = c.manifest().groups.clone();
+    let mut out = Vec::new();
+    for (g, e) in groups.iter().enumerate() {
+        let kinds: &[Kind] = match e.trained {
+            true => &[Kind::Param, Kind::ExpAvg, Kind::ExpAvgSq],
+            false => &[Kind::Param],
+        };
+        for &k in kinds {
+            let v = c.read_group(k, g).unwrap();
+            out.push(v.iter().map(|x| x.to_bits()).collect());
+        }
+    }
+    let m = c.manifest();
+    let counters = format!(
+        "step {} data {:?} adam {}",
+        m.step, m.data, m.optimizer.step
     );
-    out
+    (out, counters)
 }
 
 fn bits(v: &[f64]) -> Vec<u64> {
@@ -87,38 +112,29 @@ fn a_crashed_run_resumed_from_its_checkpoint_matches_the_uninterrupted_run() {
     synth::write(&root.join("data"), 48, 3).unwrap();
 
     // The uninterrupted run.
-    let mut a = Trainer::new(plan(&root, "a", &[]), Exec::cpu()).unwrap();
-    let mut hook = CheckpointHook::new(&a).unwrap();
-    let full = a.run(&mut [&mut hook]).unwrap();
+    let full = train(plan(&root, "a", &[]), &mut []).unwrap();
     assert_eq!(full.losses.len(), 6);
-    let names = |h: &CheckpointHook| -> Vec<String> {
-        h.saved
-            .iter()
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect()
-    };
-    assert_eq!(names(&hook), ["step-000003", "step-000006"]);
+    let last = full.last_checkpoint.clone().unwrap();
+    assert_eq!(last.file_name().unwrap(), "step-000006");
 
     // The same run, crashing after step 4 (its last checkpoint: step 3).
-    let mut b = Trainer::new(plan(&root, "b", &[]), Exec::cpu()).unwrap();
-    let mut hook = CheckpointHook::new(&b).unwrap();
-    let err = b.run(&mut [&mut hook, &mut CrashAfter(4)]).unwrap_err();
+    let err = train(plan(&root, "b", &[]), &mut [&mut CrashAfter(4)]).unwrap_err();
     assert!(err.to_string().contains("simulated crash"), "{err}");
-    drop(b);
+    assert!(root.join("b/checkpoints/step-000003").is_dir());
 
     // Resumed in the same run folder.
     let p = plan(&root, "b", &["checkpoint.resume=true"]);
-    let mut ckpt = resume::resume_from(&p)
+    let ckpt = resume::resume_from(&p)
         .unwrap()
         .expect("the step-3 checkpoint");
-    let mut c = Trainer::new(p, Exec::cpu()).unwrap();
-    let r = resume::resume(&mut c, &mut ckpt).unwrap();
+    let mut probe = RunSetup::new(p.clone(), &Exec::cpu()).unwrap();
+    let r = resume::resume_setup(&mut probe, &ckpt).unwrap();
     assert_eq!(
         (r.step, r.world_size, r.schedule_changed.clone()),
         (3, 1, None)
     );
-    let mut hook = CheckpointHook::new(&c).unwrap();
-    let rest = c.run(&mut [&mut hook]).unwrap();
+    drop(probe);
+    let rest = train(p, &mut []).unwrap();
     assert_eq!(
         bits(&rest.losses),
         bits(&full.losses[3..]),
@@ -126,22 +142,16 @@ fn a_crashed_run_resumed_from_its_checkpoint_matches_the_uninterrupted_run() {
         rest.losses,
         full.losses
     );
-    assert_eq!(weights(&c), weights(&a), "weights and AdamW moments");
+    // Weights, AdamW moments and step, data position and counts: all the same.
     assert_eq!(
-        (
-            c.state.step,
-            c.state.samples,
-            c.state.tokens,
-            c.state.position
-        ),
-        (
-            a.state.step,
-            a.state.samples,
-            a.state.tokens,
-            a.state.position
-        )
+        state(&root.join("b/checkpoints/step-000006")),
+        state(&last),
+        "the step-6 checkpoints"
     );
-    assert_eq!(c.state.opt.step, a.state.opt.step);
+    assert_eq!(
+        final_params(&rest.final_model),
+        final_params(&full.final_model)
+    );
 
     // keep_last = 1 left the final checkpoint only; its run config is beside it.
     let ckpts = root.join("b/checkpoints");
@@ -172,12 +182,13 @@ fn a_crashed_run_resumed_from_its_checkpoint_matches_the_uninterrupted_run() {
     assert!(from_ckpt.contains("colour"), "{from_ckpt}");
     assert_eq!(from_ckpt, table(eval(&root.join("b/final"))));
 
-    start_from_export(&root, &a);
+    start_from_export(&root, &full.final_model);
 }
 
 /// A run's checkpoint exported (sharded, bf16) is a `[model] config` + `weights` another run
-/// starts from: its parameters are the checkpoint's, rounded to bf16.
-fn start_from_export(root: &Path, trained: &Trainer) {
+/// starts from: the weights its ranks read are the checkpoint's (the run's final model),
+/// rounded to bf16.
+fn start_from_export(root: &Path, trained: &Path) {
     let hf = root.join("hf");
     let mut ckpt = Checkpoint::open(&root.join("a/checkpoints")).unwrap();
     let opts = ExportOptions {
@@ -196,23 +207,20 @@ fn start_from_export(root: &Path, trained: &Trainer) {
             &format!("model.weights={dir}"),
         ],
     );
-    let t = Trainer::new(p, Exec::cpu()).unwrap();
-    let st = t.state.model.exec.stream();
-    for (x, y) in trained
-        .state
-        .model
-        .params
-        .data
-        .iter()
-        .zip(&t.state.model.params.data)
-    {
+    let setup = RunSetup::new(p, &Exec::cpu()).unwrap();
+    let cannon_trainer::train::setup::Weights::Hf(w) = &setup.weights else {
+        panic!("the run does not start from the exported weights");
+    };
+    let trained = Mistral3::load(trained).unwrap();
+    let st = trained.exec.stream();
+    for (g, x) in trained.params.data.iter().enumerate() {
         let want: Vec<f32> = x
             .to_host(st)
             .unwrap()
             .iter()
             .map(|v| half::bf16::from_f32(*v).to_f32())
             .collect();
-        assert_eq!(y.to_host(st).unwrap(), want);
+        assert_eq!(w.read(g, 0..want.len()).unwrap(), want, "group {g}");
     }
 }
 
@@ -246,14 +254,8 @@ fn a_sharded_run_saves_per_rank_and_resumes_on_any_world_size() {
     let from3 = format!("checkpoint.resume={:?}", step3.display().to_string());
     let resumed = |run: &str, nproc: &str| -> (Vec<f64>, PathBuf) {
         let p = plan(&root, run, &[nproc, &from3]);
-        let mut ckpt = resume::resume_from(&p).unwrap().unwrap();
-        let rest = if p.cfg.parallel.nproc > 1 {
-            sharded(p, Some(&ckpt))
-        } else {
-            let mut t = Trainer::new(p, Exec::cpu()).unwrap();
-            assert_eq!(resume::resume(&mut t, &mut ckpt).unwrap().step, 3);
-            t.run(&mut []).unwrap()
-        };
+        let ckpt = resume::resume_from(&p).unwrap().unwrap();
+        let rest = sharded(p, Some(&ckpt));
         (rest.losses, rest.final_model)
     };
     let (rest, b) = resumed("b", "parallel.nproc=2");
@@ -329,75 +331,37 @@ fn sharded(plan: RunPlan, ckpt: Option<&Checkpoint>) -> cannon_trainer::train::R
 }
 
 /// The optimizer offload (`train.offload_optimizer`: master weights and moments in the host
-/// pool) through `cannon train`'s paths: one rank and 2 FSDP ranks train bit for bit like
-/// the runs without it (losses, final weights and, one rank, moments); a crashed one-rank
-/// run resumed from its step-3 checkpoint (masters and moments restored into the host pool)
-/// ends with the uninterrupted run's losses, weights and moments; the 2-rank run resumed
-/// from its step-3 checkpoint on 2 ranks ends as it did.
+/// pool) through `cannon train`'s loop: one process and 2 FSDP ranks train bit for bit like
+/// the runs without it (losses, final weights and, one process, moments); a crashed
+/// one-process run resumed from its step-3 checkpoint (masters and moments read back into
+/// the host pool) ends with the uninterrupted run's losses, weights and moments; the 2-rank
+/// run resumed from its step-3 checkpoint on 2 ranks ends as it did. That the masters and
+/// moments live in the host pool, and what that leaves on the device, is checked by the
+/// `memory_features` and `plan` tests on the ranks themselves.
 #[test]
 fn the_optimizer_offload_trains_and_resumes_bit_for_bit() {
     let root = scratch("offload");
     synth::write(&root.join("data"), 48, 3).unwrap();
     let off = "train.offload_optimizer=true";
-    let on_host = |t: &Trainer| t.state.model.params.data.iter().all(|g| g.is_host());
 
-    let mut plain = Trainer::new(plan(&root, "plain", &[]), Exec::cpu()).unwrap();
-    let want = plain.run(&mut []).unwrap();
-    // On an allocator of its own, so that its peak is this start-up's.
-    let own = Exec::cpu().with_private_allocator().unwrap();
-    let mut a = Trainer::new(plan(&root, "a", &[off]), own).unwrap();
-    assert!(on_host(&a), "the master weights are not in the host pool");
-    // Start-up made the moments in the host pool and moved the weights there before the
-    // gradients existed: its device peak is below weights + gradients (it used to be
-    // weights + gradients + both moments, all on the device until the offload).
-    let round = cannon_runtime::alloc::round_size;
-    let weight_bytes: usize = a
-        .state
-        .model
-        .params
-        .layout
-        .groups
-        .iter()
-        .map(|g| round(4 * g.len))
-        .sum();
-    let grad_bytes: usize = a
-        .state
-        .opt
-        .m
-        .iter()
-        .flatten()
-        .map(|m| round(4 * m.numel()))
-        .sum();
-    let peak = a.state.model.exec.allocator().stats().peak_allocated;
-    assert!(grad_bytes > 0 && a.state.opt.m.iter().flatten().all(|m| m.is_host()));
-    assert!(
-        peak < weight_bytes + grad_bytes,
-        "start-up device peak {peak} B, weights {weight_bytes} B + gradients {grad_bytes} B"
-    );
-    let full = a.run(&mut []).unwrap();
+    let want = train(plan(&root, "plain", &[]), &mut []).unwrap();
+    let full = train(plan(&root, "a", &[off]), &mut []).unwrap();
     assert_eq!(bits(&full.losses), bits(&want.losses));
-    assert_eq!(weights(&a), weights(&plain), "weights and AdamW moments");
-
-    let mut b = Trainer::new(plan(&root, "b", &[off]), Exec::cpu()).unwrap();
-    let mut hook = CheckpointHook::new(&b).unwrap();
-    let err = b.run(&mut [&mut hook, &mut CrashAfter(4)]).unwrap_err();
-    assert!(err.to_string().contains("simulated crash"), "{err}");
-    drop(b);
-    let p = plan(&root, "b", &[off, "checkpoint.resume=true"]);
-    let mut ckpt = resume::resume_from(&p)
-        .unwrap()
-        .expect("the step-3 checkpoint");
-    let mut c = Trainer::new(p, Exec::cpu()).unwrap();
-    assert_eq!(resume::resume(&mut c, &mut ckpt).unwrap().step, 3);
-    let rest = c.run(&mut []).unwrap();
-    assert_eq!(bits(&rest.losses), bits(&full.losses[3..]));
-    assert!(
-        on_host(&c),
-        "the resumed master weights are not in the host pool"
-    );
+    let last = |run: &str| root.join(run).join("checkpoints/step-000006");
     assert_eq!(
-        weights(&c),
-        weights(&a),
+        state(&last("a")),
+        state(&last("plain")),
+        "weights and AdamW moments"
+    );
+
+    let err = train(plan(&root, "b", &[off]), &mut [&mut CrashAfter(4)]).unwrap_err();
+    assert!(err.to_string().contains("simulated crash"), "{err}");
+    let p = plan(&root, "b", &[off, "checkpoint.resume=true"]);
+    let rest = train(p, &mut []).unwrap();
+    assert_eq!(bits(&rest.losses), bits(&full.losses[3..]));
+    assert_eq!(
+        state(&last("b")),
+        state(&last("a")),
         "resumed weights and AdamW moments"
     );
 

@@ -8,7 +8,7 @@ use cannon_trainer::config::TrainConfig;
 use cannon_trainer::data::synth;
 use cannon_trainer::model::Exec;
 use cannon_trainer::train::sharded::run_sharded;
-use cannon_trainer::train::{RunPlan, RunSetup, RunSummary, Trainer};
+use cannon_trainer::train::{RunPlan, RunSetup, RunSummary};
 use std::path::{Path, PathBuf};
 
 fn dataset(root: &Path) -> PathBuf {
@@ -33,12 +33,7 @@ fn train(root: &Path, data: &Path, nproc: usize) -> (RunSummary, Vec<String>) {
     let cfg = TrainConfig::load(None, &sets).unwrap();
     let plan = RunPlan::resolve(cfg, None).unwrap();
     let mut setup = RunSetup::new(plan, &Exec::cpu()).unwrap();
-    let summary = if nproc > 1 {
-        run_sharded(&mut setup).unwrap()
-    } else {
-        let mut trainer = Trainer::build(setup, Exec::cpu()).unwrap();
-        trainer.run(&mut []).unwrap()
-    };
+    let summary = run_sharded(&mut setup).unwrap();
     let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
     assert!(summary.final_model.join("model.safetensors").is_file());
     (summary, metrics.lines().map(str::to_string).collect())

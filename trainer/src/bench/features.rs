@@ -29,7 +29,8 @@
 
 use crate::config::TrainConfig;
 use crate::model::Exec;
-use crate::train::{RunPlan, RunSetup, TrainError, Trainer};
+use crate::train::sharded::Ranks;
+use crate::train::{RunPlan, RunSetup, TrainError};
 use cannon_runtime::{CachingAllocator, Stream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -257,11 +258,11 @@ pub fn run_one(mut cfg: TrainConfig, dir: &Path) -> Result<RunTrace, TrainError>
         .map_err(crate::model::ModelError::from)?;
     let mut setup = RunSetup::new(plan, &exec)?;
     let jsonl = setup.plan.jsonl.clone();
-    if setup.plan.cfg.parallel.nproc > 1 {
-        crate::train::sharded::run_sharded(&mut setup)?;
-    } else {
-        Trainer::build(setup, exec)?.run(&mut [])?;
-    }
+    let ranks = match setup.plan.cfg.parallel.nproc {
+        0 | 1 => Ranks::Solo(exec),
+        n => Ranks::Cpu(n),
+    };
+    crate::train::sharded::run_sharded_on(&mut setup, ranks, &mut [])?;
     let trace = read_trace(&jsonl)?;
     let _ = std::fs::remove_dir_all(dir);
     if trace.loss.len() != STEPS {

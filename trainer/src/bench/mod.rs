@@ -10,13 +10,19 @@
 //! step = zero grads; forward; backward; clip_grad_norm(1.0); AdamW(lr 1e-4, betas (0.9,
 //!        0.95), eps 1e-8, weight decay 0.1)      (the script's optimizer)
 //! ```
+//!
+//! The step is the one every run takes (`FsdpRank::step`): on a world of one here, on N
+//! in-process ranks with `--nproc N` ([`sharded`]).
 
 use crate::batch::{Batch, Images};
-use crate::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use crate::model::{Act, Exec, LossMode, Mistral3, Mistral3Config, ModelError, Part};
+use crate::fsdp::{FsdpError, FsdpRank, FsdpSettings, ShardSource};
+use crate::model::init::{Init, INITIALIZER_RANGE};
+use crate::model::optim::AdamWConfig;
+use crate::model::{Act, Exec, LossMode, Mistral3, Mistral3Config, ModelError, ParamLayout, Part};
 use crate::train::flops::{step_flops, GemmProbe};
-use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
+use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_kernels::Precision;
+use cannon_runtime::comm::Communicator;
 use cannon_runtime::rng::SplitMix64;
 use std::time::Instant;
 
@@ -257,17 +263,35 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-/// Times `b.warmup + b.steps` full training steps of a random model of `cfg` on the host.
-pub fn run(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, ModelError> {
+/// Times `b.warmup + b.steps` full training steps of a random model of `cfg` on the host:
+/// the one step every run takes ([`FsdpRank::step`]), on a world of one.
+pub fn run(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, FsdpError> {
     match b.precision {
         Precision::F32 => run_as::<f32>(cfg, b),
         Precision::Bf16 => run_as::<half::bf16>(cfg, b),
     }
 }
 
-fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, ModelError> {
+/// The script's optimizer and clipping, the parts it trains (the text model).
+fn bench_settings() -> FsdpSettings {
+    FsdpSettings {
+        adamw: AdamWConfig {
+            lr: 1e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        },
+        max_grad_norm: 1.0,
+        frozen: vec![Part::Vision, Part::Projector],
+        loss_mode: LossMode::Full,
+        memory: Default::default(),
+    }
+}
+
+fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, FsdpError> {
     if b.steps == 0 {
-        return Err(ModelError::Input("--steps must be > 0".into()));
+        return Err(ModelError::Input("--steps must be > 0".into()).into());
     }
     // A private allocator: the figures (peaks, blocks taken per step) are the model's own,
     // untouched by anything else the process runs (tests run benches side by side).
@@ -275,27 +299,22 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
         std::sync::Arc::new(cannon_runtime::Stream::cpu()),
         cannon_runtime::CachingAllocator::new_cpu(),
     )?;
-    let mut model = random_model(cfg, exec, b.seed)?;
     let batch = bench_batch(cfg, b.batch, b.seq, b.img, b.seed)?;
-    let text = [Part::Text];
-    let mut grads = model.grads(&text)?;
-    let hp = AdamWConfig {
-        lr: 1e-4,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
+    let settings = bench_settings();
+    let comm = Communicator::solo(exec.device(), std::time::Duration::from_secs(600));
+    // [`random_host`]'s weights, drawn where the rank keeps them.
+    let source = ShardSource::Random {
+        seed: b.seed,
+        init: Init::Normal(INITIALIZER_RANGE),
     };
-    let mut opt = AdamW::new(&model.exec, hp, &grads)?;
-    let trainable_params = model
-        .params
-        .layout
+    let mut rank = FsdpRank::new(comm, exec.clone(), cfg.clone(), source, settings.clone())?;
+    let text = [Part::Text];
+    let trainable_params = ParamLayout::new(cfg)
         .groups
         .iter()
         .filter(|g| text.contains(&g.part))
         .map(|g| g.len)
         .sum();
-    let exec = model.exec.clone();
     // The GEMM peaks (at start-up, and beside every step: `StepReport::step_over_floor`) run
     // on operands allocated once from their own allocator, so they are in neither the model's
     // allocator figures nor its cache.
@@ -309,26 +328,23 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
     let alloc = exec.allocator().clone();
     let mut rates = vec![probe.best(2)?];
     let (mut times, mut loss, mut allocs0) = (Vec::with_capacity(b.steps), 0.0, 0);
+    let (mut max_allocated, mut max_reserved) = (0, 0);
     for i in 0..b.warmup + b.steps {
         if i == b.warmup {
-            alloc.reset_peak();
             allocs0 = alloc.stats().num_device_allocs;
         }
         let t0 = Instant::now();
-        grads.zero(exec.stream())?;
-        let acts = model.forward_train::<A>(&batch, LossNorm::Mean)?;
-        model.backward(&batch, &acts, &mut grads, None)?;
-        loss = acts.loss();
-        drop(acts);
-        clip_grad_norm(exec.stream(), &mut grads, 1.0)?;
-        opt.update(exec.stream(), &mut model.params, &grads, hp.lr)?;
+        let st = rank.step::<A>(std::slice::from_ref(&batch), settings.adamw.lr)?;
         exec.stream()
             .synchronize()
             .map_err(cannon_kernels::KernelError::from)?;
         let dt = t0.elapsed().as_secs_f64();
+        loss = st.loss;
         rates.push(probe.best(2)?);
         if i >= b.warmup {
             times.push(dt);
+            max_allocated = max_allocated.max(st.memory.max_allocated);
+            max_reserved = max_reserved.max(st.memory.max_reserved);
         }
     }
     let mut over: Vec<f64> = times
@@ -353,8 +369,8 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Mod
         peak_rss_mib: peak_rss_mib(),
         trainable_params,
         loss,
-        max_allocated_mib: mib(stats.peak_allocated),
-        max_reserved_mib: mib(stats.peak_reserved),
+        max_allocated_mib: mib(max_allocated),
+        max_reserved_mib: mib(max_reserved),
         model_flops,
         gemm_peak_flops: rates.iter().cloned().fold(gemm_peak_flops, f64::max),
         device_allocs_per_step: (stats.num_device_allocs - allocs0) as f64 / b.steps as f64,

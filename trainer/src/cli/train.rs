@@ -18,7 +18,7 @@ use crate::model::{weights, Exec, ParamLayout};
 use crate::train::resume;
 use crate::train::run_plan::{self, image_config, model_config, ModelSource, RunPlan};
 use crate::train::sharded::Ranks;
-use crate::train::{RunSetup, TrainError, Trainer};
+use crate::train::{RunSetup, TrainError};
 use cannon_runtime::comm::Communicator;
 use cannon_runtime::Device;
 use clap::Args;
@@ -128,7 +128,6 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         }
         _ => Exec::cpu(),
     };
-    let sharded = job.is_some() || plan.cfg.parallel.nproc > 1;
     let mut setup = RunSetup::new(plan, &exec)?;
     let ckpt = resume::resume_from(&setup.plan)?;
     if ckpt.is_none() && run_plan::wants_resume(&setup.plan.cfg) {
@@ -176,42 +175,32 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         }
     };
     let job_rank = job.as_ref().map(|c| (c.rank(), c.world_size()));
-    let (summary, jsonl) = if sharded {
-        // Every rank reads or draws its own shards (of the checkpoint, when resuming).
-        if let Some(ckpt) = &ckpt {
-            resumed(resume::resume_setup(&mut setup, ckpt)?);
-        }
-        let summary = if let Some(comm) = job {
-            eprintln!(
-                "rank {} of {} on {} (FSDP over HCCL): memory figures are rank 0's",
-                comm.rank(),
-                comm.world_size(),
-                comm.device()
-            );
-            crate::train::sharded::run_sharded_on(&mut setup, Ranks::Hccl(comm))?
-        } else {
-            eprintln!(
-                "sharded over {} CPU ranks (FSDP): memory figures are rank 0's",
-                setup.plan.cfg.parallel.nproc
-            );
-            crate::train::sharded::run_sharded(&mut setup)?
-        };
-        (summary, setup.plan.jsonl.clone())
+    // Every rank reads or draws its own shards (of the checkpoint, when resuming).
+    if let Some(ckpt) = &ckpt {
+        resumed(resume::resume_setup(&mut setup, ckpt)?);
+    }
+    let ranks = if let Some(comm) = job {
+        eprintln!(
+            "rank {} of {} on {} (FSDP over HCCL): memory figures are rank 0's",
+            comm.rank(),
+            comm.world_size(),
+            comm.device()
+        );
+        Ranks::Hccl(comm)
+    } else if setup.plan.cfg.parallel.nproc > 1 {
+        eprintln!(
+            "sharded over {} CPU ranks (FSDP): memory figures are rank 0's",
+            setup.plan.cfg.parallel.nproc
+        );
+        Ranks::Cpu(setup.plan.cfg.parallel.nproc)
     } else {
-        let mut trainer = Trainer::build(setup, exec)?;
-        if let Some(mut ckpt) = ckpt {
-            resumed(resume::resume(&mut trainer, &mut ckpt)?);
-        }
-        let mut hook = resume::CheckpointHook::new(&trainer);
-        let summary = match hook.as_mut() {
-            Some(h) => trainer.run(&mut [h])?,
-            None => trainer.run(&mut [])?,
-        };
-        if let Some(last) = hook.as_ref().and_then(|h| h.saved.last()) {
-            eprintln!("last checkpoint: {}", last.display());
-        }
-        (summary, trainer.setup.plan.jsonl.clone())
+        Ranks::Solo(exec)
     };
+    let summary = crate::train::sharded::run_sharded_on(&mut setup, ranks, &mut [])?;
+    if let Some(last) = &summary.last_checkpoint {
+        eprintln!("last checkpoint: {}", last.display());
+    }
+    let jsonl = setup.plan.jsonl.clone();
     if let Some((r, w)) = job_rank.filter(|&(r, _)| r != 0) {
         println!(
             "rank {r} of {w}: trained {} steps (rank 0 writes the metrics and the final model, \

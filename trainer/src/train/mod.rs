@@ -6,14 +6,14 @@
 //! - [`schedule`]: warm-up + cosine or constant learning rate.
 //! - [`run_plan`]: a config resolved into paths, a model source and a freeze list
 //!   ([`run_plan::RunPlan`]).
-//! - [`setup`]: a run made ready without its model ([`setup::RunSetup`]): what both a
-//!   one-process run and the ranks of a sharded one start from.
-//! - [`run`]: the one-process run: the state a checkpoint holds ([`run::TrainState`]), the loop
-//!   ([`run::Trainer::run`]) with a hook after every step ([`run::StepHook`]), the final
-//!   evaluation.
-//! - [`resume`]: saving checkpoints from the loop ([`resume::CheckpointHook`]) and resuming
-//!   a run from one.
-//! - [`sharded`]: the run on `parallel.nproc` CPU ranks of an FSDP run.
+//! - [`setup`]: a run made ready without its model ([`setup::RunSetup`]): what the ranks
+//!   start from, each reading or drawing its own shards.
+//! - [`sharded`]: the one driver loop, for every world size: one process alone (a world of
+//!   one), N in-process CPU ranks, or this process's rank of a launched job; each step is
+//!   [`crate::fsdp::FsdpRank::step`].
+//! - [`run`]: what a run reports ([`run::RunSummary`]) and how it fails, and the hook run
+//!   after every step ([`run::StepHook`]).
+//! - [`resume`]: every rank's part of a checkpoint, and resuming a run from one.
 //! - [`metrics`], [`flops`], [`identity`], [`sha256`]: what a run reports and records.
 
 pub mod flops;
@@ -28,7 +28,7 @@ pub mod sha256;
 pub mod sharded;
 pub mod step;
 
-pub use run::{RunSummary, StepHook, TrainError, TrainState, Trainer};
+pub use run::{RunSummary, StepHook, TrainError};
 pub use run_plan::RunPlan;
 pub use schedule::LrSchedule;
 pub use setup::RunSetup;

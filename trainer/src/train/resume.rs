@@ -1,27 +1,25 @@
-//! Checkpoints of `cannon train`: the [`StepHook`] that saves `[checkpoint] every` steps
-//! (and at the last step), keeping `keep_last`, its FSDP counterpart [`save_sharded`] (one
-//! file per rank, called by every rank of `train::sharded`), and the resume that puts a saved
-//! state back into a [`Trainer`] (`[checkpoint] resume = true | "DIR"`), consolidated from
-//! any world size; a sharded run ([`resume_setup`]) takes only the counters here and each
-//! rank reads its own slices.
+//! Checkpoints of `cannon train`: every rank's part of a step's checkpoint
+//! ([`save_sharded`], called by every rank after the steps `[checkpoint] every` names and
+//! after the last, keeping `keep_last`), and the resume (`[checkpoint] resume = true |
+//! "DIR"`): [`resume_setup`] takes the checkpoint's counters, and each rank reads its own
+//! slices of the weights and moments, whatever world size saved them.
 //!
-//! A checkpoint holds the [`TrainState`]: weights (f32 masters), AdamW moments and step, the
-//! step, the data position and the consumed/dropped counts. The LR schedule is a function of
-//! the config and the step, and the loop draws no random numbers after the model's init, so
-//! this is all a run needs to continue bit for bit (the `train_resume` test checks it). The
-//! saved scheduler settings and run config are recorded for the reader; the run's TOML config
-//! is saved beside the manifest as `cannon_train.toml`, so `cannon eval --checkpoint` reads a
+//! A checkpoint holds the weights (f32 masters), AdamW moments and step, the step, the data
+//! position and the consumed/dropped counts. The LR schedule is a function of the config and
+//! the step, and the loop draws no random numbers after the model's init, so this is all a
+//! run needs to continue bit for bit (the `train_resume` test checks it). The saved
+//! scheduler settings and run config are recorded for the reader; the run's TOML config is
+//! saved beside the manifest as `cannon_train.toml`, so `cannon eval --checkpoint` reads a
 //! checkpoint like a run's `final/` folder.
 
-use super::run::{StepHook, TrainError, TrainState, Trainer};
+use super::run::TrainError;
 use super::run_plan::{RunPlan, FINAL_RUN_CONFIG};
 use super::schedule::LrSchedule;
 use super::setup::RunSetup;
 use crate::checkpoint::manifest::{group_entries, OptimizerState};
-use crate::checkpoint::state::one_rank_meta;
 use crate::checkpoint::{
-    padded_shards, restore_one_rank, save_distributed, save_local, Checkpoint, CheckpointDir,
-    CheckpointError, DataState, Progress, RankShards, SaveMeta,
+    padded_shards, save_distributed, Checkpoint, CheckpointDir, CheckpointError, DataState,
+    Progress, RankShards, SaveMeta,
 };
 use crate::config::Resume;
 use crate::data::shuffle::Position;
@@ -38,19 +36,6 @@ pub struct Counters {
     pub samples: u64,
     pub tokens: u64,
     pub dropped_samples: u64,
-}
-
-impl Counters {
-    pub fn of(state: &TrainState) -> Self {
-        Counters {
-            schedule: state.schedule,
-            step: state.step,
-            position: state.position,
-            samples: state.samples,
-            tokens: state.tokens,
-            dropped_samples: state.dropped_samples,
-        }
-    }
 }
 
 /// The checkpoint progress record of a run at `c`.
@@ -73,11 +58,6 @@ pub fn progress_at(plan: &RunPlan, c: &Counters) -> Progress {
         // the position): the generator recorded is the seed's.
         rng: plan.cfg.train.seed,
     }
-}
-
-/// The checkpoint progress record of a training state.
-pub fn progress(plan: &RunPlan, state: &TrainState) -> Progress {
-    progress_at(plan, &Counters::of(state))
 }
 
 /// Whether a checkpoint is due after step `step` (1-based) of `total`.
@@ -130,60 +110,6 @@ pub fn save_sharded(
     )
 }
 
-/// Saves `state` as `plan`'s checkpoint of its current step, keeping `keep_last`.
-pub fn save(
-    plan: &RunPlan,
-    state: &TrainState,
-    model_json: &serde_json::Value,
-) -> Result<PathBuf, CheckpointError> {
-    let p = progress(plan, state);
-    let mut meta = one_rank_meta(&state.model, model_json, &state.opt, &p)?;
-    meta.extra_files
-        .push((FINAL_RUN_CONFIG.to_string(), plan.effective().to_toml()));
-    let shards = RankShards::stored(
-        0,
-        &state.model.params.data,
-        &state.opt.m,
-        &state.opt.v,
-        p.rng,
-    )?;
-    let dir = CheckpointDir::new(&plan.checkpoint_dir);
-    save_local(
-        &dir,
-        &meta,
-        &[shards],
-        state.model.exec.stream(),
-        plan.cfg.checkpoint.keep_last,
-    )
-}
-
-/// Saves a checkpoint every `[checkpoint] every` steps and after the last step.
-#[derive(Debug)]
-pub struct CheckpointHook {
-    model_json: serde_json::Value,
-    /// The checkpoints written, in order.
-    pub saved: Vec<PathBuf>,
-}
-
-impl CheckpointHook {
-    /// The hook of `trainer`'s run (None when `[checkpoint] every` is 0).
-    pub fn new(trainer: &Trainer) -> Option<Self> {
-        (trainer.setup.plan.cfg.checkpoint.every > 0).then(|| CheckpointHook {
-            model_json: trainer.setup.model_json.clone(),
-            saved: Vec::new(),
-        })
-    }
-}
-
-impl StepHook for CheckpointHook {
-    fn after_step(&mut self, plan: &RunPlan, state: &TrainState) -> Result<(), TrainError> {
-        if due(plan, state.step, state.total_steps) {
-            self.saved.push(save(plan, state, &self.model_json)?);
-        }
-        Ok(())
-    }
-}
-
 /// The checkpoint `[checkpoint] resume` names: None for `false`, the newest complete one in
 /// the checkpoint folder for `true` (None if there is none yet: a fresh start), the given
 /// directory (or its newest) for a path.
@@ -210,34 +136,6 @@ pub struct Resumed {
     pub world_size: usize,
     /// The saved schedule when it differs from this run's (the config changed).
     pub schedule_changed: Option<serde_json::Value>,
-}
-
-/// Overwrites `trainer`'s state with `ckpt`'s and moves the loader to its position.
-pub fn resume(trainer: &mut Trainer, ckpt: &mut Checkpoint) -> Result<Resumed, TrainError> {
-    let s = &mut trainer.state;
-    let p = restore_one_rank(ckpt, &mut s.model, &mut s.opt)?;
-    s.step = p.step as usize;
-    s.position = p.data.position;
-    s.samples = p.data.consumed_samples;
-    s.tokens = p.data.consumed_tokens;
-    s.dropped_samples = p.data.dropped_samples;
-    if s.step > s.total_steps {
-        return Err(TrainError::Input(format!(
-            "the checkpoint {} is at step {}, past this run's {} steps (raise train.steps)",
-            ckpt.dir().display(),
-            s.step,
-            s.total_steps
-        )));
-    }
-    let schedule_changed = schedule_change(&p.scheduler, &s.schedule);
-    let step = s.step;
-    trainer.restore_position();
-    Ok(Resumed {
-        step,
-        dir: ckpt.dir().to_path_buf(),
-        world_size: ckpt.manifest().world_size,
-        schedule_changed,
-    })
 }
 
 /// The saved schedule when it is not `now` (the config changed).

@@ -32,7 +32,7 @@
 use super::flops::shape_flops;
 use super::metrics::{JsonlWriter, Progress, StepRecord};
 use super::resume;
-use super::run::{RunSummary, TrainError, CACHE_SLACK};
+use super::run::{RunSummary, StepHook, TrainError, CACHE_SLACK};
 use super::setup::RunSetup;
 use crate::config::Dtype;
 use crate::data::shuffle::Position;
@@ -47,27 +47,38 @@ use std::time::{Duration, Instant};
 /// errors drops its communicator, which fails the others at once; this bounds a hang).
 const RANK_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The ranks of a sharded run.
+/// The ranks of a run.
 pub enum Ranks {
+    /// One process alone, on this exec's device (the CPU or one NPU): a world of one
+    /// ([`Communicator::solo`]), run on the calling thread.
+    Solo(Exec),
     /// This many in-process CPU ranks (threads).
     Cpu(usize),
     /// This process's rank of a multi-process job (one per NPU), on the communicator's device.
     Hccl(Communicator),
 }
 
-/// Trains `setup`'s run on `parallel.nproc` CPU ranks from its step to the last, then
-/// writes the final model and evaluates it, as [`super::Trainer::run`] does for one rank.
+/// Trains `setup`'s run on `parallel.nproc` in-process CPU ranks (one: this thread alone)
+/// from its step to the last, then writes the final model and evaluates it.
 pub fn run_sharded(setup: &mut RunSetup) -> Result<RunSummary, TrainError> {
-    let world = setup.plan.cfg.parallel.nproc;
-    run_sharded_on(setup, Ranks::Cpu(world))
+    let ranks = match setup.plan.cfg.parallel.nproc {
+        0 | 1 => Ranks::Solo(Exec::cpu()),
+        n => Ranks::Cpu(n),
+    };
+    run_sharded_on(setup, ranks, &mut [])
 }
 
-/// [`run_sharded`] on the given ranks. With [`Ranks::Hccl`] on a rank other than 0 the
-/// summary has no losses and no evaluation (rank 0's process reports the run).
-pub fn run_sharded_on(setup: &mut RunSetup, ranks: Ranks) -> Result<RunSummary, TrainError> {
+/// [`run_sharded`] on the given ranks, with `hooks` run on rank 0 after every step. With
+/// [`Ranks::Hccl`] on a rank other than 0 the summary has no losses and no evaluation (rank
+/// 0's process reports the run).
+pub fn run_sharded_on(
+    setup: &mut RunSetup,
+    ranks: Ranks,
+    hooks: &mut [&mut (dyn StepHook + Send)],
+) -> Result<RunSummary, TrainError> {
     match setup.plan.cfg.train.dtype {
-        Dtype::F32 => run_as::<f32>(setup, ranks),
-        Dtype::Bf16 => run_as::<half::bf16>(setup, ranks),
+        Dtype::F32 => run_as::<f32>(setup, ranks, hooks),
+        Dtype::Bf16 => run_as::<half::bf16>(setup, ranks, hooks),
     }
 }
 
@@ -76,10 +87,16 @@ struct Rank0 {
     losses: Vec<f64>,
     last: Option<StepRecord>,
     position: Position,
+    checkpoint: Option<std::path::PathBuf>,
 }
 
-fn run_as<A: Act>(setup: &mut RunSetup, ranks: Ranks) -> Result<RunSummary, TrainError> {
+fn run_as<A: Act>(
+    setup: &mut RunSetup,
+    ranks: Ranks,
+    hooks: &mut [&mut (dyn StepHook + Send)],
+) -> Result<RunSummary, TrainError> {
     let (world, lead) = match &ranks {
+        Ranks::Solo(_) => (1, true),
         Ranks::Cpu(n) => (*n, true),
         Ranks::Hccl(c) => (c.world_size(), c.rank() == 0),
     };
@@ -108,6 +125,7 @@ fn run_as<A: Act>(setup: &mut RunSetup, ranks: Ranks) -> Result<RunSummary, Trai
         (None, None)
     };
     let log = Mutex::new(log);
+    let hooks = Mutex::new(hooks);
     let started = Instant::now();
     let t: &RunSetup = setup;
     let cfg = &t.cfg;
@@ -126,7 +144,7 @@ fn run_as<A: Act>(setup: &mut RunSetup, ranks: Ranks) -> Result<RunSummary, Trai
         // Context parallel: replicas of cp ranks take the same rows (world = dp x cp).
         let mut rank = rank.with_cp(cp)?;
         let (replica, replicas) = rank.data_parallel();
-        let (mut losses, mut last) = (Vec::new(), None);
+        let (mut losses, mut last, mut checkpoint) = (Vec::new(), None, None);
         let (mut samples, mut tokens) = (t.at.samples, t.at.tokens);
         for step in first..total {
             let t0 = Instant::now();
@@ -172,8 +190,9 @@ fn run_as<A: Act>(setup: &mut RunSetup, ranks: Ranks) -> Result<RunSummary, Trai
                     tokens,
                     dropped_samples: t.at.dropped_samples,
                 };
-                resume::save_sharded(&t.plan, &t.model_json, &rank, &at)
+                let dir = resume::save_sharded(&t.plan, &t.model_json, &rank, &at)
                     .map_err(|e| fail(e.into()))?;
+                checkpoint = Some(dir);
             }
             if r != 0 {
                 continue;
@@ -213,6 +232,13 @@ fn run_as<A: Act>(setup: &mut RunSetup, ranks: Ranks) -> Result<RunSummary, Trai
                 }
                 progress.update(&rec, rec.step - first);
             }
+            drop(guard);
+            let mut hooks = hooks
+                .lock()
+                .map_err(|_| fail(TrainError::Input("a step hook panicked".into())))?;
+            for h in hooks.iter_mut() {
+                h.after_step(&t.plan, &rec).map_err(fail)?;
+            }
             last = Some(rec);
         }
         // The final model, one group at a time; rank 0 (of the lead process) writes it.
@@ -221,17 +247,24 @@ fn run_as<A: Act>(setup: &mut RunSetup, ranks: Ranks) -> Result<RunSummary, Trai
         Ok((r == 0).then_some(Rank0 {
             losses,
             last,
+            checkpoint,
             position: loader.position(),
         }))
     };
     let results = match ranks {
+        Ranks::Solo(exec) => {
+            body(Communicator::solo(exec.device(), RANK_TIMEOUT), exec).map(|r| vec![r])
+        }
         Ranks::Cpu(_) => run_cpu_ranks(world, RANK_TIMEOUT, body),
         Ranks::Hccl(comm) => Exec::new(comm.device())
             .map_err(FsdpError::from)
             .and_then(|exec| body(comm, exec))
             .map(|r| vec![r]),
     }
-    .map_err(|e| TrainError::Input(format!("sharded run ({world} ranks): {e}")))?;
+    .map_err(|e| match world {
+        1 => TrainError::Input(e.to_string()),
+        _ => TrainError::Input(format!("sharded run ({world} ranks): {e}")),
+    })?;
     let wall_s = started.elapsed().as_secs_f64();
     let Some((mut jsonl, progress)) = log
         .into_inner()
@@ -245,6 +278,7 @@ fn run_as<A: Act>(setup: &mut RunSetup, ranks: Ranks) -> Result<RunSummary, Trai
             wall_s,
             eval: None,
             final_model: setup.plan.out_dir.clone(),
+            last_checkpoint: None,
         });
     };
     let rank0 = results
@@ -275,5 +309,6 @@ fn run_as<A: Act>(setup: &mut RunSetup, ranks: Ranks) -> Result<RunSummary, Trai
         wall_s,
         eval,
         final_model,
+        last_checkpoint: rank0.checkpoint,
     })
 }
