@@ -14,8 +14,9 @@
 //! - [`resume`]: saving checkpoints from the loop ([`resume::CheckpointHook`]) and resuming
 //!   a run from one.
 //! - [`sharded`]: the run on `parallel.nproc` CPU ranks of an FSDP run.
-//! - [`metrics`], [`flops`], [`identity`], [`sha256`]: what a run reports and records.
+//! - [`metrics`], [`flops`], [`identity`], [`digest`]: what a run reports and records.
 
+pub mod digest;
 pub mod flops;
 pub mod identity;
 pub mod metrics;
@@ -24,7 +25,6 @@ pub mod run;
 pub mod run_plan;
 pub mod schedule;
 pub mod setup;
-pub mod sha256;
 pub mod sharded;
 pub mod step;
 

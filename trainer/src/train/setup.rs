@@ -231,8 +231,10 @@ impl RunSetup {
         std::fs::write(&cfg_path, text).map_err(io(&cfg_path))?;
         let mut files = self.inputs.clone();
         files.push(("effective_config".into(), cfg_path));
-        let id =
-            RunIdentity::new(&files).map_err(|(path, source)| TrainError::Io { path, source })?;
+        let id = RunIdentity::new(&files).map_err(|e| TrainError::Io {
+            path: e.path,
+            source: e.source,
+        })?;
         let dir = self
             .plan
             .jsonl
