@@ -9,6 +9,7 @@ use cannon_trainer::checkpoint::{export, Checkpoint, ExportDtype, ExportOptions}
 use cannon_trainer::config::TrainConfig;
 use cannon_trainer::data::synth;
 use cannon_trainer::model::{Exec, Mistral3};
+use cannon_trainer::train::digest::sha256_file;
 use cannon_trainer::train::resume::{self, CheckpointHook};
 use cannon_trainer::train::sharded::run_sharded;
 use cannon_trainer::train::{RunPlan, RunSetup, StepHook, TrainError, TrainState, Trainer};
@@ -197,6 +198,25 @@ fn start_from_export(root: &Path, trained: &Trainer) {
         ],
     );
     let t = Trainer::new(p, Exec::cpu()).unwrap();
+    // Every weight file (the shards and the index) was digested while the model loaded, for
+    // run_identity.json.
+    let mut digested = 0;
+    for e in std::fs::read_dir(&hf).unwrap() {
+        let path = e.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name == "config.json" {
+            continue;
+        }
+        let d = &t.setup.digests[&format!("weights/{name}")];
+        assert_eq!(d.sha256, sha256_file(&path).unwrap(), "{name}");
+        digested += 1;
+    }
+    assert_eq!(
+        digested,
+        report.files.len() + 1,
+        "{:?}",
+        t.setup.digests.keys()
+    );
     let st = t.state.model.exec.stream();
     for (x, y) in trained
         .state

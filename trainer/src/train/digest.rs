@@ -21,7 +21,7 @@ const PIECES: usize = 3;
 
 /// A file that could not be read, named.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: {source}", path.display())]
+#[error("{path}: {source}")]
 pub struct DigestError {
     pub path: PathBuf,
     #[source]

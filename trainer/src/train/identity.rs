@@ -90,35 +90,47 @@ pub fn host() -> BTreeMap<String, String> {
     h
 }
 
+/// The digests of `files` (role, path) by role; a file that cannot be read is an error
+/// naming it.
+///
+/// The files are digested over the thread pool, one file a task (a sharded checkpoint's
+/// shards are many large files; a file's SHA-256 is one sequential chain), the largest first
+/// so that the last to finish is a small one.
+pub fn digest_files(
+    files: &[(String, PathBuf)],
+) -> Result<BTreeMap<String, FileDigest>, DigestError> {
+    let mut order: Vec<(u64, &(String, PathBuf))> = files
+        .iter()
+        // A file without metadata is reported by its digest below.
+        .map(|f| (std::fs::metadata(&f.1).map_or(0, |m| m.len()), f))
+        .collect();
+    order.sort_by_key(|&(len, _)| std::cmp::Reverse(len));
+    order
+        .into_par_iter()
+        .with_max_len(1)
+        .map(|(_, (role, path))| Ok((role.clone(), FileDigest::of(path)?)))
+        .collect()
+}
+
 impl RunIdentity {
-    /// The record of a run over `files` (role, path); a file that cannot be read is an error
-    /// naming it.
-    ///
-    /// The files are digested over the thread pool, one file a task (a sharded checkpoint's
-    /// shards are many large files; a file's SHA-256 is one sequential chain), the largest
-    /// first so that the last to finish is a small one.
+    /// The record of a run over `files` (role, path), digested by [`digest_files`].
     pub fn new(files: &[(String, PathBuf)]) -> Result<Self, DigestError> {
-        let mut order: Vec<(u64, &(String, PathBuf))> = files
-            .iter()
-            // A file without metadata is reported by its digest below.
-            .map(|f| (std::fs::metadata(&f.1).map_or(0, |m| m.len()), f))
-            .collect();
-        order.sort_by_key(|&(len, _)| std::cmp::Reverse(len));
-        let digests = order
-            .into_par_iter()
-            .with_max_len(1)
-            .map(|(_, (role, path))| Ok((role.clone(), FileDigest::of(path)?)))
-            .collect::<Result<BTreeMap<_, _>, DigestError>>()?;
+        Ok(Self::of_digests(digest_files(files)?))
+    }
+
+    /// The record of a run whose input files were digested already (a run digests them while
+    /// its weights load).
+    pub fn of_digests(files: BTreeMap<String, FileDigest>) -> Self {
         let mut versions = BTreeMap::new();
         versions.insert("cannon".into(), VERSION.into());
         versions.insert("rustc".into(), RUSTC_VERSION.into());
-        Ok(RunIdentity {
+        RunIdentity {
             source_revision: SOURCE_REVISION.into(),
             versions,
-            files: digests,
+            files,
             command: std::env::args().collect(),
             host: host(),
             env: behaviour_env(),
-        })
+        }
     }
 }

@@ -13,6 +13,7 @@
 //! saving checkpoints plugs in. Resuming is building a [`Trainer`], overwriting its state
 //! with the saved one ([`Trainer::restore_position`] moves the loader) and calling `run`.
 
+use super::digest::DigestError;
 use super::flops::shape_flops;
 use super::metrics::{JsonlWriter, Progress, StepRecord};
 use super::run_plan::RunPlan;
@@ -55,6 +56,16 @@ pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ 
     move |source| TrainError::Io {
         path: path.to_path_buf(),
         source,
+    }
+}
+
+/// An input file that could not be digested (for `run_identity.json`) is an I/O error on it.
+impl From<DigestError> for TrainError {
+    fn from(e: DigestError) -> Self {
+        TrainError::Io {
+            path: e.path,
+            source: e.source,
+        }
     }
 }
 
@@ -128,23 +139,25 @@ impl Trainer {
     }
 
     /// The model of `setup`'s run on `exec`, whole in this process.
-    pub fn build(setup: RunSetup, exec: Exec) -> Result<Self, TrainError> {
+    pub fn build(mut setup: RunSetup, exec: Exec) -> Result<Self, TrainError> {
         let memory = setup.memory;
         let exec = match (memory.needs_host_pool(), exec.host_pool()) {
             (true, None) => exec.with_host_pool().map_err(ModelError::from)?,
             _ => exec,
         };
         let layout = ParamLayout::new(&setup.cfg);
-        let mut params = match &setup.weights {
+        // The input files (the weights among them) are digested for run_identity.json while
+        // the weights load, rather than read a second time after.
+        let mut params = setup.digest_while(|setup| match &setup.weights {
             Weights::Hf(w) => {
                 let host = (0..layout.groups.len())
                     .map(|g| w.read(g, 0..layout.groups[g].len))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(ModelError::from)?;
-                Params::from_host(&exec, layout, &host)?
+                Ok(Params::from_host(&exec, layout, &host)?)
             }
-            Weights::Random { seed, init } => init::random_params(&exec, layout, *seed, *init)?,
-        };
+            Weights::Random { seed, init } => Ok(init::random_params(&exec, layout, *seed, *init)?),
+        })?;
         if memory.offload_optimizer {
             // Into the host pool before the gradients and moments exist: start-up then holds
             // at most the f32 weights on the device, not weights, gradients and moments.

@@ -5,7 +5,7 @@
 //! model to cut it.
 
 use super::flops::gemm_peak;
-use super::identity::RunIdentity;
+use super::identity::{digest_files, FileDigest, RunIdentity};
 use super::metrics::{EvalRecord, JsonlWriter};
 use super::resume::Counters;
 use super::run::{io, TrainError};
@@ -27,6 +27,7 @@ use crate::model::weights::HfWeights;
 use crate::model::{
     Act, Exec, LossMode, MemoryFeatures, Mistral3, Mistral3Config, ModelError, ParamLayout, Part,
 };
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Where the run's starting weights come from.
@@ -52,6 +53,9 @@ pub struct RunSetup {
     pub gemm_peak: f64,
     /// `(role, path)` of the run's input files, digested into `run_identity.json`.
     pub inputs: Vec<(String, PathBuf)>,
+    /// Digests of `inputs` taken already, by role ([`RunSetup::digest_while`]); the run's
+    /// files digest the others when they are written.
+    pub digests: BTreeMap<String, FileDigest>,
     /// Where the run stands: step 0, or a resumed checkpoint's counters.
     pub at: Counters,
     /// Optimizer steps of the whole run.
@@ -191,6 +195,7 @@ impl RunSetup {
             model_json,
             gemm_peak,
             inputs,
+            digests: BTreeMap::new(),
             at,
             total_steps,
             trainable,
@@ -219,7 +224,31 @@ impl RunSetup {
         self.loader.seek(self.at.position);
     }
 
-    /// Writes the run folder's `config.toml` and `run_identity.json`.
+    /// Runs `load` on this thread while the run's input files are digested over the thread
+    /// pool, and keeps the digests for `run_identity.json`. The model's load is what reads
+    /// the weights: digested beside it, each file is read from the disk once where the page
+    /// cache holds it, and its hashing (one core per file) overlaps the load instead of
+    /// following it. An error of `load` comes first; then a file that could not be digested.
+    pub(crate) fn digest_while<T>(
+        &mut self,
+        load: impl FnOnce(&Self) -> Result<T, TrainError>,
+    ) -> Result<T, TrainError> {
+        let this = &*self;
+        let (loaded, digests) = std::thread::scope(|s| {
+            let digests = s.spawn(|| digest_files(&this.inputs));
+            let loaded = load(this);
+            match digests.join() {
+                Ok(d) => (loaded, d),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        });
+        let loaded = loaded?;
+        self.digests = digests?;
+        Ok(loaded)
+    }
+
+    /// Writes the run folder's `config.toml` and `run_identity.json` (digesting the input
+    /// files not digested yet, and the `config.toml` written).
     pub(crate) fn write_run_files(&self) -> Result<(), TrainError> {
         let out = &self.plan.out_dir;
         std::fs::create_dir_all(out).map_err(io(out))?;
@@ -229,12 +258,16 @@ impl RunSetup {
             self.plan.effective().to_toml()
         );
         std::fs::write(&cfg_path, text).map_err(io(&cfg_path))?;
-        let mut files = self.inputs.clone();
+        let mut files: Vec<(String, PathBuf)> = self
+            .inputs
+            .iter()
+            .filter(|(role, _)| !self.digests.contains_key(role))
+            .cloned()
+            .collect();
         files.push(("effective_config".into(), cfg_path));
-        let id = RunIdentity::new(&files).map_err(|e| TrainError::Io {
-            path: e.path,
-            source: e.source,
-        })?;
+        let mut digests = digest_files(&files)?;
+        digests.extend(self.digests.clone());
+        let id = RunIdentity::of_digests(digests);
         let dir = self
             .plan
             .jsonl
