@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
 /// Bytes per read. Large pieces keep a cold read streaming at the disk's rate with few system
-/// calls (about 6000 for a 48 GB checkpoint); the reader keeps at most [`PIECES`] of them.
+/// calls (about 6000 for a 48 GB checkpoint); a reader keeps at most three of them.
 pub const READ_PIECE: usize = 8 << 20;
 
 /// Pieces in flight per file: one being hashed, one being read, one queued between them.

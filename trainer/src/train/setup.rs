@@ -53,8 +53,8 @@ pub struct RunSetup {
     pub gemm_peak: f64,
     /// `(role, path)` of the run's input files, digested into `run_identity.json`.
     pub inputs: Vec<(String, PathBuf)>,
-    /// Digests of `inputs` taken already, by role ([`RunSetup::digest_while`]); the run's
-    /// files digest the others when they are written.
+    /// Digests of `inputs` taken already, by role (a one-process run takes them while its
+    /// weights load); the run's files digest the others when they are written.
     pub digests: BTreeMap<String, FileDigest>,
     /// Where the run stands: step 0, or a resumed checkpoint's counters.
     pub at: Counters,
