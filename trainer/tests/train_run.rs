@@ -134,7 +134,7 @@ fn train_writes_metrics_identity_config_and_a_model_eval_reads() {
         let sha = id["files"][role]["sha256"].as_str().unwrap_or_default();
         assert_eq!(sha.len(), 64, "{role}: {id}");
     }
-    let want = cannon_trainer::train::sha256::sha256_file(&cfg).unwrap();
+    let want = cannon_trainer::train::digest::sha256_file(&cfg).unwrap();
     assert_eq!(id["files"]["config"]["sha256"], want.as_str());
     assert!(id["source_revision"]
         .as_str()

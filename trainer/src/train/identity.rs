@@ -3,7 +3,8 @@
 //! the versions, SHA-256 of every input file (dataset, held-out set, tokenizer, config, weights),
 //! the command line, the machine, and the environment variables that change behaviour.
 
-use super::sha256::sha256_file;
+use super::digest::{sha256_file, DigestError};
+use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,11 +26,17 @@ pub struct FileDigest {
 }
 
 impl FileDigest {
-    /// Reads and digests `path`.
-    pub fn of(path: &Path) -> std::io::Result<Self> {
+    /// Reads and digests `path`; an error names it.
+    pub fn of(path: &Path) -> Result<Self, DigestError> {
+        let bytes = std::fs::metadata(path)
+            .map_err(|source| DigestError {
+                path: path.to_path_buf(),
+                source,
+            })?
+            .len();
         Ok(FileDigest {
             path: path.to_path_buf(),
-            bytes: std::fs::metadata(path)?.len(),
+            bytes,
             sha256: sha256_file(path)?,
         })
     }
@@ -83,25 +90,47 @@ pub fn host() -> BTreeMap<String, String> {
     h
 }
 
+/// The digests of `files` (role, path) by role; a file that cannot be read is an error
+/// naming it.
+///
+/// The files are digested over the thread pool, one file a task (a sharded checkpoint's
+/// shards are many large files; a file's SHA-256 is one sequential chain), the largest first
+/// so that the last to finish is a small one.
+pub fn digest_files(
+    files: &[(String, PathBuf)],
+) -> Result<BTreeMap<String, FileDigest>, DigestError> {
+    let mut order: Vec<(u64, &(String, PathBuf))> = files
+        .iter()
+        // A file without metadata is reported by its digest below.
+        .map(|f| (std::fs::metadata(&f.1).map_or(0, |m| m.len()), f))
+        .collect();
+    order.sort_by_key(|&(len, _)| std::cmp::Reverse(len));
+    order
+        .into_par_iter()
+        .with_max_len(1)
+        .map(|(_, (role, path))| Ok((role.clone(), FileDigest::of(path)?)))
+        .collect()
+}
+
 impl RunIdentity {
-    /// The record of a run over `files` (role, path); a file that cannot be read is an error
-    /// naming it.
-    pub fn new(files: &[(String, PathBuf)]) -> Result<Self, (PathBuf, std::io::Error)> {
-        let mut digests = BTreeMap::new();
-        for (role, path) in files {
-            let d = FileDigest::of(path).map_err(|e| (path.clone(), e))?;
-            digests.insert(role.clone(), d);
-        }
+    /// The record of a run over `files` (role, path), digested by [`digest_files`].
+    pub fn new(files: &[(String, PathBuf)]) -> Result<Self, DigestError> {
+        Ok(Self::of_digests(digest_files(files)?))
+    }
+
+    /// The record of a run whose input files were digested already (a run digests them while
+    /// its weights load).
+    pub fn of_digests(files: BTreeMap<String, FileDigest>) -> Self {
         let mut versions = BTreeMap::new();
         versions.insert("cannon".into(), VERSION.into());
         versions.insert("rustc".into(), RUSTC_VERSION.into());
-        Ok(RunIdentity {
+        RunIdentity {
             source_revision: SOURCE_REVISION.into(),
             versions,
-            files: digests,
+            files,
             command: std::env::args().collect(),
             host: host(),
             env: behaviour_env(),
-        })
+        }
     }
 }

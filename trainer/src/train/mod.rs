@@ -14,8 +14,9 @@
 //! - [`run`]: what a run reports ([`run::RunSummary`]) and how it fails, and the hook run
 //!   after every step ([`run::StepHook`]).
 //! - [`resume`]: every rank's part of a checkpoint, and resuming a run from one.
-//! - [`metrics`], [`flops`], [`identity`], [`sha256`]: what a run reports and records.
+//! - [`metrics`], [`flops`], [`identity`], [`digest`]: what a run reports and records.
 
+pub mod digest;
 pub mod flops;
 pub mod identity;
 pub mod metrics;
@@ -24,7 +25,6 @@ pub mod run;
 pub mod run_plan;
 pub mod schedule;
 pub mod setup;
-pub mod sha256;
 pub mod sharded;
 pub mod step;
 

@@ -10,6 +10,7 @@
 //! dropped sample counts ([`super::resume::Counters`]), and every rank's shards of the
 //! weights with the AdamW state.
 
+use super::digest::DigestError;
 use super::metrics::StepRecord;
 use super::run_plan::RunPlan;
 use crate::config::ConfigError;
@@ -44,6 +45,16 @@ pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ 
     move |source| TrainError::Io {
         path: path.to_path_buf(),
         source,
+    }
+}
+
+/// An input file that could not be digested (for `run_identity.json`) is an I/O error on it.
+impl From<DigestError> for TrainError {
+    fn from(e: DigestError) -> Self {
+        TrainError::Io {
+            path: e.path,
+            source: e.source,
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 //! model to cut it.
 
 use super::flops::gemm_peak;
-use super::identity::RunIdentity;
+use super::identity::{digest_files, RunIdentity};
 use super::metrics::{EvalRecord, JsonlWriter};
 use super::resume::Counters;
 use super::run::{io, TrainError};
@@ -219,8 +219,8 @@ impl RunSetup {
         self.loader.seek(self.at.position);
     }
 
-    /// Writes the run folder's `config.toml` and `run_identity.json`.
-    pub(crate) fn write_run_files(&self) -> Result<(), TrainError> {
+    /// Writes the run folder's `config.toml` (before the ranks start).
+    pub(crate) fn write_config(&self) -> Result<PathBuf, TrainError> {
         let out = &self.plan.out_dir;
         std::fs::create_dir_all(out).map_err(io(out))?;
         let cfg_path = out.join("config.toml");
@@ -229,10 +229,20 @@ impl RunSetup {
             self.plan.effective().to_toml()
         );
         std::fs::write(&cfg_path, text).map_err(io(&cfg_path))?;
+        Ok(cfg_path)
+    }
+
+    /// Digests the input files and the written `config.toml` over the thread pool and writes
+    /// `run_identity.json`. The loop runs it beside the ranks' start-up, which reads the same
+    /// weight files: each is read from the disk once where the page cache holds it, and its
+    /// hashing overlaps the load instead of following it.
+    pub(crate) fn write_identity(&self) -> Result<(), TrainError> {
         let mut files = self.inputs.clone();
-        files.push(("effective_config".into(), cfg_path));
-        let id =
-            RunIdentity::new(&files).map_err(|(path, source)| TrainError::Io { path, source })?;
+        files.push((
+            "effective_config".into(),
+            self.plan.out_dir.join("config.toml"),
+        ));
+        let id = RunIdentity::of_digests(digest_files(&files)?);
         let dir = self
             .plan
             .jsonl

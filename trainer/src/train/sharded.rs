@@ -110,7 +110,7 @@ fn run_as<A: Act>(
     let (first, total) = (setup.at.step, setup.total_steps);
     // The run's files are the lead process's: ranks of other processes would race on them.
     let (log, final_dir) = if lead {
-        setup.write_run_files()?;
+        setup.write_config()?;
         let appending = first > 0;
         let jsonl =
             JsonlWriter::open(&setup.plan.jsonl, appending).map_err(|e| TrainError::Io {
@@ -251,20 +251,31 @@ fn run_as<A: Act>(
             position: loader.position(),
         }))
     };
-    let results = match ranks {
-        Ranks::Solo(exec) => {
-            body(Communicator::solo(exec.device(), RANK_TIMEOUT), exec).map(|r| vec![r])
+    // run_identity.json is digested beside the ranks' start-up (see `write_identity`).
+    let (results, identity) = std::thread::scope(|sc| {
+        let identity = lead.then(|| sc.spawn(|| t.write_identity()));
+        let results = match ranks {
+            Ranks::Solo(exec) => {
+                body(Communicator::solo(exec.device(), RANK_TIMEOUT), exec).map(|r| vec![r])
+            }
+            Ranks::Cpu(_) => run_cpu_ranks(world, RANK_TIMEOUT, body),
+            Ranks::Hccl(comm) => Exec::new(comm.device())
+                .map_err(FsdpError::from)
+                .and_then(|exec| body(comm, exec))
+                .map(|r| vec![r]),
         }
-        Ranks::Cpu(_) => run_cpu_ranks(world, RANK_TIMEOUT, body),
-        Ranks::Hccl(comm) => Exec::new(comm.device())
-            .map_err(FsdpError::from)
-            .and_then(|exec| body(comm, exec))
-            .map(|r| vec![r]),
-    }
-    .map_err(|e| match world {
-        1 => TrainError::Input(e.to_string()),
-        _ => TrainError::Input(format!("sharded run ({world} ranks): {e}")),
-    })?;
+        .map_err(|e| match world {
+            1 => TrainError::Input(e.to_string()),
+            _ => TrainError::Input(format!("sharded run ({world} ranks): {e}")),
+        });
+        let identity = identity.map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(TrainError::Input("digesting the inputs panicked".into())))
+        });
+        (results, identity)
+    });
+    let results = results?;
+    identity.transpose()?;
     let wall_s = started.elapsed().as_secs_f64();
     let Some((mut jsonl, progress)) = log
         .into_inner()
