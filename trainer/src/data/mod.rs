@@ -3,8 +3,10 @@
 //!
 //! Flow: [`info::DatasetSpec::resolve`] (a file, or a name in a LLaMA-Factory
 //! `dataset_info.json`) -> [`dataset::DataSet::open`] (JSONL or JSON array records -> schema ->
-//! checked, tokenized, truncated samples, bad records counted) -> [`loader::Loader`] (shuffled resumable order -> padded or packed batches with
-//! processed images). The batches are [`crate::batch::Batch`], the model's own input.
+//! checked, tokenized, truncated samples, bad records counted; images checked by their headers)
+//! -> [`loader::Loader`] (shuffled resumable order -> padded or packed batches with processed
+//! images; a sample whose image no longer decodes is skipped and counted). The batches are
+//! [`crate::batch::Batch`], the model's own input.
 
 pub mod batch;
 pub mod dataset;

@@ -315,6 +315,7 @@ impl Trainer {
             max_allocated_mib: mem.peak_allocated as f64 / MIB,
             max_reserved_mib: mem.peak_reserved as f64 / MIB,
             dropped_samples: s.dropped_samples,
+            skipped_samples: self.setup.loader.skipped_samples() as u64,
             samples: s.samples,
             tokens: s.tokens,
             targets: acc.targets,
