@@ -1,11 +1,15 @@
 //! Start-up on large sets: images checked by their headers at reading (the sizes the full
-//! decode gives), a file cut after its header skipped and counted when its batch is made.
+//! decode gives), a file cut after its header skipped and counted when its batch is made, and
+//! the index cache (the same dataset from the cache, keys that follow the inputs, damaged
+//! files rewritten, one writer among racing ranks).
 
 mod common;
 use common::shared_path;
 
 use cannon_trainer::data::dataset::{DataSet, SampleSettings};
 use cannon_trainer::data::image::{header_size, load_and_process, processed_size, ImageConfig};
+use cannon_trainer::data::index::{index_file, index_key, IndexUse};
+use cannon_trainer::data::info::DatasetSpec;
 use cannon_trainer::data::shuffle::{Position, Shuffler};
 use cannon_trainer::data::{synth, Batch, DataConfig, DataError, Loader, Tekken};
 use std::path::{Path, PathBuf};
@@ -26,6 +30,16 @@ fn settings(cfg: &ImageConfig, max_len: usize) -> SampleSettings<'_> {
         system_prompt: None,
         image: cfg,
     }
+}
+
+/// Two datasets are the same: samples, stats, layout, dropped lines and bad-record messages.
+fn assert_same(a: &DataSet, b: &DataSet) {
+    assert_eq!(a.samples, b.samples);
+    assert_eq!(a.stats, b.stats);
+    assert_eq!(a.layout, b.layout);
+    assert_eq!(a.dropped, b.dropped);
+    let msgs = |d: &DataSet| d.bad.iter().map(|e| e.to_string()).collect::<Vec<_>>();
+    assert_eq!(msgs(a), msgs(b));
 }
 
 /// The size the header gives, through the pixel limits and the resize, is the size of the
@@ -217,5 +231,210 @@ fn a_set_of_only_undecodable_images_is_an_error() {
             other => panic!("{other:?}"),
         }
     }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// A dataset with every kind of outcome: kept samples with one and two images, a bad JSON
+/// line, a missing image, a placeholder mismatch, a sample dropped by truncation.
+fn mixed_set(d: &Path) -> PathBuf {
+    let o = synth::write(d, 20, 9).unwrap();
+    let mut text = std::fs::read_to_string(&o.train).unwrap();
+    let long = "word ".repeat(200);
+    text += "{\"messages\": [\n";
+    text += &serde_json::json!({"messages": [{"role": "user", "content": "<image>?"},
+        {"role": "assistant", "content": "a"}], "images": ["images/none.png"]})
+    .to_string();
+    text += "\n";
+    text += &serde_json::json!({"messages": [{"role": "user", "content": "<image><image>?"},
+        {"role": "assistant", "content": "a"}], "images": ["images/000000_0.png"]})
+    .to_string();
+    text += "\n";
+    text += &serde_json::json!({"messages": [{"role": "user", "content": format!("{long}<image>")},
+        {"role": "assistant", "content": "a"}], "images": ["images/000000_0.png"]})
+    .to_string();
+    text += "\n";
+    let f = d.join("mixed.jsonl");
+    std::fs::write(&f, text).unwrap();
+    f
+}
+
+/// The first open reads the set and writes its index; the second reads the index and gives
+/// the same dataset (samples, stats, bad-record messages, dropped lines); so does a loader.
+#[test]
+fn a_second_open_reads_the_cache_and_gives_the_same_dataset() {
+    let d = tmp("hit");
+    let f = mixed_set(&d);
+    let cache = d.join("cache");
+    let img = ImageConfig::default();
+    let s = settings(&img, 128);
+    let spec = DatasetSpec::file(&f);
+    let plain = DataSet::open(&spec, tok(), &s).unwrap();
+    assert!(plain.stats.bad_lines == 3 && plain.stats.dropped_truncated == 1);
+    assert!(plain.stats.samples >= 18);
+    let (first, used) = DataSet::open_cached(&spec, tok(), &s, &cache).unwrap();
+    let file = index_file(&cache, &spec, tok(), &s).unwrap();
+    assert_eq!(
+        used,
+        IndexUse::Written {
+            path: file.clone(),
+            replaced: None
+        }
+    );
+    assert!(file.is_file());
+    assert_same(&first, &plain);
+    let (second, used) = DataSet::open_cached(&spec, tok(), &s, &cache).unwrap();
+    assert_eq!(used, IndexUse::Hit(file.clone()));
+    assert_same(&second, &plain);
+    assert_eq!(second.path, plain.path);
+    // A loader through the cache: the same batches as one without it.
+    let cfg = |cache_dir: Option<PathBuf>| DataConfig {
+        dataset: Some(f.clone()),
+        batch_size: 2,
+        max_len: 128,
+        cache_dir,
+        ..DataConfig::default()
+    };
+    let mut with = Loader::open(&cfg(Some(cache.clone())), tok(), Position::default()).unwrap();
+    let mut without = Loader::open(&cfg(None), tok(), Position::default()).unwrap();
+    assert_eq!(with.index(), Some(&IndexUse::Hit(file)));
+    assert_eq!(without.index(), None);
+    for _ in 0..4 {
+        assert_eq!(with.next_batch().unwrap(), without.next_batch().unwrap());
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// The key follows every input that shapes samples: max_len, the system prompt, the image
+/// settings, the tokenizer (its bytes, its vocabulary size) and the dataset file (a rewrite).
+#[test]
+fn the_key_changes_with_settings_tokenizer_and_dataset() {
+    let d = tmp("key");
+    let f = mixed_set(&d);
+    let spec = DatasetSpec::file(&f);
+    let img = ImageConfig::default();
+    let key = |t: &Tekken, s: &SampleSettings| index_key(&spec, t, s).unwrap();
+    let base = key(tok(), &settings(&img, 128));
+    assert_eq!(base, key(tok(), &settings(&img, 128)), "the key is stable");
+    assert_ne!(base, key(tok(), &settings(&img, 256)), "max_len");
+    let sys = SampleSettings {
+        system_prompt: Some("Be brief."),
+        ..settings(&img, 128)
+    };
+    assert_ne!(base, key(tok(), &sys), "system prompt");
+    let small = ImageConfig {
+        longest_edge: 56,
+        ..ImageConfig::default()
+    };
+    assert_ne!(base, key(tok(), &settings(&small, 128)), "longest edge");
+    let limited = ImageConfig {
+        max_pixels: Some(4096),
+        ..ImageConfig::default()
+    };
+    assert_ne!(base, key(tok(), &settings(&limited, 128)), "max_pixels");
+    // Mean and std change pixels only.
+    let tinted = ImageConfig {
+        mean: [0.5; 3],
+        ..ImageConfig::default()
+    };
+    assert_eq!(base, key(tok(), &settings(&tinted, 128)), "mean");
+    // The tokenizer: a truncated vocabulary, then other bytes of the same vocabulary.
+    let v = Tekken::from_file(common::tekken(), Some(8192)).unwrap();
+    assert_ne!(base, key(&v, &settings(&img, 128)), "vocab_size");
+    let mut raw = std::fs::read(common::tekken()).unwrap();
+    raw.push(b'\n');
+    let copy = d.join("tekken.json");
+    std::fs::write(&copy, &raw).unwrap();
+    let t2 = Tekken::from_file(&copy, None).unwrap();
+    assert_eq!(t2.vocab_size(), tok().vocab_size());
+    assert_ne!(base, key(&t2, &settings(&img, 128)), "tokenizer bytes");
+    // The dataset rewritten (one more line).
+    let mut text = std::fs::read_to_string(&f).unwrap();
+    text += "\n";
+    std::fs::write(&f, text).unwrap();
+    assert_ne!(base, key(tok(), &settings(&img, 128)), "dataset file");
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// A cache file that is damaged (a flipped byte), cut short or not an index at all is not
+/// trusted: the set is read again, the same dataset comes back, and the file is rewritten
+/// (the next open reads it).
+#[test]
+fn a_damaged_cache_file_is_rewritten() {
+    let d = tmp("damaged");
+    let f = mixed_set(&d);
+    let cache = d.join("cache");
+    let img = ImageConfig::default();
+    let s = settings(&img, 128);
+    let spec = DatasetSpec::file(&f);
+    let (plain, _) = DataSet::open_cached(&spec, tok(), &s, &cache).unwrap();
+    let file = index_file(&cache, &spec, tok(), &s).unwrap();
+    let good = std::fs::read(&file).unwrap();
+    let mut flipped = good.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0x40;
+    let damages: [(&str, Vec<u8>); 4] = [
+        ("flipped", flipped),
+        ("cut", good[..good.len() - 7].to_vec()),
+        ("junk", b"not an index".to_vec()),
+        ("empty", Vec::new()),
+    ];
+    for (what, bytes) in damages {
+        std::fs::write(&file, &bytes).unwrap();
+        let (ds, used) = DataSet::open_cached(&spec, tok(), &s, &cache).unwrap();
+        match &used {
+            IndexUse::Written {
+                path,
+                replaced: Some(_),
+            } => assert_eq!(path, &file),
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_same(&ds, &plain);
+        assert_eq!(std::fs::read(&file).unwrap(), good, "{what}: rewritten");
+        let (_, used) = DataSet::open_cached(&spec, tok(), &s, &cache).unwrap();
+        assert_eq!(used, IndexUse::Hit(file.clone()), "{what}");
+    }
+    std::fs::remove_dir_all(&d).ok();
+}
+
+/// Ranks of a node starting together: one reads the set and writes the index, the others
+/// wait for it and read it; all get the same dataset, and no temporary file is left.
+#[test]
+fn racing_ranks_write_the_index_once() {
+    let d = tmp("race");
+    let f = mixed_set(&d);
+    let cache = d.join("cache");
+    let img = ImageConfig::default();
+    let spec = DatasetSpec::file(&f);
+    let ranks = 4;
+    let barrier = std::sync::Barrier::new(ranks);
+    let results: Vec<(DataSet, IndexUse)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|_| {
+                sc.spawn(|| {
+                    barrier.wait();
+                    DataSet::open_cached(&spec, tok(), &settings(&img, 128), &cache).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let written = results
+        .iter()
+        .filter(|(_, u)| matches!(u, IndexUse::Written { .. }))
+        .count();
+    let hits = results
+        .iter()
+        .filter(|(_, u)| matches!(u, IndexUse::Hit(_)))
+        .count();
+    assert_eq!((written, hits), (1, ranks - 1));
+    for (ds, _) in &results[1..] {
+        assert_same(ds, &results[0].0);
+    }
+    let names: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.iter().any(|n| n.contains(".tmp.")), "{names:?}");
+    assert_eq!(names.iter().filter(|n| n.ends_with(".idx")).count(), 1);
     std::fs::remove_dir_all(&d).ok();
 }

@@ -65,6 +65,10 @@ pub enum DataError {
     },
     #[error("{path} already exists: refusing to overwrite a dataset (force replaces it)")]
     Exists { path: PathBuf },
+    /// A bad record's message read back from the index cache (the variant it had when the
+    /// dataset was read is not kept, only what it said).
+    #[error("{0}")]
+    Recorded(String),
     #[error("invalid data config: {0}")]
     Config(String),
     #[error(transparent)]

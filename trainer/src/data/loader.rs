@@ -4,6 +4,7 @@
 use super::batch::{RowBuilder, Sample};
 use super::dataset::{load_each, DataSet, DatasetStats, Prepared, SampleSettings};
 use super::image::ImageConfig;
+use super::index::IndexUse;
 use super::info::DatasetSpec;
 use super::shuffle::{Position, Shuffler};
 use super::{Batch, DataError, Result, Tekken};
@@ -38,6 +39,8 @@ pub struct DataConfig {
     /// System prompt for samples that bring none (none for the synthetic set).
     pub system_prompt: Option<String>,
     pub image: ImageConfig,
+    /// The index cache folder ([`super::index`]); None: the dataset is read every time.
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for DataConfig {
@@ -54,6 +57,7 @@ impl Default for DataConfig {
             seed: 42,
             system_prompt: None,
             image: ImageConfig::default(),
+            cache_dir: None,
         }
     }
 }
@@ -110,18 +114,30 @@ pub struct Loader {
     /// Samples found undecodable by this loader, by dataset index.
     skipped: Vec<bool>,
     skipped_count: usize,
+    /// How the index cache was used, when the loader read the dataset through it.
+    index: Option<IndexUse>,
 }
 
 impl Loader {
-    /// Reads `cfg.dataset` with `tok` and starts at `pos`.
+    /// Reads `cfg.dataset` with `tok` (through the index cache in `cfg.cache_dir`, if set)
+    /// and starts at `pos`.
     pub fn open(cfg: &DataConfig, tok: &Tekken, pos: Position) -> Result<Self> {
         let path = cfg
             .dataset
             .as_ref()
             .ok_or_else(|| DataError::Config("no dataset given".into()))?;
         let spec = DatasetSpec::resolve(path, cfg.dataset_dir.as_deref())?;
-        let data = DataSet::open(&spec, tok, &cfg.sample_settings())?;
-        Self::new(data, cfg, tok.pad_id(), pos)
+        let settings = cfg.sample_settings();
+        let (data, index) = match &cfg.cache_dir {
+            Some(dir) => {
+                let (d, used) = DataSet::open_cached(&spec, tok, &settings, dir)?;
+                (d, Some(used))
+            }
+            None => (DataSet::open(&spec, tok, &settings)?, None),
+        };
+        let mut loader = Self::new(data, cfg, tok.pad_id(), pos)?;
+        loader.index = index;
+        Ok(loader)
     }
 
     /// Batches over an already read dataset.
@@ -148,6 +164,7 @@ impl Loader {
             order,
             skipped,
             skipped_count: 0,
+            index: None,
         })
     }
 
@@ -158,6 +175,10 @@ impl Loader {
     /// Samples this loader skipped because an image failed to decode (each counted once).
     pub fn skipped_samples(&self) -> usize {
         self.skipped_count
+    }
+    /// How the index cache was used ([`Loader::open`] with a `cache_dir`).
+    pub fn index(&self) -> Option<&IndexUse> {
+        self.index.as_ref()
     }
     pub fn dataset(&self) -> &DataSet {
         &self.data
