@@ -1,7 +1,7 @@
 //! `cannon data encode|check|synth` through the binary: the stdin/stdout contract of encode
 //! against the mistral-common reference ids (one output line per input line, blank ones
 //! included), check's counts and exit codes (empty datasets, zero lengths, JSON arrays and
-//! dataset_info names), and synth's refusal to overwrite and its temporary names.
+//! dataset_info names, images that do not decode), and synth's refusal to overwrite and its temporary names.
 
 mod common;
 use common::shared_path;
@@ -126,6 +126,33 @@ fn synth_then_check_reports_counts() {
     assert!(out.contains("samples            18"), "{out}");
     assert!(out.contains("bad records        0"), "{out}");
     assert!(out.contains("layout             JSONL"), "{out}");
+    // An image cut after its header: reading (by headers, as a run reads) passes; --decode
+    // decodes every image, names the file and its line, counts it and exits 1.
+    let third: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(&train)
+            .unwrap()
+            .lines()
+            .nth(2)
+            .unwrap(),
+    )
+    .unwrap();
+    let rel = third["images"][0].as_str().unwrap();
+    let img = d.join(rel);
+    let png = std::fs::read(&img).unwrap();
+    std::fs::write(&img, &png[..png.len() / 2]).unwrap();
+    let (code, out, err) = run(&args, "");
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(!out.contains("undecodable"), "{out}");
+    let mut decoding = args.to_vec();
+    decoding.push("--decode");
+    let (code, out, err) = run(&decoding, "");
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(out.contains("undecodable        1"), "{out}");
+    assert!(err.contains("train.jsonl:3:") && err.contains(rel), "{err}");
+    std::fs::write(&img, png).unwrap();
+    let (code, out, err) = run(&decoding, "");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("undecodable        0"), "{out}");
     // A bad line appended: reported on stderr with its number, counted, exit code 1.
     let mut text = std::fs::read_to_string(&train).unwrap();
     text.push_str("{oops\n");

@@ -6,7 +6,8 @@ mod common;
 use common::shared_path;
 
 use cannon_trainer::data::image::{
-    image_block, load_and_process, load_rgb, process, regularize, ImageConfig, ImageTokens,
+    header_size, image_block, load_and_process, load_rgb, process, regularize, ImageConfig,
+    ImageTokens,
 };
 use cannon_trainer::data::DataError;
 use safetensors::SafeTensors;
@@ -156,9 +157,25 @@ fn corrupt_and_missing_images_are_errors_naming_the_file() {
         let e = load_and_process(p, &cfg).unwrap_err();
         assert!(matches!(e, DataError::Image { .. }), "{e:?}");
         assert!(e.to_string().contains(p.to_str().unwrap()), "{e}");
+        assert!(
+            e.skippable_at_load(),
+            "a bad file costs its sample, not the run"
+        );
     }
     let missing = dir.join("missing.png");
     let e = load_and_process(&missing, &cfg).unwrap_err();
+    assert!(e.to_string().contains("missing.png"), "{e}");
+    assert!(
+        matches!(e, DataError::Io { .. }) && !e.skippable_at_load(),
+        "{e:?}"
+    );
+    // The header alone: the cut file's is whole; junk and a missing file fail, named.
+    assert_eq!(header_size(&cut).unwrap(), (320, 200));
+    let e = header_size(&junk).unwrap_err();
+    assert!(matches!(e, DataError::Image { .. }), "{e:?}");
+    assert!(e.to_string().contains("junk.jpg"), "{e}");
+    let e = header_size(&missing).unwrap_err();
+    assert!(matches!(e, DataError::Io { .. }), "{e:?}");
     assert!(e.to_string().contains("missing.png"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -71,6 +71,7 @@ resume = "ckpt/step-100"
         "data.dataset=b/other.jsonl".to_string(),
         "model.freeze=[\"vision\"]".to_string(),
         "train.schedule=constant".to_string(),
+        "data.cache_dir=/scratch/idx".to_string(),
     ];
     let c = TrainConfig::load(Some(&p), &sets).unwrap();
     assert_eq!(c.model.config, "some/hf/dir");
@@ -84,6 +85,7 @@ resume = "ckpt/step-100"
     assert!(c.data.packing);
     // An unquoted path is taken as a string.
     assert_eq!(c.data.dataset, Some(PathBuf::from("b/other.jsonl")));
+    assert_eq!(c.data.cache_dir, Some(PathBuf::from("/scratch/idx")));
     assert_eq!(c.frozen(), vec![Part::Vision]);
     assert_eq!(c.checkpoint.resume, Resume::Path("ckpt/step-100".into()));
     // An HF directory with no freeze list freezes vision tower and projector.
@@ -108,6 +110,12 @@ fn unknown_keys_and_sections_are_named() {
     assert!(e.contains("unknown section [optimizer]"), "{e}");
     let e = err(None, &["train.lrr=1"]);
     assert!(e.contains("train.lrr: unknown key"), "{e}");
+    // The index cache's key is `cache_dir`, named in the list of the section's keys.
+    let e = err(None, &["data.cache=/tmp/idx"]);
+    assert!(
+        e.contains("data.cache: unknown key") && e.contains("cache_dir"),
+        "{e}"
+    );
     let e = err(None, &["trian.lr=1"]);
     assert!(e.contains("unknown section \"trian\""), "{e}");
     let e = err(None, &["lr=1"]);
@@ -149,6 +157,11 @@ fn bad_values_are_named() {
     }
     let e = err(None, &["train.steps=10", "train.epochs=1"]);
     assert!(e.contains("either train.steps or train.epochs"), "{e}");
+    let e = err(None, &["data.cache_dir=\"\""]);
+    assert!(
+        e.contains("data.cache_dir = \"\": must name a folder"),
+        "{e}"
+    );
     let e = err(None, &["checkpoint.resume=3"]);
     assert!(e.contains("checkpoint.resume"), "{e}");
     // Several ranks are sharded ranks: unsharded data parallelism is a clear error.

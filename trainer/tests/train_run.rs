@@ -100,6 +100,7 @@ fn train_writes_metrics_identity_config_and_a_model_eval_reads() {
         "max_allocated_mib",
         "max_reserved_mib",
         "dropped_samples",
+        "skipped_samples",
     ];
     for (i, l) in lines[..3].iter().enumerate() {
         for f in fields {

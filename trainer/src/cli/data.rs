@@ -44,8 +44,11 @@ pub enum DataCommand {
     /// Read a dataset (JSONL or a JSON array) and report samples, tokens, images, dropped and
     /// bad records.
     ///
+    /// Images are checked by their headers, as a run reads them; --decode decodes every one
+    /// in full, which also finds files cut after their header.
+    ///
     /// Exit codes: 0 every record is a kept sample; 1 some records are bad or were dropped by
-    /// truncation; 2 unusable input (missing file, unreadable tokenizer, an array that is not
+    /// truncation, or (--decode) some images do not decode; 2 unusable input (missing file, unreadable tokenizer, an array that is not
     /// JSON, or a dataset with no record at all).
     Check {
         /// A JSONL or JSON array file, or the name of an entry of DATASET_DIR/dataset_info.json.
@@ -67,6 +70,10 @@ pub enum DataCommand {
         /// System prompt for samples that bring none.
         #[arg(long)]
         system: Option<String>,
+        /// Decode every image in full (a run decodes them only when their sample is used, and
+        /// skips a sample whose image does not decode).
+        #[arg(long)]
+        decode: bool,
     },
     /// Generate the synthetic shapes dataset (train.jsonl, heldout.jsonl, images/).
     ///
@@ -102,6 +109,7 @@ pub fn run(args: DataArgs) -> ExitCode {
             max_len,
             longest_edge,
             system,
+            decode,
         } => {
             let mut cfg = DataConfig {
                 dataset: Some(dataset),
@@ -112,7 +120,7 @@ pub fn run(args: DataArgs) -> ExitCode {
                 ..DataConfig::default()
             };
             cfg.image.longest_edge = longest_edge;
-            check(&cfg, &tokenizer)
+            check(&cfg, &tokenizer, decode)
         }
         DataCommand::Synth {
             out,
@@ -200,7 +208,7 @@ fn synth_cmd(out: &Path, samples: usize, seed: u64, force: bool) -> ExitCode {
     }
 }
 
-fn check(cfg: &DataConfig, tokenizer: &PathBuf) -> ExitCode {
+fn check(cfg: &DataConfig, tokenizer: &PathBuf, decode: bool) -> ExitCode {
     let tok = match Tekken::from_file(tokenizer, cfg.vocab_size) {
         Ok(t) => t,
         Err(e) => return fail(e),
@@ -227,6 +235,10 @@ fn check(cfg: &DataConfig, tokenizer: &PathBuf) -> ExitCode {
             cfg.max_len
         );
     }
+    let undecodable = if decode { ds.undecodable() } else { Vec::new() };
+    for (line, e) in &undecodable {
+        eprintln!("undecodable: {}:{line}: {e}", path.display());
+    }
     let s = &ds.stats;
     let layout = match ds.layout {
         Layout::Jsonl => "JSONL",
@@ -246,6 +258,9 @@ fn check(cfg: &DataConfig, tokenizer: &PathBuf) -> ExitCode {
     println!("truncated (kept)   {}", s.truncated);
     println!("dropped-truncated  {}", s.dropped_truncated);
     println!("bad records        {}", s.bad_lines);
+    if decode {
+        println!("undecodable        {}", undecodable.len());
+    }
     if s.lines == 0 {
         // Nothing to check is not a passed check: like a missing file, the input is unusable.
         eprintln!(
@@ -253,7 +268,7 @@ fn check(cfg: &DataConfig, tokenizer: &PathBuf) -> ExitCode {
             path.display()
         );
         ExitCode::from(2)
-    } else if s.bad_lines > 0 || s.dropped_truncated > 0 {
+    } else if s.bad_lines > 0 || s.dropped_truncated > 0 || !undecodable.is_empty() {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS

@@ -100,7 +100,7 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
         image: &image,
     };
     let spec = DatasetSpec::resolve(&dataset, plan.cfg.data.dataset_dir.as_deref())?;
-    let data = DataSet::open(&spec, &tok, &settings)?;
+    let (data, _) = DataSet::open_cached(&spec, &tok, &settings, &plan.cache_dir)?;
     let rep = match plan.cfg.train.dtype {
         crate::config::Dtype::F32 => {
             evaluate::<f32>(&model, &data, &tok, &image, plan.cfg.train.eval_batch)?

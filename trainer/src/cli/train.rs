@@ -291,7 +291,9 @@ fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
             continue;
         }
         let spec = DatasetSpec::resolve(path, cfg.data.dataset_dir.as_deref())?;
-        let ds = DataSet::open(&spec, &tok, &settings)?;
+        // Through the index cache, as the run reads it: a dry run on each node leaves the
+        // run's index there.
+        let (ds, used) = DataSet::open_cached(&spec, &tok, &settings, &plan.cache_dir)?;
         let st = &ds.stats;
         println!(
             "# {role} {}: {} samples, {} tokens, {} images, {} dropped by truncation, {} bad lines",
@@ -302,6 +304,7 @@ fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
             st.dropped_truncated,
             st.bad_lines
         );
+        println!("#   {}", used.describe());
         if let Some(e) = ds.bad.first() {
             println!("#   first bad line: {e}");
         }

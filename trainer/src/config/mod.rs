@@ -16,6 +16,7 @@
 //! max_len = 512
 //! packing = false
 //! longest_edge = 112
+//! # cache_dir = "idx"        # the dataset index cache; absent: <cache folder>/index
 //!
 //! [train]
 //! micro_batch = 64
@@ -169,6 +170,11 @@ pub struct DataSection {
     pub synth_samples: usize,
     /// System prompt for samples that bring none.
     pub system_prompt: Option<String>,
+    /// Where the index of a read dataset (token ids, labels, image sizes per sample) is kept,
+    /// one file per dataset, tokenizer and data settings, written by the first process of a
+    /// node to read the set and read by the others and by later runs (LLaMA-Factory's and
+    /// MindSpeed-MM's `cache_dir`); absent: `index` in the cache folder ([`cache_dir`]).
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for DataSection {
@@ -184,6 +190,7 @@ impl Default for DataSection {
             longest_edge: 112,
             synth_samples: 40_000,
             system_prompt: None,
+            cache_dir: None,
         }
     }
 }
@@ -524,6 +531,12 @@ impl TrainConfig {
             }
         }
         positive("data.max_len", d.max_len)?;
+        if d.cache_dir
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            return invalid("data.cache_dir", "\"\"", "must name a folder");
+        }
         positive("data.longest_edge", d.longest_edge as usize)?;
         if d.synth_samples < 20 {
             return invalid(

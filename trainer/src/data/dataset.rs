@@ -28,12 +28,27 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// The sample with its images decoded, resized and normalised.
+    /// The sample with its images decoded, resized and normalised. An image that no longer
+    /// decodes to the size its header gave when the dataset was read is
+    /// [`DataError::ImageChanged`]: the batch's shape was planned from that size.
     pub fn load(&self, image: &ImageConfig) -> Result<Sample> {
         let images = self
             .images
             .iter()
-            .map(|path| image::load_and_process(path, image))
+            .zip(&self.image_sizes)
+            .map(|(path, &[want_h, want_w])| {
+                let img = image::load_and_process(path, image)?;
+                if (img.height, img.width) != (want_h, want_w) {
+                    return Err(DataError::ImageChanged {
+                        path: path.clone(),
+                        want_w,
+                        want_h,
+                        found_w: img.width,
+                        found_h: img.height,
+                    });
+                }
+                Ok(img)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Sample {
             input_ids: self.input_ids.clone(),
@@ -47,8 +62,13 @@ impl Prepared {
 /// other they took a fifth of a step of the built-in default while the other threads
 /// waited); the first failing sample in order is the error.
 pub fn load_samples(prepared: &[&Prepared], image: &ImageConfig) -> Result<Vec<Sample>> {
-    let made: Vec<Result<Sample>> = prepared.par_iter().map(|p| p.load(image)).collect();
-    made.into_iter().collect()
+    load_each(prepared, image).into_iter().collect()
+}
+
+/// `prepared` loaded over the thread pool, each sample's outcome in order (the loader skips
+/// the ones whose images turn out not to decode, see [`DataError::skippable_at_load`]).
+pub fn load_each(prepared: &[&Prepared], image: &ImageConfig) -> Vec<Result<Sample>> {
+    prepared.par_iter().map(|p| p.load(image)).collect()
 }
 
 /// What reading a dataset found.
@@ -120,6 +140,11 @@ enum Outcome {
     Dropped,
 }
 
+/// Records prepared together over the thread pool: enough to keep every thread busy (a
+/// record costs a header read per image and its tokenization), few enough that a large file
+/// is never held as JSON values.
+const CHUNK: usize = 4096;
+
 impl DataSet {
     /// Reads and tokenizes a file with the guessed schema, images relative to its folder.
     /// Only an unreadable file (or an array that is not JSON) is an error.
@@ -127,7 +152,10 @@ impl DataSet {
         Self::open(&DatasetSpec::file(path), tok, s)
     }
 
-    /// Reads and tokenizes the dataset `spec` names (see [`DatasetSpec::resolve`]).
+    /// Reads and tokenizes the dataset `spec` names (see [`DatasetSpec::resolve`]). Images
+    /// are checked by their headers only (a missing file, or one that is not an image, makes
+    /// its record bad); their pixels are decoded when a sample is loaded for a step
+    /// ([`Prepared::load`]), where a file cut after its header is found.
     pub fn open(spec: &DatasetSpec, tok: &Tekken, s: &SampleSettings) -> Result<Self> {
         s.check()?;
         let path = spec.file.as_path();
@@ -143,29 +171,69 @@ impl DataSet {
             dropped: Vec::new(),
             stats: DatasetStats::default(),
         };
+        let mut chunk = Vec::with_capacity(CHUNK);
         records::for_each(path, &raw, |r| {
-            ds.stats.lines += 1;
-            let line = r.line;
-            match prepare(spec, layout, r, tok, &ids, s) {
-                Ok(Outcome::Kept(p, truncated)) => {
-                    ds.stats.samples += 1;
-                    ds.stats.tokens += p.input_ids.len();
-                    ds.stats.label_tokens += p.labels.iter().filter(|&&l| l >= 0).count();
-                    ds.stats.images += p.images.len();
-                    ds.stats.truncated += truncated as usize;
-                    ds.samples.push(p);
-                }
-                Ok(Outcome::Dropped) => {
-                    ds.stats.dropped_truncated += 1;
-                    ds.dropped.push(line);
-                }
-                Err(e) => {
-                    ds.stats.bad_lines += 1;
-                    ds.bad.push(e);
-                }
+            chunk.push(r);
+            if chunk.len() == CHUNK {
+                ds.take(spec, layout, &mut chunk, tok, &ids, s);
             }
         })?;
+        ds.take(spec, layout, &mut chunk, tok, &ids, s);
         Ok(ds)
+    }
+
+    /// Decodes every image of the kept samples in full (over the thread pool), as reading
+    /// the set no longer does: the samples whose images fail, as (line, error) in sample
+    /// order. What `cannon data check --decode` reports; a run skips such samples instead.
+    pub fn undecodable(&self) -> Vec<(usize, DataError)> {
+        let failed: Vec<Option<(usize, DataError)>> = self
+            .samples
+            .par_iter()
+            .map(|p| {
+                p.images
+                    .iter()
+                    .find_map(|path| image::load_rgb(path).err())
+                    .map(|e| (p.line, e))
+            })
+            .collect();
+        failed.into_iter().flatten().collect()
+    }
+
+    /// Prepares `chunk` over the thread pool and adds the outcomes in record order.
+    fn take(
+        &mut self,
+        spec: &DatasetSpec,
+        layout: Layout,
+        chunk: &mut Vec<Record>,
+        tok: &Tekken,
+        ids: &SpecialIds,
+        s: &SampleSettings,
+    ) {
+        let made: Vec<(usize, Result<Outcome>)> = chunk
+            .par_drain(..)
+            .map(|r| (r.line, prepare(spec, layout, r, tok, ids, s)))
+            .collect();
+        for (line, outcome) in made {
+            self.stats.lines += 1;
+            match outcome {
+                Ok(Outcome::Kept(p, truncated)) => {
+                    self.stats.samples += 1;
+                    self.stats.tokens += p.input_ids.len();
+                    self.stats.label_tokens += p.labels.iter().filter(|&&l| l >= 0).count();
+                    self.stats.images += p.images.len();
+                    self.stats.truncated += truncated as usize;
+                    self.samples.push(p);
+                }
+                Ok(Outcome::Dropped) => {
+                    self.stats.dropped_truncated += 1;
+                    self.dropped.push(line);
+                }
+                Err(e) => {
+                    self.stats.bad_lines += 1;
+                    self.bad.push(e);
+                }
+            }
+        }
     }
 }
 
@@ -205,9 +273,10 @@ fn prepare(
     let mut grids = Vec::with_capacity(parsed.images.len());
     for rel in &parsed.images {
         let p = spec.image_path(rel);
-        // Decoding the whole image here catches truncated files before training starts.
-        let img = image::load_regularized(&p, s.image).map_err(|e| bad(e.to_string()))?;
-        let (h, w) = s.image.output_size(img.height(), img.width());
+        // The header alone gives the size (and so the token block): decoding every image of
+        // a large set here cost every rank of a node minutes before the first step.
+        let (w0, h0) = image::header_size(&p).map_err(|e| bad(e.to_string()))?;
+        let (h, w) = image::processed_size(w0, h0, s.image);
         let block = image::image_block(h, w, s.image, ids.image);
         if block.is_empty() {
             let min = s.image.patch_size * s.image.merge_size;

@@ -29,6 +29,19 @@ pub enum DataError {
         #[source]
         source: image::ImageError,
     },
+    /// Found when a sample is loaded for a step: the image was decoded to another size than
+    /// its header gave when the dataset was read (the file changed since).
+    #[error(
+        "image {path}: {found_w}x{found_h} after resizing where the dataset's index says \
+         {want_w}x{want_h} (the file changed after the dataset was read)"
+    )]
+    ImageChanged {
+        path: PathBuf,
+        want_w: u32,
+        want_h: u32,
+        found_w: u32,
+        found_h: u32,
+    },
     #[error("image {path}: {width}x{height} is too small for one {min}x{min} image token")]
     ImageTooSmall {
         path: PathBuf,
@@ -52,6 +65,10 @@ pub enum DataError {
     },
     #[error("{path} already exists: refusing to overwrite a dataset (force replaces it)")]
     Exists { path: PathBuf },
+    /// A bad record's message read back from the index cache (the variant it had when the
+    /// dataset was read is not kept, only what it said).
+    #[error("{0}")]
+    Recorded(String),
     #[error("invalid data config: {0}")]
     Config(String),
     #[error(transparent)]
@@ -61,6 +78,17 @@ pub enum DataError {
 pub type Result<T> = std::result::Result<T, DataError>;
 
 impl DataError {
+    /// Whether a sample whose image failed with this error while being loaded for a step is
+    /// skipped (the file's contents are bad: truncated, corrupt, changed) rather than the step
+    /// failing. A file that cannot be opened or read is not skipped: the dataset read it, so
+    /// its going away is the machine's problem (a lost mount), not the data's.
+    pub fn skippable_at_load(&self) -> bool {
+        matches!(
+            self,
+            DataError::Image { .. } | DataError::ImageChanged { .. }
+        )
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         DataError::Io {
             path: path.into(),

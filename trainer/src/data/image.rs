@@ -114,24 +114,64 @@ pub fn load_rgb(path: &Path) -> Result<image::RgbImage> {
 /// NEAREST when the pixel count is above `max_pixels` or below `min_pixels`.
 pub fn regularize(img: image::RgbImage, cfg: &ImageConfig) -> image::RgbImage {
     let mut img = img;
-    for (limit, too_far) in [
+    for (w, h) in regularize_steps(img.width(), img.height(), cfg)
+        .into_iter()
+        .flatten()
+    {
+        img = resize_nearest(&img, w, h);
+    }
+    img
+}
+
+/// The (width, height) of each resize [`regularize`] makes of a `w` x `h` image, in order
+/// (None: that limit leaves it alone), from the sizes alone: what the header-only read and
+/// the decoding agree on.
+fn regularize_steps(w: u32, h: u32, cfg: &ImageConfig) -> [Option<(u32, u32)>; 2] {
+    let (mut w, mut h) = (w, h);
+    let mut steps = [None; 2];
+    for (step, (limit, too_far)) in steps.iter_mut().zip([
         (cfg.max_pixels, (|n, l| n > l) as fn(u64, u64) -> bool),
         (cfg.min_pixels, |n, l| n < l),
-    ] {
+    ]) {
         let Some(limit) = limit else { continue };
-        let (w, h) = (img.width(), img.height());
         let n = w as u64 * h as u64;
         if n == 0 || !too_far(n, limit) {
             continue;
         }
         let f = (limit as f64 / n as f64).sqrt();
-        let (ow, oh) = (
+        (w, h) = (
             ((w as f64 * f) as u32).max(1),
             ((h as f64 * f) as u32).max(1),
         );
-        img = resize_nearest(&img, ow, oh);
+        *step = Some((w, h));
     }
-    img
+    steps
+}
+
+/// (height, width) of the processed image of a `width` x `height` file: [`regularize`], then
+/// [`ImageConfig::output_size`]. What a sample's image size and token block follow from.
+pub fn processed_size(width: u32, height: u32, cfg: &ImageConfig) -> (u32, u32) {
+    let (w, h) = regularize_steps(width, height, cfg)
+        .into_iter()
+        .flatten()
+        .last()
+        .unwrap_or((width, height));
+    cfg.output_size(h, w)
+}
+
+/// (width, height) of an image file from its header, without decoding the pixels (the bytes
+/// read are the header's). A file that cannot be opened is [`DataError::Io`]; one that is
+/// not an image of a known format, or whose header is cut or corrupt, is [`DataError::Image`].
+/// A file cut after its header passes: decoding it ([`load_rgb`]) finds that.
+pub fn header_size(path: &Path) -> Result<(u32, u32)> {
+    let reader = image::ImageReader::open(path)
+        .map_err(|e| DataError::io(path, e))?
+        .with_guessed_format()
+        .map_err(|e| DataError::io(path, e))?;
+    reader.into_dimensions().map_err(|source| DataError::Image {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// PIL `resize(NEAREST)`: output pixel x samples input floor((x + 0.5) * in / out).

@@ -2,8 +2,9 @@
 //! padding or packing.
 
 use super::batch::{RowBuilder, Sample};
-use super::dataset::{load_samples, DataSet, DatasetStats, Prepared, SampleSettings};
+use super::dataset::{load_each, DataSet, DatasetStats, Prepared, SampleSettings};
 use super::image::ImageConfig;
+use super::index::IndexUse;
 use super::info::DatasetSpec;
 use super::shuffle::{Position, Shuffler};
 use super::{Batch, DataError, Result, Tekken};
@@ -38,6 +39,8 @@ pub struct DataConfig {
     /// System prompt for samples that bring none (none for the synthetic set).
     pub system_prompt: Option<String>,
     pub image: ImageConfig,
+    /// The index cache folder ([`super::index`]); None: the dataset is read every time.
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for DataConfig {
@@ -54,6 +57,7 @@ impl Default for DataConfig {
             seed: 42,
             system_prompt: None,
             image: ImageConfig::default(),
+            cache_dir: None,
         }
     }
 }
@@ -92,24 +96,48 @@ impl BatchShape {
 }
 
 /// Endless, deterministic batches over a dataset; restartable from [`Loader::position`].
+///
+/// A sample whose image fails to decode when its batch is made (a file cut after its header,
+/// which reading the dataset does not find; see [`DataError::skippable_at_load`]) is skipped:
+/// the batch is made again from the stream without it, the sample is counted
+/// ([`Loader::skipped_samples`]), a warning names it once, and later epochs pass over it.
+/// Without such a sample the batches are the ones the stream gives, whatever the history;
+/// with one, every loader that meets it makes the same batches (a resumed one meets it again
+/// at the same place). A rank that reads only its own rows (see [`Loader::next_rows`]) finds
+/// only its own rows' bad images.
 #[derive(Debug)]
 pub struct Loader {
     data: DataSet,
     cfg: DataConfig,
     pad_id: u32,
     order: Shuffler,
+    /// Samples found undecodable by this loader, by dataset index.
+    skipped: Vec<bool>,
+    skipped_count: usize,
+    /// How the index cache was used, when the loader read the dataset through it.
+    index: Option<IndexUse>,
 }
 
 impl Loader {
-    /// Reads `cfg.dataset` with `tok` and starts at `pos`.
+    /// Reads `cfg.dataset` with `tok` (through the index cache in `cfg.cache_dir`, if set)
+    /// and starts at `pos`.
     pub fn open(cfg: &DataConfig, tok: &Tekken, pos: Position) -> Result<Self> {
         let path = cfg
             .dataset
             .as_ref()
             .ok_or_else(|| DataError::Config("no dataset given".into()))?;
         let spec = DatasetSpec::resolve(path, cfg.dataset_dir.as_deref())?;
-        let data = DataSet::open(&spec, tok, &cfg.sample_settings())?;
-        Self::new(data, cfg, tok.pad_id(), pos)
+        let settings = cfg.sample_settings();
+        let (data, index) = match &cfg.cache_dir {
+            Some(dir) => {
+                let (d, used) = DataSet::open_cached(&spec, tok, &settings, dir)?;
+                (d, Some(used))
+            }
+            None => (DataSet::open(&spec, tok, &settings)?, None),
+        };
+        let mut loader = Self::new(data, cfg, tok.pad_id(), pos)?;
+        loader.index = index;
+        Ok(loader)
     }
 
     /// Batches over an already read dataset.
@@ -128,16 +156,29 @@ impl Loader {
             ));
         }
         let order = Shuffler::new(data.samples.len(), cfg.seed, pos);
+        let skipped = vec![false; data.samples.len()];
         Ok(Loader {
             data,
             cfg: cfg.clone(),
             pad_id,
             order,
+            skipped,
+            skipped_count: 0,
+            index: None,
         })
     }
 
+    /// What reading the dataset found.
     pub fn stats(&self) -> &DatasetStats {
         &self.data.stats
+    }
+    /// Samples this loader skipped because an image failed to decode (each counted once).
+    pub fn skipped_samples(&self) -> usize {
+        self.skipped_count
+    }
+    /// How the index cache was used ([`Loader::open`] with a `cache_dir`).
+    pub fn index(&self) -> Option<&IndexUse> {
+        self.index.as_ref()
     }
     pub fn dataset(&self) -> &DataSet {
         &self.data
@@ -167,23 +208,31 @@ impl Loader {
     /// batch's [`BatchShape`]: a rank of a sharded run reads only its own rows' images yet
     /// reports the step's tokens, samples and FLOPs. The rows are the ones
     /// [`Loader::next_batch`] makes (the same sequences, positions and images), and the
-    /// stream moves by the whole batch. On error the position is left where it was.
+    /// stream moves by the whole batch. A picked sample whose image does not decode is
+    /// skipped (see [`Loader`]); any other error leaves the position where it was.
     pub fn next_rows(
         &mut self,
         pick: impl FnOnce(usize) -> Range<usize>,
     ) -> Result<(Batch, BatchShape)> {
-        let mut order = self.order.clone();
-        let rows = if self.cfg.pack {
-            self.packed_rows(&mut order)?
-        } else {
-            self.padded_rows(&mut order)?
+        self.check_usable()?;
+        // Both layouts make exactly batch_size rows.
+        let range = pick(self.cfg.batch_size);
+        let (order, rows, samples) = loop {
+            let mut order = self.order.clone();
+            let rows = if self.cfg.pack {
+                self.packed_rows(&mut order)?
+            } else {
+                self.padded_rows(&mut order)?
+            };
+            let picked = rows.get(range.clone()).ok_or_else(|| {
+                DataError::Config(format!("rows {range:?} of a batch of {}", rows.len()))
+            })?;
+            if let Some(samples) = self.make_samples(picked)? {
+                break (order, rows, samples);
+            }
         };
         let shape = self.shape(&rows);
-        let range = pick(rows.len());
-        let picked = rows.get(range.clone()).ok_or_else(|| {
-            DataError::Config(format!("rows {range:?} of a batch of {}", rows.len()))
-        })?;
-        let samples = self.make_samples(picked)?;
+        let picked = &rows[range];
         let mut b = RowBuilder::new(shape.seq, self.pad_id);
         b.reserve_pixels(&samples);
         let mut rest = &samples[..];
@@ -239,20 +288,73 @@ impl Loader {
         shape
     }
 
-    /// The samples of `rows`, in order (see [`load_samples`]).
-    fn make_samples(&self, rows: &[Vec<usize>]) -> Result<Vec<Sample>> {
-        let prepared: Vec<&Prepared> = rows
-            .iter()
-            .flatten()
-            .map(|&i| &self.data.samples[i])
-            .collect();
-        load_samples(&prepared, &self.cfg.image)
+    /// The samples of `rows`, in order (see [`load_each`]); None when some failed to decode
+    /// and were marked skipped (the batch is to be made again without them). The first other
+    /// error in row order is the error, and nothing is marked.
+    fn make_samples(&mut self, rows: &[Vec<usize>]) -> Result<Option<Vec<Sample>>> {
+        let index: Vec<usize> = rows.iter().flatten().copied().collect();
+        let prepared: Vec<&Prepared> = index.iter().map(|&i| &self.data.samples[i]).collect();
+        let made = load_each(&prepared, &self.cfg.image);
+        if !made.iter().any(|m| m.is_err()) {
+            return Ok(Some(made.into_iter().flatten().collect()));
+        }
+        let mut first_fatal = None;
+        let mut bad = Vec::new();
+        for (i, m) in index.into_iter().zip(made) {
+            match m {
+                Err(e) if !e.skippable_at_load() => {
+                    first_fatal.get_or_insert(e);
+                }
+                Err(e) => bad.push((i, e)),
+                Ok(_) => {}
+            }
+        }
+        if let Some(e) = first_fatal {
+            return Err(e);
+        }
+        for (i, e) in bad {
+            if !self.skipped[i] {
+                self.skipped[i] = true;
+                self.skipped_count += 1;
+                eprintln!(
+                    "warning: {}:{}: sample skipped: {e}",
+                    self.data.path.display(),
+                    self.data.samples[i].line
+                );
+            }
+        }
+        self.check_usable()?;
+        Ok(None)
+    }
+
+    /// An error once every sample is skipped (the stream would have nothing to give).
+    fn check_usable(&self) -> Result<()> {
+        if self.skipped_count == self.data.samples.len() {
+            return Err(DataError::Config(format!(
+                "{}: every sample was skipped (no image decodes)",
+                self.data.path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The next sample of `order` not skipped (it exists: not every sample is skipped).
+    fn next_usable(&self, order: &mut Shuffler) -> Option<usize> {
+        self.skip_marked(order);
+        order.next()
+    }
+
+    /// Moves `order` past the skipped samples at its head.
+    fn skip_marked(&self, order: &mut Shuffler) {
+        while order.peek().is_some_and(|i| self.skipped[i]) {
+            order.next();
+        }
     }
 
     /// One sample per row.
     fn padded_rows(&self, order: &mut Shuffler) -> Result<Vec<Vec<usize>>> {
         (0..self.cfg.batch_size)
-            .map(|_| order.next().map(|i| vec![i]).ok_or_else(empty))
+            .map(|_| self.next_usable(order).map(|i| vec![i]).ok_or_else(empty))
             .collect()
     }
 
@@ -264,6 +366,7 @@ impl Loader {
             let mut row = Vec::new();
             let mut used = 0;
             loop {
+                self.skip_marked(order);
                 let i = order.peek().ok_or_else(empty)?;
                 let len = self.data.samples[i].input_ids.len();
                 if !row.is_empty() && used + len > self.cfg.max_len {

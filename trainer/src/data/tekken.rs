@@ -136,6 +136,8 @@ pub struct Tekken {
     splitter: Splitter,
     image: Option<TekkenImage>,
     version: Option<String>,
+    /// [`super::index::hash64`] of the file's bytes.
+    fingerprint: u64,
 }
 
 impl std::fmt::Debug for Tekken {
@@ -253,7 +255,14 @@ impl Tekken {
             splitter,
             image: file.image,
             version: file.config.version,
+            fingerprint: super::index::hash64(raw),
         })
+    }
+
+    /// A hash of the tokenizer file's bytes: what the dataset index cache keys a tokenizer by
+    /// (with [`Tekken::vocab_size`], which the file alone does not decide).
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 
     /// Total ids: specials + mergeable ranks (mistral-common `n_words`).

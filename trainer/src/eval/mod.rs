@@ -15,7 +15,7 @@
 
 use crate::batch::Batch;
 use crate::data::batch::pad_batch;
-use crate::data::dataset::{load_samples, DataSet, Prepared};
+use crate::data::dataset::{load_each, DataSet, Prepared};
 use crate::data::image::ImageConfig;
 use crate::data::{DataError, Tekken};
 use crate::model::{Act, Mistral3, ModelError};
@@ -130,6 +130,9 @@ pub struct Answer {
 pub struct EvalReport {
     pub samples: usize,
     pub correct: usize,
+    /// Held-out samples left out because an image failed to decode (a file cut after its
+    /// header: the set is read by headers only, see `DataSet::open`).
+    pub skipped: usize,
     pub per_kind: Vec<KindScore>,
     #[serde(skip)]
     pub answers: Vec<Answer>,
@@ -192,9 +195,30 @@ pub fn evaluate<A: Act>(
     let rows = rows.max(1);
     let vocab = model.cfg.text_config.vocab_size;
     let mut report = EvalReport::default();
-    for chunk in data.samples.chunks(rows) {
-        let prepared: Vec<&Prepared> = chunk.iter().collect();
-        let samples = load_samples(&prepared, image_cfg)?;
+    for all in data.samples.chunks(rows) {
+        let prepared: Vec<&Prepared> = all.iter().collect();
+        let (mut chunk, mut samples) = (Vec::with_capacity(all.len()), Vec::new());
+        for (p, made) in all.iter().zip(load_each(&prepared, image_cfg)) {
+            match made {
+                Ok(s) => {
+                    chunk.push(p);
+                    samples.push(s);
+                }
+                // As in training: a bad image costs its sample, not the evaluation.
+                Err(e) if e.skippable_at_load() => {
+                    eprintln!(
+                        "warning: {}:{}: held-out sample skipped: {e}",
+                        data.path.display(),
+                        p.line
+                    );
+                    report.skipped += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if samples.is_empty() {
+            continue;
+        }
         // No padding multiple: every row is as long as the longest sample, nothing more.
         let batch: Batch = pad_batch(&samples, tok.pad_id(), 1).map_err(DataError::from)?;
         let acts = model.forward::<A>(&batch)?;

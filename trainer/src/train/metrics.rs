@@ -33,6 +33,10 @@ pub struct StepRecord {
     /// Samples the dataset reading dropped because truncation would cut an image block
     /// (the whole set is read and filtered before the first step).
     pub dropped_samples: u64,
+    /// Samples the loader skipped since this process started because an image failed to
+    /// decode (the set is read by image headers; a file cut after its header is found when
+    /// its sample is loaded). In a sharded run, those of rank 0's rows.
+    pub skipped_samples: u64,
     /// Samples and non-padding tokens consumed so far.
     pub samples: u64,
     pub tokens: u64,

@@ -45,6 +45,8 @@ pub struct RunPlan {
     pub tokenizer: PathBuf,
     pub dataset: PathBuf,
     pub eval_dataset: Option<PathBuf>,
+    /// The dataset index cache (`data.cache_dir`, or `index` in the cache folder).
+    pub cache_dir: PathBuf,
     /// The synthetic set to generate first, when the default dataset is not in the cache yet.
     pub synth: Option<SynthPlan>,
     pub model: ModelSource,
@@ -114,6 +116,11 @@ impl RunPlan {
             .clone()
             .unwrap_or_else(|| out_dir.join("checkpoints"));
         let frozen = cfg.frozen();
+        let cache_dir = cfg
+            .data
+            .cache_dir
+            .clone()
+            .unwrap_or_else(|| config::cache_dir().join("index"));
         Ok(RunPlan {
             cfg,
             config_file: config_file.map(Path::to_path_buf),
@@ -123,6 +130,7 @@ impl RunPlan {
             tokenizer,
             dataset,
             eval_dataset,
+            cache_dir,
             synth,
             model,
             frozen,
@@ -140,6 +148,7 @@ impl RunPlan {
         c.data.dataset = Some(self.dataset.clone());
         c.data.eval_dataset = self.eval_dataset.clone();
         c.data.tokenizer = Some(self.tokenizer.clone());
+        c.data.cache_dir = Some(self.cache_dir.clone());
         c.log.dir = Some(self.out_dir.clone());
         c.log.jsonl = Some(self.jsonl.clone());
         c.checkpoint.dir = Some(self.checkpoint_dir.clone());
@@ -171,6 +180,7 @@ impl RunPlan {
             seed: self.cfg.train.seed,
             system_prompt: d.system_prompt.clone(),
             image,
+            cache_dir: Some(self.cache_dir.clone()),
         }
     }
 }

@@ -97,6 +97,9 @@ impl RunSetup {
         cfg.parallel.cp().check(&mcfg)?;
         let image = image_config(&mcfg, cfg.data.longest_edge);
         let loader = Loader::open(&plan.data_config(image.clone()), &tok, Position::default())?;
+        if let Some(used) = loader.index() {
+            eprintln!("dataset {}: {}", plan.dataset.display(), used.describe());
+        }
         let stats = loader.stats().clone();
         let total_steps = match (cfg.train.steps, cfg.train.epochs) {
             (Some(s), _) => s,
@@ -274,7 +277,8 @@ impl RunSetup {
             return Ok(None);
         };
         let spec = DatasetSpec::resolve(path, self.plan.cfg.data.dataset_dir.as_deref())?;
-        let data = DataSet::open(&spec, &self.tok, &self.sample_settings())?;
+        let settings = self.sample_settings();
+        let (data, _) = DataSet::open_cached(&spec, &self.tok, &settings, &self.plan.cache_dir)?;
         let rep = eval::evaluate::<A>(
             model,
             &data,

@@ -214,6 +214,7 @@ fn run_as<A: Act>(
                 max_allocated_mib: st.memory.max_allocated as f64 / MIB,
                 max_reserved_mib: st.memory.max_reserved as f64 / MIB,
                 dropped_samples: t.at.dropped_samples,
+                skipped_samples: loader.skipped_samples() as u64,
                 samples,
                 tokens,
                 targets: st.targets,
