@@ -127,7 +127,7 @@ pub fn resume_from(plan: &RunPlan) -> Result<Option<Checkpoint>, CheckpointError
     }
 }
 
-/// What [`resume`] restored.
+/// What [`resume_setup`] restored.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resumed {
     pub step: usize,

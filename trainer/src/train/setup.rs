@@ -1,8 +1,7 @@
 //! A run made ready without its model: data read, tokenizer, the model's config, the
-//! schedule, where the weights come from, the GEMM peak. A one-process run builds its model
-//! on it ([`super::Trainer`]); a sharded run hands it to its ranks, each of which reads or
-//! draws only its own shards ([`crate::fsdp::ShardSource`]): no process builds the whole
-//! model to cut it.
+//! schedule, where the weights come from, the GEMM peak. The loop ([`super::sharded`])
+//! hands it to its ranks (one alone, or N), each of which reads or draws only its own shards
+//! ([`crate::fsdp::ShardSource`]): no process builds the whole model to cut it.
 
 use super::flops::gemm_peak;
 use super::identity::{digest_files, RunIdentity};

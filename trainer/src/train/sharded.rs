@@ -165,7 +165,7 @@ fn run_as<A: Act>(
             let st = rank.step::<A>(&mine, lr)?;
             let step_s = t0.elapsed().as_secs_f64();
             // Each rank's allocator is bounded as the one-rank loop bounds its own (see
-            // `Trainer::step`: the batches' many shapes would grow the cache).
+            // `CACHE_SLACK`: the batches' many shapes would grow the cache).
             let alloc = rank.exec().allocator();
             if alloc.stats().reserved > CACHE_SLACK * st.memory.max_allocated.max(1 << 24) {
                 alloc.empty_cache();

@@ -8,7 +8,7 @@
 //! time), the tokenizer's contents, every setting that shapes samples, and the versions of
 //! the file format and of the sample rules. Inputs that change make another key, so a stale
 //! file is never found; a file that is cut or damaged fails its checks
-//! ([`codec::decode`]), is ignored and is rewritten. The images are not part of the key (a
+//! (`codec::decode`), is ignored and is rewritten. The images are not part of the key (a
 //! stat of each would cost what the cache saves): an image replaced in place by one of
 //! another size is found when its sample is loaded ([`crate::data::DataError::ImageChanged`])
 //! and skipped.
