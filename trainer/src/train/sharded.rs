@@ -1,9 +1,11 @@
-//! `cannon train` with `parallel.nproc = N > 1`: the same run on N in-process CPU ranks of
-//! an FSDP (ZeRO-3) run ([`crate::fsdp`]), one thread and one caching allocator each; or,
-//! with `parallel.device = npu` in a job of `cannon launch` ([`Ranks::Hccl`]), this process's
-//! one rank on its NPU, the job's ranks joined by HCCL. Then rank 0's process alone writes
-//! the run's files (config, identity, metrics, final model, evaluation), and the other
-//! processes train their shards and leave.
+//! The one training loop of `cannon train`, for every world size: one process alone
+//! ([`Ranks::Solo`], a world of one on the CPU or one NPU, whose shards are the whole groups);
+//! `parallel.nproc = N > 1` in-process CPU ranks of an FSDP (ZeRO-3) run ([`crate::fsdp`]),
+//! one thread and one caching allocator each; or, with `parallel.device = npu` in a job of
+//! `cannon launch` ([`Ranks::Hccl`]), this process's one rank on its NPU, the job's ranks
+//! joined by HCCL. Every step is [`FsdpRank::step`]. Rank 0's process alone writes the run's
+//! files (config, identity, metrics, final model, evaluation), and the other processes train
+//! their shards and leave.
 //!
 //! ```text
 //! driver   RunSetup::new (data, tokenizer, model config, where the weights come from, GEMM
