@@ -11,27 +11,33 @@ use super::tensor::{TensorDesc, PARAM_INVALID};
 use crate::error::{EmuError, EmuResult};
 use std::sync::Arc;
 
-/// Element offsets (from the view's first element) of the view's elements, row-major.
-fn offsets(t: &TensorDesc) -> Vec<usize> {
-    let n = t.numel();
-    let mut out = Vec::with_capacity(n);
-    if n == 0 {
-        return out;
+/// Calls `f` with the element offset (from the view's first element) of each of the view's
+/// elements, row-major, without materialising them: a transposed lm-head weight has tens of
+/// millions of elements, and a vector of their offsets would weigh twice the weight.
+fn for_each_offset(t: &TensorDesc, mut f: impl FnMut(usize)) {
+    if t.numel() == 0 {
+        return;
     }
     let rank = t.dims.len();
     let mut idx = vec![0i64; rank];
-    for _ in 0..n {
-        let off: i64 = idx.iter().zip(&t.strides).map(|(&i, &s)| i * s).sum();
-        out.push(off as usize);
-        for d in (0..rank).rev() {
+    let mut off: i64 = 0;
+    loop {
+        f(off as usize);
+        let mut d = rank;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
             idx[d] += 1;
+            off += t.strides[d];
             if idx[d] < t.dims[d] {
                 break;
             }
+            off -= idx[d] * t.strides[d];
             idx[d] = 0;
         }
     }
-    out
 }
 
 fn check_size<T>(t: &TensorDesc) -> EmuResult<()> {
@@ -62,17 +68,22 @@ pub fn read<T: bytemuck::Pod>(t: &Arc<TensorDesc>) -> EmuResult<Vec<T>> {
     if t.numel() == 0 {
         return Ok(Vec::new());
     }
-    let (p, reach) = span(t)?;
-    // SAFETY: `p` is the host backing of `reach` elements inside one live allocation
-    // (resolve checked the range); device memory is only touched by the stream that runs
-    // this job (CANN's ordering rule), and `read_unaligned` needs no alignment.
-    let all: Vec<T> = (0..reach)
-        .map(|i| unsafe { std::ptr::read_unaligned((p as *const T).add(i)) })
-        .collect();
+    let (p, _) = span(t)?;
+    let p = p as *const T;
+    let mut out = Vec::with_capacity(t.numel());
     if t.is_contiguous() {
-        return Ok(all);
+        // SAFETY: `p` is the host backing of the view's span inside one live allocation
+        // (resolve checked the range) and a contiguous view's `numel` elements fill it;
+        // device memory is only touched by the stream that runs this job (CANN's ordering
+        // rule), and `read_unaligned` needs no alignment.
+        out.extend((0..t.numel()).map(|i| unsafe { std::ptr::read_unaligned(p.add(i)) }));
+    } else {
+        // SAFETY: as above; every offset of the view lies inside its resolved span.
+        for_each_offset(t, |o| {
+            out.push(unsafe { std::ptr::read_unaligned(p.add(o)) })
+        });
     }
-    Ok(offsets(t).into_iter().map(|o| all[o]).collect())
+    Ok(out)
 }
 
 /// Stores `v` (row-major, `numel` values) into the view.
@@ -88,14 +99,20 @@ pub fn write<T: bytemuck::Pod>(t: &Arc<TensorDesc>, v: &[T]) -> EmuResult<()> {
         return Ok(());
     }
     let (p, _) = span(t)?;
-    let offs: Vec<usize> = if t.is_contiguous() {
-        (0..v.len()).collect()
-    } else {
-        offsets(t)
-    };
-    for (x, o) in v.iter().zip(offs) {
-        // SAFETY: every offset lies inside the resolved span (offsets < extent - offset).
-        unsafe { std::ptr::write_unaligned((p as *mut T).add(o), *x) };
+    let p = p as *mut T;
+    if t.is_contiguous() {
+        for (i, x) in v.iter().enumerate() {
+            // SAFETY: a contiguous view's `numel` elements fill its resolved span.
+            unsafe { std::ptr::write_unaligned(p.add(i), *x) };
+        }
+        return Ok(());
     }
+    let mut values = v.iter();
+    for_each_offset(t, |o| {
+        if let Some(x) = values.next() {
+            // SAFETY: every offset lies inside the resolved span (offsets < extent - offset).
+            unsafe { std::ptr::write_unaligned(p.add(o), *x) };
+        }
+    });
     Ok(())
 }

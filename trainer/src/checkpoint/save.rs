@@ -435,9 +435,10 @@ pub fn save_local(
 }
 
 /// Whether every rank succeeded: an all-reduce (max) of each rank's failure flag, so that a
-/// rank that failed stops the others from committing instead of leaving them waiting.
+/// rank that failed stops the others from committing instead of leaving them waiting. An
+/// i32: HCCL reduces signed integers and floats, not uint32 (`HCCL_E_NOT_SUPPORT`).
 fn agree(comm: &Communicator, stream: &Stream, failed: bool) -> Result<bool> {
-    let mut flag = DeviceBuffer::clone_htod(stream, &[u32::from(failed)])?;
+    let mut flag = DeviceBuffer::clone_htod(stream, &[i32::from(failed)])?;
     comm.all_reduce_in_place(&mut flag.view_mut(), ReduceOp::Max, stream)?;
     Ok(flag.clone_dtoh(stream)?[0] == 0)
 }
