@@ -172,7 +172,7 @@ impl Block {
                 found: stream.device(),
             });
         }
-        if device.is_cpu() || self.size == 0 {
+        if device.runs_inline() || self.size == 0 {
             return Ok(());
         }
         let id = stream.id();
@@ -250,6 +250,12 @@ impl CachingAllocator {
         Self::with_raw(Device::Cpu, Box::new(raw))
     }
 
+    /// A private allocator of the meta device: blocks with addresses and no storage,
+    /// counted, cached and reused exactly as a real device's ([`crate::meta`]).
+    pub fn new_meta() -> Arc<Self> {
+        Self::with_raw(Device::Meta, Box::new(crate::meta::MetaMemory::default()))
+    }
+
     /// An allocator of `device` over the raw memory `raw` (the device module wires each
     /// backend's memory in; this module knows none of them but the host's).
     pub(crate) fn with_raw(device: Device, raw: Box<dyn RawMemory>) -> Arc<Self> {
@@ -280,8 +286,10 @@ impl CachingAllocator {
         if bytes == 0 {
             return Ok(Block::empty());
         }
-        // Host work is complete when issued: no stream needs tracking on the CPU.
-        let owner = stream.filter(|_| !self.device.is_cpu()).map(Stream::weak);
+        // Host (and meta) work is complete when issued: no stream needs tracking there.
+        let owner = stream
+            .filter(|_| !self.device.runs_inline())
+            .map(Stream::weak);
         let req = owner.as_ref().map(|o| o.id);
         let size = round_size(bytes);
         let mut st = self.state.lock();

@@ -370,6 +370,11 @@ impl<'a, T: Element> BufferView<'a, T> {
                 dst.copy_from_slice(self.as_host_slice()?);
                 Ok(())
             }
+            // No storage: what the host reads back is zeros (see `crate::meta`).
+            Device::Meta => {
+                dst.fill(T::zeroed());
+                Ok(())
+            }
             d @ Device::Npu(_) => npu_copy::dtoh(stream, d, self.as_raw_ptr(), dst),
         }
     }
@@ -433,6 +438,7 @@ impl<'a, T: Element> BufferViewMut<'a, T> {
                 self.as_host_slice_mut()?.copy_from_slice(src);
                 Ok(())
             }
+            Device::Meta => Ok(()),
             d @ Device::Npu(_) => npu_copy::htod(stream, d, src, self.as_raw_mut_ptr()),
         }
     }
@@ -449,6 +455,7 @@ impl<'a, T: Element> BufferViewMut<'a, T> {
                 self.as_host_slice_mut()?.copy_from_slice(s);
                 Ok(())
             }
+            Device::Meta => Ok(()),
             d @ Device::Npu(_) => {
                 let (dst, n) = (self.as_raw_mut_ptr(), self.len);
                 npu_copy::dtod(stream, d, src.as_raw_ptr(), dst, n)
@@ -463,6 +470,7 @@ impl<'a, T: Element> BufferViewMut<'a, T> {
                 self.as_host_slice_mut()?.fill(T::zeroed());
                 Ok(())
             }
+            Device::Meta => Ok(()),
             d @ Device::Npu(_) => {
                 let (dst, n) = (self.as_raw_mut_ptr(), self.len);
                 npu_copy::memset_zeros(stream, d, dst, n)

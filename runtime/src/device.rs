@@ -1,5 +1,5 @@
-//! Devices: the host CPU and Ascend NPUs by ordinal, and each device's process-wide caching
-//! allocator. This is where the allocator (which knows only host memory and the `RawMemory`
+//! Devices: the host CPU, Ascend NPUs by ordinal and the meta device, and each device's
+//! process-wide caching allocator. This is where the allocator (which knows only host memory and the `RawMemory`
 //! trait) meets the backends' device memory (`crate::npu` implements `RawMemory`), so neither
 //! of the two depends on the other.
 
@@ -17,11 +17,26 @@ pub enum Device {
     Cpu,
     /// An Ascend NPU, by `aclrtSetDevice` ordinal.
     Npu(u32),
+    /// Buffers with a size and no storage (torch's `meta`): its allocator counts blocks as
+    /// any device's does, ops check their operands and compute nothing, copies to the host
+    /// give zeros. A training step on meta ranks measures what a layout allocates, at any
+    /// model size, in host memory of a few tensors' metadata ([`crate::meta`]).
+    Meta,
 }
 
 impl Device {
     pub fn is_cpu(self) -> bool {
         matches!(self, Device::Cpu)
+    }
+
+    pub fn is_meta(self) -> bool {
+        matches!(self, Device::Meta)
+    }
+
+    /// Whether work on this device is complete when the call that issues it returns (the
+    /// host, and the meta device, which does none): no stream ordering to track.
+    pub fn runs_inline(self) -> bool {
+        matches!(self, Device::Cpu | Device::Meta)
     }
 
     /// Number of NPUs AscendCL reports; 0 when the build has no NPU support or CANN is absent.
@@ -41,9 +56,11 @@ impl Device {
     /// no NPU support).
     pub fn allocator(self) -> Result<Arc<CachingAllocator>> {
         static CPU: OnceLock<Arc<CachingAllocator>> = OnceLock::new();
+        static META: OnceLock<Arc<CachingAllocator>> = OnceLock::new();
         static NPU: OnceLock<Mutex<HashMap<u32, Arc<CachingAllocator>>>> = OnceLock::new();
         let ordinal = match self {
             Device::Cpu => return Ok(CPU.get_or_init(CachingAllocator::new_cpu).clone()),
+            Device::Meta => return Ok(META.get_or_init(CachingAllocator::new_meta).clone()),
             Device::Npu(ordinal) => ordinal,
         };
         let mut map = NPU.get_or_init(Default::default).lock();
@@ -63,14 +80,16 @@ impl Device {
     pub fn private_allocator(self) -> Result<Arc<CachingAllocator>> {
         match self {
             Device::Cpu => Ok(CachingAllocator::new_cpu()),
+            Device::Meta => Ok(CachingAllocator::new_meta()),
             Device::Npu(ordinal) => Ok(CachingAllocator::with_raw(self, npu_memory(ordinal)?)),
         }
     }
 
-    /// Parses `cpu`, `npu` (= `npu:0`) or `npu:N`, the spelling of `--device`.
+    /// Parses `cpu`, `npu` (= `npu:0`), `npu:N` or `meta`, the spelling of `--device`.
     pub fn parse(s: &str) -> Option<Device> {
         match s {
             "cpu" => Some(Device::Cpu),
+            "meta" => Some(Device::Meta),
             "npu" => Some(Device::Npu(0)),
             _ => s
                 .strip_prefix("npu:")
@@ -98,6 +117,7 @@ impl fmt::Display for Device {
         match self {
             Device::Cpu => write!(f, "cpu"),
             Device::Npu(i) => write!(f, "npu:{i}"),
+            Device::Meta => write!(f, "meta"),
         }
     }
 }
@@ -108,7 +128,7 @@ mod tests {
 
     #[test]
     fn parse_round_trips_display() {
-        for d in [Device::Cpu, Device::Npu(0), Device::Npu(7)] {
+        for d in [Device::Cpu, Device::Npu(0), Device::Npu(7), Device::Meta] {
             assert_eq!(Device::parse(&d.to_string()), Some(d));
         }
         assert_eq!(Device::parse("npu"), Some(Device::Npu(0)));

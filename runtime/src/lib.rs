@@ -18,6 +18,8 @@
 //! - Collectives: [`comm::Communicator`] takes buffer views and a stream on every backend
 //!   (in-process CPU ranks borrow the host slices; HCCL enqueues on the stream), so FSDP and
 //!   context parallelism are written once.
+//! - The meta device ([`Device::Meta`]): buffers with sizes and no storage, counted by the
+//!   same caching allocator, so a step run on it measures a layout's memory at any size.
 
 pub mod alloc;
 pub mod buffer;
@@ -25,6 +27,7 @@ pub mod comm;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod meta;
 pub mod rng;
 pub mod stream;
 

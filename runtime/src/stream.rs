@@ -34,6 +34,8 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) enum StreamInner {
     Cpu,
+    /// The meta device's: nothing runs, so nothing is ever pending.
+    Meta,
     #[cfg(feature = "npu")]
     Npu(crate::npu::NpuStream),
 }
@@ -49,6 +51,7 @@ impl Stream {
     pub fn new(device: Device) -> Result<Stream> {
         match device {
             Device::Cpu => Ok(Stream::cpu()),
+            Device::Meta => Ok(Stream::with_inner(StreamInner::Meta)),
             #[cfg(feature = "npu")]
             Device::Npu(ordinal) => Ok(Stream::with_inner(StreamInner::Npu(
                 crate::npu::NpuStream::new(ordinal)?,
@@ -94,7 +97,7 @@ impl Stream {
     #[cfg(feature = "npu")]
     pub fn acl_stream(&self) -> Option<&crate::npu::NpuStream> {
         match &*self.inner {
-            StreamInner::Cpu => None,
+            StreamInner::Cpu | StreamInner::Meta => None,
             StreamInner::Npu(s) => Some(s),
         }
     }
@@ -115,11 +118,10 @@ impl Stream {
     pub fn wait(&self, event: &Event) -> Result<()> {
         check_same("Stream::wait", self.device(), event.device())?;
         match (&*self.inner, &event.inner) {
-            // Host work is complete when issued.
-            (StreamInner::Cpu, EventInner::Cpu) => Ok(()),
+            // Host work is complete when issued; meta work is never issued.
+            (StreamInner::Cpu, EventInner::Cpu) | (StreamInner::Meta, EventInner::Meta) => Ok(()),
             #[cfg(feature = "npu")]
             (StreamInner::Npu(s), EventInner::Npu(e)) => s.wait(e),
-            #[cfg(feature = "npu")]
             _ => Err(backend_mismatch(
                 "Stream::wait",
                 self.device(),
@@ -133,6 +135,7 @@ impl StreamInner {
     fn device(&self) -> Device {
         match self {
             StreamInner::Cpu => Device::Cpu,
+            StreamInner::Meta => Device::Meta,
             #[cfg(feature = "npu")]
             StreamInner::Npu(s) => Device::Npu(s.ordinal()),
         }
@@ -140,7 +143,7 @@ impl StreamInner {
 
     fn synchronize(&self) -> Result<()> {
         match self {
-            StreamInner::Cpu => Ok(()),
+            StreamInner::Cpu | StreamInner::Meta => Ok(()),
             #[cfg(feature = "npu")]
             StreamInner::Npu(s) => s.synchronize(),
         }
@@ -188,7 +191,6 @@ fn check_same(what: &'static str, expected: Device, found: Device) -> Result<()>
 
 /// Two handles of one device whose backends differ: impossible once their devices compared
 /// equal (the device is read off the backend), but typed rather than assumed.
-#[cfg(feature = "npu")]
 fn backend_mismatch(what: &'static str, expected: Device, found: Device) -> Error {
     Error::DeviceMismatch {
         what,
@@ -205,6 +207,7 @@ pub struct Event {
 
 enum EventInner {
     Cpu,
+    Meta,
     #[cfg(feature = "npu")]
     Npu(crate::npu::NpuEvent),
 }
@@ -225,6 +228,7 @@ impl Event {
     pub fn new(device: Device) -> Result<Event> {
         let inner = match device {
             Device::Cpu => EventInner::Cpu,
+            Device::Meta => EventInner::Meta,
             #[cfg(feature = "npu")]
             Device::Npu(ordinal) => EventInner::Npu(crate::npu::NpuEvent::new(ordinal)?),
             #[cfg(not(feature = "npu"))]
@@ -244,6 +248,7 @@ impl Event {
     pub fn device(&self) -> Device {
         match &self.inner {
             EventInner::Cpu => Device::Cpu,
+            EventInner::Meta => Device::Meta,
             #[cfg(feature = "npu")]
             EventInner::Npu(e) => Device::Npu(e.ordinal()),
         }
@@ -257,10 +262,9 @@ impl Event {
     fn record_inner(&mut self, stream: &StreamInner) -> Result<()> {
         check_same("Event::record", self.device(), stream.device())?;
         match (&self.inner, stream) {
-            (EventInner::Cpu, StreamInner::Cpu) => {}
+            (EventInner::Cpu, StreamInner::Cpu) | (EventInner::Meta, StreamInner::Meta) => {}
             #[cfg(feature = "npu")]
             (EventInner::Npu(e), StreamInner::Npu(s)) => e.record(s)?,
-            #[cfg(feature = "npu")]
             _ => {
                 return Err(backend_mismatch(
                     "Event::record",
@@ -276,7 +280,7 @@ impl Event {
     /// Blocks until the work before the event has finished.
     pub fn synchronize(&self) -> Result<()> {
         match &self.inner {
-            EventInner::Cpu => Ok(()),
+            EventInner::Cpu | EventInner::Meta => Ok(()),
             #[cfg(feature = "npu")]
             EventInner::Npu(e) => e.synchronize(),
         }
@@ -286,7 +290,7 @@ impl Event {
     /// recorded counts as finished, as `aclrtQueryEventStatus` reports it).
     pub fn query(&self) -> Result<bool> {
         match &self.inner {
-            EventInner::Cpu => Ok(true),
+            EventInner::Cpu | EventInner::Meta => Ok(true),
             #[cfg(feature = "npu")]
             EventInner::Npu(e) => e.query(),
         }
@@ -301,12 +305,11 @@ impl Event {
         };
         check_same("Event::elapsed_ms", self.device(), end.device())?;
         match (&self.inner, &end.inner) {
-            (EventInner::Cpu, EventInner::Cpu) => {
+            (EventInner::Cpu, EventInner::Cpu) | (EventInner::Meta, EventInner::Meta) => {
                 Ok(b.saturating_duration_since(a).as_secs_f32() * 1e3)
             }
             #[cfg(feature = "npu")]
             (EventInner::Npu(x), EventInner::Npu(y)) => x.elapsed_ms(y),
-            #[cfg(feature = "npu")]
             _ => Err(backend_mismatch(
                 "Event::elapsed_ms",
                 self.device(),

@@ -13,12 +13,13 @@
 //! Output in OUT: `ckpt/step-000003/` (the checkpoint), `hf/` (the export), `ours.safetensors`
 //! (`logits` `[B, S, V]` f32 and `loss`).
 
+use cannon_runtime::comm::Communicator;
 use cannon_trainer::checkpoint::{
     export, Checkpoint, CheckpointDir, DataState, ExportOptions, Progress, Snapshot,
 };
+use cannon_trainer::fsdp::{FsdpRank, FsdpSettings, ShardSource};
 use cannon_trainer::model::optim::AdamW;
 use cannon_trainer::model::{Mistral3, Part};
-use cannon_trainer::train::train_steps;
 use cannon_trainer::verify::Reference;
 use std::path::PathBuf;
 
@@ -36,8 +37,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut settings, _) = fixture.train_settings(&model)?;
     settings.frozen = vec![Part::Vision, Part::Projector];
     let steps = 3;
-    let log = train_steps::<f32>(&mut model, &batch, &settings, steps)?;
-    eprintln!("trained {steps} steps, losses {:?}", log.losses);
+    // The training run's step, a world of one.
+    let host = model.params.to_host(model.exec.stream())?;
+    let comm = Communicator::solo(model.exec.device(), std::time::Duration::from_secs(600));
+    let fsdp = FsdpSettings::from_train(&settings);
+    let source = ShardSource::Full(&host);
+    let mut rank = FsdpRank::new(comm, model.exec.clone(), model.cfg.clone(), source, fsdp)?;
+    let mut losses = Vec::new();
+    for _ in 0..steps {
+        let s = rank.step::<f32>(std::slice::from_ref(&batch), settings.adamw.lr)?;
+        losses.push(s.loss);
+    }
+    model.params = rank.gather_full_params()?;
+    drop(rank);
+    eprintln!("trained {steps} steps, losses {losses:?}");
 
     let grads = model.grads(&[Part::Text])?;
     let opt = AdamW::new(&model.exec, settings.adamw, &grads)?;

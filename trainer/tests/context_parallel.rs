@@ -306,7 +306,7 @@ fn fsdp_dp2_cp_equals_one_rank() {
     let batches = global_batch(4, 9);
     let s = fsdp_fixture::settings(&[]);
     let steps = 4;
-    let (ref_losses, ref_params) = run_unsharded(&cfg, &host, &batches, &s, steps);
+    let (ref_losses, _, ref_params) = run_unsharded(&cfg, &host, &batches, &s, steps);
     for cp in [
         settings(2, CpAlgo::Ulysses, 1),
         settings(2, CpAlgo::Ring, 1),

@@ -8,7 +8,6 @@ mod fsdp_fixture;
 use cannon_runtime::alloc::round_size;
 use cannon_trainer::fsdp::{run_cpu_ranks, FsdpError, FsdpRank, ShardLayout};
 use cannon_trainer::model::{ParamLayout, Part};
-use cannon_trainer::train::{train_steps, TrainSettings};
 use fsdp_fixture::*;
 use std::time::Duration;
 
@@ -24,7 +23,7 @@ fn one_two_and_four_ranks_train_alike() {
     let host = init(&cfg, 7);
     let batches = global_batch(4, 11);
     let s = settings(&[]);
-    let (ref_losses, ref_params) = run_unsharded(&cfg, &host, &batches, &s, STEPS);
+    let (ref_losses, _, ref_params) = run_unsharded(&cfg, &host, &batches, &s, STEPS);
     assert!(
         ref_losses[STEPS - 1] < 0.5 * ref_losses[0],
         "the reference learns: {} -> {}",
@@ -88,29 +87,22 @@ fn bf16_two_ranks_train_like_one() {
     assert!(l1[19] < 0.7 * l1[0], "bf16 learns: {} -> {}", l1[0], l1[19]);
 }
 
-/// One rank, one micro batch: the sharded step is the unsharded `train_steps` bit for bit
-/// (the gathers and the reduce-scatter of one rank are copies, the loss divisor is the
-/// batch's own count).
+/// One rank, one micro batch: the world of one is the unsharded step bit for bit (its
+/// gathers and reduce-scatter are its own groups in place, the loss divisor is the batch's
+/// own count).
 #[test]
-fn one_rank_is_train_steps_bit_for_bit() {
+fn one_rank_is_the_unsharded_step_bit_for_bit() {
     let cfg = config();
     let host = init(&cfg, 3);
     let batch = global_batch(1, 5).remove(0);
-    let frozen = [Part::Vision, Part::Projector];
-    let s = settings(&frozen);
-    let train = TrainSettings {
-        adamw: s.adamw,
-        max_grad_norm: s.max_grad_norm,
-        frozen: frozen.to_vec(),
-    };
-    let mut m = model(&cfg, &host);
-    let log = train_steps::<f32>(&mut m, &batch, &train, 5).unwrap();
+    let s = settings(&[Part::Vision, Part::Projector]);
+    let (losses, norms, params) = run_unsharded(&cfg, &host, std::slice::from_ref(&batch), &s, 5);
     let run = run_sharded::<f32>(1, &cfg, &host, &[batch], &s, 5);
-    let losses: Vec<f64> = run.stats.iter().map(|s| s.loss).collect();
-    let norms: Vec<f64> = run.stats.iter().map(|s| s.grad_norm).collect();
-    assert_eq!(losses, log.losses);
-    assert_eq!(norms, log.grad_norms);
-    assert_eq!(run.params, m.params.to_host(m.exec.stream()).unwrap());
+    let got: Vec<f64> = run.stats.iter().map(|s| s.loss).collect();
+    assert_eq!(got, losses);
+    let got: Vec<f64> = run.stats.iter().map(|s| s.grad_norm).collect();
+    assert_eq!(got, norms);
+    assert_eq!(run.params, params);
 }
 
 /// Per-rank memory before a step: parameter shards of every group plus gradient and two
@@ -205,7 +197,7 @@ fn uneven_micro_batch_counts_step_alike() {
     let host = init(&cfg, 4);
     let batches = global_batch(3, 9);
     let s = settings(&[Part::Vision]);
-    let (ref_losses, ref_params) = run_unsharded(&cfg, &host, &batches, &s, 3);
+    let (ref_losses, _, ref_params) = run_unsharded(&cfg, &host, &batches, &s, 3);
     let run = run_sharded::<f32>(2, &cfg, &host, &batches, &s, 3);
     let losses: Vec<f64> = run.stats.iter().map(|s| s.loss).collect();
     assert!(loss_diff(&losses, &ref_losses) <= 1e-6);

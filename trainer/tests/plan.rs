@@ -10,16 +10,13 @@
 //! but it has every part (vision tower, projector, 3 text layers, a 1024-token vocabulary,
 //! GQA), so gathered groups, full gradients and the logits all weigh in the peak.
 
-use cannon_runtime::{CachingAllocator, Stream};
-use cannon_trainer::bench::{bench_batch, random_host, random_model};
+use cannon_trainer::bench::{bench_batch, random_host};
 use cannon_trainer::cp::{CpAlgo, CpSettings};
 use cannon_trainer::fsdp::{rank_share, run_cpu_ranks, FsdpRank, FsdpSettings};
-use cannon_trainer::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use cannon_trainer::model::{Act, Exec, LossMode, MemoryFeatures, Mistral3Config, Part, Recompute};
-use cannon_trainer::plan::{self, Plan, PlanSettings};
-use cannon_trainer::train::step::accumulate;
+use cannon_trainer::model::optim::AdamWConfig;
+use cannon_trainer::model::{Act, LossMode, MemoryFeatures, Mistral3Config, Part, Recompute};
+use cannon_trainer::plan::{self, measure, Plan, PlanSettings};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 const CONFIG: &str = r#"{
@@ -139,16 +136,14 @@ impl Case {
     }
 
     /// (start_allocated, max_allocated) of each rank over its second step.
-    /// `model`: one rank measured on the one-process model (`Mistral3` with resident
-    /// gradients and AdamW) rather than on an FSDP rank of a world of one.
-    fn measure(&self, cfg: &Mistral3Config, model: bool) -> Vec<(usize, usize)> {
+    fn measure(&self, cfg: &Mistral3Config) -> Vec<(usize, usize)> {
         match self.bf16 {
-            false => self.measure_as::<f32>(cfg, model),
-            true => self.measure_as::<half::bf16>(cfg, model),
+            false => self.measure_as::<f32>(cfg),
+            true => self.measure_as::<half::bf16>(cfg),
         }
     }
 
-    fn measure_as<A: Act>(&self, cfg: &Mistral3Config, model: bool) -> Vec<(usize, usize)> {
+    fn measure_as<A: Act>(&self, cfg: &Mistral3Config) -> Vec<(usize, usize)> {
         let micro: Vec<_> = (0..self.accum)
             .map(|i| bench_batch(cfg, self.rows, self.seq, self.img, i as u64).unwrap())
             .collect();
@@ -159,41 +154,6 @@ impl Case {
             eps: 1e-8,
             weight_decay: 0.1,
         };
-        if model {
-            // The one-rank trainer's step on a private allocator.
-            let exec = Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu());
-            let exec = match self.memory.needs_host_pool() {
-                true => exec.unwrap().with_host_pool().unwrap(),
-                false => exec.unwrap(),
-            };
-            let mut model = random_model(cfg, exec, 3).unwrap();
-            model.loss_mode = self.loss();
-            model.memory = self.memory;
-            let trainable: Vec<Part> = [Part::Vision, Part::Projector, Part::Text]
-                .into_iter()
-                .filter(|p| !self.frozen().contains(p))
-                .collect();
-            let mut grads = model.grads(&trainable).unwrap();
-            let mut opt = AdamW::new(&model.exec, adamw, &grads).unwrap();
-            if self.memory.offload_optimizer {
-                let exec = model.exec.clone();
-                opt.offload(&exec, &mut model.params).unwrap();
-            }
-            let exec = model.exec.clone();
-            let alloc = exec.allocator().clone();
-            let mut out = (0, 0);
-            for _ in 0..2 {
-                alloc.reset_peak();
-                let start = alloc.stats().allocated;
-                grads.zero(exec.stream()).unwrap();
-                accumulate::<A>(&model, &micro, &mut grads).unwrap();
-                clip_grad_norm(exec.stream(), &mut grads, 1.0).unwrap();
-                opt.update(exec.stream(), &mut model.params, &grads, 1e-4)
-                    .unwrap();
-                out = (start, alloc.stats().peak_allocated);
-            }
-            return vec![out];
-        }
         let host = random_host(cfg, 3);
         let settings = FsdpSettings {
             adamw,
@@ -227,17 +187,7 @@ impl Case {
     /// Plans, runs, and compares every rank; returns the worst relative difference.
     fn check(&self) -> f64 {
         let (plan, s) = self.plan();
-        let mut measured = self.measure(&s.model, false);
-        if self.nproc == 1 {
-            // A world of one holds and steps like the one-process model, byte for byte.
-            let model = self.measure(&s.model, true);
-            assert_eq!(
-                measured, model,
-                "{}: FSDP world of one vs the model",
-                self.name
-            );
-            measured = model;
-        }
+        let measured = self.measure(&s.model);
         assert_eq!(measured.len(), self.nproc, "{}", self.name);
         let mut worst: f64 = 0.0;
         for (r, &(start, max)) in measured.iter().enumerate() {
@@ -270,7 +220,48 @@ impl Case {
             );
             worst = worst.max(rel.abs());
         }
+        self.check_meta(&s);
         worst
+    }
+
+    /// The same layout on meta ranks (`cannon plan --measure`) against the NPU plan, whose
+    /// attention statistics the meta device sizes as an NPU does: start-up to the byte, the
+    /// step's peak under the same bar as the CPU ranks'.
+    fn check_meta(&self, s: &PlanSettings) {
+        let mut s = s.clone();
+        s.device = cannon_runtime::Device::Npu(0);
+        s.longest_edge = measure::image_side(&s) as u32;
+        let p = plan::plan(&s).unwrap();
+        let meta = measure::measure(&s, 2).unwrap();
+        assert_eq!(meta.len(), self.nproc, "{}", self.name);
+        for (r, m) in meta.iter().enumerate() {
+            let rp = p
+                .ranks
+                .iter()
+                .find(|p| p.ranks.0 <= r && r <= p.ranks.1)
+                .unwrap_or_else(|| panic!("{}: no plan for rank {r}", self.name));
+            assert_eq!(
+                m.start_up,
+                rp.resident(),
+                "{} meta rank {r}: start-up",
+                self.name
+            );
+            assert_eq!(m.step_start, rp.resident(), "{} meta rank {r}", self.name);
+            let rel = (rp.peak() as f64 - m.step_peak as f64) / m.step_peak as f64;
+            eprintln!(
+                "{} meta rank {r}: max_allocated {} B, NPU plan {} B ({:+.3} %)",
+                self.name,
+                m.step_peak,
+                rp.peak(),
+                100.0 * rel
+            );
+            assert!(
+                rel.abs() <= 0.05,
+                "{} meta rank {r}: {:+.2} %",
+                self.name,
+                100.0 * rel
+            );
+        }
     }
 }
 

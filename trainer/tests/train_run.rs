@@ -5,13 +5,15 @@
 
 mod common;
 
+use cannon_runtime::comm::Communicator;
 use cannon_trainer::config::preset::{self, PresetSizes};
 use cannon_trainer::data::batch::pad_batch;
 use cannon_trainer::data::shuffle::Position;
 use cannon_trainer::data::{synth, DataConfig, Loader, Tekken};
+use cannon_trainer::fsdp::{FsdpRank, FsdpSettings, ShardSource};
 use cannon_trainer::model::init::{self, Init};
-use cannon_trainer::model::{Exec, Grads, LossMode, Mistral3, ParamLayout, Part};
-use cannon_trainer::train::accumulate;
+use cannon_trainer::model::optim::AdamWConfig;
+use cannon_trainer::model::{Exec, LossMode, Mistral3, ParamLayout, Part};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -248,13 +250,45 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     num.sqrt() / den.sqrt().max(1e-30)
 }
 
+/// The loss and the gradient of every group of one training step over `micro` (the
+/// trainer's step, a world of one): AdamW's first moment after its first step is
+/// `(1 - beta1) g` = `g / 10`, read back and scaled (no clipping, no learning rate).
 fn grads_of(model: &Mistral3, micro: &[cannon_trainer::data::Batch]) -> (f64, Vec<Vec<f32>>) {
-    let mut g: Grads = model
-        .grads(&[Part::Vision, Part::Projector, Part::Text])
-        .unwrap();
-    let acc = accumulate::<f32>(model, micro, &mut g).unwrap();
-    let host = g.to_host(model.exec.stream()).unwrap();
-    (acc.loss, host.into_iter().map(Option::unwrap).collect())
+    let st = model.exec.stream();
+    let host = model.params.to_host(st).unwrap();
+    let settings = FsdpSettings {
+        adamw: AdamWConfig {
+            lr: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        },
+        max_grad_norm: 0.0,
+        frozen: vec![],
+        loss_mode: LossMode::Full,
+        memory: Default::default(),
+    };
+    let comm = Communicator::solo(model.exec.device(), std::time::Duration::from_secs(60));
+    let source = ShardSource::Full(&host);
+    let mut rank = FsdpRank::new(
+        comm,
+        model.exec.clone(),
+        model.cfg.clone(),
+        source,
+        settings,
+    )
+    .unwrap();
+    let stats = rank.step::<f32>(micro, 0.0).unwrap();
+    let (_, m, _) = rank.shards();
+    let grads = m
+        .iter()
+        .map(|m| {
+            let m = m.as_ref().unwrap().to_host(st).unwrap();
+            m.into_iter().map(|x| x / 0.1).collect()
+        })
+        .collect();
+    (stats.loss, grads)
 }
 
 #[test]

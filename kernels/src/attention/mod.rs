@@ -73,12 +73,13 @@ pub use npu::{block_lse_len_npu, lse_len_npu, BLOCK_EMPTY_MAX};
 
 /// An empty ring-block `lse` accumulator of `rows` (query tokens x heads) on `device`,
 /// `rows * lse_per_head(device)` values: the log-sum-exp -inf on the CPU; softmaxMax
-/// [`BLOCK_EMPTY_MAX`] and softmaxSum 1 on the NPU (the merge's inputs must be finite there).
-/// The output accumulator starts at 0 on both.
+/// [`BLOCK_EMPTY_MAX`] and softmaxSum 1 on the NPU (the merge's inputs must be finite there)
+/// and on the meta device, which takes the NPU's layout (see [`lse_per_head`]). The output
+/// accumulator starts at 0 on all.
 pub fn block_lse_init(device: cannon_runtime::Device, rows: usize) -> Vec<f32> {
     match device {
         cannon_runtime::Device::Cpu => vec![f32::NEG_INFINITY; rows],
-        cannon_runtime::Device::Npu(_) => {
+        cannon_runtime::Device::Npu(_) | cannon_runtime::Device::Meta => {
             let mut v = vec![BLOCK_EMPTY_MAX; rows * 8];
             v.resize(rows * 16, 1.0);
             v
@@ -89,11 +90,12 @@ pub fn block_lse_init(device: cannon_runtime::Device, rows: usize) -> Vec<f32> {
 /// f32 values of the softmax statistics per (token, query head) that the forward saves for
 /// the backward on `device`: 1 on the CPU (the log-sum-exp, `[T, Hq]`), 16 on the NPU
 /// (softmaxMax and softmaxSum, `[T, Hq, 8]` each, see [`lse_len_npu`]). A model sizes its
-/// saved `lse` tensor as `[T, Hq, lse_per_head(device)]`.
+/// saved `lse` tensor as `[T, Hq, lse_per_head(device)]`. The meta device sizes it as the
+/// NPU does: a meta run measures what an NPU rank would allocate.
 pub fn lse_per_head(device: cannon_runtime::Device) -> usize {
     match device {
         cannon_runtime::Device::Cpu => 1,
-        cannon_runtime::Device::Npu(_) => 16,
+        cannon_runtime::Device::Npu(_) | cannon_runtime::Device::Meta => 16,
     }
 }
 mod pack;

@@ -29,6 +29,7 @@
 #[cfg(feature = "npu")]
 pub mod aclnn;
 mod cpu;
+mod meta;
 mod npu;
 mod op_list;
 
@@ -57,11 +58,17 @@ pub struct Npu {
     pub ordinal: u32,
 }
 
+/// The meta device: operands checked (devices here, lengths by the op's `check` and the
+/// views' own bounds), nothing computed ([`cannon_runtime::Device::Meta`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meta;
+
 /// The backend [`select`] chose for one call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Selected {
     Cpu(Cpu),
     Npu(Npu),
+    Meta(Meta),
 }
 
 /// Something whose memory lives on devices: a buffer view, an optional one, a group of
@@ -139,6 +146,7 @@ pub fn select_on(op: &'static str, stream: Device, operands: &[Device]) -> Resul
     Ok(match stream {
         Device::Cpu => Selected::Cpu(Cpu),
         Device::Npu(ordinal) => Selected::Npu(Npu { ordinal }),
+        Device::Meta => Selected::Meta(Meta),
     })
 }
 
@@ -153,6 +161,7 @@ macro_rules! dispatch {
         match selected {
             $crate::backend::Selected::Cpu($be) => $call,
             $crate::backend::Selected::Npu($be) => $call,
+            $crate::backend::Selected::Meta($be) => $call,
         }
     }};
 }

@@ -2,13 +2,15 @@
 //!
 //! Each entry is an op's signature (after `stream`), its doc, the slice-level function it
 //! runs on the CPU, the operands [`super::select`] checks against the stream's device,
-//! optionally a `check` run before that, and its NPU body: a function of the op's `npu.rs`
-//! taking the device ordinal, the stream and the entry's arguments in order. Three expansions
-//! read it: [`super::Backend`] (one method per entry), its implementation for [`super::Npu`]
-//! (each method calls the entry's NPU body) and [`crate::ops`] (one public entry point per
-//! entry, which checks the operands and calls the chosen backend's method). A new op is one
-//! entry here, its CPU method (`cpu.rs`: borrowing host slices is op-specific) and its NPU
-//! body.
+//! optionally a `check` run before that, optionally a `meta` value (what it returns on the
+//! meta device; default: `Ok` of the return type's default), and its NPU body: a function of
+//! the op's `npu.rs` taking the device ordinal, the stream and the entry's arguments in
+//! order. Four expansions read it: [`super::Backend`] (one method per entry), its
+//! implementations for [`super::Npu`] (each method calls the entry's NPU body) and
+//! [`super::Meta`] (each method returns the entry's meta value: the operands were checked,
+//! nothing is computed), and [`crate::ops`] (one public entry point per entry, which checks
+//! the operands and calls the chosen backend's method). A new op is one entry here, its CPU
+//! method (`cpu.rs`: borrowing host slices is op-specific) and its NPU body.
 
 /// Expands `$m! { <every entry> }`.
 macro_rules! for_each_op {
@@ -88,6 +90,7 @@ macro_rules! for_each_op {
                 norm: LossNorm,
             ) -> Result<CeStats>
             => "crate::cross_entropy::cross_entropy" on [logits, d_logits]
+            meta { Ok(CeStats::of_labels(labels)) }
             npu crate::cross_entropy::npu::full;
 
             /// Cross-entropy whose gradient overwrites the logits.
@@ -98,6 +101,7 @@ macro_rules! for_each_op {
                 norm: LossNorm,
             ) -> Result<CeStats>
             => "crate::cross_entropy::cross_entropy_in_place" on [logits]
+            meta { Ok(CeStats::of_labels(labels)) }
             npu crate::cross_entropy::npu::in_place;
 
             /// Cross-entropy of the lm_head logits `h w^T`, `chunk_rows` rows at a time.
@@ -113,6 +117,7 @@ macro_rules! for_each_op {
             ) -> Result<CeStats>
             => "crate::cross_entropy::cross_entropy_chunked" on [h, w, grads]
             check { grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?; }
+            meta { Ok(CeStats::of_labels(labels)) }
             npu crate::cross_entropy::npu::chunked_lm_head;
 
             /// Gathers rows `ids` of `weight` ([`crate::embedding`]).
@@ -381,7 +386,8 @@ macro_rules! declare_backend {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)? npu $npu:path;
+        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        npu $npu:path;
     )*) => {
         /// Every op of the crate over runtime buffers, as one backend runs it. Shapes,
         /// conventions and errors are those of the slice-level op (see each op's module);
@@ -407,7 +413,8 @@ macro_rules! define_entry_points {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)? npu $npu:path;
+        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        npu $npu:path;
     )*) => {
         $(
             #[doc = concat!("[`", $slice, "`] on `stream`'s device:")]
@@ -432,7 +439,8 @@ macro_rules! impl_npu_backend {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)? npu $npu:path;
+        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        npu $npu:path;
     )*) => {
         impl Backend for Npu {
             $(
@@ -449,3 +457,29 @@ macro_rules! impl_npu_backend {
     };
 }
 pub(crate) use impl_npu_backend;
+
+/// `impl Backend for Meta` from the op list: every method returns the entry's meta value
+/// (default: `Ok` of the default of the return type) without touching its operands, which
+/// the dispatch checked (every one on the meta device) and which have no storage.
+macro_rules! impl_meta_backend {
+    ($(
+        $(#[doc = $doc:literal])*
+        fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
+        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        npu $npu:path;
+    )*) => {
+        impl Backend for Meta {
+            $(
+                #[allow(clippy::too_many_arguments, unused_variables)]
+                fn $name $(<$($g: $bound),*>)? (
+                    &self,
+                    stream: &cannon_runtime::Stream,
+                    $($arg: $ty),*
+                ) -> $ret {
+                    $crate::backend::meta::value!($($meta)?)
+                }
+            )*
+        }
+    };
+}
+pub(crate) use impl_meta_backend;

@@ -61,6 +61,18 @@ pub struct CeStats {
     pub count: usize,
 }
 
+impl CeStats {
+    /// What a call on the meta device reports: the labels' count, a loss of 0 (no logits
+    /// exist to take it from).
+    pub fn of_labels(labels: &[i32]) -> Self {
+        CeStats {
+            loss: 0.0,
+            sum: 0.0,
+            count: labels.iter().filter(|&&l| l != IGNORE_INDEX).count(),
+        }
+    }
+}
+
 /// Produces and consumes the logits of a block of rows for [`cross_entropy_chunked`].
 pub trait ChunkedLogits {
     type Error: From<KernelError>;

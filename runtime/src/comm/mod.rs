@@ -6,7 +6,8 @@
 //!
 //! - in-process CPU ranks (always built): ranks are threads of one process; collectives read
 //!   peers' host buffers directly under a round-based rendezvous and are complete when the call
-//!   returns. Made by [`CpuWorld::new`].
+//!   returns. Made by [`CpuWorld::new`]; [`CpuWorld::meta`] makes in-process ranks of the meta
+//!   device, whose rounds check every call and move nothing.
 //! - HCCL (feature `npu`): one process per NPU, bootstrapped through [`rendezvous`]
 //!   (RANK/WORLD_SIZE/LOCAL_RANK and MASTER_ADDR/MASTER_PORT like torchrun, or a shared
 //!   directory), made by `Communicator::hccl_from_env` or
@@ -188,7 +189,7 @@ impl Communicator {
     /// Where this rank's buffers and stream must live.
     pub fn device(&self) -> Device {
         match &self.inner {
-            Inner::Cpu(_) => Device::Cpu,
+            Inner::Cpu(c) => c.device(),
             Inner::Solo(c) => c.device(),
             #[cfg(feature = "npu")]
             Inner::Hccl(c) => c.device(),

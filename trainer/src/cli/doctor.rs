@@ -32,7 +32,7 @@ fn cpu_features() -> Vec<(&'static str, bool)> {
 fn self_check(device: Device) -> Result<String, cannon_runtime::Error> {
     let alloc = match device {
         Device::Cpu => CachingAllocator::new_cpu(),
-        Device::Npu(_) => device.allocator()?,
+        Device::Npu(_) | Device::Meta => device.allocator()?,
     };
     let stream = Stream::new(device)?;
     let host: Vec<f32> = (0..1000).map(|i| i as f32).collect();

@@ -1,7 +1,8 @@
 //! `cannon plan --config DIR [--set key=value ...] --device-memory GiB [--device npu|cpu]
 //! [--json FILE] [--table]`: the device memory of a training step per rank, before anything
 //! runs (see [`crate::plan`]), and every phase of the run on the device and the host, per
-//! rank, process and node ([`crate::plan::run_phases`]). Exit codes: 0 every phase fits, 1
+//! rank, process and node ([`crate::plan::run_phases`]); with `--measure`, the layout run on
+//! meta ranks beside the plan ([`crate::plan::measure`]). Exit codes: 0 every phase fits, 1
 //! one does not, 2 unusable input.
 
 use crate::config::DeviceKind;
@@ -50,6 +51,11 @@ pub struct PlanArgs {
     /// Write the plan (and the table) as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also run the layout's start-up and two steps through cannon's own step on meta
+    /// ranks (sizes, no storage: any model size in seconds) and print each rank's measured
+    /// bytes beside the plan's. Meta ranks save what an NPU does: needs `--device npu`.
+    #[arg(long)]
+    pub measure: bool,
 }
 
 pub fn run(args: PlanArgs) -> ExitCode {
@@ -77,8 +83,37 @@ fn go(a: &PlanArgs) -> Result<bool, String> {
         DeviceKind::Cpu => Device::Cpu,
         DeviceKind::Npu => Device::Npu(0),
     };
+    if a.measure {
+        // The measured rows' images are on the model's patch x merge grid: plan those.
+        let side = plan::measure::image_side(&s);
+        if side > 0 && side as u32 != s.longest_edge {
+            println!(
+                "(--measure: images of {side} x {side} px, the patch x merge grid below \
+                 data.longest_edge = {}; planned at that size)",
+                s.longest_edge
+            );
+            s.longest_edge = side as u32;
+        }
+    }
     let p = plan::plan(&s).map_err(|e| e.to_string())?;
     print!("{}", report::text(&p, device));
+    if a.measure {
+        if !matches!(s.device, Device::Npu(_)) {
+            return Err(
+                "--measure runs meta ranks, which save what an NPU does: use \
+                        --device npu"
+                    .into(),
+            );
+        }
+        let t0 = std::time::Instant::now();
+        let ranks = plan::measure::measure(&s, 2).map_err(|e| format!("--measure: {e}"))?;
+        println!(
+            "\nmeasured on {} meta ranks (start-up and 2 steps, {:.1} s):",
+            ranks.len(),
+            t0.elapsed().as_secs_f64()
+        );
+        print!("{}", plan::measure::text(&p, &ranks));
+    }
     let peaks = plan::run_peaks(&p, a.nproc_per_node, a.eval);
     print!("{}", report::phases_text(&peaks, s.device.is_cpu()));
     let table = if a.table {

@@ -43,7 +43,7 @@ pub use shard::{GroupShard, ShardLayout};
 pub use source::ShardSource;
 pub use split::{rank_rows, rank_share, split_rows};
 pub use state::{GroupState, ShardState};
-pub use world::{cpu_rank_exec, run_cpu_ranks};
+pub use world::{cpu_rank_exec, meta_rank_exec, run_cpu_ranks, run_meta_ranks};
 
 use crate::model::ModelError;
 use cannon_kernels::KernelError;

@@ -171,7 +171,22 @@ impl FsdpRank {
         };
         let groups = layout.groups.len();
         let (mut params, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
-        for g in 0..groups {
+        // Meta ranks hold sizes and no values: nothing is drawn or read (the source was
+        // still opened and checked above).
+        let meta = exec.device().is_meta();
+        let place = |len: usize| -> Result<Stored, FsdpError> {
+            Ok(match pool {
+                Some(pool) => Stored::Host(Box::new(pool.meta_tensor(len)?)),
+                None => Stored::Device(exec.empty(&[len])?),
+            })
+        };
+        for g in (0..groups).filter(|_| meta) {
+            let shard = cut.groups[g].shard;
+            params.push(place(shard)?);
+            m.push(trains(g).then(|| place(shard)).transpose()?);
+            v.push(trains(g).then(|| place(shard)).transpose()?);
+        }
+        for g in (0..groups).filter(|_| !meta) {
             let c = cut.groups[g];
             let mut read = |kind| reader.shard(&layout, kind, g, c, rank);
             let p = read(Kind::Param)?.unwrap_or_else(|| vec![0.0; c.shard]);
@@ -425,11 +440,19 @@ impl FsdpRank {
             i64::from(bad.is_some()),
             micro.len() as i64,
         ];
+        // Meta ranks go through the same collectives (checked, nothing moved) but read no
+        // values back: each takes its own counts as every rank's (sums over the world,
+        // maxima its own), which is what a layout of equal shares agrees on.
+        let meta = self.exec.device().is_meta();
+        let world = self.world_size() as i64;
         let mut buf = DeviceBuffer::clone_htod(st, &sums)?;
         let mut sums_view = buf.view_mut();
         self.comm
             .all_reduce_in_place(&mut sums_view, ReduceOp::Sum, st)?;
-        let sums = buf.clone_dtoh(st)?;
+        let sums = match meta {
+            true => vec![sums[0] * world, sums[1] * world, sums[2], sums[3] * world],
+            false => buf.clone_dtoh(st)?,
+        };
         if let Some((i, e)) = bad {
             return Err(FsdpError::Batch {
                 rank: self.rank(),
@@ -446,7 +469,10 @@ impl FsdpRank {
         let mut passes = DeviceBuffer::clone_htod(st, &[micro.len() as i64])?;
         self.comm
             .all_reduce_in_place(&mut passes.view_mut(), ReduceOp::Max, st)?;
-        let passes = passes.clone_dtoh(st)?[0] as usize;
+        let passes = match meta {
+            true => micro.len(),
+            false => passes.clone_dtoh(st)?[0] as usize,
+        };
         let flags: Vec<i64> = (0..passes)
             .map(|p| i64::from(micro.get(p).is_some_and(|b| !b.images.is_empty())))
             .collect();
@@ -456,7 +482,8 @@ impl FsdpRank {
             let mut f = DeviceBuffer::clone_htod(st, &flags)?;
             self.comm
                 .all_reduce_in_place(&mut f.view_mut(), ReduceOp::Max, st)?;
-            f.clone_dtoh(st)?.iter().map(|&x| x > 0).collect()
+            let f = if meta { flags } else { f.clone_dtoh(st)? };
+            f.iter().map(|&x| x > 0).collect()
         };
         Ok(StepHead {
             targets: sums[0] as usize,

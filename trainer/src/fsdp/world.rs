@@ -1,11 +1,13 @@
 //! N in-process CPU ranks: one thread each, one communicator each (`CpuWorld`), each with its
 //! own caching allocator, so every rank's memory figures are its own, and its own thread pool
-//! of the global pool's threads / N for its kernels.
+//! of the global pool's threads / N for its kernels. Meta ranks ([`run_meta_ranks`]) are the
+//! same threads on the meta device: their rounds check every call and move nothing, their
+//! allocators count what the layout would hold.
 
 use super::FsdpError;
 use crate::model::Exec;
 use cannon_runtime::comm::{Communicator, CpuWorld};
-use cannon_runtime::{CachingAllocator, Stream};
+use cannon_runtime::{CachingAllocator, Device, Stream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,7 +37,41 @@ where
     R: Send,
     F: Fn(Communicator, Exec) -> Result<R, FsdpError> + Sync,
 {
-    let comms = CpuWorld::new(world, timeout)?;
+    run_ranks(Device::Cpu, world, timeout, f)
+}
+
+/// A stream and a private allocator on the meta device: one meta rank's device.
+pub fn meta_rank_exec() -> Result<Exec, FsdpError> {
+    let stream = Stream::new(Device::Meta)?;
+    Ok(Exec::with_allocator(
+        Arc::new(stream),
+        CachingAllocator::new_meta(),
+    )?)
+}
+
+/// [`run_cpu_ranks`] on `world` meta ranks (see the module docs).
+pub fn run_meta_ranks<R, F>(world: usize, timeout: Duration, f: F) -> Result<Vec<R>, FsdpError>
+where
+    R: Send,
+    F: Fn(Communicator, Exec) -> Result<R, FsdpError> + Sync,
+{
+    run_ranks(Device::Meta, world, timeout, f)
+}
+
+fn run_ranks<R, F>(
+    device: Device,
+    world: usize,
+    timeout: Duration,
+    f: F,
+) -> Result<Vec<R>, FsdpError>
+where
+    R: Send,
+    F: Fn(Communicator, Exec) -> Result<R, FsdpError> + Sync,
+{
+    let (comms, exec): (_, fn() -> Result<Exec, FsdpError>) = match device {
+        Device::Meta => (CpuWorld::meta(world, timeout)?, meta_rank_exec),
+        _ => (CpuWorld::new(world, timeout)?, cpu_rank_exec),
+    };
     // The caller's pool (the global one from a plain thread), shared out over the ranks.
     let threads = (rayon::current_num_threads() / world.max(1)).max(1);
     let results: Vec<Result<R, FsdpError>> = std::thread::scope(|s| {
@@ -46,9 +82,7 @@ where
                 let f = &f;
                 let h = std::thread::Builder::new()
                     .name(format!("cannon-rank-{rank}"))
-                    .spawn_scoped(s, move || {
-                        rank_pool(threads)?.install(|| f(comm, cpu_rank_exec()?))
-                    });
+                    .spawn_scoped(s, move || rank_pool(threads)?.install(|| f(comm, exec()?)));
                 (rank, h)
             })
             .collect();

@@ -30,6 +30,9 @@
 //! copies a device result back (synchronously: the update's p, m, v), and
 //! [`HostTensor::to_vec`] / [`HostTensor::write_at`] are the host's own reads and writes
 //! (checkpoints).
+//!
+//! For the meta device the pool's allocator is a meta one too: host tensors are counted as
+//! real ones are, and no copy moves anything (a meta run measures the host side as well).
 
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{
@@ -56,7 +59,7 @@ impl HostPool {
     pub fn new(device: Device) -> Result<Self> {
         #[cfg(feature = "npu")]
         let copy = match device {
-            Device::Cpu => None,
+            Device::Cpu | Device::Meta => None,
             Device::Npu(_) => Some(Stream::new(device)?),
         };
         #[cfg(not(feature = "npu"))]
@@ -66,8 +69,12 @@ impl HostPool {
                 device,
             }));
         }
+        let alloc = match device {
+            Device::Meta => CachingAllocator::new_meta(),
+            _ => CachingAllocator::new_cpu(),
+        };
         Ok(HostPool {
-            alloc: CachingAllocator::new_cpu(),
+            alloc,
             device,
             #[cfg(feature = "npu")]
             copy,
@@ -107,8 +114,10 @@ impl HostPool {
             });
         }
         let mut host = Tensor::empty_in(&self.alloc, t.shape())?;
-        t.view()
-            .memcpy_dtoh(st, host.buffer_mut().as_host_slice_mut()?)?;
+        if !self.device.is_meta() {
+            t.view()
+                .memcpy_dtoh(st, host.buffer_mut().as_host_slice_mut()?)?;
+        }
         Ok(HostTensor {
             shape: t.shape().to_vec(),
             host: Some(host),
@@ -147,6 +156,9 @@ impl HostPool {
             let mut p = lock(pinned, "HostPool::reload")?;
             return Ok(dst.memcpy_htod_async(copy, &mut p)?);
         }
+        if self.device.is_meta() {
+            return Ok(());
+        }
         Ok(dst.memcpy_htod(st, h.host_values("HostPool::reload")?)?)
     }
 
@@ -171,6 +183,9 @@ impl HostPool {
             .host
             .as_mut()
             .ok_or_else(|| no_copy("HostPool::store_into"))?;
+        if self.device.is_meta() {
+            return Ok(());
+        }
         Ok(src.memcpy_dtoh(st, host.buffer_mut().as_host_slice_mut()?)?)
     }
 
@@ -180,6 +195,28 @@ impl HostPool {
         let mut h = self.offload(st, t)?;
         h.settle()?;
         Ok(h)
+    }
+
+    /// A host tensor of `len` values for the meta device: counted by the pool's (meta)
+    /// allocator, holding nothing (a meta rank's offloaded shards, which have no values to
+    /// draw or read). An error on other devices, whose shards start from values.
+    pub fn meta_tensor<T: Element>(&self, len: usize) -> Result<HostTensor<T>> {
+        if !self.device.is_meta() {
+            return Err(KernelError::InvalidArgument {
+                op: "HostPool::meta_tensor",
+                detail: format!(
+                    "the pool holds tensors of {}, not of the meta device",
+                    self.device
+                ),
+            });
+        }
+        Ok(HostTensor {
+            shape: vec![len],
+            host: Some(Tensor::empty_in(&self.alloc, &[len])?),
+            #[cfg(feature = "npu")]
+            pinned: None,
+            device: None,
+        })
     }
 
     /// A host tensor of `values` (shape `[len]`) made on the host, never on the device (an
@@ -198,9 +235,11 @@ impl HostPool {
             });
         }
         let mut host = Tensor::empty_in(&self.alloc, &shape)?;
-        host.buffer_mut()
-            .as_host_slice_mut()?
-            .copy_from_slice(values);
+        if !self.device.is_meta() {
+            host.buffer_mut()
+                .as_host_slice_mut()?
+                .copy_from_slice(values);
+        }
         Ok(HostTensor {
             shape,
             host: Some(host),
@@ -214,10 +253,11 @@ impl HostPool {
     /// run on their own stream (the NPU: the next host shard's copy overlaps compute while
     /// the current one is all-gathered from the other slot), 1 on the CPU, whose copies are
     /// synchronous memcpys with nothing to overlap.
+    /// The meta device plans as the NPU.
     pub fn staging_slots(device: Device) -> usize {
         match device {
             Device::Cpu => 1,
-            Device::Npu(_) => 2,
+            Device::Npu(_) | Device::Meta => 2,
         }
     }
 

@@ -40,6 +40,7 @@
 //! allocator's `max_allocated`; `max_reserved` is at least that (blocks are reused per size,
 //! see `model::memory`), so a plan within a few percent of the device memory is tight.
 
+pub mod measure;
 pub mod report;
 pub mod run_phases;
 pub mod settings;

@@ -1,8 +1,7 @@
 //! Training: the loop of `cannon train` and the steps it is made of.
 //!
-//! - [`step`]: one optimizer step's pieces: [`accumulate`] (micro batches into one step's
-//!   gradients, the loss normalised over all their targets) and [`train_steps`] (K AdamW
-//!   steps on one batch, what `cannon verify` checks against the reference fixture).
+//! - [`settings`]: what the step is given besides the model and the batch
+//!   ([`TrainSettings`], the memory features of `[train]`).
 //! - [`schedule`]: warm-up + cosine or constant learning rate.
 //! - [`run_plan`]: a config resolved into paths, a model source and a freeze list
 //!   ([`run_plan::RunPlan`]).
@@ -24,12 +23,12 @@ pub mod resume;
 pub mod run;
 pub mod run_plan;
 pub mod schedule;
+pub mod settings;
 pub mod setup;
 pub mod sharded;
-pub mod step;
 
 pub use run::{RunSummary, StepHook, TrainError};
 pub use run_plan::RunPlan;
 pub use schedule::LrSchedule;
+pub use settings::{memory_features, TrainSettings};
 pub use setup::RunSetup;
-pub use step::{accumulate, memory_features, train_steps, Accumulated, StepLog, TrainSettings};

@@ -11,7 +11,7 @@ use super::run::{io, TrainError};
 use super::run_plan::{image_config, make_synth, model_config, steps_for_epochs, weight_files};
 use super::run_plan::{ModelSource, RunPlan, FINAL_RUN_CONFIG};
 use super::schedule::LrSchedule;
-use super::step::memory_features;
+use super::settings::memory_features;
 use crate::config::{self, ConfigError};
 use crate::data::dataset::{DataSet, SampleSettings};
 use crate::data::image::ImageConfig;

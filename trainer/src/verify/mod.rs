@@ -20,9 +20,10 @@ pub use checks::{distance, tolerances_for, Distance, Tolerances};
 pub use fixture::Reference;
 pub use report::{Report, Row};
 
+use crate::fsdp::{FsdpError, FsdpRank, FsdpSettings, ShardSource};
 use crate::model::{Act, Mistral3, ModelError, Part, Precision, StepMemory};
-use crate::train::train_steps;
 use cannon_kernels::{KernelError, Tensor};
+use cannon_runtime::comm::Communicator;
 use std::path::PathBuf;
 
 impl From<KernelError> for VerifyError {
@@ -35,6 +36,8 @@ impl From<KernelError> for VerifyError {
 pub enum VerifyError {
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error(transparent)]
+    Step(#[from] FsdpError),
     #[error("{path}: {reason}")]
     Reference { path: PathBuf, reason: String },
     #[error("{0}")]
@@ -126,7 +129,7 @@ fn verify_as<A: Act>(
 
     checks::independence::<A>(model, &batch, &mut report)?;
 
-    // K AdamW steps with the fixture's settings and frozen parts, on a copy of the model.
+    // K AdamW steps with the fixture's settings and frozen parts, through the training step.
     let (settings, fixture_steps) = r.train_settings(model)?;
     let steps = steps.unwrap_or(fixture_steps);
     if steps > fixture_steps {
@@ -134,8 +137,21 @@ fn verify_as<A: Act>(
             "--steps {steps}: the fixture holds {fixture_steps} steps"
         )));
     }
-    let mut trained = model.try_clone()?;
-    let log = train_steps::<A>(&mut trained, &batch, &settings, steps)?;
+    // The training run's own step: a world of one, its shards the model's whole groups.
+    let host_groups = model.params.to_host(st)?;
+    let mut fsdp = FsdpSettings::from_train(&settings);
+    fsdp.loss_mode = model.loss_mode;
+    fsdp.memory = model.memory;
+    let comm = Communicator::solo(model.exec.device(), std::time::Duration::from_secs(600));
+    let source = ShardSource::Full(&host_groups);
+    let mut rank = FsdpRank::new(comm, model.exec.clone(), model.cfg.clone(), source, fsdp)?;
+    drop(host_groups);
+    let (mut losses, mut grad_norms) = (Vec::new(), Vec::new());
+    for _ in 0..steps {
+        let s = rank.step::<A>(std::slice::from_ref(&batch), settings.adamw.lr)?;
+        losses.push(s.loss);
+        grad_norms.push(s.grad_norm);
+    }
     if steps > 0 {
         let as_f32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
         let first = |name: &str| -> Result<&[f64], VerifyError> {
@@ -145,18 +161,19 @@ fn verify_as<A: Act>(
             })
         };
         let want = first("train.loss")?;
-        let ours = as_f32(&log.losses);
+        let ours = as_f32(&losses);
         report.compare("train.loss", &[steps], &ours, want, tol.trained);
         let want = first("train.grad_norm")?;
-        let ours = as_f32(&log.grad_norms);
+        let ours = as_f32(&grad_norms);
         report.compare("train.grad_norm", &[steps], &ours, want, tol.grad);
     }
     if steps == fixture_steps {
+        let trained = rank.gather_full_params()?;
         for (name, (shape, want)) in r.tensors.iter() {
             let Some(param) = name.strip_prefix("train.final.") else {
                 continue;
             };
-            let ours = trained.params.get(param).ok_or_else(|| {
+            let ours = trained.get(param).ok_or_else(|| {
                 VerifyError::Unusable(format!("reference tensor {name} names no parameter"))
             })?;
             let ours = ours.clone_dtoh(st).map_err(ModelError::from)?;

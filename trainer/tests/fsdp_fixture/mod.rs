@@ -196,15 +196,16 @@ pub fn run_sharded<A: Act>(
 
 /// The unsharded reference: the model holds every group; per step, every micro batch's
 /// gradient is accumulated into one set of gradients with the loss divided by the step's
-/// target count, then global-norm clipping and AdamW, as `train_steps` does for one batch.
-/// Returns the per-step losses and the final parameters.
+/// target count, then global-norm clipping and AdamW, written out here with the model's own
+/// pass, gradients and optimizer (independent of `FsdpRank`). Returns the per-step losses,
+/// the per-step gradient norms before clipping, and the final parameters.
 pub fn run_unsharded(
     cfg: &Mistral3Config,
     host: &[Vec<f32>],
     batches: &[Batch],
     s: &FsdpSettings,
     steps: usize,
-) -> (Vec<f64>, Vec<Vec<f32>>) {
+) -> (Vec<f64>, Vec<f64>, Vec<Vec<f32>>) {
     let exec = Exec::cpu();
     let layout = ParamLayout::new(cfg);
     let mut params = Params::from_host(&exec, layout.clone(), host).unwrap();
@@ -219,7 +220,7 @@ pub fn run_unsharded(
         .map(|b| b.targets().iter().filter(|&&t| t != IGNORE_INDEX).count())
         .sum();
     let st = exec.stream();
-    let mut losses = Vec::new();
+    let (mut losses, mut norms) = (Vec::new(), Vec::new());
     for _ in 0..steps {
         grads.zero(st).unwrap();
         let mut sum = 0.0;
@@ -238,10 +239,10 @@ pub fn run_unsharded(
             sum += acts.head.sum;
         }
         losses.push(sum / count as f64);
-        clip_grad_norm(st, &mut grads, s.max_grad_norm).unwrap();
+        norms.push(clip_grad_norm(st, &mut grads, s.max_grad_norm).unwrap());
         opt.update(st, &mut params, &grads, s.adamw.lr).unwrap();
     }
-    (losses, params.to_host(st).unwrap())
+    (losses, norms, params.to_host(st).unwrap())
 }
 
 /// `sum |a - b| / sum |b|`: the seed's normalised mean absolute loss difference.

@@ -5,6 +5,10 @@
 //! the stream must be on the CPU (anything else is [`CommError::DeviceMismatch`], which fails
 //! the group like any bad argument), the host slices are borrowed from the views, and the work
 //! runs on the calling thread, so it is complete when the call returns, as on a CPU stream.
+//!
+//! A world of meta ranks ([`CpuWorld::meta`]) runs the same rounds over buffers of
+//! [`Device::Meta`]: every call is checked locally and across ranks (lengths, counts, dtypes,
+//! the call itself) and splits form the same groups, but no data moves.
 
 mod desc;
 mod exec;
@@ -37,6 +41,20 @@ impl CpuWorld {
     // `CpuWorld` is only a namespace: what a world is, to the caller, is its communicators.
     #[allow(clippy::new_ret_no_self)]
     pub fn new(world_size: usize, timeout: Duration) -> CommResult<Vec<super::Communicator>> {
+        Self::on(Device::Cpu, world_size, timeout)
+    }
+
+    /// One communicator per meta rank (see the module docs): the rounds of [`Self::new`]
+    /// over buffers of the meta device, which check every call and move nothing.
+    pub fn meta(world_size: usize, timeout: Duration) -> CommResult<Vec<super::Communicator>> {
+        Self::on(Device::Meta, world_size, timeout)
+    }
+
+    fn on(
+        device: Device,
+        world_size: usize,
+        timeout: Duration,
+    ) -> CommResult<Vec<super::Communicator>> {
         if world_size == 0 {
             return Err(CommError::InvalidArgument {
                 op: "CpuWorld::new",
@@ -45,9 +63,17 @@ impl CpuWorld {
         }
         let group = Group::new(world_size);
         Ok((0..world_size)
-            .map(|rank| CpuCommunicator::new(group.clone(), rank, timeout).into())
+            .map(|rank| CpuCommunicator::new(device, group.clone(), rank, timeout).into())
             .collect())
     }
+}
+
+/// A send/receive pair as a round sees it: the lengths, and the memory peers read and write
+/// (none on the meta device).
+struct Pair {
+    send: usize,
+    recv: usize,
+    bufs: RawBufs,
 }
 
 /// One rank's handle on a group of in-process ranks.
@@ -56,6 +82,8 @@ impl CpuWorld {
 /// order from one place, as with HCCL. Dropping it tells the peers that this rank is gone, so
 /// their pending and future collectives fail at once instead of waiting for the timeout.
 pub(crate) struct CpuCommunicator {
+    /// The CPU, or the meta device (rounds without data).
+    device: Device,
     group: Arc<Group>,
     rank: usize,
     timeout: Cell<Duration>,
@@ -81,8 +109,9 @@ impl std::fmt::Debug for CpuCommunicator {
 }
 
 impl CpuCommunicator {
-    fn new(group: Arc<Group>, rank: usize, timeout: Duration) -> Self {
+    fn new(device: Device, group: Arc<Group>, rank: usize, timeout: Duration) -> Self {
         CpuCommunicator {
+            device,
             group,
             rank,
             timeout: Cell::new(timeout),
@@ -92,6 +121,10 @@ impl CpuCommunicator {
 
     pub(crate) fn rank(&self) -> usize {
         self.rank
+    }
+
+    pub(crate) fn device(&self) -> Device {
+        self.device
     }
 
     pub(crate) fn world_size(&self) -> usize {
@@ -117,8 +150,8 @@ impl CpuCommunicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        let (send, recv) = self.host_pair("all_reduce", true, send, recv, stream)?;
-        self.all_reduce_host(send, recv, op)
+        let pair = self.pair("all_reduce", send, recv, stream)?;
+        self.all_reduce_host::<T>(pair, op)
     }
 
     pub(crate) fn all_reduce_in_place<T: Element>(
@@ -128,8 +161,8 @@ impl CpuCommunicator {
         stream: &Stream,
     ) -> CommResult<()> {
         const OP: &str = "all_reduce";
-        self.on_host(OP, true, stream, &[("buf", buf.device())])?;
-        self.all_reduce_in_place_host(buf.as_host_slice_mut().map_err(host(OP))?, op)
+        let (len, bufs) = self.in_place(OP, buf, stream)?;
+        self.all_reduce_in_place_host::<T>(len, bufs, op)
     }
 
     pub(crate) fn all_gather<T: Element>(
@@ -138,8 +171,8 @@ impl CpuCommunicator {
         recv: &mut BufferViewMut<'_, T>,
         stream: &Stream,
     ) -> CommResult<()> {
-        let (send, recv) = self.host_pair("all_gather", true, send, recv, stream)?;
-        self.all_gather_host(send, recv)
+        let pair = self.pair("all_gather", send, recv, stream)?;
+        self.all_gather_host::<T>(pair)
     }
 
     pub(crate) fn all_gather_v<T: Element>(
@@ -149,8 +182,8 @@ impl CpuCommunicator {
         counts: &[usize],
         stream: &Stream,
     ) -> CommResult<()> {
-        let (send, recv) = self.host_pair("all_gather_v", true, send, recv, stream)?;
-        self.all_gather_v_host(send, recv, counts)
+        let pair = self.pair("all_gather_v", send, recv, stream)?;
+        self.all_gather_v_host::<T>(pair, counts)
     }
 
     pub(crate) fn reduce_scatter<T: Element>(
@@ -160,8 +193,8 @@ impl CpuCommunicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        let (send, recv) = self.host_pair("reduce_scatter", true, send, recv, stream)?;
-        self.reduce_scatter_host(send, recv, op)
+        let pair = self.pair("reduce_scatter", send, recv, stream)?;
+        self.reduce_scatter_host::<T>(pair, op)
     }
 
     pub(crate) fn reduce_scatter_v<T: Element>(
@@ -172,8 +205,8 @@ impl CpuCommunicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        let (send, recv) = self.host_pair("reduce_scatter_v", true, send, recv, stream)?;
-        self.reduce_scatter_v_host(send, recv, counts, op)
+        let pair = self.pair("reduce_scatter_v", send, recv, stream)?;
+        self.reduce_scatter_v_host::<T>(pair, counts, op)
     }
 
     pub(crate) fn broadcast<T: Element>(
@@ -183,8 +216,8 @@ impl CpuCommunicator {
         stream: &Stream,
     ) -> CommResult<()> {
         const OP: &str = "broadcast";
-        self.on_host(OP, true, stream, &[("buf", buf.device())])?;
-        self.broadcast_host(buf.as_host_slice_mut().map_err(host(OP))?, root)
+        let (len, bufs) = self.in_place(OP, buf, stream)?;
+        self.broadcast_host::<T>(len, bufs, root)
     }
 
     pub(crate) fn all_to_all<T: Element>(
@@ -193,8 +226,8 @@ impl CpuCommunicator {
         recv: &mut BufferViewMut<'_, T>,
         stream: &Stream,
     ) -> CommResult<()> {
-        let (send, recv) = self.host_pair("all_to_all", true, send, recv, stream)?;
-        self.all_to_all_host(send, recv)
+        let pair = self.pair("all_to_all", send, recv, stream)?;
+        self.all_to_all_host::<T>(pair)
     }
 
     pub(crate) fn all_to_all_v<T: Element>(
@@ -205,8 +238,8 @@ impl CpuCommunicator {
         recv_counts: &[usize],
         stream: &Stream,
     ) -> CommResult<()> {
-        let (send, recv) = self.host_pair("all_to_all_v", true, send, recv, stream)?;
-        self.all_to_all_v_host(send, send_counts, recv, recv_counts)
+        let pair = self.pair("all_to_all_v", send, recv, stream)?;
+        self.all_to_all_v_host::<T>(pair, send_counts, recv_counts)
     }
 
     pub(crate) fn barrier(&self, stream: &Stream) -> CommResult<()> {
@@ -222,7 +255,11 @@ impl CpuCommunicator {
     ) -> CommResult<()> {
         const OP: &str = "send";
         self.on_host(OP, false, stream, &[("buf", buf.device())])?;
-        self.send_host(buf.as_host_slice().map_err(host(OP))?, dst)
+        let bytes = match self.device.is_meta() {
+            true => Vec::new(),
+            false => bytemuck::cast_slice(buf.as_host_slice().map_err(host(OP))?).to_vec(),
+        };
+        self.send_host::<T>(buf.len(), bytes, dst)
     }
 
     pub(crate) fn recv<T: Element>(
@@ -233,7 +270,12 @@ impl CpuCommunicator {
     ) -> CommResult<()> {
         const OP: &str = "recv";
         self.on_host(OP, false, stream, &[("buf", buf.device())])?;
-        self.recv_host(buf.as_host_slice_mut().map_err(host(OP))?, src)
+        let msg = self.recv_host::<T>(buf.len(), src)?;
+        if !self.device.is_meta() {
+            let buf = buf.as_host_slice_mut().map_err(host(OP))?;
+            bytemuck::cast_slice_mut::<T, u8>(buf).copy_from_slice(&msg.bytes);
+        }
+        Ok(())
     }
 
     /// `send` then `recv`: sends are eager, so a ring of these cannot deadlock.
@@ -254,25 +296,54 @@ impl CpuCommunicator {
         self.split_host(color, key)
     }
 
-    /// Checks that the stream and every buffer are on the CPU. A mismatch is this rank's own
-    /// mistake and fails the group like a bad length (`collective`: as this rank's call), so
-    /// peers learn of it at once instead of waiting for the timeout.
-    /// The host slices of a send/recv pair, once [`Self::on_host`] has checked that both
-    /// and the stream are on the host.
-    fn host_pair<'s, 'r, T: Element>(
+    /// The lengths and memory of a send/receive pair, once [`Self::on_host`] has checked
+    /// that both and the stream are on this communicator's device (a collective: a mismatch
+    /// fails the group).
+    fn pair<T: Element>(
         &self,
         op: &'static str,
-        collective: bool,
-        send: &'s BufferView<'_, T>,
-        recv: &'r mut BufferViewMut<'_, T>,
+        send: &BufferView<'_, T>,
+        recv: &mut BufferViewMut<'_, T>,
         stream: &Stream,
-    ) -> CommResult<(&'s [T], &'r mut [T])> {
+    ) -> CommResult<Pair> {
         let bufs = [("send", send.device()), ("recv", recv.device())];
-        self.on_host(op, collective, stream, &bufs)?;
-        let send = send.as_host_slice().map_err(host(op))?;
-        Ok((send, recv.as_host_slice_mut().map_err(host(op))?))
+        self.on_host(op, true, stream, &bufs)?;
+        let (n, m) = (send.len(), recv.len());
+        let bufs = match self.device.is_meta() {
+            true => RawBufs::none(),
+            false => {
+                let send = send.as_host_slice().map_err(host(op))?;
+                RawBufs::new(send, recv.as_host_slice_mut().map_err(host(op))?)
+            }
+        };
+        Ok(Pair {
+            send: n,
+            recv: m,
+            bufs,
+        })
     }
 
+    /// The length and memory of a buffer both sent and received (in-place all-reduce,
+    /// broadcast), checked as [`Self::pair`] does.
+    fn in_place<T: Element>(
+        &self,
+        op: &'static str,
+        buf: &mut BufferViewMut<'_, T>,
+        stream: &Stream,
+    ) -> CommResult<(usize, RawBufs)> {
+        self.on_host(op, true, stream, &[("buf", buf.device())])?;
+        let len = buf.len();
+        let bufs = match self.device.is_meta() {
+            true => RawBufs::none(),
+            false => RawBufs::in_place(buf.as_host_slice_mut().map_err(host(op))?),
+        };
+        Ok((len, bufs))
+    }
+
+    /// Checks that the stream and every buffer are on this communicator's device. A
+    /// mismatch is this rank's own mistake and fails the group like a bad length
+    /// (`collective`: as this rank's call), so peers learn of it at once instead of waiting
+    /// for the timeout.
     fn on_host(
         &self,
         op: &'static str,
@@ -282,12 +353,12 @@ impl CpuCommunicator {
     ) -> CommResult<()> {
         let all = std::iter::once(("the stream", stream.device())).chain(bufs.iter().copied());
         for (what, found) in all {
-            if found != Device::Cpu {
+            if found != self.device {
                 let e = CommError::DeviceMismatch {
                     op,
                     rank: self.rank,
                     what,
-                    expected: Device::Cpu,
+                    expected: self.device,
                     found,
                 };
                 return Err(self.reject(collective, e));
@@ -297,108 +368,97 @@ impl CpuCommunicator {
     }
 
     /// `recv[i] = op over ranks of send[i]`. send: (n,), recv: (n,) on every rank.
-    fn all_reduce_host<T: Element>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        op: ReduceOp,
-    ) -> CommResult<()> {
-        let d = self.reduce_desc::<T>(OpKind::AllReduce, op, send.len())?;
-        self.check_len(d.kind, "recv", recv.len(), send.len())?;
-        self.run::<T>(d, RawBufs::new(send, recv))
+    fn all_reduce_host<T: Element>(&self, p: Pair, op: ReduceOp) -> CommResult<()> {
+        let d = self.reduce_desc::<T>(OpKind::AllReduce, op, p.send)?;
+        self.check_len(d.kind, "recv", p.recv, p.send)?;
+        self.run::<T>(d, p.bufs)
     }
 
     /// `buf[i] = op over ranks of buf[i]`. buf: (n,).
-    fn all_reduce_in_place_host<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> CommResult<()> {
-        let d = self.reduce_desc::<T>(OpKind::AllReduce, op, buf.len())?;
-        self.run::<T>(d, RawBufs::in_place(buf))
+    fn all_reduce_in_place_host<T: Element>(
+        &self,
+        len: usize,
+        bufs: RawBufs,
+        op: ReduceOp,
+    ) -> CommResult<()> {
+        let d = self.reduce_desc::<T>(OpKind::AllReduce, op, len)?;
+        self.run::<T>(d, bufs)
     }
 
     /// Rank-major concatenation. send: (n,), recv: (world * n,), recv[r*n..(r+1)*n] = rank r's.
-    fn all_gather_host<T: Element>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
-        let d = self.data_desc::<T>(OpKind::AllGather, send.len());
-        self.check_len(d.kind, "recv", recv.len(), send.len() * self.world_size())?;
-        self.run::<T>(d, RawBufs::new(send, recv))
+    fn all_gather_host<T: Element>(&self, p: Pair) -> CommResult<()> {
+        let d = self.data_desc::<T>(OpKind::AllGather, p.send);
+        self.check_len(d.kind, "recv", p.recv, p.send * self.world_size())?;
+        self.run::<T>(d, p.bufs)
     }
 
     /// Uneven all_gather (FSDP flat shards). counts: (world,) identical on all ranks;
     /// send: (counts[rank],), recv: (sum counts,), packed in rank order.
-    fn all_gather_v_host<T: Element>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        counts: &[usize],
-    ) -> CommResult<()> {
+    fn all_gather_v_host<T: Element>(&self, p: Pair, counts: &[usize]) -> CommResult<()> {
         let mut d = self.data_desc::<T>(OpKind::AllGatherV, 0);
         self.check_counts(d.kind, counts)?;
-        self.check_len(d.kind, "send", send.len(), counts[self.rank])?;
-        self.check_len(d.kind, "recv", recv.len(), counts.iter().sum())?;
+        self.check_len(d.kind, "send", p.send, counts[self.rank])?;
+        self.check_len(d.kind, "recv", p.recv, counts.iter().sum())?;
         d.counts = counts.to_vec();
-        self.run::<T>(d, RawBufs::new(send, recv))
+        self.run::<T>(d, p.bufs)
     }
 
     /// send: (world * m,), recv: (m,) = op over ranks of their send[rank*m..(rank+1)*m].
     /// A send length that does not split evenly is `CommError::NotDivisible` (use the _v form).
-    fn reduce_scatter_host<T: Element>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        op: ReduceOp,
-    ) -> CommResult<()> {
+    fn reduce_scatter_host<T: Element>(&self, p: Pair, op: ReduceOp) -> CommResult<()> {
         let world = self.world_size();
-        if !send.len().is_multiple_of(world) {
+        if !p.send.is_multiple_of(world) {
             let e = CommError::NotDivisible {
                 op: "reduce_scatter",
-                len: send.len(),
+                len: p.send,
                 world_size: world,
             };
             return Err(self.reject(true, e));
         }
-        let d = self.reduce_desc::<T>(OpKind::ReduceScatter, op, send.len() / world)?;
-        self.check_len(d.kind, "recv", recv.len(), send.len() / world)?;
-        self.run::<T>(d, RawBufs::new(send, recv))
+        let d = self.reduce_desc::<T>(OpKind::ReduceScatter, op, p.send / world)?;
+        self.check_len(d.kind, "recv", p.recv, p.send / world)?;
+        self.run::<T>(d, p.bufs)
     }
 
     /// Uneven reduce_scatter (FSDP gradient shards). counts: (world,) identical on all ranks;
     /// send: (sum counts,) packed in rank order, recv: (counts[rank],).
     fn reduce_scatter_v_host<T: Element>(
         &self,
-        send: &[T],
-        recv: &mut [T],
+        p: Pair,
         counts: &[usize],
         op: ReduceOp,
     ) -> CommResult<()> {
         let mut d = self.reduce_desc::<T>(OpKind::ReduceScatterV, op, 0)?;
         self.check_counts(d.kind, counts)?;
-        self.check_len(d.kind, "send", send.len(), counts.iter().sum())?;
-        self.check_len(d.kind, "recv", recv.len(), counts[self.rank])?;
+        self.check_len(d.kind, "send", p.send, counts.iter().sum())?;
+        self.check_len(d.kind, "recv", p.recv, counts[self.rank])?;
         d.counts = counts.to_vec();
-        self.run::<T>(d, RawBufs::new(send, recv))
+        self.run::<T>(d, p.bufs)
     }
 
     /// Copies `root`'s buf into every other rank's buf. buf: (n,) on every rank.
-    fn broadcast_host<T: Element>(&self, buf: &mut [T], root: usize) -> CommResult<()> {
-        let mut d = self.data_desc::<T>(OpKind::Broadcast, buf.len());
+    fn broadcast_host<T: Element>(&self, len: usize, bufs: RawBufs, root: usize) -> CommResult<()> {
+        let mut d = self.data_desc::<T>(OpKind::Broadcast, len);
         self.check_rank(d.kind.name(), true, root)?;
         d.root = Some(root);
-        self.run::<T>(d, RawBufs::in_place(buf))
+        self.run::<T>(d, bufs)
     }
 
     /// Equal-chunk all-to-all. send, recv: (world * c,); rank r's recv chunk j is rank j's send
     /// chunk r.
-    fn all_to_all_host<T: Element>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
+    fn all_to_all_host<T: Element>(&self, p: Pair) -> CommResult<()> {
         let world = self.world_size();
-        if !send.len().is_multiple_of(world) {
+        if !p.send.is_multiple_of(world) {
             let e = CommError::NotDivisible {
                 op: "all_to_all",
-                len: send.len(),
+                len: p.send,
                 world_size: world,
             };
             return Err(self.reject(true, e));
         }
-        let d = self.data_desc::<T>(OpKind::AllToAll, send.len() / world);
-        self.check_len(d.kind, "recv", recv.len(), send.len())?;
-        self.run::<T>(d, RawBufs::new(send, recv))
+        let d = self.data_desc::<T>(OpKind::AllToAll, p.send / world);
+        self.check_len(d.kind, "recv", p.recv, p.send)?;
+        self.run::<T>(d, p.bufs)
     }
 
     /// All-to-all with per-peer counts, chunks packed in rank order (displacements are the
@@ -406,19 +466,18 @@ impl CpuCommunicator {
     /// rank j; rank i's send_counts[j] must equal rank j's recv_counts[i].
     fn all_to_all_v_host<T: Element>(
         &self,
-        send: &[T],
+        p: Pair,
         send_counts: &[usize],
-        recv: &mut [T],
         recv_counts: &[usize],
     ) -> CommResult<()> {
         let mut d = self.data_desc::<T>(OpKind::AllToAllV, 0);
         self.check_counts(d.kind, send_counts)?;
         self.check_counts(d.kind, recv_counts)?;
-        self.check_len(d.kind, "send", send.len(), send_counts.iter().sum())?;
-        self.check_len(d.kind, "recv", recv.len(), recv_counts.iter().sum())?;
+        self.check_len(d.kind, "send", p.send, send_counts.iter().sum())?;
+        self.check_len(d.kind, "recv", p.recv, recv_counts.iter().sum())?;
         d.counts = send_counts.to_vec();
         d.recv_counts = recv_counts.to_vec();
-        self.run::<T>(d, RawBufs::new(send, recv))
+        self.run::<T>(d, p.bufs)
     }
 
     /// Returns once every rank of the group called `barrier`.
@@ -431,25 +490,24 @@ impl CpuCommunicator {
     /// Sends `buf` to `dst`. Eager: the data is copied and the call returns at once, so a ring
     /// (send to the next rank, then receive from the previous one) cannot deadlock. Messages
     /// from one rank to another are received in the order they were sent.
-    fn send_host<T: Element>(&self, buf: &[T], dst: usize) -> CommResult<()> {
+    /// (`bytes`: the buffer's, none on the meta device.)
+    fn send_host<T: Element>(&self, len: usize, bytes: Vec<u8>, dst: usize) -> CommResult<()> {
         self.check_rank("send", false, dst)?;
         let msg = Message {
             dtype: T::DTYPE,
-            len: buf.len(),
-            bytes: bytemuck::cast_slice(buf).to_vec(),
+            len,
+            bytes,
         };
         self.group.push_message(self.rank, dst, msg)
     }
 
     /// Receives the oldest unreceived message from `src`, which must have `buf.len()` elements
     /// of type `T` (anything else is `CommError::Mismatch`).
-    fn recv_host<T: Element>(&self, buf: &mut [T], src: usize) -> CommResult<()> {
+    /// (The caller copies the message's bytes into its buffer.)
+    fn recv_host<T: Element>(&self, len: usize, src: usize) -> CommResult<Message> {
         self.check_rank("recv", false, src)?;
-        let msg = self
-            .group
-            .pop_message(src, self.rank, T::DTYPE, buf.len(), self.timeout())?;
-        bytemuck::cast_slice_mut::<T, u8>(buf).copy_from_slice(&msg.bytes);
-        Ok(())
+        self.group
+            .pop_message(src, self.rank, T::DTYPE, len, self.timeout())
     }
 
     /// Splits the group like `MPI_Comm_split`: ranks with the same `color` form a new group,
@@ -465,12 +523,21 @@ impl CpuCommunicator {
             op: "split",
             detail: format!("rank {} got no group from the split", self.rank),
         })?;
-        Ok(CpuCommunicator::new(group, rank, self.timeout()))
+        Ok(CpuCommunicator::new(
+            self.device,
+            group,
+            rank,
+            self.timeout(),
+        ))
     }
 
     fn run<T: Element>(&self, desc: OpDesc, bufs: RawBufs) -> CommResult<()> {
         let round = self.enter(desc, bufs)?;
-        exec::execute::<T>(&self.group, &round, self.rank);
+        match self.device.is_meta() {
+            // Checked locally and against the peers' calls (enter); nothing to move.
+            true => self.group.stage(true),
+            false => exec::execute::<T>(&self.group, &round, self.rank),
+        }
         Ok(())
     }
 
@@ -582,8 +649,8 @@ mod tests {
     #[test]
     fn a_buffer_on_another_device_fails_the_group() {
         let group = Group::new(2);
-        let a = CpuCommunicator::new(group.clone(), 0, Duration::from_secs(20));
-        let b = CpuCommunicator::new(group, 1, Duration::from_secs(20));
+        let a = CpuCommunicator::new(Device::Cpu, group.clone(), 0, Duration::from_secs(20));
+        let b = CpuCommunicator::new(Device::Cpu, group, 1, Duration::from_secs(20));
         let stream = Stream::cpu();
         let e = a
             .on_host("all_reduce", true, &stream, &[("recv", Device::Npu(1))])
@@ -613,5 +680,59 @@ mod tests {
             matches!(&after, CommError::Poisoned { cause, .. } if cause.contains("npu:1")),
             "{after}"
         );
+    }
+
+    /// Meta ranks run the rounds of CPU ranks: calls are checked against the buffers and
+    /// across ranks, splits form the same groups, and no data moves (a wrong length is still
+    /// an error on every rank).
+    #[test]
+    fn meta_ranks_check_every_call_and_move_nothing() {
+        use crate::DeviceBuffer;
+        let comms = CpuWorld::meta(4, Duration::from_secs(20)).unwrap();
+        let results: Vec<CommResult<(usize, usize)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let st = Stream::new(Device::Meta).unwrap();
+                        assert_eq!(c.device(), Device::Meta);
+                        let x = DeviceBuffer::<f32>::alloc(&st, 3).unwrap();
+                        let mut all = DeviceBuffer::<f32>::alloc(&st, 12).unwrap();
+                        c.all_gather(&x.view(), &mut all.view_mut(), &st)?;
+                        let mut part = DeviceBuffer::<f32>::alloc(&st, 3).unwrap();
+                        c.reduce_scatter(&all.view(), &mut part.view_mut(), ReduceOp::Sum, &st)?;
+                        c.send_recv(
+                            &x.view(),
+                            (c.rank() + 1) % 4,
+                            &mut part.view_mut(),
+                            (c.rank() + 3) % 4,
+                            &st,
+                        )?;
+                        let sub = c.split((c.rank() % 2) as u32, 0, &st)?;
+                        let got = (sub.rank(), sub.world_size());
+                        // Rank 3 gathers into a buffer one element short.
+                        let short = if c.rank() == 3 { 11 } else { 12 };
+                        let mut bad = DeviceBuffer::<f32>::alloc(&st, short).unwrap();
+                        match c.all_gather(&x.view(), &mut bad.view_mut(), &st) {
+                            Ok(()) => Ok(got),
+                            Err(e) => Err(e),
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, r) in results.iter().enumerate() {
+            let e = r.as_ref().unwrap_err();
+            assert!(e.to_string().contains("11 elements"), "rank {rank}: {e}");
+        }
+        let cpu = Stream::cpu();
+        let c = CpuWorld::meta(1, Duration::from_secs(5)).unwrap().remove(0);
+        let host = DeviceBuffer::<f32>::alloc(&cpu, 1).unwrap();
+        let mut out = DeviceBuffer::<f32>::alloc(&cpu, 1).unwrap();
+        let e = c
+            .all_gather(&host.view(), &mut out.view_mut(), &cpu)
+            .unwrap_err();
+        assert!(matches!(e, CommError::DeviceMismatch { .. }), "{e}");
     }
 }
