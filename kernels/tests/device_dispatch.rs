@@ -30,6 +30,10 @@ use std::ops::Range;
 #[path = "device_dispatch/npu.rs"]
 mod npu;
 
+/// Meta operands: checked, nothing computed.
+#[path = "device_dispatch/meta.rs"]
+mod meta;
+
 fn elems<E: Float>(rng: &mut Rng, n: usize) -> Vec<E> {
     rng.normal_vec(n, 1.0)
         .into_iter()
