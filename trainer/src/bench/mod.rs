@@ -273,7 +273,7 @@ pub fn run(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, FsdpError>
 }
 
 /// The script's optimizer and clipping, the parts it trains (the text model).
-fn bench_settings() -> FsdpSettings {
+pub(crate) fn bench_settings() -> FsdpSettings {
     FsdpSettings {
         adamw: AdamWConfig {
             lr: 1e-4,

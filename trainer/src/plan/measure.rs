@@ -17,7 +17,6 @@ use crate::bench::bench_batch;
 use crate::cp::{CpAlgo, CpSettings};
 use crate::fsdp::{rank_share, run_meta_ranks, FsdpError, FsdpRank, FsdpSettings, ShardSource};
 use crate::model::init::Init;
-use crate::model::optim::AdamWConfig;
 use crate::model::{Act, MemoryFeatures, Precision};
 use std::time::Duration;
 
@@ -85,21 +84,16 @@ fn measure_as<A: Act>(s: &PlanSettings, steps: usize) -> Result<Vec<MetaRank>, F
     let micro = (0..s.grad_accum.max(1))
         .map(|i| bench_batch(cfg, s.micro_batch, s.max_len, img, i as u64))
         .collect::<Result<Vec<_>, _>>()?;
+    // The bench's optimizer and clip (values do not change what is allocated); the
+    // plan's freeze list, loss and memory features.
     let settings = FsdpSettings {
-        adamw: AdamWConfig {
-            lr: 1e-4,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        },
-        max_grad_norm: 1.0,
         frozen: s.frozen.clone(),
         loss_mode: s.loss,
         memory: MemoryFeatures {
             offload_optimizer: s.offload_optimizer,
             ..s.features.memory()
         },
+        ..crate::bench::bench_settings()
     };
     let c = s.features.cp;
     let cp = CpSettings {

@@ -710,6 +710,7 @@ mod tests {
                         )?;
                         let sub = c.split((c.rank() % 2) as u32, 0, &st)?;
                         let got = (sub.rank(), sub.world_size());
+                        assert_eq!(got, (c.rank() / 2, 2), "rank {}'s split", c.rank());
                         // Rank 3 gathers into a buffer one element short.
                         let short = if c.rank() == 3 { 11 } else { 12 };
                         let mut bad = DeviceBuffer::<f32>::alloc(&st, short).unwrap();
