@@ -27,6 +27,7 @@ pub mod comm;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod host_count;
 pub mod meta;
 pub mod rng;
 pub mod stream;

@@ -19,6 +19,55 @@ use cannon_trainer::plan::{self, measure, Plan, PlanSettings};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Host allocations counted per thread (each rank's), as the `cannon` binary counts them.
+#[global_allocator]
+static HOST: cannon_runtime::host_count::CountingAlloc = cannon_runtime::host_count::CountingAlloc;
+
+/// A meta rank's save, export and resume against the plan's phases: device bytes to the
+/// byte; host bytes (read pieces, host copies, the written group, counted per thread)
+/// within 128 KiB + 1 % of the plan's either way (the small allocations around them are not
+/// planned: JSON, paths, and the parsed headers of the files a resume keeps open, a few KB
+/// for each of up to 8 rank files here). The start-up from a random init reads no
+/// file: it holds the plan's bytes less the read piece the plan keeps for a load.
+fn check_phases(name: &str, p: &Plan, r: usize, m: &measure::MetaRank) {
+    let peaks = plan::run_peaks(p, 0, false);
+    assert_eq!(
+        m.phases.len(),
+        5,
+        "{name} meta rank {r}: phases {:?}",
+        m.phases
+    );
+    for ph in &m.phases {
+        let pl = peaks
+            .phases
+            .iter()
+            .find(|x| measure::same_phase(x.name, ph.name))
+            .unwrap_or_else(|| panic!("{name}: no planned phase {}", ph.name));
+        assert_eq!(
+            ph.device, pl.device,
+            "{name} meta rank {r}: {} device",
+            ph.name
+        );
+        let want = pl.host + if r == 0 { pl.host_rank0 } else { 0 };
+        eprintln!(
+            "{name} meta rank {r}: {} host {} B, planned {want} B",
+            ph.name, ph.host
+        );
+        let slack = (128 << 10) + want / 100;
+        // A random init reads no file: it holds less than a load by the read piece.
+        let floor = match ph.name {
+            "start-up (init)" => want / 2,
+            _ => want,
+        };
+        assert!(
+            ph.host <= want + slack && ph.host + slack >= floor,
+            "{name} meta rank {r}: {} host {} B, planned {want} B",
+            ph.name,
+            ph.host
+        );
+    }
+}
+
 const CONFIG: &str = r#"{
   "model_type": "mistral3", "image_token_index": 10, "spatial_merge_size": 2,
   "projector_hidden_act": "gelu", "multimodal_projector_bias": false,
@@ -261,6 +310,7 @@ impl Case {
                 self.name,
                 100.0 * rel
             );
+            check_phases(self.name, &p, r, m);
         }
     }
 }

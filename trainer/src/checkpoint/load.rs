@@ -40,6 +40,8 @@ pub struct Checkpoint {
     manifest: Manifest,
     /// Rank files, opened when first read.
     files: Vec<Option<StReader>>,
+    /// False: sizes only ([`Checkpoint::without_data`]).
+    data: bool,
 }
 
 impl Checkpoint {
@@ -66,7 +68,20 @@ impl Checkpoint {
             dir,
             manifest,
             files,
+            data: true,
         })
+    }
+
+    /// The checkpoint read for sizes only, by a meta device's ranks: every read is checked
+    /// as usual and reads nothing ([`StReader::without_data`]).
+    pub fn without_data(mut self) -> Self {
+        self.data = false;
+        self.files = self
+            .files
+            .into_iter()
+            .map(|f| f.map(StReader::without_data))
+            .collect();
+        self
     }
 
     pub fn dir(&self) -> &Path {
@@ -120,7 +135,7 @@ impl Checkpoint {
                     ),
                 });
             }
-            *slot = Some(r);
+            *slot = Some(if self.data { r } else { r.without_data() });
         }
         Ok(slot.as_mut().expect("opened above"))
     }

@@ -12,7 +12,7 @@
 use super::error::{io, CheckpointError, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Read, Seek, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -85,6 +85,10 @@ pub struct StWriter {
     written: u64,
     total: u64,
     scratch: Vec<u8>,
+    /// The file's size once complete (header and data).
+    end: u64,
+    /// False: sizes only (see [`StWriter::without_data`]).
+    data: bool,
 }
 
 impl StWriter {
@@ -122,6 +126,7 @@ impl StWriter {
         while !text.len().is_multiple_of(8) {
             text.push(b' ');
         }
+        let end = 8 + text.len() as u64 + offset;
         let file = File::create(path).map_err(io(path))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         out.write_all(&(text.len() as u64).to_le_bytes())
@@ -136,7 +141,18 @@ impl StWriter {
             written: 0,
             total: offset,
             scratch: Vec::new(),
+            end,
+            data: true,
         })
+    }
+
+    /// A writer of sizes only, for the meta device's values that do not exist: every piece
+    /// is checked and its conversion buffer allocated as when writing, but no byte of data
+    /// is written (the file is extended at [`Self::finish`] without being filled, so it is
+    /// sparse: a 24B model's checkpoint measured this way takes its headers on disk).
+    pub fn without_data(mut self) -> Self {
+        self.data = false;
+        self
     }
 
     /// Appends `data` to the tensor being written (converted to its dtype; bf16 rounds to
@@ -150,22 +166,33 @@ impl StWriter {
             return Err(self.overrun(data.len()));
         }
         self.scratch.clear();
+        if !self.data {
+            let bytes = data.len() * spec.dtype.size();
+            self.scratch.reserve_exact(bytes);
+            self.out
+                .seek(std::io::SeekFrom::Current(bytes as i64))
+                .map_err(io(&self.path))?;
+            self.written += bytes as u64;
+            self.cur_done += data.len();
+            self.next_tensor();
+            return Ok(());
+        }
         match spec.dtype {
             StDtype::F32 => {
-                self.scratch.reserve(data.len() * 4);
+                self.scratch.reserve_exact(data.len() * 4);
                 for x in data {
                     self.scratch.extend_from_slice(&x.to_le_bytes());
                 }
             }
             StDtype::Bf16 => {
-                self.scratch.reserve(data.len() * 2);
+                self.scratch.reserve_exact(data.len() * 2);
                 for x in data {
                     let b = half::bf16::from_f32(*x).to_bits();
                     self.scratch.extend_from_slice(&b.to_le_bytes());
                 }
             }
             StDtype::F16 => {
-                self.scratch.reserve(data.len() * 2);
+                self.scratch.reserve_exact(data.len() * 2);
                 for x in data {
                     let b = half::f16::from_f32(*x).to_bits();
                     self.scratch.extend_from_slice(&b.to_le_bytes());
@@ -175,7 +202,12 @@ impl StWriter {
         self.out.write_all(&self.scratch).map_err(io(&self.path))?;
         self.written += self.scratch.len() as u64;
         self.cur_done += data.len();
-        // Step over this tensor (and any empty ones after it) once it is complete.
+        self.next_tensor();
+        Ok(())
+    }
+
+    /// Steps over the tensor being written (and any empty ones after it) once it is complete.
+    fn next_tensor(&mut self) {
         while self
             .specs
             .get(self.cur)
@@ -184,7 +216,6 @@ impl StWriter {
             self.cur += 1;
             self.cur_done = 0;
         }
-        Ok(())
     }
 
     fn overrun(&self, n: usize) -> CheckpointError {
@@ -230,6 +261,9 @@ impl StWriter {
             path: path.clone(),
             source: e.into_error(),
         })?;
+        if !self.data {
+            file.set_len(self.end).map_err(io(&path))?;
+        }
         file.sync_all().map_err(io(&path))?;
         let len = file.metadata().map_err(io(&path))?.len();
         Ok(len)
@@ -262,6 +296,8 @@ pub struct StReader {
     /// Tensors of a dtype this reader cannot widen: name -> the header's dtype.
     unsupported: HashMap<String, String>,
     metadata: HashMap<String, String>,
+    /// False: sizes only (see [`StReader::without_data`]).
+    data: bool,
 }
 
 impl StReader {
@@ -335,7 +371,15 @@ impl StReader {
             tensors,
             unsupported,
             metadata,
+            data: true,
         })
+    }
+
+    /// A reader of sizes only, for the meta device: every read is checked and its piece
+    /// buffer allocated as when reading, but no byte is read and `dst` is left as it is.
+    pub fn without_data(mut self) -> Self {
+        self.data = false;
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -397,6 +441,9 @@ impl StReader {
         let size = e.dtype.size();
         let per_piece = (READ_PIECE / size).max(1);
         let mut raw = vec![0u8; size * per_piece.min(range.len())];
+        if !self.data {
+            return Ok(());
+        }
         for (i, out) in dst.chunks_mut(per_piece).enumerate() {
             let at = e.bytes.start + (size * (range.start + i * per_piece)) as u64;
             let raw = &mut raw[..size * out.len()];

@@ -158,7 +158,9 @@ impl FsdpRank {
         let (rank, world) = (comm.rank(), comm.world_size());
         let cut = ShardLayout::new(&layout, world);
         let trains = |g: usize| !settings.frozen.contains(&layout.groups[g].part);
-        let mut reader = Reader::open(source, &layout, &trains)?;
+        // Meta ranks hold sizes and no values: their source is read for sizes only.
+        let meta = exec.device().is_meta();
+        let mut reader = Reader::open(source, &layout, &trains, !meta)?;
         // Under the optimizer offload the shards and moments are made in the host pool.
         let pool = exec
             .host_pool()
@@ -171,22 +173,7 @@ impl FsdpRank {
         };
         let groups = layout.groups.len();
         let (mut params, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
-        // Meta ranks hold sizes and no values: nothing is drawn or read (the source was
-        // still opened and checked above).
-        let meta = exec.device().is_meta();
-        let place = |len: usize| -> Result<Stored, FsdpError> {
-            Ok(match pool {
-                Some(pool) => Stored::Host(Box::new(pool.meta_tensor(len)?)),
-                None => Stored::Device(exec.empty(&[len])?),
-            })
-        };
-        for g in (0..groups).filter(|_| meta) {
-            let shard = cut.groups[g].shard;
-            params.push(place(shard)?);
-            m.push(trains(g).then(|| place(shard)).transpose()?);
-            v.push(trains(g).then(|| place(shard)).transpose()?);
-        }
-        for g in (0..groups).filter(|_| !meta) {
+        for g in 0..groups {
             let c = cut.groups[g];
             let mut read = |kind| reader.shard(&layout, kind, g, c, rank);
             let p = read(Kind::Param)?.unwrap_or_else(|| vec![0.0; c.shard]);
@@ -280,6 +267,12 @@ impl FsdpRank {
 
     /// The rank's communicator, for collectives outside the step (a checkpoint's agreement
     /// that every rank wrote its file). Every rank must make the same calls in the same order.
+    /// The rank's communicator, the rest dropped (its shards, gradients and moments freed):
+    /// for a new rank on the same communicator, as a resume measured after a run makes one.
+    pub fn into_comm(self) -> Communicator {
+        self.comm
+    }
+
     pub fn comm(&self) -> &Communicator {
         &self.comm
     }
@@ -694,9 +687,12 @@ impl FsdpRank {
         &self,
         out: Option<(&std::path::Path, &serde_json::Value)>,
     ) -> Result<(), FsdpError> {
+        // A meta rank's values do not exist: its file gets the header and size alone.
+        let meta = self.exec.device().is_meta();
         let mut writer = match out {
             Some((dir, json)) => Some(
                 crate::model::save::HfWriter::create(dir, &self.layout, json)
+                    .map(|w| if meta { w.without_data() } else { w })
                     .map_err(crate::model::ModelError::from)?,
             ),
             None => None,

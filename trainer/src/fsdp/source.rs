@@ -41,15 +41,22 @@ pub enum ShardSource<'a> {
 pub(super) enum Reader<'a> {
     Source(ShardSource<'a>),
     Checkpoint(Box<Checkpoint>),
+    /// For a meta rank, whose shards have sizes and no values: random values are not
+    /// drawn, a checkpoint is read for sizes only (its manifest, files
+    /// and ranges checked, no byte read), and HF weights are read as the caller opened
+    /// them ([`HfWeights::without_data`] for sizes only).
+    Sizes,
 }
 
 impl<'a> Reader<'a> {
     /// Opens `source` for a model laid out by `layout` whose trained groups are `trains`:
     /// a checkpoint's layout and trained groups must be the model's.
+    /// `values = false` (a meta rank): sizes only.
     pub(super) fn open(
         source: ShardSource<'a>,
         layout: &ParamLayout,
         trains: &dyn Fn(usize) -> bool,
+        values: bool,
     ) -> Result<Self, FsdpError> {
         let bad = |e: crate::checkpoint::CheckpointError| FsdpError::Invalid(e.to_string());
         match source {
@@ -83,8 +90,10 @@ impl<'a> Reader<'a> {
                         )));
                     }
                 }
+                let ckpt = if values { ckpt } else { ckpt.without_data() };
                 Ok(Reader::Checkpoint(Box::new(ckpt)))
             }
+            ShardSource::Random { .. } if !values => Ok(Reader::Sizes),
             _ => Ok(Reader::Source(source)),
         }
     }
@@ -93,7 +102,7 @@ impl<'a> Reader<'a> {
     pub(super) fn adam_step(&self) -> u64 {
         match self {
             Reader::Checkpoint(c) => c.manifest().optimizer.step,
-            Reader::Source(_) => 0,
+            Reader::Source(_) | Reader::Sizes => 0,
         }
     }
 
@@ -114,7 +123,8 @@ impl<'a> Reader<'a> {
             (Reader::Checkpoint(c), _) => c
                 .read_into(kind, g, valid, dst)
                 .map_err(|e| FsdpError::Invalid(e.to_string()))?,
-            (Reader::Source(_), Kind::ExpAvg | Kind::ExpAvgSq) => return Ok(None),
+            (Reader::Source(_) | Reader::Sizes, Kind::ExpAvg | Kind::ExpAvgSq) => return Ok(None),
+            (Reader::Sizes, Kind::Param) => {}
             (Reader::Source(s), Kind::Param) => read_param(*s, layout, g, valid, dst)?,
         }
         Ok(Some(out))

@@ -197,28 +197,6 @@ impl HostPool {
         Ok(h)
     }
 
-    /// A host tensor of `len` values for the meta device: counted by the pool's (meta)
-    /// allocator, holding nothing (a meta rank's offloaded shards, which have no values to
-    /// draw or read). An error on other devices, whose shards start from values.
-    pub fn meta_tensor<T: Element>(&self, len: usize) -> Result<HostTensor<T>> {
-        if !self.device.is_meta() {
-            return Err(KernelError::InvalidArgument {
-                op: "HostPool::meta_tensor",
-                detail: format!(
-                    "the pool holds tensors of {}, not of the meta device",
-                    self.device
-                ),
-            });
-        }
-        Ok(HostTensor {
-            shape: vec![len],
-            host: Some(Tensor::empty_in(&self.alloc, &[len])?),
-            #[cfg(feature = "npu")]
-            pinned: None,
-            device: None,
-        })
-    }
-
     /// A host tensor of `values` (shape `[len]`) made on the host, never on the device (an
     /// FSDP rank's offloaded shards).
     pub fn from_values<T: Element>(&self, values: &[T]) -> Result<HostTensor<T>> {
@@ -332,6 +310,10 @@ impl<T: Element> HostTensor<T> {
         #[cfg(feature = "npu")]
         if let Some(pinned) = &self.pinned {
             return Ok(lock(pinned, "HostTensor::to_vec")?.as_slice()?.to_vec());
+        }
+        // A meta pool's tensor has no values: it reads back as zeros, as a meta buffer does.
+        if let Some(h) = self.host.as_ref().filter(|h| h.buffer().device().is_meta()) {
+            return Ok(vec![T::zeroed(); h.numel()]);
         }
         Ok(self.host_values("HostTensor::to_vec")?.to_vec())
     }

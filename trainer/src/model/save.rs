@@ -76,6 +76,13 @@ impl HfWriter {
         })
     }
 
+    /// A writer of sizes only, for a meta device's model: the file gets its header and
+    /// size but no data ([`StWriter::without_data`]).
+    pub fn without_data(mut self) -> Self {
+        self.out = self.out.without_data();
+        self
+    }
+
     /// Appends the next group's `len` values (its slots are laid end to end in the order of
     /// the header).
     pub fn write_group(&mut self, values: &[f32]) -> Result<(), WeightsError> {

@@ -169,6 +169,13 @@ pub struct HfWeights {
 }
 
 impl HfWeights {
+    /// The checkpoint read for sizes only, by a meta device's ranks: every range is checked
+    /// and its pieces allocated as usual, no byte is read ([`StReader::without_data`]).
+    pub fn without_data(mut self) -> Self {
+        self.files = self.files.into_iter().map(StReader::without_data).collect();
+        self
+    }
+
     /// Opens the checkpoint in `dir` (see the module docs) for `layout`.
     pub fn open(dir: &Path, layout: &ParamLayout) -> Result<Self, WeightsError> {
         let mut files = Vec::new();

@@ -14,14 +14,34 @@
 
 use super::PlanSettings;
 use crate::bench::bench_batch;
+use crate::checkpoint::{CheckpointDir, Progress};
 use crate::cp::{CpAlgo, CpSettings};
 use crate::fsdp::{rank_share, run_meta_ranks, FsdpError, FsdpRank, FsdpSettings, ShardSource};
 use crate::model::init::Init;
-use crate::model::{Act, MemoryFeatures, Precision};
+use crate::model::weights::HfWeights;
+use crate::model::{Act, Exec, MemoryFeatures, Precision};
+use crate::train::resume::save_rank;
+use cannon_runtime::host_count;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// What one meta rank's allocators measured.
+/// What one meta rank measured in one phase of a run besides its step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MetaPhase {
+    /// The phase's name, as [`super::run_phases`] names it.
+    pub name: &'static str,
+    /// The device allocator's `max_allocated` over the phase.
+    pub device: usize,
+    /// Host bytes at the phase's peak: the host pool's `max_allocated` over the phase (the
+    /// offloaded state) plus what the rank's thread allocated on top of what it held when
+    /// the phase began (read pieces, host copies, the written group; `0` when the binary
+    /// does not count its host allocations, [`cannon_runtime::host_count`]).
+    pub host: usize,
+}
+
+/// What one meta rank's allocators measured.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MetaRank {
     /// Device bytes allocated once the rank's shards exist (start-up).
     pub start_up: usize,
@@ -31,6 +51,9 @@ pub struct MetaRank {
     pub step_peak: usize,
     /// The host pool's `max_allocated` over the run (offloaded state and activations).
     pub host_peak: usize,
+    /// Start-up from a random init, checkpoint save, export (the final model), start-up
+    /// from HF weights (the exported model) and resume, in that order.
+    pub phases: Vec<MetaPhase>,
 }
 
 /// The image side (pixels) the measured rows use: the plan's, rounded down to the grid of
@@ -105,12 +128,21 @@ fn measure_as<A: Act>(s: &PlanSettings, steps: usize) -> Result<Vec<MetaRank>, F
         },
         ulysses_size: c.ulysses.max(1),
     };
+    // The checkpoint and the final model are written for sizes only (sparse files: their
+    // headers on disk), in a folder of this measurement, removed at the end.
+    let scratch = Scratch::new()?;
+    let ckpt_dir = CheckpointDir::new(scratch.0.join("checkpoints"));
+    let final_dir = scratch.0.join("final");
+    let model_json = crate::checkpoint::hf_config_json(cfg);
+    let layout = crate::model::ParamLayout::new(cfg);
     run_meta_ranks(s.nproc.max(1), Duration::from_secs(600), |comm, exec| {
-        let source = ShardSource::Random {
+        let random = ShardSource::Random {
             seed: 0,
             init: Init::Normal(0.02),
         };
-        let rank = FsdpRank::new(comm, exec.clone(), cfg.clone(), source, settings.clone())?;
+        let start = Phase::begin(&exec);
+        let rank = FsdpRank::new(comm, exec.clone(), cfg.clone(), random, settings.clone())?;
+        let mut phases = vec![start.end(rank.exec(), "start-up (init)")];
         let start_up = rank.exec().allocator().stats().allocated;
         let mut rank = rank.with_cp(cp)?;
         let (replica, replicas) = rank.data_parallel();
@@ -128,8 +160,102 @@ fn measure_as<A: Act>(s: &PlanSettings, steps: usize) -> Result<Vec<MetaRank>, F
             .exec()
             .host_pool()
             .map_or(0, |p| p.stats().peak_allocated);
+        let bad = |e: crate::checkpoint::CheckpointError| FsdpError::Invalid(e.to_string());
+        let save = Phase::begin(rank.exec());
+        let progress = Progress {
+            step: steps as u64,
+            config: serde_json::json!({ "measured": "cannon plan --measure" }),
+            scheduler: serde_json::Value::Null,
+            data: Default::default(),
+            rng: 0,
+        };
+        let saved =
+            save_rank(&ckpt_dir, 1, &model_json, &rank, progress, Vec::new()).map_err(bad)?;
+        phases.push(save.end(rank.exec(), "checkpoint save"));
+        let export = Phase::begin(rank.exec());
+        let out_dir = (rank.rank() == 0).then_some((final_dir.as_path(), &model_json));
+        rank.write_hf(out_dir)?;
+        phases.push(export.end(rank.exec(), "export (final model)"));
+        // A start-up from HF weights (the final model just written, read for sizes only),
+        // then the resume from the checkpoint: each a new rank on the same communicator.
+        let comm = rank.into_comm();
+        // Every rank opens the file rank 0 has finished.
+        comm.barrier(exec.stream())?;
+        let weights = HfWeights::open(&final_dir, &layout)
+            .map_err(crate::model::ModelError::from)?
+            .without_data();
+        let load = Phase::begin(&exec);
+        let from = ShardSource::Weights(&weights);
+        let rank = FsdpRank::new(comm, exec.clone(), cfg.clone(), from, settings.clone())?;
+        phases.push(load.end(rank.exec(), "start-up (load)"));
+        let comm = rank.into_comm();
+        let resume = Phase::begin(&exec);
+        let from = ShardSource::Checkpoint(&saved);
+        let rank = FsdpRank::new(comm, exec.clone(), cfg.clone(), from, settings.clone())?;
+        phases.push(resume.end(rank.exec(), "resume"));
+        drop(rank);
+        out.phases = phases;
         Ok(out)
     })
+}
+
+/// Whether the plan's phase `planned` is the measured `measured`: the plan's one start-up
+/// ("init or load") stands for both measured ones.
+pub fn same_phase(planned: &str, measured: &str) -> bool {
+    planned == measured || (planned.starts_with("start-up") && measured.starts_with("start-up"))
+}
+
+/// A folder of one measurement, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Result<Self, FsdpError> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("cannon-measure-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            FsdpError::Invalid(format!("--measure: cannot create {}: {e}", dir.display()))
+        })?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The figures of a rank when a phase begins, to measure the phase's peaks against. A phase
+/// ends on the rank's exec, whose host pool (made by `FsdpRank::new` under an offload) the
+/// exec a rank starts from does not have.
+struct Phase {
+    thread_held: isize,
+}
+
+impl Phase {
+    fn begin(exec: &Exec) -> Self {
+        exec.allocator().reset_peak();
+        if let Some(p) = exec.host_pool() {
+            p.allocator().reset_peak();
+        }
+        host_count::reset_peak();
+        Phase {
+            thread_held: host_count::stats().allocated,
+        }
+    }
+
+    fn end(self, exec: &Exec, name: &'static str) -> MetaPhase {
+        let pool = exec
+            .host_pool()
+            .map_or(0, |p| p.allocator().stats().peak_allocated);
+        let thread = host_count::stats().peak_allocated - self.thread_held;
+        MetaPhase {
+            name,
+            device: exec.allocator().stats().peak_allocated,
+            host: pool + thread.max(0) as usize,
+        }
+    }
 }
 
 /// The measured figures beside the plan's, per rank: start-up (the bytes held across
@@ -173,6 +299,47 @@ pub fn text(p: &super::Plan, ranks: &[MetaRank]) -> String {
             gib(host),
             rel(m.host_peak, host),
         );
+    }
+    // The other phases, at their worst rank against the plan's worst (rank 0 writes, so
+    // its host bytes include what only it holds).
+    let planned = super::run_phases::run_peaks(p, 0, false);
+    let _ = writeln!(
+        out,
+        "\n{:<26} {:>12} {:>12} {:>9}   {:>12} {:>12} {:>9}",
+        "phase (worst rank)", "device", "planned", "", "host", "planned", ""
+    );
+    let names = ranks.first().map_or(&[][..], |r| &r.phases[..]);
+    for (i, ph) in names.iter().enumerate() {
+        let at = |f: fn(&MetaPhase) -> usize| {
+            ranks
+                .iter()
+                .filter_map(|r| r.phases.get(i).map(f))
+                .max()
+                .unwrap_or(0)
+        };
+        let (device, host) = (at(|x| x.device), at(|x| x.host));
+        match planned.phases.iter().find(|x| same_phase(x.name, ph.name)) {
+            Some(pl) => {
+                let pl_host = pl.host + pl.host_rank0;
+                let _ = writeln!(
+                    out,
+                    "{:<26} {:>12} {:>12} {:>9}   {:>12} {:>12} {:>9}",
+                    ph.name,
+                    gib(device),
+                    gib(pl.device),
+                    rel(device, pl.device),
+                    gib(host),
+                    gib(pl_host),
+                    rel(host, pl_host),
+                );
+            }
+            None => {
+                let _ = writeln!(out, "{:<26} {:>12} (not planned)", ph.name, gib(device));
+            }
+        }
+    }
+    if !host_count::installed() {
+        let _ = writeln!(out, "(this binary does not count its host allocations)");
     }
     out
 }

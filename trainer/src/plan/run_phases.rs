@@ -7,7 +7,8 @@
 //!             gradient and moment shards) on the device; host-pool shards under the
 //!             optimizer offload (RankPlan::host_optimizer) on the host
 //! start-up    held, plus on the host one group's shard being read or drawn (4·max s) and a
-//!             raw read piece (st_io::READ_PIECE) of an HF or checkpoint file
+//!             raw read piece of an HF or checkpoint file (st_io::READ_PIECE, or the shard
+//!             when it is smaller)
 //! step        the step's planned peak on the device (RankPlan::peak); held host bytes plus
 //!             offloaded activations
 //! save        held, plus on the host one tensor's copy and the writer's conversion of it
@@ -104,7 +105,8 @@ pub fn run_peaks(p: &Plan, ranks_per_node: usize, eval: bool) -> RunPeaks {
     let pool = worst.host_optimizer;
     // A host-pool shard is copied to the device before its gather.
     let reload = if s.offload_optimizer { shard } else { 0 };
-    let read = pool + shard + READ_PIECE;
+    // A read piece is at most the range it reads (a shard, 4 bytes an element at most).
+    let read = pool + shard + READ_PIECE.min(shard);
     let mut phases = vec![
         RunPhase {
             name: "start-up (init or load)",

@@ -67,13 +67,36 @@ pub fn due(plan: &RunPlan, step: usize, total: usize) -> bool {
 }
 
 /// Saves one FSDP rank's shards as its part of `plan`'s checkpoint at `c` (collective: every
-/// rank calls it after the same step). The layout is the ranks' own (`fsdp::ShardLayout`,
-/// the padded even cut of [`padded_shards`]).
+/// rank calls it after the same step).
 pub fn save_sharded(
     plan: &RunPlan,
     model_json: &serde_json::Value,
     rank: &FsdpRank,
     c: &Counters,
+) -> Result<PathBuf, CheckpointError> {
+    let extra = vec![(FINAL_RUN_CONFIG.to_string(), plan.effective().to_toml())];
+    save_rank(
+        &CheckpointDir::new(&plan.checkpoint_dir),
+        plan.cfg.checkpoint.keep_last,
+        model_json,
+        rank,
+        progress_at(plan, c),
+        extra,
+    )
+}
+
+/// Saves `rank`'s shards as its part of the checkpoint of `p.step` in `dir`, keeping the
+/// newest `keep_last` (collective: every rank calls it after the same step). The layout is
+/// the ranks' own (`fsdp::ShardLayout`, the padded even cut of [`padded_shards`]); each
+/// tensor goes from where the rank keeps it to the file one at a time, so the host holds
+/// one tensor's copy, never the rank's state.
+pub fn save_rank(
+    dir: &CheckpointDir,
+    keep_last: usize,
+    model_json: &serde_json::Value,
+    rank: &FsdpRank,
+    p: Progress,
+    extra_files: Vec<(String, String)>,
 ) -> Result<PathBuf, CheckpointError> {
     let world = rank.world_size();
     let layout = rank.layout();
@@ -83,7 +106,6 @@ pub fn save_sharded(
         .map(|g| padded_shards(g.len, world))
         .collect();
     let trained: Vec<bool> = (0..layout.groups.len()).map(|g| rank.trains(g)).collect();
-    let p = progress_at(plan, c);
     let meta = SaveMeta {
         step: p.step,
         world_size: world,
@@ -93,20 +115,17 @@ pub fn save_sharded(
         optimizer: OptimizerState::adamw(&rank.settings().adamw, rank.steps_taken()),
         scheduler: p.scheduler,
         data: p.data,
-        extra_files: vec![(FINAL_RUN_CONFIG.to_string(), plan.effective().to_toml())],
+        extra_files,
     };
-    // Straight from where the rank keeps them, one tensor at a time: no host copy of the
-    // rank's whole state.
     let (params, m, v) = rank.shards();
     let mine = RankShards::stored(rank.rank(), params, m, v, p.rng)?;
-    let dir = CheckpointDir::new(&plan.checkpoint_dir);
     save_distributed(
-        &dir,
+        dir,
         &meta,
         &mine,
         rank.comm(),
         rank.exec().stream(),
-        plan.cfg.checkpoint.keep_last,
+        keep_last,
     )
 }
 
