@@ -142,3 +142,47 @@ fn a_ranks_start_up_memory_is_its_share_of_the_state() {
         }
     }
 }
+
+/// The held-out evaluation's forward on N ranks (every rank each batch, on its shards) gives
+/// the logits of the one-process model: the same weights gathered, the same kernels, so the
+/// same f32 values bit for bit, with an image and without.
+#[test]
+fn held_out_logits_on_any_number_of_ranks_are_the_one_process_model_s() {
+    let cfg = config();
+    let host = init(&cfg, 9);
+    let mut rng = cannon_trainer::data::shuffle::SplitMix64::new(3);
+    let batches = [
+        micro_batch(&mut rng, true, false),
+        micro_batch(&mut rng, false, true),
+    ];
+    let one = model(&cfg, &host);
+    for b in &batches {
+        let acts = one.forward::<f32>(b).unwrap();
+        let want: Vec<u32> = acts
+            .logits()
+            .unwrap()
+            .to_host(one.exec.stream())
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        for world in [1, 2, 4] {
+            let s = settings(&[Part::Vision]);
+            let got = run_cpu_ranks(world, Duration::from_secs(60), |comm, exec| {
+                let source = ShardSource::Full(&host);
+                let mut rank = FsdpRank::new(comm, exec, cfg.clone(), source, s.clone())?;
+                rank.forward_logits::<f32>(b)
+            })
+            .unwrap();
+            for (r, g) in got.iter().enumerate() {
+                let g: Vec<u32> = g.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(
+                    g,
+                    want,
+                    "{world} ranks, rank {r}, images: {}",
+                    b.images.len()
+                );
+            }
+        }
+    }
+}

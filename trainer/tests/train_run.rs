@@ -160,6 +160,37 @@ fn train_writes_metrics_identity_config_and_a_model_eval_reads() {
     assert!(all.contains(&format!("{acc:.1}%")), "{acc} in {all}");
 }
 
+/// Two ranks score the held-out set together on their shards (no process reads the final
+/// model back): the run's record equals `cannon eval` on the final model, per question type.
+#[test]
+fn two_ranks_evaluate_on_their_shards_as_eval_does_on_the_final_model() {
+    let dir = tmp("e2e-2");
+    let out = dir.join("run");
+    let cfg = dir.join("tiny.toml");
+    std::fs::write(&cfg, tiny_toml(&out)).unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let (code, stdout, stderr) = run(&["train", "--config", cfg, "--set", "parallel.nproc=2"]);
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let eval = &last["eval"];
+    assert_eq!(eval["samples"], 4, "{eval}");
+    let (code, stdout, stderr) =
+        run(&["eval", "--checkpoint", out.join("final").to_str().unwrap()]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    for k in eval["per_kind"].as_array().unwrap() {
+        let name = k["kind"].as_str().unwrap();
+        let acc = 100.0 * k["accuracy"].as_f64().unwrap();
+        let line = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} in {stdout}"));
+        let want = format!("{} {:.1}%", k["total"], acc);
+        let got: Vec<&str> = line.split_whitespace().skip(1).take(2).collect();
+        assert_eq!(got.join(" "), want, "{name}: {line}");
+    }
+}
+
 #[test]
 fn dry_run_checks_and_prints_without_training() {
     let dir = tmp("dry");

@@ -186,6 +186,30 @@ pub fn evaluate<A: Act>(
     image_cfg: &ImageConfig,
     rows: usize,
 ) -> Result<EvalReport, EvalError> {
+    let forward = |batch: &Batch| -> Result<Vec<f32>, EvalError> {
+        let acts = model.forward::<A>(batch)?;
+        let logits = acts
+            .logits()
+            .ok_or_else(|| EvalError::Input("evaluation needs the full-logits loss mode".into()))?;
+        Ok(logits
+            .to_host(model.exec.stream())
+            .map_err(ModelError::from)?)
+    };
+    let vocab = model.cfg.text_config.vocab_size;
+    evaluate_with(vocab, forward, data, tok, image_cfg, rows)
+}
+
+/// [`evaluate`] with the model's forward given as `forward` (a batch's `[rows·seq, vocab]`
+/// logits on the host): the ranks of a sharded run score the held-out set this way, each
+/// batch's forward a collective over their shards (`FsdpRank::forward_logits`).
+pub fn evaluate_with(
+    vocab: usize,
+    mut forward: impl FnMut(&Batch) -> Result<Vec<f32>, EvalError>,
+    data: &DataSet,
+    tok: &Tekken,
+    image_cfg: &ImageConfig,
+    rows: usize,
+) -> Result<EvalReport, EvalError> {
     if data.samples.is_empty() {
         return Err(EvalError::Input(format!(
             "{}: no usable held-out sample",
@@ -193,7 +217,6 @@ pub fn evaluate<A: Act>(
         )));
     }
     let rows = rows.max(1);
-    let vocab = model.cfg.text_config.vocab_size;
     let mut report = EvalReport::default();
     for all in data.samples.chunks(rows) {
         let prepared: Vec<&Prepared> = all.iter().collect();
@@ -221,12 +244,15 @@ pub fn evaluate<A: Act>(
         }
         // No padding multiple: every row is as long as the longest sample, nothing more.
         let batch: Batch = pad_batch(&samples, tok.pad_id(), 1).map_err(DataError::from)?;
-        let acts = model.forward::<A>(&batch)?;
-        let logits = acts
-            .logits()
-            .ok_or_else(|| EvalError::Input("evaluation needs the full-logits loss mode".into()))?
-            .to_host(model.exec.stream())
-            .map_err(ModelError::from)?;
+        let logits = forward(&batch)?;
+        if logits.len() != batch.rows * batch.seq * vocab {
+            return Err(EvalError::Input(format!(
+                "{} logits for {} rows of {} tokens over a vocabulary of {vocab}",
+                logits.len(),
+                batch.rows,
+                batch.seq
+            )));
+        }
         let targets = batch.targets();
         for (r, p) in chunk.iter().enumerate() {
             let row = r * batch.seq..(r + 1) * batch.seq;

@@ -33,6 +33,8 @@
 //! rank until all ranks join, so the rank's collectives are one sequence, the same on every
 //! rank by construction (the step's scalars, then each pass's [`Schedule`]).
 
+mod logits;
+
 use super::reduce::Reducer;
 use super::schedule::{GradShards, Schedule};
 use super::shard::ShardLayout;

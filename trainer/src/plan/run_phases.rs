@@ -17,8 +17,9 @@
 //! export      held, plus on the device the gathered padded group and its unpadded copy
 //!             (4·max s·W + 4·max n; a host-pool shard's device copy 4·max s); rank 0 also
 //!             holds the group on the host and a tensor's conversion (4·max n + 4·max slot)
-//! evaluation  a sharded run's lead process reads the final model back whole (4·N on the
-//!             host) to score the held-out set (activations of eval_batch rows on top)
+//! evaluation  every rank runs each held-out batch's forward on its shards (gathered groups
+//!             as in a step's forward, the full logits kept): within the step's peak for
+//!             batches of the step's rows; rank 0 holds the batch's logits on the host
 //! ```
 //!
 //! A process holds all its ranks: `cannon train --set parallel.nproc=N` runs N ranks in one
@@ -86,7 +87,6 @@ pub fn run_peaks(p: &Plan, ranks_per_node: usize, eval: bool) -> RunPeaks {
         .max()
         .unwrap_or(0);
     let slot = layout.slots().map(|(_, s)| 4 * s.len()).max().unwrap_or(0);
-    let total = 4 * layout.num_params();
     let worst: &RankPlan = match p.ranks.iter().max_by_key(|r| r.peak()) {
         Some(r) => r,
         None => {
@@ -140,12 +140,16 @@ pub fn run_peaks(p: &Plan, ranks_per_node: usize, eval: bool) -> RunPeaks {
             host_rank0: group + slot + WRITE_BUFFER,
         },
     ];
-    if eval && sharded {
+    if eval {
+        // Every rank runs each held-out batch's forward on its shards with the full logits
+        // kept, which rank 0 copies to the host: planned as a forward of the step's rows,
+        // within the step's peak (`train.eval_batch` rows of a step's length at most).
+        let vocab = s.model.text_config.vocab_size;
         phases.push(RunPhase {
-            name: "evaluation (lead process)",
-            device: held,
+            name: "evaluation",
+            device: worst.peak(),
             host: pool,
-            host_rank0: total,
+            host_rank0: 4 * worst.rows * worst.tokens * vocab,
         });
     }
     let cpu = s.device.is_cpu();

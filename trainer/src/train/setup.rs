@@ -23,9 +23,7 @@ use crate::fsdp::ShardSource;
 use crate::model::init::{self, Init};
 use crate::model::optim::AdamWConfig;
 use crate::model::weights::HfWeights;
-use crate::model::{
-    Act, Exec, LossMode, MemoryFeatures, Mistral3, Mistral3Config, ModelError, ParamLayout, Part,
-};
+use crate::model::{Exec, LossMode, MemoryFeatures, Mistral3Config, ModelError, ParamLayout, Part};
 use std::path::{Path, PathBuf};
 
 /// Where the run's starting weights come from.
@@ -266,29 +264,44 @@ impl RunSetup {
         Ok(dir)
     }
 
-    /// Evaluates `model` on the held-out set, if the run has one, and logs it to `jsonl`.
-    pub(crate) fn evaluate<A: Act>(
-        &self,
-        model: &Mistral3,
-        jsonl: &mut JsonlWriter,
-    ) -> Result<Option<EvalReport>, TrainError> {
+    /// The held-out set, if the run has one (opened before training, so that a bad file
+    /// stops the run before its steps are spent).
+    pub(crate) fn eval_data(&self) -> Result<Option<DataSet>, TrainError> {
         let Some(path) = &self.plan.eval_dataset else {
             return Ok(None);
         };
         let spec = DatasetSpec::resolve(path, self.plan.cfg.data.dataset_dir.as_deref())?;
         let settings = self.sample_settings();
         let (data, _) = DataSet::open_cached(&spec, &self.tok, &settings, &self.plan.cache_dir)?;
-        let rep = eval::evaluate::<A>(
-            model,
-            &data,
+        Ok(Some(data))
+    }
+
+    /// Scores `data` (the run's held-out set) with `forward`, a batch's logits on the host
+    /// (`eval::evaluate_with`).
+    pub(crate) fn score(
+        &self,
+        data: &DataSet,
+        forward: impl FnMut(&crate::model::Batch) -> Result<Vec<f32>, eval::EvalError>,
+    ) -> Result<EvalReport, TrainError> {
+        Ok(eval::evaluate_with(
+            self.cfg.text_config.vocab_size,
+            forward,
+            data,
             &self.tok,
             &self.image,
             self.plan.cfg.train.eval_batch,
-        )?;
+        )?)
+    }
+
+    /// Writes the evaluation's record into the run's metrics.
+    pub(crate) fn log_eval(
+        &self,
+        rep: &EvalReport,
+        jsonl: &mut JsonlWriter,
+    ) -> Result<(), TrainError> {
         jsonl
-            .write(&EvalRecord { eval: &rep })
-            .map_err(io(&self.plan.jsonl))?;
-        Ok(Some(rep))
+            .write(&EvalRecord { eval: rep })
+            .map_err(io(&self.plan.jsonl))
     }
 
     fn sample_settings(&self) -> SampleSettings<'_> {

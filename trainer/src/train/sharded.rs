@@ -23,8 +23,9 @@
 //!          into the step's checkpoint, rank 0 commits it (`train::resume::save_sharded`);
 //!          a resumed run (saved over any world size) reads each rank's slices from it
 //! end      the final model streamed group by group (FsdpRank::write_hf: every rank gathers
-//!          a group, rank 0 writes it, it is dropped), then read back by the driver and
-//!          evaluated as for one rank
+//!          a group, rank 0 writes it, it is dropped), then the held-out set scored by the
+//!          ranks on their shards (FsdpRank::forward_logits, every rank each batch; rank 0
+//!          reports): no process reads the model back whole
 //! ```
 //!
 //! The global batch does not depend on N, and neither does the loss normalisation (the step's
@@ -40,7 +41,7 @@ use crate::config::Dtype;
 use crate::data::shuffle::Position;
 use crate::data::Loader;
 use crate::fsdp::{rank_rows, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings};
-use crate::model::{Act, Exec, Mistral3};
+use crate::model::{Act, Exec};
 use cannon_runtime::comm::Communicator;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -90,6 +91,7 @@ struct Rank0 {
     last: Option<StepRecord>,
     position: Position,
     checkpoint: Option<std::path::PathBuf>,
+    eval: Option<crate::eval::EvalReport>,
 }
 
 fn run_as<A: Act>(
@@ -136,6 +138,7 @@ fn run_as<A: Act>(
     let (accum, every) = (t.plan.cfg.train.grad_accum, t.plan.cfg.log.every);
     let cp = t.plan.cfg.parallel.cp();
     cp.check(cfg)?;
+    let eval_data = t.eval_data()?;
 
     let body = |comm: Communicator, exec: Exec| {
         let r = comm.rank();
@@ -247,11 +250,24 @@ fn run_as<A: Act>(
         // The final model, one group at a time; rank 0 (of the lead process) writes it.
         let out = final_dir.as_deref().filter(|_| r == 0);
         rank.write_hf(out.map(|d| (d, &t.model_json)))?;
+        // The held-out set, scored by the ranks together on their shards: every rank runs
+        // each batch's forward (a collective), rank 0 reports.
+        let eval = match &eval_data {
+            Some(data) => {
+                let forward = |b: &crate::model::Batch| {
+                    rank.forward_logits::<A>(b)
+                        .map_err(|e| crate::eval::EvalError::Input(e.to_string()))
+                };
+                Some(t.score(data, forward).map_err(fail)?)
+            }
+            None => None,
+        };
         Ok((r == 0).then_some(Rank0 {
             losses,
             last,
             checkpoint,
             position: loader.position(),
+            eval,
         }))
     };
     // run_identity.json is digested beside the ranks' start-up (see `write_identity`).
@@ -309,19 +325,14 @@ fn run_as<A: Act>(
         at.tokens = rec.tokens;
     }
     let final_model = final_dir.unwrap_or_else(|| setup.plan.out_dir.join("final"));
-    // The held-out evaluation reads the written model back on this process.
-    let eval = match setup.plan.eval_dataset {
-        Some(_) => {
-            let model = Mistral3::load(&final_model)?;
-            setup.evaluate::<A>(&model, &mut jsonl)?
-        }
-        None => None,
-    };
+    if let Some(rep) = &rank0.eval {
+        setup.log_eval(rep, &mut jsonl)?;
+    }
     Ok(RunSummary {
         steps: total - first,
         losses: rank0.losses,
         wall_s,
-        eval,
+        eval: rank0.eval,
         final_model,
         last_checkpoint: rank0.checkpoint,
     })
