@@ -63,6 +63,7 @@ pub enum Command {
 /// Parse the command line and run it; the exit code follows the subcommand's convention
 /// (0 success, 1 a failed check, 2 unusable input).
 pub fn main() -> ExitCode {
+    crate::train::sharded::mark_start();
     let cli = Cli::parse();
     // The command runs on a worker of the kernels' thread pool, not beside it: every parallel
     // op is then a local push that the other workers steal, instead of an injection from

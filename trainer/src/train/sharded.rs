@@ -43,8 +43,17 @@ use crate::data::Loader;
 use crate::fsdp::{rank_rows, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings};
 use crate::model::{Act, Exec};
 use cannon_runtime::comm::Communicator;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+/// When the command started (`cannon`'s entry calls [`mark_start`]): the start-up figure a run
+/// prints counts from it, so it covers the process's set-up as well as the ranks'.
+static STARTED: OnceLock<Instant> = OnceLock::new();
+
+/// Marks the start of the process for the start-up figure (first call wins).
+pub fn mark_start() {
+    STARTED.get_or_init(Instant::now);
+}
 
 /// How long a rank waits for its peers at a collective before the run fails (a rank that
 /// errors drops its communicator, which fails the others at once; this bounds a hang).
@@ -152,6 +161,12 @@ fn run_as<A: Act>(
         let (mut losses, mut last, mut checkpoint) = (Vec::new(), None, None);
         let (mut samples, mut tokens) = (t.at.samples, t.at.tokens);
         for step in first..total {
+            if r == 0 && step == first && log.lock().is_ok_and(|l| l.is_some()) {
+                // The time to a run's first step (weights read, shards in place), which a
+                // large checkpoint makes long.
+                let since = STARTED.get().copied().unwrap_or(started);
+                eprintln!("start-up {:.2} s", since.elapsed().as_secs_f64());
+            }
             let t0 = Instant::now();
             // Only this replica's rows are read (their images decoded); the shapes of the
             // whole micro batches give the step's tokens, samples and FLOPs.
