@@ -241,9 +241,7 @@ impl Case {
         let mut worst: f64 = 0.0;
         for (r, &(start, max)) in measured.iter().enumerate() {
             let rp = plan
-                .ranks
-                .iter()
-                .find(|p| p.ranks.0 <= r && r <= p.ranks.1)
+                .rank(r)
                 .unwrap_or_else(|| panic!("{}: no plan for rank {r}", self.name));
             assert_eq!(
                 start,
@@ -285,9 +283,7 @@ impl Case {
         assert_eq!(meta.len(), self.nproc, "{}", self.name);
         for (r, m) in meta.iter().enumerate() {
             let rp = p
-                .ranks
-                .iter()
-                .find(|p| p.ranks.0 <= r && r <= p.ranks.1)
+                .rank(r)
                 .unwrap_or_else(|| panic!("{}: no plan for rank {r}", self.name));
             assert_eq!(
                 m.start_up,

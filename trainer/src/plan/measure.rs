@@ -281,7 +281,7 @@ pub fn text(p: &super::Plan, ranks: &[MetaRank]) -> String {
         "rank", "start-up", "planned", "", "step peak", "planned", "", "host peak", "planned", ""
     );
     for (r, m) in ranks.iter().enumerate() {
-        let Some(rp) = p.ranks.iter().find(|x| x.ranks.0 <= r && r <= x.ranks.1) else {
+        let Some(rp) = p.rank(r) else {
             let _ = writeln!(out, "{r:<6} (no plan for this rank)");
             continue;
         };

@@ -126,6 +126,11 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The plan of rank `r` (None past the last rank).
+    pub fn rank(&self, r: usize) -> Option<&RankPlan> {
+        self.ranks.iter().find(|x| x.ranks.0 <= r && r <= x.ranks.1)
+    }
+
     /// The largest planned peak over the ranks.
     pub fn peak(&self) -> usize {
         self.ranks.iter().map(RankPlan::peak).max().unwrap_or(0)
