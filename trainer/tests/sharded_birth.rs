@@ -143,9 +143,10 @@ fn a_ranks_start_up_memory_is_its_share_of_the_state() {
     }
 }
 
-/// The held-out evaluation's forward on N ranks (every rank each batch, on its shards) gives
+/// The held-out evaluation's forward on N ranks (each rank its own rows, on its shards) gives
 /// the logits of the one-process model: the same weights gathered, the same kernels, so the
-/// same f32 values bit for bit, with an image and without.
+/// same f32 values bit for bit, with an image and without; a rank with no rows only takes
+/// part in the gathers (the vision groups too, when another rank's rows have images).
 #[test]
 fn held_out_logits_on_any_number_of_ranks_are_the_one_process_model_s() {
     let cfg = config();
@@ -167,21 +168,27 @@ fn held_out_logits_on_any_number_of_ranks_are_the_one_process_model_s() {
             .map(|x| x.to_bits())
             .collect();
         for world in [1, 2, 4] {
-            let s = settings(&[Part::Vision]);
-            let got = run_cpu_ranks(world, Duration::from_secs(60), |comm, exec| {
-                let source = ShardSource::Full(&host);
-                let mut rank = FsdpRank::new(comm, exec, cfg.clone(), source, s.clone())?;
-                rank.forward_logits::<f32>(b)
-            })
-            .unwrap();
-            for (r, g) in got.iter().enumerate() {
-                let g: Vec<u32> = g.iter().map(|x| x.to_bits()).collect();
-                assert_eq!(
-                    g,
-                    want,
-                    "{world} ranks, rank {r}, images: {}",
-                    b.images.len()
-                );
+            // Every rank the batch; then only the last rank.
+            for alone in [false, true] {
+                let s = settings(&[Part::Vision]);
+                let got = run_cpu_ranks(world, Duration::from_secs(60), |comm, exec| {
+                    let mine = (!alone || comm.rank() == world - 1).then_some(b);
+                    let source = ShardSource::Full(&host);
+                    let mut rank = FsdpRank::new(comm, exec, cfg.clone(), source, s.clone())?;
+                    rank.forward_logits::<f32, _>(mine, |t, st| t.to_host(st))
+                })
+                .unwrap();
+                for (r, g) in got.iter().enumerate() {
+                    let has = !alone || r == world - 1;
+                    let images = b.images.len();
+                    let Some(g) = g else {
+                        assert!(!has, "{world} ranks, rank {r}: no logits");
+                        continue;
+                    };
+                    assert!(has, "{world} ranks, rank {r}: logits of no rows");
+                    let g: Vec<u32> = g.iter().map(|x| x.to_bits()).collect();
+                    assert_eq!(g, want, "{world} ranks, rank {r}, images: {images}");
+                }
             }
         }
     }

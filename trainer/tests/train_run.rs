@@ -161,7 +161,8 @@ fn train_writes_metrics_identity_config_and_a_model_eval_reads() {
 }
 
 /// Two ranks score the held-out set together on their shards (no process reads the final
-/// model back): the run's record equals `cannon eval` on the final model, per question type.
+/// model back): the run's record equals `cannon eval` on the final model, per question type,
+/// on 1, 2 or 3 ranks.
 #[test]
 fn two_ranks_evaluate_on_their_shards_as_eval_does_on_the_final_model() {
     let dir = tmp("e2e-2");
@@ -188,6 +189,22 @@ fn two_ranks_evaluate_on_their_shards_as_eval_does_on_the_final_model() {
         let want = format!("{} {:.1}%", k["total"], acc);
         let got: Vec<&str> = line.split_whitespace().skip(1).take(2).collect();
         assert_eq!(got.join(" "), want, "{name}: {line}");
+    }
+    // `cannon eval` runs on the run's 2 ranks (its saved config) or on any other number,
+    // each rank reading its slices of the weights: the same report.
+    for n in [1, 3] {
+        let set = format!("parallel.nproc={n}");
+        let final_dir = out.join("final");
+        let args = [
+            "eval",
+            "--checkpoint",
+            final_dir.to_str().unwrap(),
+            "--set",
+            &set,
+        ];
+        let (code, other, stderr) = run(&args);
+        assert_eq!(code, 0, "{other}\n{stderr}");
+        assert_eq!(other, stdout, "{n} rank(s)");
     }
 }
 
@@ -401,4 +418,92 @@ fn two_micro_batches_equal_one_batch_of_both() {
         g_whole.last().unwrap(),
     );
     assert!(e > 1e-2, "mean of means should differ, relative L2 {e:e}");
+}
+
+/// The held-out evaluation on N ranks, each on its shards and its own rows of every chunk,
+/// gives the one-process model's report answer for answer (the logits are the same bits),
+/// with chunks that do not split evenly and a held-out image cut after its header (skipped by
+/// the rank that holds its row, counted once).
+#[test]
+fn ranks_evaluating_their_own_rows_give_the_one_process_report() {
+    use cannon_trainer::data::dataset::{DataSet, SampleSettings};
+    use cannon_trainer::data::info::DatasetSpec;
+    use cannon_trainer::eval::{evaluate, sharded::evaluate_on};
+    use cannon_trainer::fsdp::run_cpu_ranks;
+    use cannon_trainer::train::run_plan::image_config;
+
+    let tok = Tekken::from_file(common::tekken(), Some(1280)).unwrap();
+    let sizes = PresetSizes {
+        text_hidden: 32,
+        text_intermediate: 64,
+        text_layers: 2,
+        text_heads: 4,
+        text_kv_heads: 2,
+        vision_hidden: 32,
+        vision_intermediate: 64,
+        vision_layers: 1,
+        vision_heads: 2,
+        rope_theta: 10_000.0,
+    };
+    let img = tok.special_id("[IMG]").unwrap();
+    let cfg = preset::config(sizes, tok.vocab_size() as usize, img, 14).unwrap();
+    let layout = ParamLayout::new(&cfg);
+    let host: Vec<Vec<f32>> = (0..layout.groups.len())
+        .map(|g| init::random_range(&layout, g, 0..layout.groups[g].len, 4, Init::FanIn).unwrap())
+        .collect();
+    let exec = Exec::cpu();
+    let model = Mistral3 {
+        cfg: cfg.clone(),
+        params: cannon_trainer::model::Params::from_host(&exec, layout.clone(), &host).unwrap(),
+        loss_mode: LossMode::Full,
+        memory: Default::default(),
+        exec,
+    };
+
+    // A held-out set of its own (one image is cut): 8 samples, chunks of 3.
+    let dir = tmp("eval-rows");
+    synth::write(&dir, 80, 7).unwrap();
+    let heldout = dir.join("heldout.jsonl");
+    let first = std::fs::read_to_string(&heldout).unwrap();
+    let record: serde_json::Value = serde_json::from_str(first.lines().nth(1).unwrap()).unwrap();
+    let image = dir.join(record["images"][0].as_str().unwrap());
+    let bytes = std::fs::read(&image).unwrap();
+    std::fs::write(&image, &bytes[..bytes.len() / 2]).unwrap();
+    let image_cfg = image_config(&cfg, 56);
+    let settings = SampleSettings {
+        max_len: 256,
+        system_prompt: None,
+        image: &image_cfg,
+    };
+    let data = DataSet::open(&DatasetSpec::file(&heldout), &tok, &settings).unwrap();
+    let rows = 3;
+    assert!(
+        data.samples.len() > 2 * rows,
+        "{} samples",
+        data.samples.len()
+    );
+    let want = evaluate::<f32>(&model, &data, &tok, &image_cfg, rows).unwrap();
+    assert_eq!(want.skipped, 1, "the cut image's sample is skipped");
+    assert_eq!(want.samples + 1, data.samples.len());
+
+    let frozen = FsdpSettings {
+        adamw: AdamWConfig::default(),
+        max_grad_norm: 0.0,
+        frozen: vec![Part::Vision, Part::Projector, Part::Text],
+        loss_mode: LossMode::Full,
+        memory: Default::default(),
+    };
+    for world in [1, 2, 3] {
+        let got = run_cpu_ranks(world, std::time::Duration::from_secs(60), |comm, exec| {
+            let source = ShardSource::Full(&host);
+            let mut rank = FsdpRank::new(comm, exec, cfg.clone(), source, frozen.clone())?;
+            evaluate_on::<f32>(&mut rank, &data, &tok, &image_cfg, rows)
+                .map_err(|e| cannon_trainer::fsdp::FsdpError::Invalid(e.to_string()))
+        })
+        .unwrap();
+        for (r, rep) in got.iter().enumerate() {
+            assert_eq!(rep, &want, "{world} ranks, rank {r}");
+            assert_eq!(rep.answers, want.answers, "{world} ranks, rank {r}");
+        }
+    }
 }

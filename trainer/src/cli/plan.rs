@@ -44,7 +44,8 @@ pub struct PlanArgs {
     /// ranks share one process; 8 NPUs per node).
     #[arg(long, default_value_t = 0)]
     pub nproc_per_node: usize,
-    /// Plan the held-out evaluation at the end (every rank a forward on its shards).
+    /// Plan the held-out evaluation at the end (every rank a forward of its rows on its
+    /// shards).
     #[arg(long)]
     pub eval: bool,
     /// Write the plan (and the table) as JSON to this file.

@@ -337,7 +337,7 @@ fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
 }
 
 /// This process's NPU: `LOCAL_RANK` when a launcher set it, else 0.
-fn local_rank() -> u32 {
+pub(super) fn local_rank() -> u32 {
     std::env::var("LOCAL_RANK")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -347,7 +347,7 @@ fn local_rank() -> u32 {
 /// With `parallel.device = npu` in a job of several processes (`WORLD_SIZE` > 1, as `cannon
 /// launch` or torchrun set it): this process's rank, joined to the job's HCCL communicator
 /// (root info through the TCP store at MASTER_ADDR:MASTER_PORT).
-fn npu_job(plan: &RunPlan) -> Result<Option<Communicator>, TrainError> {
+pub(super) fn npu_job(plan: &RunPlan) -> Result<Option<Communicator>, TrainError> {
     let world: usize = std::env::var("WORLD_SIZE")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -13,13 +13,14 @@
 //! A prompt whose question is not one of the synthetic set's counts under [`Kind::Other`],
 //! which has no chance figure.
 
+pub mod score;
+pub mod sharded;
+
 use crate::batch::Batch;
-use crate::data::batch::pad_batch;
-use crate::data::dataset::{load_each, DataSet, Prepared};
+use crate::data::dataset::DataSet;
 use crate::data::image::ImageConfig;
 use crate::data::{DataError, Tekken};
 use crate::model::{Act, Mistral3, ModelError};
-use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use serde::Serialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -177,8 +178,10 @@ impl EvalReport {
     }
 }
 
-/// Scores the greedy answers of `model` on every sample of `data` (read with `tok`), `rows`
-/// samples per forward pass, images processed with `image_cfg`. Activations at precision `A`.
+/// Scores the greedy answers of `model` (one process, the whole model) on every sample of
+/// `data` (read with `tok`), `rows` samples per forward pass, images processed with
+/// `image_cfg`. Activations at precision `A`. The ranks of a run score on their shards
+/// instead ([`sharded::evaluate_on`]).
 pub fn evaluate<A: Act>(
     model: &Mistral3,
     data: &DataSet,
@@ -186,121 +189,21 @@ pub fn evaluate<A: Act>(
     image_cfg: &ImageConfig,
     rows: usize,
 ) -> Result<EvalReport, EvalError> {
-    let forward = |batch: &Batch| -> Result<Vec<f32>, EvalError> {
+    let vocab = model.cfg.text_config.vocab_size;
+    let mut forward = |batch: Option<&Batch>| -> Result<Option<Vec<u32>>, EvalError> {
+        let Some(batch) = batch else {
+            return Ok(None);
+        };
         let acts = model.forward::<A>(batch)?;
         let logits = acts
             .logits()
             .ok_or_else(|| EvalError::Input("evaluation needs the full-logits loss mode".into()))?;
-        Ok(logits
-            .to_host(model.exec.stream())
-            .map_err(ModelError::from)?)
+        let ids = score::greedy_ids(logits, vocab, model.exec.stream());
+        Ok(Some(ids.map_err(ModelError::from)?))
     };
-    let vocab = model.cfg.text_config.vocab_size;
-    evaluate_with(vocab, forward, data, tok, image_cfg, rows)
-}
-
-/// [`evaluate`] with the model's forward given as `forward` (a batch's `[rows·seq, vocab]`
-/// logits on the host): the ranks of a sharded run score the held-out set this way, each
-/// batch's forward a collective over their shards (`FsdpRank::forward_logits`).
-pub fn evaluate_with(
-    vocab: usize,
-    mut forward: impl FnMut(&Batch) -> Result<Vec<f32>, EvalError>,
-    data: &DataSet,
-    tok: &Tekken,
-    image_cfg: &ImageConfig,
-    rows: usize,
-) -> Result<EvalReport, EvalError> {
-    if data.samples.is_empty() {
-        return Err(EvalError::Input(format!(
-            "{}: no usable held-out sample",
-            data.path.display()
-        )));
-    }
-    let rows = rows.max(1);
-    let mut report = EvalReport::default();
-    for all in data.samples.chunks(rows) {
-        let prepared: Vec<&Prepared> = all.iter().collect();
-        let (mut chunk, mut samples) = (Vec::with_capacity(all.len()), Vec::new());
-        for (p, made) in all.iter().zip(load_each(&prepared, image_cfg)) {
-            match made {
-                Ok(s) => {
-                    chunk.push(p);
-                    samples.push(s);
-                }
-                // As in training: a bad image costs its sample, not the evaluation.
-                Err(e) if e.skippable_at_load() => {
-                    eprintln!(
-                        "warning: {}:{}: held-out sample skipped: {e}",
-                        data.path.display(),
-                        p.line
-                    );
-                    report.skipped += 1;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if samples.is_empty() {
-            continue;
-        }
-        // No padding multiple: every row is as long as the longest sample, nothing more.
-        let batch: Batch = pad_batch(&samples, tok.pad_id(), 1).map_err(DataError::from)?;
-        let logits = forward(&batch)?;
-        if logits.len() != batch.rows * batch.seq * vocab {
-            return Err(EvalError::Input(format!(
-                "{} logits for {} rows of {} tokens over a vocabulary of {vocab}",
-                logits.len(),
-                batch.rows,
-                batch.seq
-            )));
-        }
-        let targets = batch.targets();
-        for (r, p) in chunk.iter().enumerate() {
-            let row = r * batch.seq..(r + 1) * batch.seq;
-            let prompt: Vec<u32> = p
-                .input_ids
-                .iter()
-                .zip(&p.labels)
-                .filter(|&(_, &l)| l == IGNORE_INDEX)
-                .map(|(&id, _)| id)
-                .collect();
-            let kind = Kind::classify(&tok.decode(&prompt)?);
-            let (mut want, mut got, mut correct) = (Vec::new(), Vec::new(), true);
-            for t in row.filter(|&t| targets[t] != IGNORE_INDEX) {
-                let x = &logits[t * vocab..(t + 1) * vocab];
-                let arg = argmax(x) as u32;
-                want.push(targets[t] as u32);
-                if correct {
-                    got.push(arg);
-                }
-                correct &= arg as i32 == targets[t];
-            }
-            report.samples += 1;
-            report.correct += correct as usize;
-            report.answers.push(Answer {
-                line: p.line,
-                kind,
-                expected: tok.decode(&want)?,
-                got: tok.decode(&got)?,
-                correct,
-            });
-        }
-    }
-    for kind in Kind::ALL {
-        let of: Vec<&Answer> = report.answers.iter().filter(|a| a.kind == kind).collect();
-        if of.is_empty() {
-            continue;
-        }
-        let correct = of.iter().filter(|a| a.correct).count();
-        report.per_kind.push(KindScore {
-            kind,
-            correct,
-            total: of.len(),
-            accuracy: correct as f64 / of.len() as f64,
-            chance: kind.chance(),
-            target: kind.target(),
-        });
-    }
-    Ok(report)
+    score::evaluate_chunks(data, tok, rows, |chunk| {
+        score::score_rows(chunk, image_cfg, tok.pad_id(), &data.path, &mut forward)
+    })
 }
 
 /// Index of the largest value (the first on ties, as torch.argmax); NaN never wins.

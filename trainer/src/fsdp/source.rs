@@ -73,7 +73,13 @@ impl<'a> Reader<'a> {
             ShardSource::Checkpoint(path) => {
                 let ckpt = Checkpoint::open(path).map_err(bad)?;
                 ckpt.manifest().check_layout(layout).map_err(bad)?;
+                // A rank that trains nothing (an evaluation) reads the weights alone, whatever
+                // the checkpoint trained; a training rank must train what it trained.
+                let training = (0..layout.groups.len()).any(trains);
                 for (g, entry) in ckpt.manifest().groups.iter().enumerate() {
+                    if !training {
+                        break;
+                    }
                     let now = trains(g);
                     if entry.trained != now {
                         return Err(FsdpError::Invalid(format!(

@@ -17,9 +17,10 @@
 //! export      held, plus on the device the gathered padded group and its unpadded copy
 //!             (4·max s·W + 4·max n; a host-pool shard's device copy 4·max s); rank 0 also
 //!             holds the group on the host and a tensor's conversion (4·max n + 4·max slot)
-//! evaluation  every rank runs each held-out batch's forward on its shards (gathered groups
-//!             as in a step's forward, the full logits kept): within the step's peak for
-//!             batches of the step's rows; rank 0 holds the batch's logits on the host
+//! evaluation  every rank runs the forward of its rows of each held-out batch on its shards
+//!             (gathered groups as in a step's forward, the full logits kept): within the
+//!             step's peak for batches of the step's rows; on the host a piece of the
+//!             logits (eval::score::GREEDY_PIECE) and the argmax of every position
 //! ```
 //!
 //! A process holds all its ranks: `cannon train --set parallel.nproc=N` runs N ranks in one
@@ -28,6 +29,7 @@
 
 use super::{Plan, RankPlan};
 use crate::checkpoint::st_io::READ_PIECE;
+use crate::eval::score::GREEDY_PIECE;
 use crate::fsdp::ShardLayout;
 use crate::model::ParamLayout;
 use cannon_runtime::alloc::round_size;
@@ -141,15 +143,18 @@ pub fn run_peaks(p: &Plan, ranks_per_node: usize, eval: bool) -> RunPeaks {
         },
     ];
     if eval {
-        // Every rank runs each held-out batch's forward on its shards with the full logits
-        // kept, which rank 0 copies to the host: planned as a forward of the step's rows,
-        // within the step's peak (`train.eval_batch` rows of a step's length at most).
-        let vocab = s.model.text_config.vocab_size;
+        // Every rank runs the forward of its rows of each held-out batch on its shards with
+        // the full logits kept, and reads their argmaxes in pieces: planned as a forward of
+        // the step's rows, within the step's peak (`train.eval_batch` at most the step's rows
+        // over the ranks, of a step's length at most).
+        let vocab = s.model.text_config.vocab_size.max(1);
+        let positions = worst.rows * worst.tokens;
+        let piece = positions.min((GREEDY_PIECE / (4 * vocab)).max(1)) * 4 * vocab;
         phases.push(RunPhase {
             name: "evaluation",
             device: worst.peak(),
-            host: pool,
-            host_rank0: 4 * worst.rows * worst.tokens * vocab,
+            host: pool + piece + 4 * positions,
+            host_rank0: 0,
         });
     }
     let cpu = s.device.is_cpu();

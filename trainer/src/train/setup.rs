@@ -18,7 +18,7 @@ use crate::data::image::ImageConfig;
 use crate::data::info::DatasetSpec;
 use crate::data::shuffle::Position;
 use crate::data::{Loader, Tekken};
-use crate::eval::{self, EvalReport};
+use crate::eval::EvalReport;
 use crate::fsdp::ShardSource;
 use crate::model::init::{self, Init};
 use crate::model::optim::AdamWConfig;
@@ -274,23 +274,6 @@ impl RunSetup {
         let settings = self.sample_settings();
         let (data, _) = DataSet::open_cached(&spec, &self.tok, &settings, &self.plan.cache_dir)?;
         Ok(Some(data))
-    }
-
-    /// Scores `data` (the run's held-out set) with `forward`, a batch's logits on the host
-    /// (`eval::evaluate_with`).
-    pub(crate) fn score(
-        &self,
-        data: &DataSet,
-        forward: impl FnMut(&crate::model::Batch) -> Result<Vec<f32>, eval::EvalError>,
-    ) -> Result<EvalReport, TrainError> {
-        Ok(eval::evaluate_with(
-            self.cfg.text_config.vocab_size,
-            forward,
-            data,
-            &self.tok,
-            &self.image,
-            self.plan.cfg.train.eval_batch,
-        )?)
     }
 
     /// Writes the evaluation's record into the run's metrics.

@@ -24,7 +24,7 @@
 //!          a resumed run (saved over any world size) reads each rank's slices from it
 //! end      the final model streamed group by group (FsdpRank::write_hf: every rank gathers
 //!          a group, rank 0 writes it, it is dropped), then the held-out set scored by the
-//!          ranks on their shards (FsdpRank::forward_logits, every rank each batch; rank 0
+//!          ranks on their shards, each its rows of every batch (eval::sharded; rank 0
 //!          reports): no process reads the model back whole
 //! ```
 //!
@@ -265,16 +265,19 @@ fn run_as<A: Act>(
         // The final model, one group at a time; rank 0 (of the lead process) writes it.
         let out = final_dir.as_deref().filter(|_| r == 0);
         rank.write_hf(out.map(|d| (d, &t.model_json)))?;
-        // The held-out set, scored by the ranks together on their shards: every rank runs
-        // each batch's forward (a collective), rank 0 reports.
+        // The held-out set, scored by the ranks together on their shards, each on its own
+        // rows; every rank gets the report, rank 0 returns it.
         let eval = match &eval_data {
-            Some(data) => {
-                let forward = |b: &crate::model::Batch| {
-                    rank.forward_logits::<A>(b)
-                        .map_err(|e| crate::eval::EvalError::Input(e.to_string()))
-                };
-                Some(t.score(data, forward).map_err(fail)?)
-            }
+            Some(data) => Some(
+                crate::eval::sharded::evaluate_on::<A>(
+                    &mut rank,
+                    data,
+                    &t.tok,
+                    &t.image,
+                    t.plan.cfg.train.eval_batch,
+                )
+                .map_err(|e| fail(e.into()))?,
+            ),
             None => None,
         };
         Ok((r == 0).then_some(Rank0 {
