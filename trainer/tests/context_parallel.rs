@@ -82,7 +82,7 @@ fn pass<'a>(
         loss_mode: cannon_trainer::model::LossMode::Full,
         params,
         loss_norm: cannon_kernels::cross_entropy::LossNorm::Mean,
-        keep_logits: false,
+        logits: cannon_trainer::model::Logits::Grad,
         memory,
     }
 }

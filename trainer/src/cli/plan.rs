@@ -108,7 +108,7 @@ fn go(a: &PlanArgs) -> Result<bool, String> {
         let t0 = std::time::Instant::now();
         let ranks = plan::measure::measure(&s, 2).map_err(|e| format!("--measure: {e}"))?;
         println!(
-            "\nmeasured on {} meta ranks (start-up, 2 steps, a checkpoint save, the export and a resume; {:.1} s):",
+            "\nmeasured on {} meta ranks (start-up, 2 steps, a checkpoint save, the export, the evaluation's forward, a start-up from the export and a resume; {:.1} s):",
             ranks.len(),
             t0.elapsed().as_secs_f64()
         );

@@ -194,7 +194,12 @@ pub fn evaluate<A: Act>(
         let Some(batch) = batch else {
             return Ok(None);
         };
-        let acts = model.forward::<A>(batch)?;
+        // The logits alone: no backward follows, so no gradient of them.
+        let pass = crate::model::Pass {
+            logits: crate::model::Logits::Kept,
+            ..model.pass()
+        };
+        let acts = pass.forward::<A>(batch)?;
         let logits = acts
             .logits()
             .ok_or_else(|| EvalError::Input("evaluation needs the full-logits loss mode".into()))?;

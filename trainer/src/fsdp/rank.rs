@@ -529,7 +529,7 @@ impl FsdpRank {
                     memory,
                     params: &fwd,
                     loss_norm,
-                    keep_logits: false,
+                    logits: crate::model::Logits::Grad,
                 };
                 Some(match cp {
                     Some(cp) => pass.forward_cp::<A>(b, cp)?,
@@ -556,7 +556,7 @@ impl FsdpRank {
                 memory,
                 params: &bwd,
                 loss_norm,
-                keep_logits: false,
+                logits: crate::model::Logits::Grad,
             };
             match cp {
                 Some(cp) => {
@@ -590,7 +590,7 @@ impl FsdpRank {
             memory: self.settings.memory,
             params: &params,
             loss_norm,
-            keep_logits: false,
+            logits: crate::model::Logits::Grad,
         };
         let acts = pass.forward::<A>(b)?;
         pass.backward(b, &acts, &mut self.grads, None)?;

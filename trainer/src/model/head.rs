@@ -88,9 +88,19 @@ fn divisor(norm: LossNorm, n: usize) -> Result<f64> {
     }
 }
 
+/// What the full loss's head leaves for the caller (the chunked loss keeps neither).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// The gradient, written over the logits (a training step: one `[T, V]` tensor).
+    Grad,
+    /// The logits and, beside them, their gradient (verify's forward and backward).
+    KeptWithGrad,
+    /// The logits alone, no gradient (the held-out evaluation: no backward follows).
+    Kept,
+}
+
 /// Logits and loss of `xf [T,D]` against `targets [T]` (`IGNORE_INDEX` = ignored), the summed
-/// loss divided as `norm` says. With the full loss, `keep_logits` keeps the logits beside
-/// their gradient; otherwise the gradient overwrites them.
+/// loss divided as `norm` says; with the full loss, `out` says what is left of the logits.
 #[allow(clippy::too_many_arguments)]
 pub fn forward<A: Act>(
     exec: &Exec,
@@ -100,7 +110,7 @@ pub fn forward<A: Act>(
     targets: &[i32],
     (d, v): (usize, usize),
     norm: LossNorm,
-    keep_logits: bool,
+    out: Logits,
 ) -> Result<HeadActs> {
     let st = exec.stream();
     let t = targets.len();
@@ -108,18 +118,27 @@ pub fn forward<A: Act>(
         LossMode::Full => {
             let mut logits = exec.empty(&[t, v])?;
             linear(st, &mut logits.view_mut(), &xf.view(), w, d, v)?;
-            let (logits, dlogits, ce) = if keep_logits {
-                let mut dlogits = exec.empty(&[t, v])?;
-                let mut dl = dlogits.view_mut();
-                let ce = ops::cross_entropy(st, &logits.view(), targets, v, Some(&mut dl), norm)?;
-                (Some(logits), dlogits, ce)
-            } else {
-                let ce = ops::cross_entropy_in_place(st, &mut logits.view_mut(), targets, v, norm)?;
-                (None, logits, ce)
+            let (logits, dlogits, ce) = match out {
+                Logits::KeptWithGrad => {
+                    let mut dlogits = exec.empty(&[t, v])?;
+                    let mut dl = dlogits.view_mut();
+                    let ce =
+                        ops::cross_entropy(st, &logits.view(), targets, v, Some(&mut dl), norm)?;
+                    (Some(logits), Some(dlogits), ce)
+                }
+                Logits::Kept => {
+                    let ce = ops::cross_entropy(st, &logits.view(), targets, v, None, norm)?;
+                    (Some(logits), None, ce)
+                }
+                Logits::Grad => {
+                    let mut l = logits.view_mut();
+                    let ce = ops::cross_entropy_in_place(st, &mut l, targets, v, norm)?;
+                    (None, Some(logits), ce)
+                }
             };
             Ok(HeadActs {
                 logits,
-                dlogits: Some(dlogits),
+                dlogits,
                 loss: ce.loss,
                 sum: ce.sum,
                 targets: ce.count,

@@ -56,7 +56,7 @@ pub mod weights;
 pub use crate::batch::{Batch, BatchError, Images};
 pub use config::{ConfigError, Mistral3Config};
 pub use exec::Exec;
-pub use head::LossMode;
+pub use head::{Logits, LossMode};
 pub use ops::{Act, Precision};
 pub use params::{Grads, ParamLayout, Params, Part};
 pub use saved::{MemoryFeatures, Recompute};
@@ -129,7 +129,7 @@ impl<A: cannon_runtime::Element> ForwardActs<A> {
         self.head.loss
     }
 
-    /// `[T, V]` logits: full loss mode, from a forward that keeps them ([`Pass::keep_logits`];
+    /// `[T, V]` logits: full loss mode, from a forward that keeps them ([`Pass::logits`];
     /// [`Mistral3::forward`] does, a training forward does not).
     pub fn logits(&self) -> Option<&Tensor<f32>> {
         self.head.logits.as_ref()
@@ -243,7 +243,7 @@ impl Mistral3 {
             memory: self.memory,
             params: &self.params,
             loss_norm: LossNorm::Mean,
-            keep_logits: true,
+            logits: Logits::KeptWithGrad,
         }
     }
 
@@ -265,7 +265,7 @@ impl Mistral3 {
     ) -> Result<ForwardActs<A>, ModelError> {
         Pass {
             loss_norm: norm,
-            keep_logits: false,
+            logits: Logits::Grad,
             ..self.pass()
         }
         .forward(batch)
@@ -316,9 +316,10 @@ pub struct Pass<'a> {
     /// `Divisor(n)`, the trained targets of every micro batch on every rank of the optimizer
     /// step, so that the summed gradients are the gradient of the step's mean.
     pub loss_norm: LossNorm,
-    /// Whether the full loss keeps its `[T, V]` logits for the caller beside their gradient
-    /// (verify, eval), or overwrites them with it (training: `4·T·V` bytes less).
-    pub keep_logits: bool,
+    /// What the full loss leaves of its `[T, V]` logits: their gradient written over them
+    /// (training), the logits beside their gradient (verify), or the logits alone (the
+    /// held-out evaluation); each `4·T·V` bytes.
+    pub logits: Logits,
 }
 
 impl Pass<'_> {
@@ -416,8 +417,8 @@ impl Pass<'_> {
         };
         let w = head_view(params.layout(), &head_w)?.lm_head;
         let dv = (t.hidden_size, t.vocab_size);
-        let keep = self.keep_logits;
-        let head = head::forward(ex, self.loss_mode, &text.xf, &w, &targets, dv, norm, keep)?;
+        let out = self.logits;
+        let head = head::forward(ex, self.loss_mode, &text.xf, &w, &targets, dv, norm, out)?;
         drop(head_w);
         Ok(ForwardActs {
             vision,

@@ -16,12 +16,14 @@ use super::PlanSettings;
 use crate::bench::bench_batch;
 use crate::checkpoint::{CheckpointDir, Progress};
 use crate::cp::{CpAlgo, CpSettings};
+use crate::eval::score::greedy_ids;
 use crate::fsdp::{rank_share, run_meta_ranks, FsdpError, FsdpRank, FsdpSettings, ShardSource};
 use crate::model::init::Init;
 use crate::model::weights::HfWeights;
 use crate::model::{Act, Exec, MemoryFeatures, Precision};
 use crate::train::resume::save_rank;
-use cannon_runtime::host_count;
+use cannon_kernels::Tensor;
+use cannon_runtime::{host_count, Stream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -51,7 +53,7 @@ pub struct MetaRank {
     pub step_peak: usize,
     /// The host pool's `max_allocated` over the run (offloaded state and activations).
     pub host_peak: usize,
-    /// Start-up from a random init, checkpoint save, export (the final model), start-up
+    /// Start-up from a random init, checkpoint save, export (the final model), evaluation, start-up
     /// from HF weights (the exported model) and resume, in that order.
     pub phases: Vec<MetaPhase>,
 }
@@ -107,6 +109,9 @@ fn measure_as<A: Act>(s: &PlanSettings, steps: usize) -> Result<Vec<MetaRank>, F
     let micro = (0..s.grad_accum.max(1))
         .map(|i| bench_batch(cfg, s.micro_batch, s.max_len, img, i as u64))
         .collect::<Result<Vec<_>, _>>()?;
+    let world = s.nproc.max(1);
+    let eval_rows = s.micro_batch.div_ceil(world) * world;
+    let eval_batch = [bench_batch(cfg, eval_rows, s.max_len, img, 7)?];
     // The bench's optimizer and clip (values do not change what is allocated); the
     // plan's freeze list, loss and memory features.
     let settings = FsdpSettings {
@@ -135,7 +140,7 @@ fn measure_as<A: Act>(s: &PlanSettings, steps: usize) -> Result<Vec<MetaRank>, F
     let final_dir = scratch.0.join("final");
     let model_json = crate::checkpoint::hf_config_json(cfg);
     let layout = crate::model::ParamLayout::new(cfg);
-    run_meta_ranks(s.nproc.max(1), Duration::from_secs(600), |comm, exec| {
+    run_meta_ranks(world, Duration::from_secs(600), |comm, exec| {
         let random = ShardSource::Random {
             seed: 0,
             init: Init::Normal(0.02),
@@ -176,6 +181,15 @@ fn measure_as<A: Act>(s: &PlanSettings, steps: usize) -> Result<Vec<MetaRank>, F
         let out_dir = (rank.rank() == 0).then_some((final_dir.as_path(), &model_json));
         rank.write_hf(out_dir)?;
         phases.push(export.end(rank.exec(), "export (final model)"));
+        // The held-out evaluation's forward of the rank's rows of a held-out batch of a micro
+        // batch's rows (split over the whole world: no CP), its argmaxes read in pieces. Every
+        // rank gets the plan's full share (meta ranks agree on their own counts).
+        let rows = rank_share(cfg, &eval_batch, rank.rank(), rank.world_size())?;
+        let vocab = cfg.text_config.vocab_size;
+        let eval = Phase::begin(rank.exec());
+        let read = |t: &Tensor<f32>, st: &Stream| greedy_ids(t, vocab, st);
+        rank.forward_logits::<A, _>(rows.first(), read)?;
+        phases.push(eval.end(rank.exec(), "evaluation"));
         // A start-up from HF weights (the final model just written, read for sizes only),
         // then the resume from the checkpoint: each a new rank on the same communicator.
         let comm = rank.into_comm();
@@ -302,7 +316,7 @@ pub fn text(p: &super::Plan, ranks: &[MetaRank]) -> String {
     }
     // The other phases, at their worst rank against the plan's worst (rank 0 writes, so
     // its host bytes include what only it holds).
-    let planned = super::run_phases::run_peaks(p, 0, false);
+    let planned = super::run_phases::run_peaks(p, 0, true);
     let _ = writeln!(
         out,
         "\n{:<26} {:>12} {:>12} {:>9}   {:>12} {:>12} {:>9}",

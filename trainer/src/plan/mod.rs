@@ -50,7 +50,7 @@ pub use settings::{PlanError, PlanSettings};
 
 use crate::data::image::ImageConfig;
 use crate::fsdp::ShardLayout;
-use crate::model::memory::{plan_with, At, MemoryPlan, Phase, StepShape};
+use crate::model::memory::{plan_with, At, MemoryPlan, Phase, StepFeatures, StepShape};
 use crate::model::source::PlanInputs;
 use crate::model::{LossMode, ParamLayout, PassPlan};
 use cannon_runtime::alloc::round_size;
@@ -123,6 +123,10 @@ pub struct Plan {
     pub ranks: Vec<RankPlan>,
     /// Image side in pixels after resizing (0: no image).
     pub image_side: usize,
+    /// The held-out evaluation's forward on the rank with the most rows: its share of a
+    /// micro batch's rows split over every rank (no CP), nothing training, the full logits
+    /// kept; above the rank's resident bytes, as a step's plan.
+    pub eval: MemoryPlan,
 }
 
 impl Plan {
@@ -299,10 +303,58 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
             _ => ranks.push(plan),
         }
     }
+    // The evaluation: whole rows (no CP) split over the world, nothing trains, full logits.
+    let eval = {
+        let rows = s.micro_batch.div_ceil(cut.world);
+        let text = rows * s.max_len;
+        let images = rows * s.images_per_row;
+        let patches = images * (side / patch).pow(2);
+        let shape = StepShape {
+            tokens: text,
+            whole_tokens: text,
+            patches,
+            merged: images * per_image_tokens,
+            pixels: images * cfg.vision_config.num_channels * side * side,
+            trained_targets: false,
+            lse_per_head: cannon_kernels::attention::lse_per_head(s.device),
+        };
+        let none = |_: usize| false;
+        let pass = PassPlan::new(
+            cfg,
+            &layout,
+            PlanInputs {
+                trains: &none,
+                images: patches > 0,
+                dpixels: false,
+            },
+        );
+        let comm = |at: At| -> usize {
+            match (sharded, s.offload_optimizer) {
+                (true, _) => gathered(&pass, &cut, at, pa, Some(false)),
+                (false, true) => gathered(&pass, &cut, at, pa, None),
+                (false, false) => 0,
+            }
+        };
+        let features = StepFeatures {
+            cp: Default::default(),
+            ..s.features
+        };
+        plan_with(
+            cfg,
+            &shape,
+            s.precision,
+            LossMode::Full,
+            &[],
+            false,
+            &features,
+            &comm,
+        )
+    };
     Ok(Plan {
         settings: s.clone(),
         ranks,
         image_side: side,
+        eval,
     })
 }
 

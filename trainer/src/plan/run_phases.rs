@@ -18,9 +18,10 @@
 //!             (4·max s·W + 4·max n; a host-pool shard's device copy 4·max s); rank 0 also
 //!             holds the group on the host and a tensor's conversion (4·max n + 4·max slot)
 //! evaluation  every rank runs the forward of its rows of each held-out batch on its shards
-//!             (gathered groups as in a step's forward, the full logits kept): within the
-//!             step's peak for batches of the step's rows; on the host a piece of the
-//!             logits (eval::score::GREEDY_PIECE) and the argmax of every position
+//!             (gathered groups as in a step's forward, nothing training, the full logits
+//!             kept: Plan::eval, for held-out batches of a micro batch's rows); on the host a
+//!             piece of the logits (eval::score::GREEDY_PIECE) and the argmax of every
+//!             position
 //! ```
 //!
 //! A process holds all its ranks: `cannon train --set parallel.nproc=N` runs N ranks in one
@@ -144,15 +145,16 @@ pub fn run_peaks(p: &Plan, ranks_per_node: usize, eval: bool) -> RunPeaks {
     ];
     if eval {
         // Every rank runs the forward of its rows of each held-out batch on its shards with
-        // the full logits kept, and reads their argmaxes in pieces: planned as a forward of
-        // the step's rows, within the step's peak (`train.eval_batch` at most the step's rows
-        // over the ranks, of a step's length at most).
+        // the full logits kept (`Plan::eval`: batches of a micro batch's rows, of the step's
+        // length, `train.eval_batch` = `train.micro_batch`), and reads their argmaxes in
+        // pieces.
         let vocab = s.model.text_config.vocab_size.max(1);
-        let positions = worst.rows * worst.tokens;
+        // A rank's share of a micro batch's rows (no CP: whole rows of max_len tokens).
+        let positions = s.micro_batch.div_ceil(world) * s.max_len;
         let piece = positions.min((GREEDY_PIECE / (4 * vocab)).max(1)) * 4 * vocab;
         phases.push(RunPhase {
             name: "evaluation",
-            device: worst.peak(),
+            device: held + p.eval.peak(),
             host: pool + piece + 4 * positions,
             host_rank0: 0,
         });

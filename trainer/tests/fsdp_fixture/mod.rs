@@ -232,7 +232,7 @@ pub fn run_unsharded(
                 memory: s.memory,
                 params: &params,
                 loss_norm: LossNorm::Divisor(count as f64),
-                keep_logits: false,
+                logits: cannon_trainer::model::Logits::Grad,
             };
             let acts = pass.forward::<f32>(b).unwrap();
             pass.backward(b, &acts, &mut grads, None).unwrap();

@@ -95,7 +95,8 @@ impl FsdpRank {
     }
 }
 
-/// A forward pass with the full logits kept (the loss, divided by 1, is not used).
+/// A forward pass with the full logits kept and no gradient of them (the loss, divided by 1,
+/// is not used).
 fn eval_pass<'a>(
     cfg: &'a crate::model::Mistral3Config,
     exec: &'a crate::model::Exec,
@@ -109,6 +110,6 @@ fn eval_pass<'a>(
         memory,
         params,
         loss_norm: LossNorm::Divisor(1.0),
-        keep_logits: true,
+        logits: crate::model::Logits::Kept,
     }
 }
