@@ -19,6 +19,11 @@
 //! of their 121 blocks anew, 11 with the slack; a run of one shape takes exact blocks from
 //! its second step on, as before.
 //!
+//! The CPU ranks of one process bound their caches ([`CachingAllocator::bound_host_cache`]):
+//! before a new block, cached blocks are released (largest first) so that what is reserved
+//! stays within 1/8 of the most ever allocated, which bounds the process's resident memory
+//! at the cost of a few blocks a step obtained anew.
+//!
 //! Streams (NPU): a block remembers the stream it was allocated for
 //! ([`crate::DeviceBuffer::alloc`]) and the other streams it was used on
 //! ([`crate::DeviceBuffer::record_stream`]). When it is freed, an event is recorded on each
@@ -53,6 +58,9 @@ pub const BLOCK_ROUND: usize = 512;
 /// A cached block serves a smaller request when it is at most `size / REUSE_SLACK` bytes
 /// larger than the request's rounded size (12.5 %).
 pub const REUSE_SLACK: usize = 8;
+/// A bounded host cache ([`CachingAllocator::bound_host_cache`]) keeps what is reserved with
+/// a new block within `1 + 1/HOST_RESERVE_SLACK` times the most ever allocated.
+pub const HOST_RESERVE_SLACK: usize = 8;
 /// Every block starts at a multiple of this many bytes: AVX-512 loads on the host, and the
 /// 64-byte alignment `aclrtMemcpyAsync` requires on the NPU.
 pub const BLOCK_ALIGN: usize = 64;
@@ -214,6 +222,11 @@ struct State {
     /// Events of completed fences, recorded again by later frees.
     events: Vec<Event>,
     stats: MemoryStats,
+    /// The largest `allocated` since creation (peaks reset; this does not): a bounded host
+    /// cache is trimmed against it ([`CachingAllocator::bound_host_cache`]).
+    high_water: usize,
+    /// Whether the host cache is bounded ([`CachingAllocator::bound_host_cache`]).
+    bounded: bool,
     /// Errors met while freeing from `Drop`, which cannot return them (cudarc's pattern).
     drop_errors: Vec<String>,
 }
@@ -317,6 +330,9 @@ impl CachingAllocator {
                 (c.addr as *mut u8, block)
             }
             None => {
+                if st.bounded {
+                    self.trim_host_cache(&mut st, size);
+                }
                 let ptr = match self.raw.raw_alloc(size)? {
                     Some(p) => p,
                     None => {
@@ -343,6 +359,7 @@ impl CachingAllocator {
         };
         st.stats.allocated += size;
         st.stats.peak_allocated = st.stats.peak_allocated.max(st.stats.allocated);
+        st.high_water = st.high_water.max(st.stats.allocated);
         Ok(Block {
             ptr,
             size: block,
@@ -408,6 +425,50 @@ impl CachingAllocator {
                 st.drop_errors
                     .push(format!("recording a free on stream {}: {e}", s.id));
                 s.synchronize().map(|()| None)
+            }
+        }
+    }
+
+    /// From now on, before host memory is obtained for a request the cache cannot serve,
+    /// releases cached blocks, the largest first, until what is reserved with the request
+    /// stays within `1 + 1/`[`HOST_RESERVE_SLACK`] of the most ever allocated (or of what is
+    /// allocated with the request, when that is more). For the CPU ranks of one process,
+    /// which share its memory: without it each rank's cache kept every shape a step ever
+    /// freed (4.6-4.8 GiB reserved for 4.0 GiB allocated on each of four ranks of a 0.86 B
+    /// model, whose process then held 12 % more than its plan). The price: a step whose
+    /// sizes need more cached blocks than the bound allows obtains a few of them anew each
+    /// time (page faults on the host). Other devices ignore it (an NPU keeps torch's policy:
+    /// the cache is released on OOM only).
+    pub fn bound_host_cache(&self) {
+        if self.device == Device::Cpu {
+            self.state.lock().bounded = true;
+        }
+    }
+
+    /// See [`Self::bound_host_cache`]: makes room for `size` more bytes.
+    fn trim_host_cache(&self, st: &mut State, size: usize) {
+        let base = st.high_water.max(st.stats.allocated + size);
+        let limit = base.saturating_add(base / HOST_RESERVE_SLACK);
+        while st.stats.reserved + size > limit {
+            let Some(mut entry) = st.free.last_entry() else {
+                return;
+            };
+            let block = *entry.key();
+            let Some(c) = entry.get_mut().pop() else {
+                entry.remove();
+                continue;
+            };
+            if entry.get().is_empty() {
+                entry.remove();
+            }
+            // SAFETY: cached blocks came from raw_alloc(block), have no owner, and no work
+            // uses them (host work is complete when issued).
+            match unsafe { self.raw.raw_free(c.addr as *mut u8, block) } {
+                Ok(()) => {
+                    st.stats.reserved -= block;
+                    st.stats.num_device_frees += 1;
+                }
+                Err(e) => st.drop_errors.push(format!("releasing {block} bytes: {e}")),
             }
         }
     }

@@ -277,3 +277,45 @@ fn a_stream_of_another_device_is_a_typed_error() {
     let err = x.record_stream(&npu).unwrap_err();
     assert!(matches!(err, Error::DeviceMismatch { .. }), "{err}");
 }
+
+/// A bounded CPU cache is trimmed before it grows: what is reserved stays within
+/// 1 + 1/HOST_RESERVE_SLACK of the most ever allocated, however many shapes were freed, while
+/// blocks of a steady size are still served from the cache.
+#[test]
+fn a_bounded_host_cache_stays_within_its_slack_of_the_high_water() {
+    const K: usize = 1024;
+    let a = CachingAllocator::new_cpu();
+    a.bound_host_cache();
+    let alloc_n = |n: usize, bytes: usize| -> Vec<DeviceBuffer<u8>> {
+        (0..n)
+            .map(|_| DeviceBuffer::<u8>::alloc_in(&a, bytes).unwrap())
+            .collect()
+    };
+    let high = 8 * 64 * K;
+    drop(alloc_n(8, 64 * K));
+    assert_eq!(a.stats().reserved, high, "freed blocks stay cached");
+    let limit = high + high / HOST_RESERVE_SLACK;
+    // New shapes, one after the other: without trimming the cache would hold them all.
+    for bytes in [32 * K, 48 * K, 40 * K, 24 * K] {
+        let held = alloc_n(8, bytes);
+        let s = a.stats();
+        assert!(
+            s.reserved <= limit && s.reserved >= s.allocated,
+            "{bytes} B blocks: reserved {} allocated {} limit {limit}",
+            s.reserved,
+            s.allocated
+        );
+        drop(held);
+    }
+    assert!(a.stats().num_device_frees > 0, "the cache was trimmed");
+    // A steady size is reused from the cache: no new host block.
+    let held = alloc_n(4, 24 * K);
+    drop(held);
+    let before = a.stats().num_device_allocs;
+    drop(alloc_n(4, 24 * K));
+    assert_eq!(a.stats().num_device_allocs, before);
+    // A request above the high water grows it: the limit follows.
+    let big = alloc_n(1, 2 * high);
+    assert!(a.stats().reserved >= 2 * high);
+    drop(big);
+}

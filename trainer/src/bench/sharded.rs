@@ -166,8 +166,16 @@ mod tests {
             two.loss
         );
         assert_eq!((two.nproc, two.trainable_params), (2, one.trainable_params));
-        // Gathered groups and reduce-scatter buffers come back from each rank's cache.
-        assert_eq!(two.device_allocs_per_step, 0.0);
+        // Gathered groups and reduce-scatter buffers come back from each rank's cache, which
+        // the CPU keeps within 1/8 of its high water (`alloc::HOST_RESERVE_SLACK`): a rank's
+        // sizes then need a few blocks a step anew (5 here), no more than a handful.
+        let slack = 1.0 + 1.0 / cannon_runtime::alloc::HOST_RESERVE_SLACK as f64;
+        assert!(two.max_reserved_mib <= slack * two.max_allocated_mib + 1e-9);
+        assert!(
+            two.device_allocs_per_step <= 8.0,
+            "{}",
+            two.device_allocs_per_step
+        );
         assert!(two.to_json().contains("\"nproc\": 2"));
         // Against the mean of the two probes, which is at most the best one `floor_s` uses.
         let over = two

@@ -11,9 +11,13 @@ use cannon_runtime::{CachingAllocator, Device, Stream};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A stream and a private allocator on the host: one CPU rank's device.
+/// A stream and a private allocator on the host: one CPU rank's device. Its cache is
+/// bounded (`CachingAllocator::bound_host_cache`): the ranks of a process share its memory,
+/// and each rank's cache of every shape its steps freed would add up over the ranks.
 pub fn cpu_rank_exec() -> Result<Exec, FsdpError> {
-    let exec = Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu())?;
+    let alloc = CachingAllocator::new_cpu();
+    alloc.bound_host_cache();
+    let exec = Exec::with_allocator(Arc::new(Stream::cpu()), alloc)?;
     Ok(exec)
 }
 
