@@ -35,11 +35,14 @@
 //! block of another stream.
 
 mod cache;
+mod host;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::stream::{Event, Stream, StreamRef};
 use cache::{Cached, Fence};
+use host::HostMemory;
+pub use host::HUGE_BLOCK;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -88,52 +91,6 @@ pub(crate) trait RawMemory: Send + Sync {
     /// # Safety
     /// `ptr` came from `raw_alloc(bytes)` on this object and is not used afterwards.
     unsafe fn raw_free(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
-}
-
-/// Host memory from the global allocator, with an optional capacity (for tests and for
-/// modelling a device budget on the CPU).
-struct HostMemory {
-    limit: Option<usize>,
-    in_use: Mutex<usize>,
-}
-
-impl RawMemory for HostMemory {
-    fn raw_alloc(&self, bytes: usize) -> Result<Option<*mut u8>> {
-        let mut in_use = self.in_use.lock();
-        if self.limit.is_some_and(|l| *in_use + bytes > l) {
-            return Ok(None);
-        }
-        let layout = std::alloc::Layout::from_size_align(bytes, BLOCK_ALIGN).map_err(|_| {
-            Error::SizeOverflow {
-                what: "host allocation",
-                len: bytes,
-                elem: 1,
-            }
-        })?;
-        // SAFETY: `bytes` is non-zero (the allocator never asks for empty blocks) and the
-        // layout is valid; zeroed memory makes every later read of a Pod value defined.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Ok(None);
-        }
-        *in_use += bytes;
-        Ok(Some(ptr))
-    }
-
-    unsafe fn raw_free(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
-        let layout = std::alloc::Layout::from_size_align(bytes, BLOCK_ALIGN).map_err(|_| {
-            Error::SizeOverflow {
-                what: "host free",
-                len: bytes,
-                elem: 1,
-            }
-        })?;
-        // SAFETY: the caller guarantees ptr came from raw_alloc(bytes), i.e. from
-        // alloc_zeroed with this same layout, and is freed once.
-        unsafe { std::alloc::dealloc(ptr, layout) };
-        *self.in_use.lock() -= bytes;
-        Ok(())
-    }
 }
 
 /// One block handed out by the allocator. Owned by exactly one buffer.
