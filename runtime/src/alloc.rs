@@ -91,6 +91,12 @@ pub(crate) trait RawMemory: Send + Sync {
     /// # Safety
     /// `ptr` came from `raw_alloc(bytes)` on this object and is not used afterwards.
     unsafe fn raw_free(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
+    /// Makes a block just returned by `raw_alloc(bytes)` (not yet handed out) resident and
+    /// holding zeros, and says whether it did; when it did, a caller that wants zeros need
+    /// not write them. Memory that cannot do this cheaply says no (the default).
+    fn prefault_zeroed(&self, _ptr: *mut u8, _bytes: usize) -> bool {
+        false
+    }
 }
 
 /// One block handed out by the allocator. Owned by exactly one buffer.
@@ -228,9 +234,11 @@ impl CachingAllocator {
     }
 
     /// A block of at least `bytes` (rounded up to BLOCK_ROUND) for work on `stream` (`None`:
-    /// the caller orders its uses itself). Zero bytes gives an empty block that owns nothing
-    /// and is not counted.
-    pub(crate) fn allocate(&self, bytes: usize, stream: Option<&Stream>) -> Result<Block> {
+    /// the caller orders its uses itself), and whether it was obtained anew from the device
+    /// or the host rather than from the cache (memory that [`Self::prefault_zeroed`] may
+    /// then make resident as zeros). Zero bytes gives an empty block that owns nothing and
+    /// is not counted.
+    pub(crate) fn allocate(&self, bytes: usize, stream: Option<&Stream>) -> Result<(Block, bool)> {
         if let Some(s) = stream {
             if s.device() != self.device {
                 return Err(Error::DeviceMismatch {
@@ -241,7 +249,7 @@ impl CachingAllocator {
             }
         }
         if bytes == 0 {
-            return Ok(Block::empty());
+            return Ok((Block::empty(), false));
         }
         // Host (and meta) work is complete when issued: no stream needs tracking there.
         let owner = stream
@@ -261,7 +269,7 @@ impl CachingAllocator {
                 st.free.remove(&block);
             }
         }
-        let (ptr, block) = match cached {
+        let (ptr, block, fresh) = match cached {
             Some((block, c)) => {
                 // The fences are over (or on the requesting stream itself): their events
                 // serve later frees.
@@ -271,7 +279,7 @@ impl CachingAllocator {
                         events.push(f.event);
                     }
                 }
-                (c.addr as *mut u8, block)
+                (c.addr as *mut u8, block, false)
             }
             None => {
                 let ptr = match self.raw.raw_alloc(size)? {
@@ -295,18 +303,27 @@ impl CachingAllocator {
                 st.stats.num_device_allocs += 1;
                 st.stats.reserved += size;
                 st.stats.peak_reserved = st.stats.peak_reserved.max(st.stats.reserved);
-                (ptr, size)
+                (ptr, size, true)
             }
         };
         st.stats.allocated += size;
         st.stats.peak_allocated = st.stats.peak_allocated.max(st.stats.allocated);
-        Ok(Block {
+        let block = Block {
             ptr,
             size: block,
             counted: size,
             owner,
             uses: Mutex::new(Vec::new()),
-        })
+        };
+        Ok((block, fresh))
+    }
+
+    /// Makes a block that [`Self::allocate`] obtained anew, and that nothing has
+    /// written since, resident and holding zeros; false when its memory cannot (then it is
+    /// as it was). Not under the allocator's lock: the kernel takes a while over a large
+    /// block (it zeroes every page), and other threads' requests need not wait for it.
+    pub(crate) fn prefault_zeroed(&self, block: &Block) -> bool {
+        block.size > 0 && self.raw.prefault_zeroed(block.ptr, block.size)
     }
 
     /// Returns a block to the cache (it stays reserved), fenced on every stream that used it.

@@ -16,7 +16,7 @@ fn small_and_mapped_blocks_count_in_the_thread_figures() {
         for bytes in [4096, HUGE_BLOCK, 5 * HUGE_BLOCK + 512] {
             let start = host_count::stats().allocated;
             host_count::reset_peak();
-            let b = DeviceBuffer::<u8>::alloc_on(&a, &s, bytes).unwrap();
+            let b = DeviceBuffer::<u8>::alloc_zeros_on(&a, &s, bytes).unwrap();
             let held = host_count::stats().allocated - start;
             assert_eq!(held, bytes as isize, "{bytes} bytes held");
             drop(b);

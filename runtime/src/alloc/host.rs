@@ -5,8 +5,10 @@
 //! `MADV_HUGEPAGE`: a model's tensors are GB in all, and with 4 KiB pages their first touch
 //! costs one fault per 4 KiB (about half of a 1B model's start-up went to faults that way,
 //! its state being 13.7 GB); a 2 MiB-aligned mapping under `madvise` THP (the usual default)
-//! faults in 2 MiB pages, 512 times fewer. A fresh mapping holds zeros, as the global
-//! allocator's `alloc_zeroed` blocks do.
+//! faults in 2 MiB pages, 512 times fewer. A fresh mapping holds zeros, and
+//! [`RawMemory::prefault_zeroed`] makes it resident in one call (`MADV_POPULATE_WRITE`), so
+//! a buffer of zeros is the kernel's one pass over its pages instead of a fault per page
+//! followed by a `memset` of the same bytes.
 //!
 //! Both kinds are counted in the allocating thread's host bytes ([`crate::host_count`]) as
 //! the global allocator counts its own, so the per-thread figures do not depend on where a
@@ -77,6 +79,12 @@ impl RawMemory for HostMemory {
         *self.in_use.lock() -= bytes;
         Ok(())
     }
+
+    fn prefault_zeroed(&self, ptr: *mut u8, bytes: usize) -> bool {
+        // Small blocks come zeroed from the global allocator, but possibly from memory it
+        // reused (already resident): writing their zeros again costs little.
+        bytes >= HUGE_BLOCK && map::populate(ptr, bytes)
+    }
 }
 
 fn small_layout(bytes: usize, what: &'static str) -> Result<std::alloc::Layout> {
@@ -145,6 +153,26 @@ mod map {
         Some(start as *mut u8)
     }
 
+    /// Faults in every page of a block from [`huge`] for writing (the kernel zeroes them as
+    /// it does on a first touch, in one call instead of a fault per page); false when the
+    /// kernel cannot (before Linux 5.14: EINVAL), and the block is then as it was.
+    #[cfg(target_os = "linux")]
+    pub(super) fn populate(ptr: *mut u8, bytes: usize) -> bool {
+        let Some(len) = mapped_len(bytes) else {
+            return false;
+        };
+        // SAFETY: `ptr..ptr+len` is one block from `huge(bytes)`, owned by the caller and
+        // not yet handed out; populating writes nothing a reader could have seen (its pages
+        // are zeros before and after).
+        unsafe { libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) == 0 }
+    }
+
+    /// Other systems have no populate call: the caller writes its zeros.
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn populate(_ptr: *mut u8, _bytes: usize) -> bool {
+        false
+    }
+
     /// Unmaps a block from [`huge`].
     ///
     /// # Safety
@@ -164,7 +192,8 @@ mod tests {
     use super::*;
 
     /// A mapped block starts on a 2 MiB boundary, reads as zeros, takes writes to its last
-    /// byte, and goes back; small blocks keep the global allocator's path.
+    /// byte, is made resident as zeros, and goes back; small blocks keep the global
+    /// allocator's path.
     #[test]
     fn huge_blocks_are_aligned_zeroed_and_freed() {
         let mem = HostMemory {
@@ -178,6 +207,8 @@ mod tests {
         ] {
             let p = mem.raw_alloc(bytes).unwrap().unwrap();
             assert_eq!(p as usize % HUGE_BLOCK, 0, "{bytes} bytes");
+            // Linux 5.14 and later populate; the block is zeros either way.
+            let _ = mem.prefault_zeroed(p, bytes);
             // SAFETY: the block is `bytes` long and owned here.
             let s = unsafe { std::slice::from_raw_parts_mut(p, bytes) };
             assert!(s.iter().all(|&b| b == 0));
@@ -189,6 +220,7 @@ mod tests {
         }
         let p = mem.raw_alloc(4096).unwrap().unwrap();
         assert_eq!(p as usize % BLOCK_ALIGN, 0);
+        assert!(!mem.prefault_zeroed(p, 4096));
         // SAFETY: from raw_alloc(4096), freed once.
         unsafe { mem.raw_free(p, 4096) }.unwrap();
     }
