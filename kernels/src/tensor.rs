@@ -99,15 +99,16 @@ impl<T: Element> Tensor<T> {
         Self::zeros_in(&stream.device().allocator()?, stream, shape)
     }
 
-    /// Zeros from a given allocator, zeroed on `stream` (same device).
+    /// Zeros from a given allocator, zeroed on `stream` (same device); a block the host maps
+    /// anew comes resident and zeroed from the kernel and is not written twice
+    /// (`DeviceBuffer::alloc_zeros_on`).
     pub fn zeros_in(
         alloc: &Arc<CachingAllocator>,
         stream: &Stream,
         shape: &[usize],
     ) -> Result<Self> {
-        let mut t = Self::empty_on(alloc, stream, shape)?;
-        t.zero(stream)?;
-        Ok(t)
+        let buf = DeviceBuffer::alloc_zeros_on(alloc, stream, numel(shape)?)?;
+        Self::from_buffer(buf, shape)
     }
 
     /// A copy of host `data` (length = the shape's element count) on the stream's device.

@@ -40,11 +40,14 @@
 //! block of another stream.
 
 mod cache;
+mod host;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::stream::{Event, Stream, StreamRef};
 use cache::{Cached, Fence};
+use host::HostMemory;
+pub use host::HUGE_BLOCK;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -96,51 +99,11 @@ pub(crate) trait RawMemory: Send + Sync {
     /// # Safety
     /// `ptr` came from `raw_alloc(bytes)` on this object and is not used afterwards.
     unsafe fn raw_free(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
-}
-
-/// Host memory from the global allocator, with an optional capacity (for tests and for
-/// modelling a device budget on the CPU).
-struct HostMemory {
-    limit: Option<usize>,
-    in_use: Mutex<usize>,
-}
-
-impl RawMemory for HostMemory {
-    fn raw_alloc(&self, bytes: usize) -> Result<Option<*mut u8>> {
-        let mut in_use = self.in_use.lock();
-        if self.limit.is_some_and(|l| *in_use + bytes > l) {
-            return Ok(None);
-        }
-        let layout = std::alloc::Layout::from_size_align(bytes, BLOCK_ALIGN).map_err(|_| {
-            Error::SizeOverflow {
-                what: "host allocation",
-                len: bytes,
-                elem: 1,
-            }
-        })?;
-        // SAFETY: `bytes` is non-zero (the allocator never asks for empty blocks) and the
-        // layout is valid; zeroed memory makes every later read of a Pod value defined.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Ok(None);
-        }
-        *in_use += bytes;
-        Ok(Some(ptr))
-    }
-
-    unsafe fn raw_free(&self, ptr: *mut u8, bytes: usize) -> Result<()> {
-        let layout = std::alloc::Layout::from_size_align(bytes, BLOCK_ALIGN).map_err(|_| {
-            Error::SizeOverflow {
-                what: "host free",
-                len: bytes,
-                elem: 1,
-            }
-        })?;
-        // SAFETY: the caller guarantees ptr came from raw_alloc(bytes), i.e. from
-        // alloc_zeroed with this same layout, and is freed once.
-        unsafe { std::alloc::dealloc(ptr, layout) };
-        *self.in_use.lock() -= bytes;
-        Ok(())
+    /// Makes a block just returned by `raw_alloc(bytes)` (not yet handed out) resident and
+    /// holding zeros, and says whether it did; when it did, a caller that wants zeros need
+    /// not write them. Memory that cannot do this cheaply says no (the default).
+    fn prefault_zeroed(&self, _ptr: *mut u8, _bytes: usize) -> bool {
+        false
     }
 }
 
@@ -284,9 +247,11 @@ impl CachingAllocator {
     }
 
     /// A block of at least `bytes` (rounded up to BLOCK_ROUND) for work on `stream` (`None`:
-    /// the caller orders its uses itself). Zero bytes gives an empty block that owns nothing
-    /// and is not counted.
-    pub(crate) fn allocate(&self, bytes: usize, stream: Option<&Stream>) -> Result<Block> {
+    /// the caller orders its uses itself), and whether it was obtained anew from the device
+    /// or the host rather than from the cache (memory that [`Self::prefault_zeroed`] may
+    /// then make resident as zeros). Zero bytes gives an empty block that owns nothing and
+    /// is not counted.
+    pub(crate) fn allocate(&self, bytes: usize, stream: Option<&Stream>) -> Result<(Block, bool)> {
         if let Some(s) = stream {
             if s.device() != self.device {
                 return Err(Error::DeviceMismatch {
@@ -297,7 +262,7 @@ impl CachingAllocator {
             }
         }
         if bytes == 0 {
-            return Ok(Block::empty());
+            return Ok((Block::empty(), false));
         }
         // Host (and meta) work is complete when issued: no stream needs tracking there.
         let owner = stream
@@ -317,7 +282,7 @@ impl CachingAllocator {
                 st.free.remove(&block);
             }
         }
-        let (ptr, block) = match cached {
+        let (ptr, block, fresh) = match cached {
             Some((block, c)) => {
                 // The fences are over (or on the requesting stream itself): their events
                 // serve later frees.
@@ -327,7 +292,7 @@ impl CachingAllocator {
                         events.push(f.event);
                     }
                 }
-                (c.addr as *mut u8, block)
+                (c.addr as *mut u8, block, false)
             }
             None => {
                 if st.bounded {
@@ -354,19 +319,28 @@ impl CachingAllocator {
                 st.stats.num_device_allocs += 1;
                 st.stats.reserved += size;
                 st.stats.peak_reserved = st.stats.peak_reserved.max(st.stats.reserved);
-                (ptr, size)
+                (ptr, size, true)
             }
         };
         st.stats.allocated += size;
         st.stats.peak_allocated = st.stats.peak_allocated.max(st.stats.allocated);
         st.high_water = st.high_water.max(st.stats.allocated);
-        Ok(Block {
+        let block = Block {
             ptr,
             size: block,
             counted: size,
             owner,
             uses: Mutex::new(Vec::new()),
-        })
+        };
+        Ok((block, fresh))
+    }
+
+    /// Makes a block that [`Self::allocate`] obtained anew, and that nothing has
+    /// written since, resident and holding zeros; false when its memory cannot (then it is
+    /// as it was). Not under the allocator's lock: the kernel takes a while over a large
+    /// block (it zeroes every page), and other threads' requests need not wait for it.
+    pub(crate) fn prefault_zeroed(&self, block: &Block) -> bool {
+        block.size > 0 && self.raw.prefault_zeroed(block.ptr, block.size)
     }
 
     /// Returns a block to the cache (it stays reserved), fenced on every stream that used it.

@@ -66,6 +66,14 @@ pub enum Error {
     /// A collective failed (timeout, a peer gone, mismatched calls, HCCL status).
     #[error(transparent)]
     Comm(#[from] crate::comm::CommError),
+    /// The host refused to map or unmap memory for the CPU allocator.
+    #[error("{call} of {bytes} bytes of host memory failed: {source}")]
+    HostMemory {
+        call: &'static str,
+        bytes: usize,
+        #[source]
+        source: std::io::Error,
+    },
     /// An element count whose byte size overflows `usize`.
     #[error("{what}: {len} elements of {elem} bytes overflow the address space")]
     SizeOverflow {

@@ -8,7 +8,9 @@
 //! [`installed`] is false and every figure 0 (the unit test below calls it directly, which
 //! also sets the flag for that test binary). An allocation freed on another thread than the
 //! one that made it moves the count from one thread to the other: the figures are exact for
-//! threads that free what they allocate (a rank's phases do).
+//! threads that free what they allocate (a rank's phases do). The CPU allocator's large
+//! blocks, which it maps from the kernel itself rather than through the global allocator,
+//! are counted here the same way (`count_outside`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -48,6 +50,16 @@ fn count(delta: isize) {
             }
         });
     });
+}
+
+/// Counts `delta` host bytes the calling thread obtained (positive) or gave back (negative)
+/// outside the global allocator: the CPU allocator's large blocks, which it maps itself
+/// (`alloc::host`). Nothing is counted in a binary that does not count its allocations, so
+/// its figures stay 0 as documented.
+pub(crate) fn count_outside(delta: isize) {
+    if installed() {
+        count(delta);
+    }
 }
 
 // SAFETY: every call is forwarded to `System` with the same arguments; the counting touches

@@ -36,7 +36,7 @@ pub mod stream;
 pub mod npu;
 
 pub use alloc::{CachingAllocator, MemoryStats};
-pub use buffer::{BufferView, BufferViewMut, DeviceBuffer};
+pub use buffer::{BufferView, BufferViewMut, DeviceBuffer, Pending};
 pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::{Error, Result};

@@ -148,3 +148,58 @@ fn npu_stream_without_feature_is_typed_error() {
     let e = Stream::new(Device::Npu(0)).unwrap_err();
     assert!(matches!(e, Error::NotCompiled { .. }), "{e}");
 }
+
+/// Zeros are zeros whichever way they are made: a fresh large host block (made resident by
+/// the kernel, not written), the same block back from the cache after use (written), a small
+/// block, and a block zeroed on another thread than the one that allocated it.
+#[test]
+fn zeros_fresh_cached_and_zeroed_elsewhere() {
+    let (s, a) = cpu();
+    let n = (crate::alloc::HUGE_BLOCK * 3 + 4096) / 4;
+    let mut b = DeviceBuffer::<f32>::alloc_zeros_on(&a, &s, n).unwrap();
+    assert!(b.as_host_slice().unwrap().iter().all(|&x| x == 0.0));
+    b.as_host_slice_mut().unwrap().fill(1.5);
+    let ptr = b.as_raw_ptr();
+    drop(b);
+    let b = DeviceBuffer::<f32>::alloc_zeros_on(&a, &s, n).unwrap();
+    assert_eq!(b.as_raw_ptr(), ptr, "the cached block is reused");
+    assert!(b.as_host_slice().unwrap().iter().all(|&x| x == 0.0));
+    drop(b);
+    let mut small = DeviceBuffer::<u8>::alloc_zeros_in(&a, 1000).unwrap();
+    assert!(small.as_host_slice().unwrap().iter().all(|&x| x == 0));
+    small.as_host_slice_mut().unwrap().fill(3);
+    drop(small);
+    assert!(DeviceBuffer::<u8>::alloc_zeros_in(&a, 1000)
+        .unwrap()
+        .as_host_slice()
+        .unwrap()
+        .iter()
+        .all(|&x| x == 0));
+    let pending = [n, n, 2 * n].map(|len| DeviceBuffer::<f32>::alloc_pending(&a, &s, len));
+    let before = a.stats();
+    let made = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            pending
+                .into_iter()
+                .map(|p| p.unwrap().zero(&s).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(a.stats(), before, "zeroing allocates nothing");
+    for m in &made {
+        assert!(m.as_host_slice().unwrap().iter().all(|&x| x == 0.0));
+    }
+    // Prefaulted for a writer: a fresh block is resident zeros, a cached one as it was.
+    let mut fresh = DeviceBuffer::<f32>::alloc_pending(&a, &s, 3 * n)
+        .unwrap()
+        .prefault();
+    assert!(fresh.as_host_slice().unwrap().iter().all(|&x| x == 0.0));
+    fresh.as_host_slice_mut().unwrap().fill(2.0);
+    drop(fresh);
+    let cached = DeviceBuffer::<f32>::alloc_pending(&a, &s, 3 * n)
+        .unwrap()
+        .prefault();
+    assert_eq!(cached.as_host_slice().unwrap()[3 * n - 1], 2.0);
+}

@@ -419,8 +419,10 @@ impl StReader {
     }
 
     /// Elements `range` of tensor `name` of any supported dtype, widened to f32 into `dst`
-    /// (of the range's length). Reads in pieces of at most [`READ_PIECE`] bytes, so a range
-    /// of any size costs no more than that beside `dst`.
+    /// (of the range's length). An f32 tensor's bytes are read straight into `dst` (on a
+    /// little-endian host they are its values: no second copy through a buffer); other
+    /// dtypes are read in pieces of at most [`READ_PIECE`] bytes and widened, so a range of
+    /// any size costs no more than that beside `dst`.
     pub fn read_widened(&self, name: &str, range: Range<usize>, dst: &mut [f32]) -> Result<()> {
         use std::os::unix::fs::FileExt;
         let bad = |reason: String| CheckpointError::Shard {
@@ -440,6 +442,13 @@ impl StReader {
         }
         let size = e.dtype.size();
         let per_piece = (READ_PIECE / size).max(1);
+        if self.data && e.dtype == StDtype::F32 && cfg!(target_endian = "little") {
+            let at = e.bytes.start + (size * range.start) as u64;
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+            return self.file.read_exact_at(bytes, at).map_err(io(&self.path));
+        }
+        // Sizes only (a meta rank) allocate the piece for every dtype: what a widened read
+        // holds, the plan's bound for a load whatever the files' dtype.
         let mut raw = vec![0u8; size * per_piece.min(range.len())];
         if !self.data {
             return Ok(());

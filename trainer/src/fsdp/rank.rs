@@ -39,7 +39,7 @@ mod logits;
 use super::reduce::Reducer;
 use super::schedule::{GradShards, Schedule};
 use super::shard::ShardLayout;
-use super::source::{Reader, ShardSource};
+use super::source::{born_on_host, Reader, ShardSource};
 use super::state::{GroupState, ShardState};
 use super::FsdpError;
 use crate::checkpoint::Kind;
@@ -175,32 +175,51 @@ impl FsdpRank {
             })
         };
         let groups = layout.groups.len();
-        let (mut params, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
-        for g in 0..groups {
-            let c = cut.groups[g];
-            let mut read = |kind| reader.shard(&layout, kind, g, c, rank);
-            let p = read(Kind::Param)?.unwrap_or_else(|| vec![0.0; c.shard]);
-            params.push(store(&p)?);
-            drop(p);
-            for (kind, dst) in [(Kind::ExpAvg, &mut m), (Kind::ExpAvgSq, &mut v)] {
-                let moment = match trains(g) {
-                    true => {
-                        let x = read(kind)?.unwrap_or_else(|| vec![0.0; c.shard]);
-                        Some(store(&x)?)
-                    }
-                    false => None,
-                };
-                dst.push(moment);
+        // A CPU rank keeps its shards in its allocator's host memory: each is read straight
+        // into the tensor that keeps it, the zeros written beside the reads
+        // (`source::born_on_host`). Elsewhere (an NPU, the host pool, a meta rank, which
+        // measures what an NPU holds) a shard goes through a host copy that is then stored.
+        let (params, m, v, grads) = if exec.device().is_cpu() && pool.is_none() {
+            let b = born_on_host(&mut reader, &exec, &layout, &cut, rank, &trains)?;
+            let device = |t: Vec<Option<Tensor<f32>>>| t.into_iter().map(|x| x.map(Stored::Device));
+            let params = b.params.into_iter().map(Stored::Device).collect();
+            (
+                params,
+                device(b.m).collect(),
+                device(b.v).collect(),
+                b.grads,
+            )
+        } else {
+            let shard = |reader: &mut Reader<'_>, kind, g: usize| -> Result<Stored, FsdpError> {
+                let c = cut.groups[g];
+                if !reader.holds(kind) {
+                    // Moments start at zero; a device makes its zeros itself.
+                    return match pool {
+                        Some(_) => store(&vec![0.0; c.shard]),
+                        None => Ok(Stored::Device(exec.zeros(&[c.shard])?)),
+                    };
+                }
+                let mut values = vec![0.0; c.shard];
+                reader.shard_into(&layout, kind, g, c, rank, &mut values)?;
+                store(&values)
+            };
+            let (mut params, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new());
+            for g in 0..groups {
+                params.push(shard(&mut reader, Kind::Param, g)?);
+                for (kind, dst) in [(Kind::ExpAvg, &mut m), (Kind::ExpAvgSq, &mut v)] {
+                    dst.push(trains(g).then(|| shard(&mut reader, kind, g)).transpose()?);
+                }
             }
-        }
+            let grads = (0..groups)
+                .map(|g| {
+                    let z = trains(g).then(|| exec.zeros(&[cut.groups[g].shard]));
+                    Ok(z.transpose()?)
+                })
+                .collect::<Result<Vec<_>, FsdpError>>()?;
+            (params, m, v, grads)
+        };
         let step = reader.adam_step();
         drop(reader);
-        let grads = (0..groups)
-            .map(|g| {
-                let z = trains(g).then(|| exec.zeros(&[cut.groups[g].shard]));
-                Ok(z.transpose()?)
-            })
-            .collect::<Result<Vec<_>, FsdpError>>()?;
         let grads = Grads { data: grads };
         // A world of one holds whole groups: a pass uses them where they are (a host-pool
         // group copied in, the next one ahead) and accumulates into the gradients in place,

@@ -4,7 +4,7 @@
 //! ([`crate::fsdp::ShardSource`]): no process builds the whole model to cut it.
 
 use super::flops::gemm_peak;
-use super::identity::{digest_files, RunIdentity};
+use super::identity::{digest_files_beside, RunIdentity};
 use super::metrics::{EvalRecord, JsonlWriter};
 use super::resume::Counters;
 use super::run::{io, TrainError};
@@ -232,17 +232,18 @@ impl RunSetup {
         Ok(cfg_path)
     }
 
-    /// Digests the input files and the written `config.toml` over the thread pool and writes
-    /// `run_identity.json`. The loop runs it beside the ranks' start-up, which reads the same
-    /// weight files: each is read from the disk once where the page cache holds it, and its
-    /// hashing overlaps the load instead of following it.
+    /// Digests the input files and the written `config.toml` at a low CPU priority
+    /// ([`digest_files_beside`]) and writes `run_identity.json`. The loop runs it beside the
+    /// ranks' start-up, which reads the same weight files: each is read from the disk once
+    /// where the page cache holds it, and its hashing takes the CPU time the load leaves
+    /// instead of a core the load wants.
     pub(crate) fn write_identity(&self) -> Result<(), TrainError> {
         let mut files = self.inputs.clone();
         files.push((
             "effective_config".into(),
             self.plan.out_dir.join("config.toml"),
         ));
-        let id = RunIdentity::of_digests(digest_files(&files)?);
+        let id = RunIdentity::of_digests(digest_files_beside(&files)?);
         let dir = self
             .plan
             .jsonl
