@@ -14,7 +14,7 @@
 //! then stored where the rank keeps it), so start-up holds at most one group's shard on the
 //! host beside what the rank keeps. A CPU rank keeps its shards in host memory already: it
 //! reads each straight into the tensor that keeps it, and writes its zeros on a second
-//! thread meanwhile ([`born_on_host`]).
+//! thread meanwhile (`born_on_host`).
 
 use super::shard::{GroupShard, ShardLayout};
 use super::FsdpError;
