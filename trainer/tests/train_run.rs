@@ -339,8 +339,8 @@ fn grads_of(model: &Mistral3, micro: &[cannon_trainer::data::Batch]) -> (f64, Ve
     (stats.loss, grads)
 }
 
-#[test]
-fn two_micro_batches_equal_one_batch_of_both() {
+/// The tokenizer (vocabulary 1280) and a tiny two-layer Mistral3 of its vocabulary.
+fn tiny_model() -> (Tekken, cannon_trainer::model::Mistral3Config) {
     let tok = Tekken::from_file(common::tekken(), Some(1280)).unwrap();
     let sizes = PresetSizes {
         text_hidden: 32,
@@ -356,6 +356,12 @@ fn two_micro_batches_equal_one_batch_of_both() {
     };
     let img = tok.special_id("[IMG]").unwrap();
     let cfg = preset::config(sizes, tok.vocab_size() as usize, img, 14).unwrap();
+    (tok, cfg)
+}
+
+#[test]
+fn two_micro_batches_equal_one_batch_of_both() {
+    let (tok, cfg) = tiny_model();
     let exec = Exec::cpu();
     let params = init::random_params(&exec, ParamLayout::new(&cfg), 2, Init::FanIn).unwrap();
     let model = Mistral3 {
@@ -432,21 +438,7 @@ fn ranks_evaluating_their_own_rows_give_the_one_process_report() {
     use cannon_trainer::fsdp::run_cpu_ranks;
     use cannon_trainer::train::run_plan::image_config;
 
-    let tok = Tekken::from_file(common::tekken(), Some(1280)).unwrap();
-    let sizes = PresetSizes {
-        text_hidden: 32,
-        text_intermediate: 64,
-        text_layers: 2,
-        text_heads: 4,
-        text_kv_heads: 2,
-        vision_hidden: 32,
-        vision_intermediate: 64,
-        vision_layers: 1,
-        vision_heads: 2,
-        rope_theta: 10_000.0,
-    };
-    let img = tok.special_id("[IMG]").unwrap();
-    let cfg = preset::config(sizes, tok.vocab_size() as usize, img, 14).unwrap();
+    let (tok, cfg) = tiny_model();
     let layout = ParamLayout::new(&cfg);
     let host: Vec<Vec<f32>> = (0..layout.groups.len())
         .map(|g| init::random_range(&layout, g, 0..layout.groups[g].len, 4, Init::FanIn).unwrap())

@@ -238,6 +238,20 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
         (params, 0, sum(&|g| 4 * shard(g), true) * 2, 0, 0)
     };
 
+    // A rank's batch of `rows` rows of `max_len` tokens, `tokens` of them its own (T/cp
+    // under context parallel), with the plan's images.
+    let shape_of = |rows: usize, tokens: usize, trained_targets: bool| {
+        let images = rows * s.images_per_row;
+        StepShape {
+            tokens,
+            whole_tokens: rows * s.max_len,
+            patches: images * (side / patch).pow(2),
+            merged: images * per_image_tokens,
+            pixels: images * cfg.vision_config.num_channels * side * side,
+            trained_targets,
+            lse_per_head: cannon_kernels::attention::lse_per_head(s.device),
+        }
+    };
     let mut ranks: Vec<RankPlan> = Vec::new();
     for (r, &rows) in even_counts(s.micro_batch, dp).iter().enumerate() {
         let text = rows * s.max_len;
@@ -246,17 +260,8 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
             1 => text,
             _ => text.div_ceil(2 * cp) * 2,
         };
-        let images = rows * s.images_per_row;
-        let patches = images * (side / patch).pow(2);
-        let shape = StepShape {
-            tokens,
-            whole_tokens: text,
-            patches,
-            merged: images * per_image_tokens,
-            pixels: images * cfg.vision_config.num_channels * side * side,
-            trained_targets: true,
-            lse_per_head: cannon_kernels::attention::lse_per_head(s.device),
-        };
+        let shape = shape_of(rows, tokens, true);
+        let patches = shape.patches;
         let pass = PassPlan::new(
             cfg,
             &layout,
@@ -306,18 +311,8 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
     // The evaluation: whole rows (no CP) split over the world, nothing trains, full logits.
     let eval = {
         let rows = s.micro_batch.div_ceil(cut.world);
-        let text = rows * s.max_len;
-        let images = rows * s.images_per_row;
-        let patches = images * (side / patch).pow(2);
-        let shape = StepShape {
-            tokens: text,
-            whole_tokens: text,
-            patches,
-            merged: images * per_image_tokens,
-            pixels: images * cfg.vision_config.num_channels * side * side,
-            trained_targets: false,
-            lse_per_head: cannon_kernels::attention::lse_per_head(s.device),
-        };
+        let shape = shape_of(rows, rows * s.max_len, false);
+        let patches = shape.patches;
         let none = |_: usize| false;
         let pass = PassPlan::new(
             cfg,
