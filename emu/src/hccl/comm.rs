@@ -4,14 +4,18 @@
 //! Algorithms are the plainest correct ones, since the emulator checks semantics, not speed:
 //! every rank sends each peer what that peer needs in one frame, then combines what it got in
 //! rank order. Device memory is read and written only through [`crate::mem::resolve`], inside
-//! the job, so memory freed between the call and the job's run is caught.
+//! the job, so memory freed between the call and the job's run is caught. Frames are sent
+//! straight from device memory and peers' frames written (or reduced) straight into it, so a
+//! collective holds only the peers' frames on the host, not copies of its buffers (a
+//! reduce-scatter over 4 ranks held 2.75 times its send buffer in host copies; now the three
+//! peers' frames, 0.75 times).
 //!
 //! Once a collective fails on a rank (a dead or hung peer, ranks that disagree on the call),
 //! the communicator is poisoned: later calls fail at once with the same reason, and
 //! `HcclGetCommAsyncError` reports it, as HCCL's do after an error.
 
 use super::dtype::{reduce, DType};
-use super::transport::{Frame, Kind, Mesh, Meta, PeerError, Timeouts};
+use super::transport::{Kind, Mesh, Meta, PeerError, Timeouts};
 use crate::error::{EmuError, EmuResult};
 use cannon_sys::acl::{
     ACL_ERROR_RT_COMM_OP_RETRY_FAIL, ACL_ERROR_RT_SOCKET_CLOSE, ACL_ERROR_RT_TASK_TIMEOUT,
@@ -145,13 +149,37 @@ impl From<EmuError> for Fail {
 }
 
 fn read_dev(addr: usize, len: usize) -> EmuResult<Vec<u8>> {
+    // SAFETY: the copy is made before anything else touches the range.
+    Ok(unsafe { dev_bytes(addr, len) }?.to_vec())
+}
+
+/// The device bytes `[addr, addr + len)` in place, for sending or reducing without a copy.
+///
+/// # Safety
+/// Nothing writes the range while the slice lives: a collective's job is the only work on
+/// its buffers (CANN's stream-ordering rule, which the emulator's streams keep), and the job
+/// writes its receive buffer only where it does not overlap a slice still in use.
+unsafe fn dev_bytes<'a>(addr: usize, len: usize) -> EmuResult<&'a [u8]> {
     if len == 0 {
-        return Ok(Vec::new());
+        return Ok(&[]);
     }
     let p = crate::mem::resolve(addr, len)?;
-    // SAFETY: `resolve` checked [addr, addr+len) lies in one live allocation; `p` is its host
-    // backing.
-    Ok(unsafe { std::slice::from_raw_parts(p, len) }.to_vec())
+    // SAFETY: `resolve` checked [addr, addr+len) lies in one live allocation and `p` is its
+    // host backing; the caller keeps writers away while the slice lives.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
+/// [`dev_bytes`] for writing.
+///
+/// # Safety
+/// As [`dev_bytes`], and no other slice of the range lives meanwhile.
+unsafe fn dev_bytes_mut<'a>(addr: usize, len: usize) -> EmuResult<&'a mut [u8]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    let p = crate::mem::resolve(addr, len)?;
+    // SAFETY: as in `dev_bytes`; the caller rules out other slices of the range.
+    Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
 }
 
 fn write_dev(addr: usize, data: &[u8]) -> EmuResult<()> {
@@ -159,9 +187,61 @@ fn write_dev(addr: usize, data: &[u8]) -> EmuResult<()> {
         return Ok(());
     }
     let p = crate::mem::resolve(addr, data.len())?;
-    // SAFETY: as in `read_dev`; `data` is host memory of our own, never the backing itself.
+    // SAFETY: as in `dev_bytes`; `data` is host memory of our own, never the backing itself.
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
     Ok(())
+}
+
+/// Bytes per piece: a collective's buffers travel in pieces of this size, each piece sent to
+/// and taken from every peer before the next. A rank can then run at most one piece ahead of
+/// its slowest peer, so the frames waiting in its inboxes stay a few pieces per peer instead
+/// of a whole gathered group's chunks (the embedding group of a 0.86 B model: 3 x 67 MB).
+/// A multiple of every element size, so reductions never split an element. The unit tests
+/// use 16 bytes, so their small buffers travel in several pieces too.
+const PIECE: usize = if cfg!(test) { 16 } else { 4 << 20 };
+
+/// The pieces `(index, byte range)` of a buffer of `len` bytes; one empty piece when `len`
+/// is 0 (the ranks still exchange a frame, which checks that they made the same call).
+fn pieces(len: usize, piece: usize) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> {
+    let count = len.div_ceil(piece).max(1);
+    (0..count).map(move |k| (k as u64, k * piece..((k + 1) * piece).min(len)))
+}
+
+/// The piece size for a send and a receive range: [`PIECE`] when they are apart, else the
+/// whole buffer in one piece (a piece written could be a later piece still to be sent).
+/// Callers allow the in-place layouts each collective defines before asking.
+fn piece_len(send: usize, send_len: usize, recv: usize, recv_len: usize) -> usize {
+    match overlap(send, send_len, recv, recv_len) {
+        true => usize::MAX,
+        false => PIECE,
+    }
+}
+
+/// Whether the byte ranges `[a, a + a_len)` and `[b, b + b_len)` share a byte.
+fn overlap(a: usize, a_len: usize, b: usize, b_len: usize) -> bool {
+    a_len > 0 && b_len > 0 && a < b.saturating_add(b_len) && b < a.saturating_add(a_len)
+}
+
+/// Reduces `parts` (in rank order) into the device range `[recv, recv + len)`: in place
+/// when no part lies there (the parts are the peers' frames and, at `mine`, this rank's
+/// send buffer), else through a host buffer written once every part has been read.
+fn reduce_into(
+    dtype: DType,
+    op: u32,
+    parts: &[&[u8]],
+    send: (usize, usize),
+    recv: usize,
+    len: usize,
+) -> EmuResult<()> {
+    if overlap(send.0, send.1, recv, len) {
+        let mut out = vec![0u8; len];
+        reduce(dtype, op, parts, &mut out)?;
+        return write_dev(recv, &out);
+    }
+    // SAFETY: the receive range overlaps no part (the frames are host memory of our own,
+    // the send range was checked above), and this job is the only work on it.
+    let out = unsafe { dev_bytes_mut(recv, len) }?;
+    reduce(dtype, op, parts, out)
 }
 
 impl Comm {
@@ -240,26 +320,18 @@ impl Comm {
         Err(EmuError::new(acl, msg))
     }
 
-    fn frame(&self, kind: Kind, seq: u64, meta: Meta, payload: Vec<u8>) -> Frame {
-        Frame {
-            kind,
-            seq,
-            meta,
-            payload,
-        }
-    }
-
-    /// Receives `(kind, seq)` from `peer` and checks that the peer made the same call.
+    /// Receives piece `at.1` of `(kind, at.0)` from `peer` and checks that the peer made the
+    /// same call.
     fn take(
         &self,
         peer: u32,
         kind: Kind,
-        seq: u64,
+        at: (u64, u64),
         want: Meta,
         deadline: Instant,
         started: Instant,
     ) -> Result<Vec<u8>, Fail> {
-        let f = self.mesh.recv(peer, kind, seq, deadline, started)?;
+        let f = self.mesh.recv(peer, kind, at, deadline, started)?;
         if f.meta != want {
             return Err(Fail::Mismatch(format!(
                 "rank {peer} made {} (dataType {}, count {}, op {}, root {}), this rank {} \
@@ -297,15 +369,30 @@ impl Comm {
         let dtype = DType(meta.dtype);
         match work {
             Work::AllReduce { send, recv, bytes } => {
-                let mine = read_dev(send, bytes)?;
-                for p in self.peers() {
-                    self.mesh.send(p, &self.frame(c, seq, meta, mine.clone()))?;
+                // In place (the same buffer) each piece is read before it is written.
+                let piece = match send == recv {
+                    true => PIECE,
+                    false => piece_len(send, bytes, recv, bytes),
+                };
+                for (k, r) in pieces(bytes, piece) {
+                    let at = (seq, k);
+                    // SAFETY: only read; the receive range is written by `reduce_into`, which
+                    // goes through a host buffer when it overlaps the send range.
+                    let mine = unsafe { dev_bytes(send + r.start, r.len()) }?;
+                    for p in self.peers() {
+                        self.mesh.send(p, c, at, meta, mine)?;
+                    }
+                    let got = self.take_peers(at, meta, r.len(), deadline, started)?;
+                    let parts = self.in_rank_order(&got, mine);
+                    reduce_into(
+                        dtype,
+                        meta.reduce,
+                        &parts,
+                        (send, bytes),
+                        recv + r.start,
+                        r.len(),
+                    )?;
                 }
-                let got = self.gather_all(seq, meta, mine, deadline, started)?;
-                let parts: Vec<&[u8]> = got.iter().map(|v| v.as_slice()).collect();
-                let mut out = vec![0u8; bytes];
-                reduce(dtype, meta.reduce, &parts, &mut out)?;
-                write_dev(recv, &out)?;
             }
             Work::Reduce {
                 send,
@@ -313,65 +400,119 @@ impl Comm {
                 bytes,
                 root,
             } => {
-                let mine = read_dev(send, bytes)?;
-                if self.rank != root {
-                    self.mesh.send(root, &self.frame(c, seq, meta, mine))?;
-                } else {
-                    let got = self.gather_all(seq, meta, mine, deadline, started)?;
-                    let parts: Vec<&[u8]> = got.iter().map(|v| v.as_slice()).collect();
-                    let mut out = vec![0u8; bytes];
-                    reduce(dtype, meta.reduce, &parts, &mut out)?;
-                    write_dev(recv, &out)?;
+                let piece = match send == recv {
+                    true => PIECE,
+                    false => piece_len(send, bytes, recv, bytes),
+                };
+                for (k, r) in pieces(bytes, piece) {
+                    let at = (seq, k);
+                    // SAFETY: as in AllReduce.
+                    let mine = unsafe { dev_bytes(send + r.start, r.len()) }?;
+                    if self.rank != root {
+                        self.mesh.send(root, c, at, meta, mine)?;
+                    } else {
+                        let got = self.take_peers(at, meta, r.len(), deadline, started)?;
+                        let parts = self.in_rank_order(&got, mine);
+                        let out = recv + r.start;
+                        reduce_into(dtype, meta.reduce, &parts, (send, bytes), out, r.len())?;
+                    }
                 }
             }
             Work::Broadcast { buf, bytes, root } => {
-                if self.rank == root {
-                    let data = read_dev(buf, bytes)?;
-                    for p in self.peers() {
-                        self.mesh.send(p, &self.frame(c, seq, meta, data.clone()))?;
+                for (k, r) in pieces(bytes, PIECE) {
+                    let at = (seq, k);
+                    if self.rank == root {
+                        // SAFETY: only read, and nothing writes the buffer on the root.
+                        let data = unsafe { dev_bytes(buf + r.start, r.len()) }?;
+                        for p in self.peers() {
+                            self.mesh.send(p, c, at, meta, data)?;
+                        }
+                    } else {
+                        let data = self.take(root, c, at, meta, deadline, started)?;
+                        self.check_len(root, data.len(), r.len())?;
+                        write_dev(buf + r.start, &data)?;
                     }
-                } else {
-                    let data = self.take(root, c, seq, meta, deadline, started)?;
-                    self.check_len(root, data.len(), bytes)?;
-                    write_dev(buf, &data)?;
                 }
             }
             Work::ReduceScatter { send, recv, chunk } => {
-                let all = read_dev(send, chunk * n)?;
-                for p in self.peers() {
-                    let part = all[p as usize * chunk..(p as usize + 1) * chunk].to_vec();
-                    self.mesh.send(p, &self.frame(c, seq, meta, part))?;
+                // Only this rank's own chunk may be the receive buffer (in place).
+                let own = send + me * chunk;
+                let piece = if recv == own {
+                    PIECE
+                } else {
+                    piece_len(send, chunk * n, recv, chunk)
+                };
+                for (k, r) in pieces(chunk, piece) {
+                    let at = (seq, k);
+                    for p in self.peers() {
+                        let from = send + p as usize * chunk + r.start;
+                        // SAFETY: only read; peers' chunks are never the receive buffer here.
+                        let part = unsafe { dev_bytes(from, r.len()) }?;
+                        self.mesh.send(p, c, at, meta, part)?;
+                    }
+                    let got = self.take_peers(at, meta, r.len(), deadline, started)?;
+                    // SAFETY: only read before `reduce_into` writes (through a host buffer
+                    // when the receive range overlaps the send buffer).
+                    let mine = unsafe { dev_bytes(own + r.start, r.len()) }?;
+                    let parts = self.in_rank_order(&got, mine);
+                    let out = recv + r.start;
+                    reduce_into(dtype, meta.reduce, &parts, (send, chunk * n), out, r.len())?;
                 }
-                let mine = all[me * chunk..(me + 1) * chunk].to_vec();
-                let got = self.gather_all(seq, meta, mine, deadline, started)?;
-                let parts: Vec<&[u8]> = got.iter().map(|v| v.as_slice()).collect();
-                let mut out = vec![0u8; chunk];
-                reduce(dtype, meta.reduce, &parts, &mut out)?;
-                write_dev(recv, &out)?;
             }
             Work::AllGather { send, recv, chunk } => {
-                let mine = read_dev(send, chunk)?;
-                for p in self.peers() {
-                    self.mesh.send(p, &self.frame(c, seq, meta, mine.clone()))?;
+                // In place, the send buffer is this rank's chunk of the receive buffer.
+                let own = recv + me * chunk;
+                let piece = if send == own {
+                    PIECE
+                } else {
+                    piece_len(send, chunk, recv, chunk * n)
+                };
+                for (k, r) in pieces(chunk, piece) {
+                    let at = (seq, k);
+                    let mine = read_dev(send + r.start, r.len())?;
+                    for p in self.peers() {
+                        self.mesh.send(p, c, at, meta, &mine)?;
+                    }
+                    if own != send {
+                        write_dev(own + r.start, &mine)?;
+                    }
+                    // Each peer's piece straight into place, its frame dropped as written.
+                    for p in self.peers() {
+                        let d = self.take(p, c, at, meta, deadline, started)?;
+                        self.check_len(p, d.len(), r.len())?;
+                        write_dev(recv + p as usize * chunk + r.start, &d)?;
+                    }
                 }
-                let got = self.gather_all(seq, meta, mine, deadline, started)?;
-                write_dev(recv, &got.concat())?;
             }
             Work::AlltoAll { send, recv, chunk } => {
-                let all = read_dev(send, chunk * n)?;
-                for p in self.peers() {
-                    let part = all[p as usize * chunk..(p as usize + 1) * chunk].to_vec();
-                    self.mesh.send(p, &self.frame(c, seq, meta, part))?;
+                // In place (the same buffer) each piece is read before it is written; any
+                // other overlap goes in one piece.
+                let piece = if send == recv {
+                    PIECE
+                } else {
+                    piece_len(send, chunk * n, recv, chunk * n)
+                };
+                for (k, r) in pieces(chunk, piece) {
+                    let at = (seq, k);
+                    for p in self.peers() {
+                        let from = send + p as usize * chunk + r.start;
+                        // SAFETY: only read, before anything of this piece is written.
+                        let part = unsafe { dev_bytes(from, r.len()) }?;
+                        self.mesh.send(p, c, at, meta, part)?;
+                    }
+                    let mine = read_dev(send + me * chunk + r.start, r.len())?;
+                    // Every peer's piece read before any is written.
+                    let mut incoming = Vec::with_capacity(n);
+                    for p in self.peers() {
+                        let d = self.take(p, c, at, meta, deadline, started)?;
+                        self.check_len(p, d.len(), r.len())?;
+                        incoming.push((p as usize, d));
+                    }
+                    write_dev(recv + me * chunk + r.start, &mine)?;
+                    for (p, d) in incoming {
+                        write_dev(recv + p * chunk + r.start, &d)?;
+                    }
                 }
-                let mut out = vec![0u8; chunk * n];
-                out[me * chunk..(me + 1) * chunk]
-                    .copy_from_slice(&all[me * chunk..(me + 1) * chunk]);
-                for p in self.peers() {
-                    let d = self.take(p, c, seq, meta, deadline, started)?;
-                    self.check_len(p, d.len(), chunk)?;
-                    out[p as usize * chunk..(p as usize + 1) * chunk].copy_from_slice(&d);
-                }
-                write_dev(recv, &out)?;
             }
             Work::AlltoAllV {
                 send,
@@ -380,6 +521,8 @@ impl Comm {
                 recv_parts,
                 elem,
             } => {
+                // One piece per peer (its parts are a sequence's share, not a model's group).
+                let at = (seq, 0);
                 // Each frame carries its element count in `meta.count`; the receiver expects
                 // its own recvCounts[peer] there.
                 for p in self.peers() {
@@ -388,8 +531,9 @@ impl Comm {
                         count: (len / elem) as u64,
                         ..meta
                     };
-                    self.mesh
-                        .send(p, &self.frame(c, seq, m, read_dev(send + off, len)?))?;
+                    // SAFETY: only read, before anything is written.
+                    let part = unsafe { dev_bytes(send + off, len) }?;
+                    self.mesh.send(p, c, at, m, part)?;
                 }
                 let (so, sl) = send_parts[me];
                 let (ro, rl) = recv_parts[me];
@@ -408,7 +552,7 @@ impl Comm {
                         count: (len / elem) as u64,
                         ..meta
                     };
-                    incoming.push((off, self.take(p, c, seq, m, deadline, started)?));
+                    incoming.push((off, self.take(p, c, at, m, deadline, started)?));
                 }
                 write_dev(recv + ro, &own)?;
                 for (off, d) in incoming {
@@ -417,60 +561,63 @@ impl Comm {
             }
             Work::Barrier => {
                 for p in self.peers() {
-                    self.mesh.send(p, &self.frame(c, seq, meta, Vec::new()))?;
+                    self.mesh.send(p, c, (seq, 0), meta, &[])?;
                 }
-                self.gather_all(seq, meta, Vec::new(), deadline, started)?;
+                self.take_peers((seq, 0), meta, 0, deadline, started)?;
             }
             Work::Send { buf, bytes, peer } => {
                 // HCCL's send completes when the receiver takes the data: wait for its
                 // "ready" first, so a program whose sends and receives cannot pair up hangs
                 // (until HCCL_EXEC_TIMEOUT) here as it would on hardware.
                 let cts = Meta { op: 0, ..meta };
-                self.take(peer, Kind::Cts, seq, cts, deadline, started)?;
-                let data = read_dev(buf, bytes)?;
-                self.mesh
-                    .send(peer, &self.frame(Kind::P2p, seq, meta, data))?;
+                self.take(peer, Kind::Cts, (seq, 0), cts, deadline, started)?;
+                for (k, r) in pieces(bytes, PIECE) {
+                    // SAFETY: only read; a send writes nothing.
+                    let data = unsafe { dev_bytes(buf + r.start, r.len()) }?;
+                    self.mesh.send(peer, Kind::P2p, (seq, k), meta, data)?;
+                }
             }
             Work::Recv { buf, bytes, peer } => {
                 let cts = Meta { op: 0, ..meta };
-                self.mesh
-                    .send(peer, &self.frame(Kind::Cts, seq, cts, Vec::new()))?;
+                self.mesh.send(peer, Kind::Cts, (seq, 0), cts, &[])?;
                 let want = Meta {
                     op: Op::Send as u32,
                     ..meta
                 };
-                let data = self.take(peer, Kind::P2p, seq, want, deadline, started)?;
-                self.check_len(peer, data.len(), bytes)?;
-                write_dev(buf, &data)?;
+                for (k, r) in pieces(bytes, PIECE) {
+                    let data = self.take(peer, Kind::P2p, (seq, k), want, deadline, started)?;
+                    self.check_len(peer, data.len(), r.len())?;
+                    write_dev(buf + r.start, &data)?;
+                }
             }
         }
         Ok(())
     }
 
-    /// Every rank's frame of collective `seq` in rank order (ours is `mine`).
-    fn gather_all(
+    /// Every peer's frame of piece `at`, in rank order without ours, each checked to hold
+    /// `len` bytes.
+    fn take_peers(
         &self,
-        seq: u64,
+        at: (u64, u64),
         meta: Meta,
-        mine: Vec<u8>,
+        len: usize,
         deadline: Instant,
         started: Instant,
     ) -> Result<Vec<Vec<u8>>, Fail> {
         let mut out = Vec::with_capacity(self.n_ranks as usize);
-        let mut mine = Some(mine);
-        for r in 0..self.n_ranks {
-            if r == self.rank {
-                out.push(mine.take().unwrap_or_default());
-            } else {
-                let d = self.take(r, Kind::Coll, seq, meta, deadline, started)?;
-                out.push(d);
-            }
-        }
-        let want = out[self.rank as usize].len();
-        for (r, d) in out.iter().enumerate() {
-            self.check_len(r as u32, d.len(), want)?;
+        for r in self.peers() {
+            let d = self.take(r, Kind::Coll, at, meta, deadline, started)?;
+            self.check_len(r, d.len(), len)?;
+            out.push(d);
         }
         Ok(out)
+    }
+
+    /// The peers' frames with `mine` at this rank's place: the order every rank reduces in.
+    fn in_rank_order<'a>(&self, peers: &'a [Vec<u8>], mine: &'a [u8]) -> Vec<&'a [u8]> {
+        let mut parts: Vec<&[u8]> = peers.iter().map(Vec::as_slice).collect();
+        parts.insert(self.rank as usize, mine);
+        parts
     }
 
     fn check_len(&self, peer: u32, got: usize, want: usize) -> Result<(), Fail> {

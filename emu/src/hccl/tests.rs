@@ -283,6 +283,71 @@ fn every_collective_matches_a_sequential_reference() {
     }
 }
 
+/// Collectives whose receive buffer is (or lies in) the send buffer, as HCCL allows: the
+/// emulator reads its send buffers in place, so these are the cases where reading and writing
+/// could overlap. Each result is the out-of-place reference's.
+#[test]
+fn collectives_in_place_give_the_out_of_place_results() {
+    let n = 3u32;
+    let len = 5usize;
+    let all: Vec<Vec<i32>> = (0..n).map(|r| input(r, len * n as usize)).collect();
+    let results = world(n, LONG, |r| {
+        let me = r.rank as usize;
+        let i32t = HCCL_DATA_TYPE_INT32;
+        let mine = &all[me];
+        let total = mine.len() as u64;
+        // SAFETY (all calls below): device buffers of the sizes HCCL expects, live comm/stream.
+        unsafe {
+            let ar = dev(r, mine);
+            assert_eq!(
+                HcclAllReduce(ar, ar, total, i32t, HCCL_REDUCE_SUM, r.comm, r.s()),
+                0
+            );
+            // Reduce-scatter into this rank's own chunk of the send buffer.
+            let rs = dev(r, mine);
+            let rs_out = (rs as usize + me * len * 4) as *mut c_void;
+            assert_eq!(
+                HcclReduceScatter(rs, rs_out, len as u64, i32t, HCCL_REDUCE_SUM, r.comm, r.s()),
+                0
+            );
+            // All-gather from this rank's chunk of the receive buffer.
+            let ag = dev(r, mine);
+            let ag_in = (ag as usize + me * len * 4) as *mut c_void;
+            assert_eq!(HcclAllGather(ag_in, ag, len as u64, i32t, r.comm, r.s()), 0);
+            let a2a = dev(r, mine);
+            assert_eq!(
+                HcclAlltoAll(a2a, len as u64, i32t, a2a, len as u64, i32t, r.comm, r.s()),
+                0
+            );
+            r.sync().unwrap();
+            vec![
+                read::<i32>(ar, mine.len()),
+                read::<i32>(rs_out, len),
+                read::<i32>(ag, mine.len()),
+                read::<i32>(a2a, mine.len()),
+            ]
+        }
+    });
+    let total = len * n as usize;
+    let sum: Vec<i32> = (0..total).map(|i| all.iter().map(|v| v[i]).sum()).collect();
+    for (me, got) in results.iter().enumerate() {
+        assert_eq!(got[0], sum, "allreduce in place, rank {me}");
+        assert_eq!(
+            got[1],
+            sum[me * len..(me + 1) * len].to_vec(),
+            "reduce_scatter"
+        );
+        let gathered: Vec<i32> = (0..n as usize)
+            .flat_map(|j| all[j][j * len..(j + 1) * len].to_vec())
+            .collect();
+        assert_eq!(got[2], gathered, "allgather in place");
+        let a2a: Vec<i32> = (0..n as usize)
+            .flat_map(|j| all[j][me * len..(me + 1) * len].to_vec())
+            .collect();
+        assert_eq!(got[3], a2a, "alltoall in place");
+    }
+}
+
 #[test]
 fn a_destroyed_peer_is_an_error_on_the_others_at_once() {
     let t = Instant::now();

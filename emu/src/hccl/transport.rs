@@ -246,23 +246,39 @@ pub struct Meta {
 pub struct Frame {
     pub kind: Kind,
     pub seq: u64,
+    /// Which piece of the call's payload (a large buffer travels in pieces, see `comm`).
+    pub piece: u64,
     pub meta: Meta,
     pub payload: Vec<u8>,
 }
 
+#[cfg(test)]
 fn write_frame(w: &mut impl Write, f: &Frame) -> std::io::Result<()> {
+    write_parts(w, f.kind, (f.seq, f.piece), f.meta, &f.payload)
+}
+
+/// A frame's header and payload, the payload borrowed (a collective sends straight from
+/// device memory rather than from a copy of it).
+fn write_parts(
+    w: &mut impl Write,
+    kind: Kind,
+    (seq, piece): (u64, u64),
+    meta: Meta,
+    payload: &[u8],
+) -> std::io::Result<()> {
     let mut h = [0u8; HEAD_BYTES];
     h[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
-    h[4] = f.kind.code();
-    h[8..16].copy_from_slice(&f.seq.to_le_bytes());
-    h[16..20].copy_from_slice(&f.meta.op.to_le_bytes());
-    h[20..24].copy_from_slice(&f.meta.dtype.to_le_bytes());
-    h[24..32].copy_from_slice(&f.meta.count.to_le_bytes());
-    h[32..36].copy_from_slice(&f.meta.reduce.to_le_bytes());
-    h[36..40].copy_from_slice(&f.meta.root.to_le_bytes());
-    h[40..48].copy_from_slice(&(f.payload.len() as u64).to_le_bytes());
+    h[4] = kind.code();
+    h[8..16].copy_from_slice(&seq.to_le_bytes());
+    h[16..20].copy_from_slice(&meta.op.to_le_bytes());
+    h[20..24].copy_from_slice(&meta.dtype.to_le_bytes());
+    h[24..32].copy_from_slice(&meta.count.to_le_bytes());
+    h[32..36].copy_from_slice(&meta.reduce.to_le_bytes());
+    h[36..40].copy_from_slice(&meta.root.to_le_bytes());
+    h[40..48].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    h[48..56].copy_from_slice(&piece.to_le_bytes());
     w.write_all(&h)?;
-    w.write_all(&f.payload)?;
+    w.write_all(payload)?;
     w.flush()
 }
 
@@ -286,6 +302,7 @@ fn read_frame(r: &mut impl Read) -> std::io::Result<Frame> {
     Ok(Frame {
         kind,
         seq: u64_at(8),
+        piece: u64_at(48),
         meta: Meta {
             op: u32_at(16),
             dtype: u32_at(20),
@@ -300,7 +317,7 @@ fn read_frame(r: &mut impl Read) -> std::io::Result<Frame> {
 /// Messages that arrived from one peer and are not taken yet.
 #[derive(Default)]
 struct InboxState {
-    frames: HashMap<(Kind, u64), Frame>,
+    frames: HashMap<(Kind, u64, u64), Frame>,
     /// Why the connection ended (set once the reader has queued everything before it).
     closed: Option<String>,
 }
@@ -362,12 +379,19 @@ impl std::fmt::Display for PeerError {
 }
 
 impl Mesh {
-    /// Sends `frame` to `peer` (never to ourselves). The write times out after `timeout`, so a
-    /// peer that stopped reading cannot hang us.
-    pub fn send(&self, peer: u32, frame: &Frame) -> Result<(), PeerError> {
+    /// Sends `payload` as piece `at.1` of message `(kind, at.0)` to `peer` (never to ourselves). The write
+    /// times out after `timeout`, so a peer that stopped reading cannot hang us.
+    pub fn send(
+        &self,
+        peer: u32,
+        kind: Kind,
+        at: (u64, u64),
+        meta: Meta,
+        payload: &[u8],
+    ) -> Result<(), PeerError> {
         let p = self.peer(peer)?;
         let mut w = p.writer.lock();
-        write_frame(&mut *w, frame).map_err(|e| {
+        write_parts(&mut *w, kind, at, meta, payload).map_err(|e| {
             use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
             if matches!(e.kind(), BrokenPipe | ConnectionReset | ConnectionAborted) {
                 PeerError::Closed {
@@ -383,19 +407,19 @@ impl Mesh {
         })
     }
 
-    /// Takes the message `(kind, seq)` from `peer`, waiting until `deadline`.
+    /// Takes piece `at.1` of message `(kind, at.0)` from `peer`, waiting until `deadline`.
     pub fn recv(
         &self,
         peer: u32,
         kind: Kind,
-        seq: u64,
+        (seq, piece): (u64, u64),
         deadline: Instant,
         started: Instant,
     ) -> Result<Frame, PeerError> {
         let p = self.peer(peer)?;
         let mut st = p.inbox.state.lock();
         loop {
-            if let Some(f) = st.frames.remove(&(kind, seq)) {
+            if let Some(f) = st.frames.remove(&(kind, seq, piece)) {
                 return Ok(f);
             }
             if let Some(why) = &st.closed {
@@ -405,7 +429,7 @@ impl Mesh {
                 });
             }
             if p.inbox.arrived.wait_until(&mut st, deadline).timed_out() {
-                if let Some(f) = st.frames.remove(&(kind, seq)) {
+                if let Some(f) = st.frames.remove(&(kind, seq, piece)) {
                     return Ok(f);
                 }
                 return Err(PeerError::Timeout {
@@ -456,7 +480,11 @@ pub(super) fn spawn_reader(
         .spawn(move || loop {
             match read_frame(&mut sock) {
                 Ok(f) => {
-                    inbox.state.lock().frames.insert((f.kind, f.seq), f);
+                    inbox
+                        .state
+                        .lock()
+                        .frames
+                        .insert((f.kind, f.seq, f.piece), f);
                     inbox.arrived.notify_all();
                 }
                 Err(e) => {
@@ -518,6 +546,7 @@ mod tests {
         let f = Frame {
             kind: Kind::P2p,
             seq: 7,
+            piece: 5,
             meta: Meta {
                 op: 3,
                 dtype: 4,
@@ -531,8 +560,8 @@ mod tests {
         write_frame(&mut buf, &f).unwrap();
         let g = read_frame(&mut buf.as_slice()).unwrap();
         assert_eq!(
-            (g.kind, g.seq, g.meta, g.payload),
-            (f.kind, f.seq, f.meta, f.payload)
+            (g.kind, g.seq, g.piece, g.meta, g.payload),
+            (f.kind, f.seq, f.piece, f.meta, f.payload)
         );
     }
 }

@@ -6,6 +6,14 @@
 //! and lets strided views (transposes) be gathered in one place. Every range is resolved
 //! against the live allocations when the job runs, not when it was queued, so memory freed in
 //! between is an error instead of a stale read.
+//!
+//! The ops whose operands are the model's largest tensors (matmul, embedding and its backward,
+//! AdamW) read and write device memory in place instead ([`span_slice`], [`span_slice_mut`])
+//! when every written tensor shares no byte with any other operand ([`disjoint`]), which keeps
+//! the same every-input-before-any-output semantics: a copy of an lm-head weight or gradient
+//! would otherwise sit in host memory beside the emulated device memory it mirrors, hundreds
+//! of MB that no NPU holds. Anything else (aliased operands, other strides, other dtypes)
+//! takes the copying path.
 
 use super::tensor::{TensorDesc, PARAM_INVALID};
 use crate::error::{EmuError, EmuResult};
@@ -115,4 +123,78 @@ pub fn write<T: bytemuck::Pod>(t: &Arc<TensorDesc>, v: &[T]) -> EmuResult<()> {
         }
     });
     Ok(())
+}
+
+/// The device address range `[start, end)` of the bytes the view reaches.
+pub fn reach(t: &TensorDesc) -> (usize, usize) {
+    let start = t.first_elem_addr();
+    let elems = t.extent().saturating_sub(t.offset as usize);
+    (start, start + elems * t.elem_size())
+}
+
+/// Whether two views reach no byte in common (an empty view shares none).
+pub fn disjoint(a: &TensorDesc, b: &TensorDesc) -> bool {
+    let ((a0, a1), (b0, b1)) = (reach(a), reach(b));
+    a0 == a1 || b0 == b1 || a1 <= b0 || b1 <= a0
+}
+
+/// The view's span (its first element to the farthest it reaches) in place, as `T`s: for
+/// ops that read large operands without copying them (an lm-head weight, a gradient of the
+/// embedding). `None` when it cannot be borrowed so (empty, a negative stride, misaligned):
+/// the caller copies with [`read`] instead.
+///
+/// # Safety
+/// Nothing writes the span while the slice lives: the job is the only work on its tensors
+/// (CANN's stream-ordering rule), and it writes its outputs only where they are
+/// [`disjoint`] from the slices it still uses.
+pub unsafe fn span_slice<'a, T: bytemuck::Pod>(t: &TensorDesc) -> EmuResult<Option<&'a [T]>> {
+    check_size::<T>(t)?;
+    if t.numel() == 0 || t.strides.iter().any(|&s| s < 0) {
+        return Ok(None);
+    }
+    let (p, reach) = span(t)?;
+    if !(p as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        return Ok(None);
+    }
+    // SAFETY: `resolve` checked the span lies in one live allocation whose host backing `p`
+    // is; aligned (checked); the caller keeps writers away while the slice lives.
+    Ok(Some(unsafe {
+        std::slice::from_raw_parts(p as *const T, reach)
+    }))
+}
+
+/// [`span_slice`] for writing a contiguous view in place (`None` when it is not contiguous).
+///
+/// # Safety
+/// As [`span_slice`], and no other slice of the span lives meanwhile.
+pub unsafe fn span_slice_mut<'a, T: bytemuck::Pod>(
+    t: &TensorDesc,
+) -> EmuResult<Option<&'a mut [T]>> {
+    check_size::<T>(t)?;
+    if t.numel() == 0 || !t.is_contiguous() {
+        return Ok(None);
+    }
+    let (p, reach) = span(t)?;
+    if !(p as usize).is_multiple_of(std::mem::align_of::<T>()) || reach != t.numel() {
+        return Ok(None);
+    }
+    // SAFETY: as in `span_slice`; the caller rules out every other slice of the span.
+    Ok(Some(unsafe {
+        std::slice::from_raw_parts_mut(p as *mut T, reach)
+    }))
+}
+
+/// The host address of a contiguous view's first element, as `T` (`None` when the view is
+/// empty, not contiguous or misaligned): for element-wise ops whose output may be one of
+/// their inputs exactly (`x += y`), which slices cannot express.
+pub fn contiguous_ptr<T: bytemuck::Pod>(t: &TensorDesc) -> EmuResult<Option<*mut T>> {
+    check_size::<T>(t)?;
+    if t.numel() == 0 || !t.is_contiguous() {
+        return Ok(None);
+    }
+    let (p, reach) = span(t)?;
+    if !(p as usize).is_multiple_of(std::mem::align_of::<T>()) || reach != t.numel() {
+        return Ok(None);
+    }
+    Ok(Some(p as *mut T))
 }

@@ -138,6 +138,9 @@ fn plan_binary(
     }
     let device = device_of(&ts)?;
     let job: crate::nnopbase::executor::OpJob = Arc::new(move || {
+        if binary_in_place(&this, &other, &out, kind)? {
+            return Ok(());
+        }
         let a = expand(&read_f32(&this)?, &this.dims, &out.dims);
         let b = match &other {
             Ok(o) => expand(&read_f32(o)?, &o.dims, &out.dims),
@@ -155,6 +158,65 @@ fn plan_binary(
         device,
         job,
     })
+}
+
+/// `out = self (op) other` straight on device memory, for f32 operands of `out`'s shape (no
+/// broadcast), contiguous, each either `out` itself or sharing no byte with it: a gradient
+/// accumulated into a gathered group's (`g += dW`) is hundreds of MB, and the copying path
+/// holds it three times on the host. False (nothing done) otherwise.
+fn binary_in_place(
+    this: &TensorDesc,
+    other: &Result<Arc<TensorDesc>, f64>,
+    out: &TensorDesc,
+    kind: Kind,
+) -> EmuResult<bool> {
+    let fits = |t: &TensorDesc| {
+        t.dtype == ACL_FLOAT
+            && t.dims == out.dims
+            && (access::reach(t) == access::reach(out) || access::disjoint(t, out))
+    };
+    let other_fits = match other {
+        Ok(o) => fits(o),
+        Err(_) => true,
+    };
+    if !fits(this) || !other_fits {
+        return Ok(false);
+    }
+    let (Some(pa), Some(po)) = (
+        access::contiguous_ptr::<f32>(this)?,
+        access::contiguous_ptr::<f32>(out)?,
+    ) else {
+        return Ok(false);
+    };
+    let pb = match other {
+        Ok(o) => match access::contiguous_ptr::<f32>(o)? {
+            Some(p) => Ok(p as *const f32),
+            None => return Ok(false),
+        },
+        Err(s) => Err(*s as f32),
+    };
+    let f: fn(f32, f32, f32) -> f32 = match kind {
+        Kind::Add(_) => |x, y, alpha| x + alpha * y,
+        Kind::Mul => |x, y, _| x * y,
+    };
+    let alpha = match kind {
+        Kind::Add(a) => a,
+        Kind::Mul => 1.0,
+    };
+    for i in 0..out.numel() {
+        // SAFETY: the three views are contiguous with `out`'s numel elements in live device
+        // memory (checked by `contiguous_ptr`), and each input is `out` itself or shares no
+        // byte with it: element i of the inputs is read before element i of `out` is
+        // written, and no other element is touched. This job is the only work on them.
+        unsafe {
+            let y = match pb {
+                Ok(p) => *p.add(i),
+                Err(s) => s,
+            };
+            *po.add(i) = f(*pa.add(i), y, alpha);
+        }
+    }
+    Ok(true)
 }
 
 /// # Safety

@@ -68,12 +68,29 @@ pub unsafe extern "C" fn aclnnEmbeddingGetWorkspaceSize(
             let job: OpJob = Arc::new(move || {
                 let ids = read_i64(&idx)?;
                 crate::with_float!(w.dtype, E => {
-                    let wv: Vec<E> = read_as(&w)?;
-                    let mut ov = Vec::with_capacity(ids.len() * d);
-                    for (at, &i) in ids.iter().enumerate() {
-                        let r = row_index(i, v, at)?;
-                        ov.extend_from_slice(&wv[r * d..(r + 1) * d]);
-                    }
+                    let ov = {
+                        // The table in place when it is contiguous: a forward reads a few
+                        // rows of it, and a copy of a 131 k-row table is GBs.
+                        // SAFETY: only read, and `out` is written after the slice's last use.
+                        let borrowed = match w.is_contiguous() {
+                            true => access::span_slice::<E>(&w)?,
+                            false => None,
+                        };
+                        let owned: Vec<E>;
+                        let wv: &[E] = match borrowed {
+                            Some(b) => b,
+                            None => {
+                                owned = read_as(&w)?;
+                                &owned
+                            }
+                        };
+                        let mut ov = Vec::with_capacity(ids.len() * d);
+                        for (at, &i) in ids.iter().enumerate() {
+                            let r = row_index(i, v, at)?;
+                            ov.extend_from_slice(&wv[r * d..(r + 1) * d]);
+                        }
+                        ov
+                    };
                     access::write(&o, &ov)
                 })
             });
@@ -132,7 +149,29 @@ pub unsafe extern "C" fn aclnnEmbeddingDenseBackwardGetWorkspaceSize(
                 let job: OpJob = Arc::new(move || {
                     let ids = read_i64(&idx)?;
                     let gv = read_f32(&g)?;
-                    let mut acc = vec![0f32; v * d];
+                    // An f32 gradient table is summed into in place when it shares no byte
+                    // with the inputs (it is as large as the embedding: hundreds of MB).
+                    let direct = match o.dtype == ACL_FLOAT
+                        && access::disjoint(&o, &g)
+                        && access::disjoint(&o, &idx)
+                    {
+                        // SAFETY: the only slice of `out`, which no input shares a byte with;
+                        // this job is the only work on it.
+                        true => access::span_slice_mut::<f32>(&o)?,
+                        false => None,
+                    };
+                    let in_place = direct.is_some();
+                    let mut owned = Vec::new();
+                    let acc: &mut [f32] = match direct {
+                        Some(a) => {
+                            a.fill(0.0);
+                            a
+                        }
+                        None => {
+                            owned.resize(v * d, 0f32);
+                            &mut owned
+                        }
+                    };
                     let mut count = vec![0u32; v];
                     for (at, &i) in ids.iter().enumerate() {
                         let r = row_index(i, v, at)?;
@@ -154,7 +193,10 @@ pub unsafe extern "C" fn aclnnEmbeddingDenseBackwardGetWorkspaceSize(
                                 .for_each(|a| *a /= c as f32);
                         }
                     }
-                    write_f32(&o, &acc)
+                    match in_place {
+                        true => Ok(()),
+                        false => write_f32(&o, &owned),
+                    }
                 });
                 Ok(Plan {
                     workspace: 0,

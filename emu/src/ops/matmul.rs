@@ -103,6 +103,9 @@ fn plan(
         batch as usize,
     );
     let job: OpJob = Arc::new(move || {
+        if in_place(&a, &b, &out, (m, n, k), (ba, bb, batch))? {
+            return Ok(());
+        }
         let av = read_f32(&a)?;
         let bv = read_f32(&b)?;
         let mut c = vec![0f32; batch * m * n];
@@ -131,6 +134,101 @@ fn plan(
         device,
         job,
     })
+}
+
+/// How `gemm` reads an f32 operand in place: its span from the first element, whether it is
+/// stored transposed, its row stride and its batch stride (0 without a batch).
+struct Operand<'a> {
+    data: &'a [f32],
+    trans: Trans,
+    ld: usize,
+    batch: usize,
+}
+
+/// `t` in place when its matrices are row-major or transposed windows of its memory (a
+/// transposed weight is a strided view of the stored one): the lm-head's weight and gradient
+/// are hundreds of MB, which a copy would hold a second time on the host.
+///
+/// # Safety
+/// As [`access::span_slice`].
+unsafe fn operand<'a>(t: &TensorDesc) -> EmuResult<Option<Operand<'a>>> {
+    if t.dtype != ACL_FLOAT || t.strides.iter().any(|&s| s < 0) {
+        return Ok(None);
+    }
+    let r = t.dims.len();
+    let (rows, cols) = (t.dims[r - 2].max(1), t.dims[r - 1].max(1));
+    let (s0, s1) = (t.strides[r - 2], t.strides[r - 1]);
+    let (trans, ld) = if s1 == 1 && s0 >= cols {
+        (Trans::N, s0)
+    } else if s0 == 1 && s1 >= rows {
+        (Trans::T, s1)
+    } else {
+        return Ok(None);
+    };
+    let batch = if r == 3 && t.dims[0] > 1 {
+        t.strides[0] as usize
+    } else {
+        0
+    };
+    // SAFETY: forwarded to the caller.
+    let Some(data) = (unsafe { access::span_slice::<f32>(t) })? else {
+        return Ok(None);
+    };
+    Ok(Some(Operand {
+        data,
+        trans,
+        ld: ld as usize,
+        batch,
+    }))
+}
+
+/// The f32 product straight from and into device memory when the operands can be read in
+/// place and `out` is contiguous and shares no byte with them; false (nothing done) otherwise.
+fn in_place(
+    a: &TensorDesc,
+    b: &TensorDesc,
+    out: &TensorDesc,
+    (m, n, k): (usize, usize, usize),
+    (ba, bb, batch): (usize, usize, usize),
+) -> EmuResult<bool> {
+    if out.dtype != ACL_FLOAT || !access::disjoint(out, a) || !access::disjoint(out, b) {
+        return Ok(false);
+    }
+    // SAFETY: this job is the only work on the three tensors, and `out` (the only one
+    // written) shares no byte with `a` or `b` (checked above).
+    let (Some(av), Some(bv), Some(c)) = (unsafe {
+        (
+            operand(a)?,
+            operand(b)?,
+            access::span_slice_mut::<f32>(out)?,
+        )
+    }) else {
+        return Ok(false);
+    };
+    fn at<'a>(o: &Operand<'a>, i: usize) -> EmuResult<&'a [f32]> {
+        o.data
+            .get(i * o.batch..)
+            .ok_or_else(|| invalid(format!("internal: batch {i} lies past its view")))
+    }
+    for i in 0..batch {
+        let ai = if ba == 1 { 0 } else { i };
+        let bi = if bb == 1 { 0 } else { i };
+        gemm_f32(
+            av.trans,
+            bv.trans,
+            Dims { m, n, k },
+            1.0,
+            at(&av, ai)?,
+            av.ld,
+            at(&bv, bi)?,
+            bv.ld,
+            0.0,
+            &mut c[i * m * n..(i + 1) * m * n],
+            n.max(1),
+        )
+        .map_err(kernel)?;
+    }
+    Ok(true)
 }
 
 /// # Safety

@@ -245,6 +245,132 @@ mod elementwise {
     }
 }
 
+/// The ops that read and write device memory in place (matmul, element-wise, embedding
+/// backward) against values computed here, including the aliasings that must take the
+/// copying path instead.
+mod in_place {
+    use super::*;
+    use crate::ops::elementwise::*;
+    use crate::ops::embedding::*;
+    use crate::ops::matmul::*;
+
+    /// A view over `addr` with explicit strides and element offset, over a storage of `storage`.
+    fn view(
+        addr: usize,
+        dims: &[i64],
+        strides: &[i64],
+        offset: i64,
+        storage: &[i64],
+    ) -> *mut aclTensor {
+        // SAFETY: arrays of the stated lengths.
+        let t = unsafe {
+            aclCreateTensor(
+                dims.as_ptr(),
+                dims.len() as u64,
+                ACL_FLOAT,
+                strides.as_ptr(),
+                offset,
+                ACL_FORMAT_ND,
+                storage.as_ptr(),
+                storage.len() as u64,
+                addr as *mut c_void,
+            )
+        };
+        assert!(!t.is_null(), "{:?}", crate::error::take_recent());
+        t
+    }
+
+    fn one() -> *mut cannon_sys::aclnn::aclScalar {
+        let mut v = 1.0f32;
+        // SAFETY: a live f32.
+        unsafe { aclCreateScalar(&mut v as *mut f32 as *mut c_void, ACL_FLOAT) }
+    }
+
+    #[test]
+    fn matmul_reads_a_transposed_weight_in_place() {
+        // x [2, 3] @ w^T, w stored [4, 3] and passed as the view [3, 4] of strides [1, 3].
+        let xv = [1.0f32, -2.0, 0.5, 3.0, 0.25, -1.0];
+        let wv: Vec<f32> = (0..12).map(|i| i as f32 * 0.5 - 2.0).collect();
+        let x = Dev::f32(&xv, &[2, 3]);
+        let w = Dev::f32(&wv, &[4, 3]);
+        let wt = view(w.addr, &[3, 4], &[1, 3], 0, &[4, 3]);
+        let out = Dev::f32(&[f32::NAN; 8], &[2, 4]);
+        let (ws, ex) = phase1_ok(|ws, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnMatmulGetWorkspaceSize(x.t, wt, out.t, 0, ws, e) }
+        });
+        launch(ws, ex, aclnnMatmul).unwrap();
+        let want: Vec<f32> = (0..2)
+            .flat_map(|i| (0..4).map(move |j| (i, j)))
+            .map(|(i, j)| (0..3).map(|p| xv[i * 3 + p] * wv[j * 3 + p]).sum())
+            .collect();
+        assert_eq!(out.get::<f32>(), want);
+        // SAFETY: made above, destroyed once.
+        unsafe { aclDestroyTensor(wt) };
+    }
+
+    #[test]
+    fn add_into_either_operand_or_an_overlapping_view() {
+        let av = [1.0f32, 2.0, 3.0, 4.0, 5.0];
+        let bv = [10.0f32, 20.0, 30.0, 40.0, 50.0];
+        let sum: Vec<f32> = av.iter().zip(&bv).map(|(a, b)| a + b).collect();
+        let al = one();
+        // out is `other` itself.
+        let a = Dev::f32(&av, &[5]);
+        let b = Dev::f32(&bv, &[5]);
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnAddGetWorkspaceSize(a.t, b.t, al, b.t, w, e) }
+        });
+        launch(ws, ex, aclnnAdd).unwrap();
+        assert_eq!(b.get::<f32>(), sum);
+        // out is `self` shifted by 8 elements (32 bytes, the ops' alignment): it shares bytes
+        // without being it, and every input element is read before any output is written,
+        // as on hardware.
+        let xv: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        let yv: Vec<f32> = (0..16).map(|i| 100.0 * i as f32).collect();
+        let mut held = xv.clone();
+        held.extend([0.0; 8]);
+        let a = Dev::f32(&held, &[24]);
+        let b = Dev::f32(&yv, &[16]);
+        let (self4, out4) = (
+            view(a.addr, &[16], &[1], 0, &[24]),
+            view(a.addr, &[16], &[1], 8, &[24]),
+        );
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe { aclnnAddGetWorkspaceSize(self4, b.t, al, out4, w, e) }
+        });
+        launch(ws, ex, aclnnAdd).unwrap();
+        let mut want = xv[..8].to_vec();
+        want.extend(xv.iter().zip(&yv).map(|(x, y)| x + y));
+        assert_eq!(a.get::<f32>(), want);
+        // SAFETY: made above, destroyed once.
+        unsafe {
+            aclDestroyTensor(self4);
+            aclDestroyTensor(out4);
+            aclDestroyScalar(al);
+        }
+    }
+
+    #[test]
+    fn embedding_backward_sums_rows_in_place() {
+        // 4 positions of width 2 into a table of 3 rows; row 1 twice, padding index 2.
+        let gv = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        let g = Dev::f32(&gv, &[4, 2]);
+        let idx = Dev::new(&[1i64, 0, 1, 2], &[4], ACL_INT64);
+        let out = Dev::f32(&[f32::NAN; 6], &[3, 2]);
+        let (ws, ex) = phase1_ok(|w, e| {
+            // SAFETY: live handles from this test and valid out-pointers.
+            unsafe {
+                aclnnEmbeddingDenseBackwardGetWorkspaceSize(g.t, idx.t, 3, 2, false, out.t, w, e)
+            }
+        });
+        launch(ws, ex, aclnnEmbeddingDenseBackward).unwrap();
+        assert_eq!(out.get::<f32>(), vec![3.0, 4.0, 6.0, 8.0, 0.0, 0.0]);
+    }
+}
+
 mod descriptors {
     use super::*;
 
