@@ -19,10 +19,11 @@
 //! of their 121 blocks anew, 11 with the slack; a run of one shape takes exact blocks from
 //! its second step on, as before.
 //!
-//! The CPU ranks of one process bound their caches ([`CachingAllocator::bound_host_cache`]):
-//! before a new block, cached blocks are released (largest first) so that what is reserved
-//! stays within 1/8 of the most ever allocated, which bounds the process's resident memory
-//! at the cost of a few blocks a step obtained anew.
+//! Training ranks bound their caches ([`CachingAllocator::bound_cache`]): before a new block,
+//! cached blocks are released (largest first) so that what is reserved stays within 1/8 (CPU
+//! ranks, [`HOST_RESERVE_SLACK`]) or 1/16 (NPU ranks, [`DEVICE_RESERVE_SLACK`]) of the most
+//! ever allocated, which keeps a rank's memory at what its plan says, at the cost of a few
+//! blocks a step obtained anew.
 //!
 //! Streams (NPU): a block remembers the stream it was allocated for
 //! ([`crate::DeviceBuffer::alloc`]) and the other streams it was used on
@@ -61,9 +62,15 @@ pub const BLOCK_ROUND: usize = 512;
 /// A cached block serves a smaller request when it is at most `size / REUSE_SLACK` bytes
 /// larger than the request's rounded size (12.5 %).
 pub const REUSE_SLACK: usize = 8;
-/// A bounded host cache ([`CachingAllocator::bound_host_cache`]) keeps what is reserved with
-/// a new block within `1 + 1/HOST_RESERVE_SLACK` times the most ever allocated.
+/// The bound of the CPU ranks' caches ([`CachingAllocator::bound_cache`]): what is reserved
+/// with a new block stays within `1 + 1/HOST_RESERVE_SLACK` times the most ever allocated.
 pub const HOST_RESERVE_SLACK: usize = 8;
+/// The bound of the NPU ranks' caches ([`CachingAllocator::bound_cache`]), tighter than the
+/// host's: a step's transient blocks on an NPU are few and large (gathered groups, their
+/// gradients), so the few freed and obtained anew cost little next to the step, while the
+/// blocks cannot be split (a 1/8 slack let a 0.86 B model's rank reserve 10 % above its
+/// allocation peak and its plan).
+pub const DEVICE_RESERVE_SLACK: usize = 16;
 /// Every block starts at a multiple of this many bytes: AVX-512 loads on the host, and the
 /// 64-byte alignment `aclrtMemcpyAsync` requires on the NPU.
 pub const BLOCK_ALIGN: usize = 64;
@@ -185,11 +192,12 @@ struct State {
     /// Events of completed fences, recorded again by later frees.
     events: Vec<Event>,
     stats: MemoryStats,
-    /// The largest `allocated` since creation (peaks reset; this does not): a bounded host
-    /// cache is trimmed against it ([`CachingAllocator::bound_host_cache`]).
+    /// The largest `allocated` since creation or the last [`CachingAllocator::empty_cache`]
+    /// (`reset_peak` leaves it): a bounded cache is trimmed against it
+    /// ([`CachingAllocator::bound_cache`]).
     high_water: usize,
-    /// Whether the host cache is bounded ([`CachingAllocator::bound_host_cache`]).
-    bounded: bool,
+    /// The bound's slack divisor, when the cache is bounded ([`CachingAllocator::bound_cache`]).
+    bound: Option<usize>,
     /// Errors met while freeing from `Drop`, which cannot return them (cudarc's pattern).
     drop_errors: Vec<String>,
 }
@@ -295,8 +303,8 @@ impl CachingAllocator {
                 (c.addr as *mut u8, block, false)
             }
             None => {
-                if st.bounded {
-                    self.trim_host_cache(&mut st, size);
+                if let Some(slack) = st.bound {
+                    self.trim_cache(&mut st, size, slack);
                 }
                 let ptr = match self.raw.raw_alloc(size)? {
                     Some(p) => p,
@@ -403,40 +411,56 @@ impl CachingAllocator {
         }
     }
 
-    /// From now on, before host memory is obtained for a request the cache cannot serve,
-    /// releases cached blocks, the largest first, until what is reserved with the request
-    /// stays within `1 + 1/`[`HOST_RESERVE_SLACK`] of the most ever allocated (or of what is
-    /// allocated with the request, when that is more). For the CPU ranks of one process,
-    /// which share its memory: without it each rank's cache kept every shape a step ever
-    /// freed (4.6-4.8 GiB reserved for 4.0 GiB allocated on each of four ranks of a 0.86 B
-    /// model, whose process then held 12 % more than its plan). The price: a step whose
-    /// sizes need more cached blocks than the bound allows obtains a few of them anew each
-    /// time (page faults on the host). Other devices ignore it (an NPU keeps torch's policy:
-    /// the cache is released on OOM only).
-    pub fn bound_host_cache(&self) {
-        if self.device == Device::Cpu {
-            self.state.lock().bounded = true;
-        }
+    /// From now on, before memory is obtained for a request the cache cannot serve, releases
+    /// cached blocks, the largest first, until what is reserved with the request stays within
+    /// `1 + 1/slack` of the most ever allocated (or of what is allocated with the request,
+    /// when that is more). Without it a rank's cache kept every shape a step ever freed:
+    /// 4.6-4.8 GiB reserved for 4.0 GiB allocated on each of four CPU ranks of a 0.86 B model,
+    /// whose process then held 12 % more than its plan, and 4.70 GiB for 4.25 GiB on each of
+    /// four NPU ranks of it. The price: a step whose sizes need more cached blocks than the
+    /// bound allows obtains a few of them anew each time (page faults on the host; an
+    /// `aclrtFree` after the block's last use and an `aclrtMalloc` on an NPU). Slacks:
+    /// [`HOST_RESERVE_SLACK`], [`DEVICE_RESERVE_SLACK`]; 0 is taken as 1.
+    pub fn bound_cache(&self, slack: usize) {
+        self.state.lock().bound = Some(slack.max(1));
     }
 
-    /// See [`Self::bound_host_cache`]: makes room for `size` more bytes.
-    fn trim_host_cache(&self, st: &mut State, size: usize) {
+    /// See [`Self::bound_cache`]: makes room for `size` more bytes. On a device only blocks
+    /// whose fences cover every stream that used them are given back (after those fences):
+    /// a block allocated without a stream may still be in use by work its caller queued, which
+    /// only the caller orders, so it stays cached (as torch keeps such blocks).
+    fn trim_cache(&self, st: &mut State, size: usize, slack: usize) {
         let base = st.high_water.max(st.stats.allocated + size);
-        let limit = base.saturating_add(base / HOST_RESERVE_SLACK);
+        let limit = base.saturating_add(base / slack);
+        let inline = self.device.runs_inline();
+        // Ascending: the largest cached size is popped first.
+        let mut sizes: Vec<usize> = st.free.keys().copied().collect();
         while st.stats.reserved + size > limit {
-            let Some(mut entry) = st.free.last_entry() else {
+            let Some(block) = sizes.pop() else {
                 return;
             };
-            let block = *entry.key();
-            let Some(c) = entry.get_mut().pop() else {
-                entry.remove();
+            let Some(list) = st.free.get_mut(&block) else {
                 continue;
             };
-            if entry.get().is_empty() {
-                entry.remove();
+            let Some(at) = list.iter().rposition(|c| inline || c.covered) else {
+                continue;
+            };
+            let c = list.remove(at);
+            if list.is_empty() {
+                st.free.remove(&block);
+            } else {
+                sizes.push(block); // more blocks of this size may go
             }
-            // SAFETY: cached blocks came from raw_alloc(block), have no owner, and no work
-            // uses them (host work is complete when issued).
+            // Queued work may still use the block (not on the host, whose work is complete
+            // when issued): the device gets it back only after.
+            if let Err(e) = c.wait() {
+                st.drop_errors
+                    .push(format!("waiting to release {block} bytes: {e}"));
+                continue; // leaked (still counted as reserved), never freed in use
+            }
+            // SAFETY: cached blocks came from raw_alloc(block), are owned by no buffer, and
+            // no queued work uses them: host work is complete when issued, and a device
+            // block's fences cover every stream that used it (waited above).
             match unsafe { self.raw.raw_free(c.addr as *mut u8, block) } {
                 Ok(()) => {
                     st.stats.reserved -= block;
@@ -469,10 +493,15 @@ impl CachingAllocator {
         }
     }
 
-    /// Releases every cached block to the device (torch's `empty_cache`).
+    /// Releases every cached block to the device (torch's `empty_cache`). A bounded cache
+    /// ([`Self::bound_cache`]) is bounded from here on against what is allocated now and
+    /// what comes after, not against an earlier phase's high water: a run empties the cache
+    /// between its step and its save or export, whose peaks are lower, so their caches are
+    /// held to their own.
     pub fn empty_cache(&self) {
         let mut st = self.state.lock();
         self.release_cache(&mut st);
+        st.high_water = st.stats.allocated;
     }
 
     pub fn stats(&self) -> MemoryStats {

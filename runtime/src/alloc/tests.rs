@@ -285,7 +285,7 @@ fn a_stream_of_another_device_is_a_typed_error() {
 fn a_bounded_host_cache_stays_within_its_slack_of_the_high_water() {
     const K: usize = 1024;
     let a = CachingAllocator::new_cpu();
-    a.bound_host_cache();
+    a.bound_cache(HOST_RESERVE_SLACK);
     let alloc_n = |n: usize, bytes: usize| -> Vec<DeviceBuffer<u8>> {
         (0..n)
             .map(|_| DeviceBuffer::<u8>::alloc_in(&a, bytes).unwrap())
@@ -318,4 +318,22 @@ fn a_bounded_host_cache_stays_within_its_slack_of_the_high_water() {
     let big = alloc_n(1, 2 * high);
     assert!(a.stats().reserved >= 2 * high);
     drop(big);
+    // After `empty_cache` the bound starts again from what is allocated (a save or export
+    // after the step): a later phase of smaller blocks is held to its own high water, not the
+    // step's.
+    a.empty_cache();
+    assert_eq!(a.stats().reserved, 0);
+    let small = 4 * 16 * K;
+    drop(alloc_n(4, 16 * K));
+    for bytes in [8 * K, 12 * K, 10 * K] {
+        let held = alloc_n(4, bytes);
+        let s = a.stats();
+        let limit = small + small / HOST_RESERVE_SLACK;
+        assert!(
+            s.reserved <= limit,
+            "{bytes} B blocks after empty_cache: reserved {} limit {limit}",
+            s.reserved
+        );
+        drop(held);
+    }
 }

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A stream and a private allocator on the host: one CPU rank's device. Its cache is
-/// bounded (`CachingAllocator::bound_host_cache`): the ranks of a process share its memory,
+/// bounded (`CachingAllocator::bound_cache`): the ranks of a process share its memory,
 /// and each rank's cache of every shape its steps freed would add up over the ranks.
 pub fn cpu_rank_exec() -> Result<Exec, FsdpError> {
     let alloc = CachingAllocator::new_cpu();
-    alloc.bound_host_cache();
+    alloc.bound_cache(cannon_runtime::alloc::HOST_RESERVE_SLACK);
     let exec = Exec::with_allocator(Arc::new(Stream::cpu()), alloc)?;
     Ok(exec)
 }

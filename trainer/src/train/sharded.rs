@@ -151,6 +151,12 @@ fn run_as<A: Act>(
 
     let body = |comm: Communicator, exec: Exec| {
         let r = comm.rank();
+        // An NPU rank's cache is bounded as the CPU ranks' are (`fsdp::cpu_rank_exec`):
+        // its device then reserves about what the plan says, not every shape a step freed.
+        if !exec.device().runs_inline() {
+            exec.allocator()
+                .bound_cache(cannon_runtime::alloc::DEVICE_RESERVE_SLACK);
+        }
         let fail = |e: TrainError| FsdpError::Invalid(format!("rank {r}: {e}"));
         let mut loader =
             Loader::open(&data_cfg, &t.tok, t.at.position).map_err(|e| fail(e.into()))?;
@@ -202,6 +208,10 @@ fn run_as<A: Act>(
             samples += shapes.iter().map(|b| b.samples as u64).sum::<u64>();
             tokens += step_tokens;
             if resume::due(&t.plan, step + 1, total) {
+                // The step's cached blocks are of the step's sizes, which the save's do not
+                // reuse: given back first, the save peaks at its own figure (the plan's
+                // phase), not at the step's cache plus its own.
+                give_back_cache(rank.exec())?;
                 let at = resume::Counters {
                     schedule: t.at.schedule,
                     step: step + 1,
@@ -262,7 +272,9 @@ fn run_as<A: Act>(
             }
             last = Some(rec);
         }
-        // The final model, one group at a time; rank 0 (of the lead process) writes it.
+        // The final model, one group at a time; rank 0 (of the lead process) writes it,
+        // with the step's cache given back first (as before a save).
+        give_back_cache(rank.exec())?;
         let out = final_dir.as_deref().filter(|_| r == 0);
         rank.write_hf(out.map(|d| (d, &t.model_json)))?;
         // The held-out set, scored by the ranks together on their shards, each on its own
@@ -354,4 +366,12 @@ fn run_as<A: Act>(
         final_model,
         last_checkpoint: rank0.checkpoint,
     })
+}
+
+/// Gives the rank's cached blocks back to its device once its stream's work is done: blocks
+/// allocated without a stream carry no fence, so only the finished stream makes them free.
+fn give_back_cache(exec: &Exec) -> Result<(), FsdpError> {
+    exec.stream().synchronize()?;
+    exec.allocator().empty_cache();
+    Ok(())
 }
