@@ -386,7 +386,8 @@ macro_rules! declare_backend {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        => $slice:literal on [$($on:ident),*]
+        $(check $(($st:ident))? $check:block)? $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         /// Every op of the crate over runtime buffers, as one backend runs it. Shapes,
@@ -413,7 +414,8 @@ macro_rules! define_entry_points {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        => $slice:literal on [$($on:ident),*]
+        $(check $(($st:ident))? $check:block)? $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         $(
@@ -424,7 +426,9 @@ macro_rules! define_entry_points {
                 stream: &cannon_runtime::Stream,
                 $($arg: $ty),*
             ) -> $ret {
-                $($check)?
+                // `check(name)` binds the stream under a name of the op list's own: its
+                // tokens do not see this macro's `stream` (hygiene).
+                $($(let $st: &cannon_runtime::Stream = stream;)? $check)?
                 $crate::backend::dispatch!(stringify!($name), stream, [$($on),*], |be| {
                     $crate::backend::Backend::$name(&be, stream, $($arg),*)
                 })
@@ -439,7 +443,8 @@ macro_rules! impl_npu_backend {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        => $slice:literal on [$($on:ident),*]
+        $(check $(($st:ident))? $check:block)? $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         impl Backend for Npu {
@@ -465,7 +470,8 @@ macro_rules! impl_meta_backend {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        => $slice:literal on [$($on:ident),*]
+        $(check $(($st:ident))? $check:block)? $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         impl Backend for Meta {
