@@ -79,6 +79,7 @@ macro_rules! for_each_op {
                 dst: &mut BufferViewMut<'_, B>,
             ) -> Result<()>
             => "crate::cast::cast" on [src, dst]
+            check { crate::cast::check_cast(src.len(), dst.len())?; }
             npu crate::cast::npu::convert;
 
             /// Cross-entropy of `[N, V]` logits; writes `d_logits` when given.
@@ -146,6 +147,7 @@ macro_rules! for_each_op {
                 x: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::gelu::gelu_forward" on [y, x]
+            check { crate::gelu::check_forward(y.len(), x.len())?; }
             npu crate::gelu::npu::forward;
 
             /// `dx += dy * gelu'(x)`.
@@ -155,6 +157,7 @@ macro_rules! for_each_op {
                 x: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::gelu::gelu_backward" on [dx, dy, x]
+            check { crate::gelu::check_backward(dx.len(), dy.len(), x.len())?; }
             npu crate::gelu::npu::backward;
 
             /// `C = alpha op(A) op(B) + beta C` in precision `p` ([`crate::gemm`]).
@@ -291,6 +294,7 @@ macro_rules! for_each_op {
                 up: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::swiglu::swiglu_forward" on [h, gate, up]
+            check { crate::swiglu::check_forward(h.len(), gate.len(), up.len())?; }
             npu crate::swiglu::npu::forward;
 
             /// Accumulates `d_gate` and `d_up`.
@@ -302,6 +306,10 @@ macro_rules! for_each_op {
                 up: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::swiglu::swiglu_backward" on [d_gate, d_up, dh, gate, up]
+            check {
+                let (dg, du, dh) = (d_gate.len(), d_up.len(), dh.len());
+                crate::swiglu::check_backward(dg, du, dh, gate.len(), up.len())?;
+            }
             npu crate::swiglu::npu::backward;
 
             /// `y += x` ([`crate::elementwise`]).
@@ -310,6 +318,7 @@ macro_rules! for_each_op {
                 x: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::elementwise::add_into" on [y, x]
+            check { crate::elementwise::check_add_into(y.len(), x.len())?; }
             npu crate::elementwise::npu::add_into;
 
             /// `out = a * b`.
@@ -319,6 +328,7 @@ macro_rules! for_each_op {
                 b: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::elementwise::mul" on [out, a, b]
+            check { crate::elementwise::check_mul(out.len(), a.len(), b.len())?; }
             npu crate::elementwise::npu::mul;
 
             /// `y *= x`.
@@ -327,6 +337,7 @@ macro_rules! for_each_op {
                 x: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::elementwise::mul_into" on [y, x]
+            check { crate::elementwise::check_mul_into(y.len(), x.len())?; }
             npu crate::elementwise::npu::mul_into;
 
             /// `out[i] = src[idx[i]]`, rows of `dim` ([`crate::index`]).
