@@ -26,6 +26,9 @@ macro_rules! for_each_op {
                 hp: &AdamW,
             ) -> Result<()>
             => "crate::adamw::adamw_step" on [params, grads, m, v]
+            check {
+                crate::adamw::check_step(params.len(), grads.len(), m.len(), v.len(), step, hp)?;
+            }
             npu crate::adamw::npu::step;
 
             /// Varlen attention forward: writes `out` and `lse` ([`crate::attention`]).
@@ -129,6 +132,7 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::embedding::embedding_forward" on [out, weight]
+            check { crate::embedding::check_forward(out.len(), ids, weight.len(), dim)?; }
             npu crate::embedding::npu::forward;
 
             /// `dweight[ids[t]] += dout[t]`.
@@ -139,6 +143,7 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::embedding::embedding_backward" on [dweight, dout]
+            check { crate::embedding::check_backward(dweight.len(), dout.len(), ids, dim)?; }
             npu crate::embedding::npu::backward;
 
             /// `y = gelu(x)` ([`crate::gelu`]).
@@ -252,6 +257,9 @@ macro_rules! for_each_op {
                 eps: f32,
             ) -> Result<()>
             => "crate::rmsnorm::rmsnorm_forward" on [out, rstd, x, weight]
+            check {
+                crate::rmsnorm::check_forward(out.len(), rstd.len(), x.len(), weight.len(), dim)?;
+            }
             npu crate::rmsnorm::npu::forward;
 
             /// Accumulates `dx` and `dweight`.
@@ -265,6 +273,11 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::rmsnorm::rmsnorm_backward" on [dx, dweight, dout, x, weight, rstd]
+            check {
+                let (dxl, dwl, dl) = (dx.len(), dweight.len(), dout.len());
+                let (xl, wl, rl) = (x.len(), weight.len(), rstd.len());
+                crate::rmsnorm::check_backward(dxl, dwl, dl, xl, wl, rl, dim)?;
+            }
             npu crate::rmsnorm::npu::backward;
 
             /// Rotates `x` in place by the angles of `pos` ([`crate::rope`]).
@@ -275,6 +288,9 @@ macro_rules! for_each_op {
                 pos: &[u32],
             ) -> Result<()>
             => "crate::rope::rope_forward" on [x]
+            check {
+                crate::rope::check_apply_len("rope_forward", x.len(), n_heads, table, pos)?;
+            }
             npu crate::rope::npu::forward;
 
             /// The inverse rotation of `dx`, in place.
@@ -285,6 +301,9 @@ macro_rules! for_each_op {
                 pos: &[u32],
             ) -> Result<()>
             => "crate::rope::rope_backward" on [dx]
+            check {
+                crate::rope::check_apply_len("rope_backward", dx.len(), n_heads, table, pos)?;
+            }
             npu crate::rope::npu::backward;
 
             /// `h = silu(gate) * up` ([`crate::swiglu`]).
@@ -348,6 +367,7 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::index::gather_rows" on [out, src]
+            check { crate::index::check_gather_rows(out.len(), src.len(), idx, dim)?; }
             npu crate::index::npu::gather_rows;
 
             /// `dst[idx[i]] = src[i]`.
@@ -358,6 +378,9 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::index::scatter_rows" on [dst, src]
+            check {
+                crate::index::check_scatter_rows("scatter_rows", dst.len(), src.len(), idx, dim)?;
+            }
             npu crate::index::npu::scatter_rows;
 
             /// `dst[idx[i]] += src[i]`, in order of i.
@@ -368,6 +391,10 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::index::scatter_add_rows" on [dst, src]
+            check {
+                let (op, n, m) = ("scatter_add_rows", dst.len(), src.len());
+                crate::index::check_scatter_rows(op, n, m, idx, dim)?;
+            }
             npu crate::index::npu::scatter_add_rows;
 
             /// `dst[idx[i]] = 0`.
@@ -377,6 +404,7 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::index::zero_rows" on [dst]
+            check { crate::index::check_zero_rows(dst.len(), idx, dim)?; }
             npu crate::index::npu::zero_rows;
 
             /// `out[b, c, r] = x[b, r, c]`.
@@ -386,6 +414,7 @@ macro_rules! for_each_op {
                 d: TransposeDims,
             ) -> Result<()>
             => "crate::index::transpose" on [out, x]
+            check { crate::index::check_transpose(out.len(), x.len(), d)?; }
             npu crate::index::npu::transpose;
         }
     };
