@@ -181,6 +181,10 @@ macro_rules! for_each_op {
                 ldc: usize,
             ) -> Result<()>
             => "crate::gemm::gemm_f32" on [a, b, c]
+            check {
+                let (al, bl, cl) = ((a.len(), lda), (b.len(), ldb), (c.len(), ldc));
+                crate::gemm::check_gemm::<A, B>(p, (ta, tb), d, al, bl, cl)?;
+            }
             npu crate::gemm::npu::gemm;
 
             /// Sum of squares of every element of every view, in f64 ([`crate::grad_clip`]).
@@ -208,6 +212,10 @@ macro_rules! for_each_op {
                 d: LinearDims,
             ) -> Result<()>
             => "crate::linear::linear_forward" on [y, x, w, b]
+            check {
+                let bl = b.map(|b| b.len());
+                crate::linear::check_forward::<Y, X, W>(p, d, y.len(), x.len(), w.len(), bl)?;
+            }
             npu crate::linear::npu::forward;
 
             /// Accumulates the gradients present in `g`, in precision `p`.
@@ -220,6 +228,10 @@ macro_rules! for_each_op {
                 d: LinearDims,
             ) -> Result<()>
             => "crate::linear::linear_backward" on [g, dy, x, w]
+            check {
+                let (dyl, xl, wl) = (dy.len(), x.len(), w.len());
+                crate::linear::check_backward::<G, X, W>(p, d, g.lens(), dyl, xl, wl)?;
+            }
             npu crate::linear::npu::backward;
 
             /// `out = im2col(pixels) weight^T` in precision `p` ([`crate::patch_embed`]).
@@ -232,6 +244,10 @@ macro_rules! for_each_op {
                 d_model: usize,
             ) -> Result<()>
             => "crate::patch_embed::patch_embed_forward" on [out, pixels, weight]
+            check {
+                let (ol, pl, wl) = (out.len(), pixels.len(), weight.len());
+                crate::patch_embed::check_forward::<P, W>(p, &g, d_model, ol, pl, wl)?;
+            }
             npu crate::patch_embed::npu::forward;
 
             /// Accumulates the gradients present in `grads`, in precision `p`.
@@ -245,6 +261,11 @@ macro_rules! for_each_op {
                 d_model: usize,
             ) -> Result<()>
             => "crate::patch_embed::patch_embed_backward" on [grads, dout, pixels, weight]
+            check {
+                let (gl, dl) = (grads.lens(), dout.len());
+                let (pl, wl) = (pixels.len(), weight.len());
+                crate::patch_embed::check_backward::<G, P, W>(p, &g, d_model, gl, dl, pl, wl)?;
+            }
             npu crate::patch_embed::npu::backward;
 
             /// `out = rmsnorm(x) * weight`, saving `rstd` ([`crate::rmsnorm`]).
