@@ -94,6 +94,10 @@ macro_rules! for_each_op {
                 norm: LossNorm,
             ) -> Result<CeStats>
             => "crate::cross_entropy::cross_entropy" on [logits, d_logits]
+            check {
+                let (n, d) = (logits.len(), d_logits.as_ref().map(|d| d.len()));
+                crate::cross_entropy::check_full("cross_entropy", labels, vocab, n, d, norm)?;
+            }
             meta { Ok(CeStats::of_labels(labels)) }
             npu crate::cross_entropy::npu::full;
 
@@ -105,6 +109,10 @@ macro_rules! for_each_op {
                 norm: LossNorm,
             ) -> Result<CeStats>
             => "crate::cross_entropy::cross_entropy_in_place" on [logits]
+            check {
+                let (op, n) = ("cross_entropy_in_place", logits.len());
+                crate::cross_entropy::check_full(op, labels, vocab, n, None, norm)?;
+            }
             meta { Ok(CeStats::of_labels(labels)) }
             npu crate::cross_entropy::npu::in_place;
 
@@ -120,7 +128,10 @@ macro_rules! for_each_op {
                 grads: LmHeadGrads<'_>,
             ) -> Result<CeStats>
             => "crate::cross_entropy::cross_entropy_chunked" on [h, w, grads]
-            check { grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?; }
+            check {
+                grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?;
+                crate::cross_entropy::check_chunked(labels, vocab, chunk_rows, norm)?;
+            }
             meta { Ok(CeStats::of_labels(labels)) }
             npu crate::cross_entropy::npu::chunked_lm_head;
 
