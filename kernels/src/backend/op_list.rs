@@ -39,6 +39,10 @@ macro_rules! for_each_op {
                 lse: &mut BufferViewMut<'_, f32>,
             ) -> Result<()>
             => "crate::attention::forward" on [x, out, lse]
+            check(stream) {
+                let per_head = crate::attention::lse_per_head(stream.device());
+                crate::attention::check_forward(a, per_head, x.lens(), out.len(), lse.len())?;
+            }
             npu crate::attention::npu::forward;
 
             /// Varlen attention backward: overwrites dq, dk, dv.
@@ -51,6 +55,11 @@ macro_rules! for_each_op {
                 g: QkvGradBuf<'_, '_, E>,
             ) -> Result<()>
             => "crate::attention::backward" on [x, out, lse, dout, g]
+            check(stream) {
+                let per_head = crate::attention::lse_per_head(stream.device());
+                let saved = (out.len(), lse.len(), dout.len());
+                crate::attention::check_backward(a, per_head, x.lens(), saved, g.lens())?;
+            }
             npu crate::attention::npu::backward;
 
             /// Ring attention block forward: merges into the f32 `out` and `lse` accumulators
@@ -62,6 +71,11 @@ macro_rules! for_each_op {
                 lse: &mut BufferViewMut<'_, f32>,
             ) -> Result<()>
             => "crate::attention::block_forward_merge" on [x, out, lse]
+            check(stream) {
+                let per_head = crate::attention::lse_per_head(stream.device());
+                let (ol, ll) = (out.len(), lse.len());
+                crate::attention::check_block_forward(a, per_head, x.lens(), ol, ll)?;
+            }
             npu crate::attention::npu::block_forward;
 
             /// Ring attention block backward: adds into the f32 dq, dk, dv accumulators.
@@ -74,6 +88,11 @@ macro_rules! for_each_op {
                 g: QkvGradBuf<'_, '_, f32>,
             ) -> Result<()>
             => "crate::attention::block_backward_accumulate" on [x, out, lse, dout, g]
+            check(stream) {
+                let per_head = crate::attention::lse_per_head(stream.device());
+                let saved = (out.len(), lse.len(), dout.len());
+                crate::attention::check_block_backward(a, per_head, x.lens(), saved, g.lens())?;
+            }
             npu crate::attention::npu::block_backward;
 
             /// `dst = src` converted between storage types ([`crate::cast`]).
