@@ -1,16 +1,22 @@
 //! The one list of the ops over runtime buffers, written once.
 //!
 //! Each entry is an op's signature (after `stream`), its doc, the slice-level function it
-//! runs on the CPU, the operands [`super::select`] checks against the stream's device,
-//! optionally a `check` run before that, optionally a `meta` value (what it returns on the
-//! meta device; default: `Ok` of the return type's default), and its NPU body: a function of
-//! the op's `npu.rs` taking the device ordinal, the stream and the entry's arguments in
-//! order. Four expansions read it: [`super::Backend`] (one method per entry), its
-//! implementations for [`super::Npu`] (each method calls the entry's NPU body) and
-//! [`super::Meta`] (each method returns the entry's meta value: the operands were checked,
-//! nothing is computed), and [`crate::ops`] (one public entry point per entry, which checks
-//! the operands and calls the chosen backend's method). A new op is one entry here, its CPU
-//! method (`cpu.rs`: borrowing host slices is op-specific) and its NPU body.
+//! runs on the CPU, the operands [`super::select`] checks against the stream's device, its
+//! `check` run before that, optionally a `meta` value (what it returns on the meta device;
+//! default: `Ok` of the return type's default), and its NPU body: a function of the op's
+//! `npu.rs` taking the device ordinal, the stream and the entry's arguments in order. Four
+//! expansions read it: [`super::Backend`] (one method per entry), its implementations for
+//! [`super::Npu`] (each method calls the entry's NPU body) and [`super::Meta`] (each method
+//! returns the entry's meta value: the operands were checked, nothing is computed), and
+//! [`crate::ops`] (one public entry point per entry, which runs the check, checks the
+//! operands' devices and calls the chosen backend's method). A new op is one entry here,
+//! its CPU method (`cpu.rs`: borrowing host slices is op-specific) and its NPU body.
+//!
+//! An entry's `check` holds the op's argument rules (lengths, dims, ids, precision): the
+//! `check_*` function of the op's module that its slice-level function and its NPU body call
+//! too, so every device enforces one rule, and the meta device, which runs neither, rejects
+//! what the CPU would. An op without rules says so (`check {}`); `check(stream)` binds the
+//! entry's stream for a rule that depends on the device (attention's statistics layout).
 
 /// Expands `$m! { <every entry> }`.
 macro_rules! for_each_op {
@@ -222,6 +228,7 @@ macro_rules! for_each_op {
                 grads: &[BufferView<'_, f32>],
             ) -> Result<f64>
             => "crate::grad_clip::grad_sum_squares" on [grads]
+            check {} // any views, any lengths
             npu crate::grad_clip::npu::grad_sum_squares;
 
             /// Every element of every view times `coef`.
@@ -230,6 +237,7 @@ macro_rules! for_each_op {
                 coef: f32,
             ) -> Result<()>
             => "crate::grad_clip::scale_grads" on [grads]
+            check {} // any views, any lengths
             npu crate::grad_clip::npu::scale_grads;
 
             /// `y = x w^T (+ b)` in precision `p` ([`crate::linear`]).
@@ -478,7 +486,7 @@ macro_rules! declare_backend {
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
         => $slice:literal on [$($on:ident),*]
-        $(check $(($st:ident))? $check:block)? $(meta $meta:block)?
+        check $(($st:ident))? $check:block $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         /// Every op of the crate over runtime buffers, as one backend runs it. Shapes,
@@ -506,7 +514,7 @@ macro_rules! define_entry_points {
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
         => $slice:literal on [$($on:ident),*]
-        $(check $(($st:ident))? $check:block)? $(meta $meta:block)?
+        check $(($st:ident))? $check:block $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         $(
@@ -519,7 +527,8 @@ macro_rules! define_entry_points {
             ) -> $ret {
                 // `check(name)` binds the stream under a name of the op list's own: its
                 // tokens do not see this macro's `stream` (hygiene).
-                $($(let $st: &cannon_runtime::Stream = stream;)? $check)?
+                $(let $st: &cannon_runtime::Stream = stream;)?
+                $check
                 $crate::backend::dispatch!(stringify!($name), stream, [$($on),*], |be| {
                     $crate::backend::Backend::$name(&be, stream, $($arg),*)
                 })
@@ -535,7 +544,7 @@ macro_rules! impl_npu_backend {
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
         => $slice:literal on [$($on:ident),*]
-        $(check $(($st:ident))? $check:block)? $(meta $meta:block)?
+        check $(($st:ident))? $check:block $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         impl Backend for Npu {
@@ -562,7 +571,7 @@ macro_rules! impl_meta_backend {
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
         => $slice:literal on [$($on:ident),*]
-        $(check $(($st:ident))? $check:block)? $(meta $meta:block)?
+        check $(($st:ident))? $check:block $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         impl Backend for Meta {
