@@ -34,6 +34,10 @@ mod npu;
 #[path = "device_dispatch/meta.rs"]
 mod meta;
 
+/// Every op's argument rules on the meta device, as the CPU applies them.
+#[path = "device_dispatch/meta_checks.rs"]
+mod meta_checks;
+
 fn elems<E: Float>(rng: &mut Rng, n: usize) -> Vec<E> {
     rng.normal_vec(n, 1.0)
         .into_iter()

@@ -107,11 +107,25 @@ pub fn adamw_step(
     step: u64,
     hp: &AdamW,
 ) -> Result<()> {
-    let op = "adamw_step";
-    check_len(op, "grads", grads.len(), params.len())?;
-    check_len(op, "m", m.len(), params.len())?;
-    check_len(op, "v", v.len(), params.len())?;
-    hp.check(step)?;
+    check_step(params.len(), grads.len(), m.len(), v.len(), step, hp)?;
     cpu::step(params, grads, m, v, &hp.scalars(step));
     Ok(())
+}
+
+/// The rules of [`adamw_step`] on every backend (the device-level entry point checks them
+/// before any backend runs, so the meta device enforces them too): `grads`, `m` and `v` as
+/// long as `params` (lengths given), `step` 1-based and valid hyper-parameters.
+pub(crate) fn check_step(
+    params: usize,
+    grads: usize,
+    m: usize,
+    v: usize,
+    step: u64,
+    hp: &AdamW,
+) -> Result<()> {
+    let op = "adamw_step";
+    check_len(op, "grads", grads, params)?;
+    check_len(op, "m", m, params)?;
+    check_len(op, "v", v, params)?;
+    hp.check(step)
 }

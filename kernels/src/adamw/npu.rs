@@ -15,7 +15,7 @@
 
 use super::AdamW;
 use crate::backend::npu_body;
-use crate::error::{check_len, Result};
+use crate::error::Result;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// `aclnnApplyAdamWV2(varRef = params, mRef = m, vRef = v, maxGradNormOptionalRef = null,
@@ -37,10 +37,7 @@ pub fn step(
         use crate::backend::aclnn::{aclnn, AclTensor};
         use cannon_runtime::DeviceBuffer;
         let n = params.len();
-        check_len(OP, "grads", grads.len(), n)?;
-        check_len(OP, "m", m.len(), n)?;
-        check_len(OP, "v", v.len(), n)?;
-        hp.check(step)?;
+        super::check_step(n, grads.len(), m.len(), v.len(), step, hp)?;
         if n == 0 {
             return Ok(());
         }

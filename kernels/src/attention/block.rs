@@ -150,6 +150,58 @@ impl BlockAttention<'_> {
     }
 }
 
+/// The statistics accumulator: `[Tq, Hq, lse_per_head]` (see [`super::check_forward`]).
+fn check_lse(op: &'static str, a: &BlockAttention, lse_per_head: usize, lse: usize) -> Result<()> {
+    let npu = "lse (softmaxMax + softmaxSum, see block_lse_len_npu)";
+    let what = super::lse_name(lse_per_head, npu);
+    check_len(op, what, lse, a.q_tokens * a.q_heads * lse_per_head)
+}
+
+/// The rules of [`forward_merge`] on every backend (the device-level entry point checks them
+/// before any backend runs): `a` valid (heads, pairs inside the blocks, ranges equal or
+/// disjoint), q `[Tq, Hq, D]`, k and v `[Tk, Hkv, D]`, out `[Tq, Hq, D]` and lse `[Tq, Hq,
+/// lse_per_head]`, `lse_per_head` being the backend's ([`super::lse_per_head`]; 1 here).
+pub(crate) fn check_forward(
+    a: &BlockAttention,
+    lse_per_head: usize,
+    [q, k, v]: [usize; 3],
+    out: usize,
+    lse: usize,
+) -> Result<()> {
+    a.validate(OP_FWD)?;
+    let (ql, kl) = (a.q_len(), a.kv_len());
+    for (what, len, want) in [("q", q, ql), ("k", k, kl), ("v", v, kl), ("out", out, ql)] {
+        check_len(OP_FWD, what, len, want)?;
+    }
+    check_lse(OP_FWD, a, lse_per_head, lse)
+}
+
+/// The rules of [`backward_accumulate`] on every backend, as [`check_forward`]'s, with dout
+/// shaped as out and dq, dk, dv as q, k, v.
+pub(crate) fn check_backward(
+    a: &BlockAttention,
+    lse_per_head: usize,
+    [q, k, v]: [usize; 3],
+    (out, lse, dout): (usize, usize, usize),
+    [dq, dk, dv]: [usize; 3],
+) -> Result<()> {
+    a.validate(OP_BWD)?;
+    let (ql, kl) = (a.q_len(), a.kv_len());
+    for (what, len, want) in [("q", q, ql), ("k", k, kl), ("v", v, kl), ("out", out, ql)] {
+        check_len(OP_BWD, what, len, want)?;
+    }
+    check_lse(OP_BWD, a, lse_per_head, lse)?;
+    for (what, len, want) in [
+        ("dout", dout, ql),
+        ("dq", dq, ql),
+        ("dk", dk, kl),
+        ("dv", dv, kl),
+    ] {
+        check_len(OP_BWD, what, len, want)?;
+    }
+    Ok(())
+}
+
 /// Row bands of a block: a causal block's band `r` sees keys `..r.end` only, so its products
 /// skip the masked upper triangle but for the band's own square; a full block is one band.
 fn bands(n: usize, causal: bool) -> Vec<Range<usize>> {
@@ -251,12 +303,7 @@ pub(super) fn forward_merge_on<E: Float>(
     out: &mut [f32],
     lse: &mut [f32],
 ) -> Result<()> {
-    a.validate(OP_FWD)?;
-    check_len(OP_FWD, "q", q.len(), a.q_len())?;
-    check_len(OP_FWD, "k", k.len(), a.kv_len())?;
-    check_len(OP_FWD, "v", v.len(), a.kv_len())?;
-    check_len(OP_FWD, "out", out.len(), a.q_len())?;
-    check_len(OP_FWD, "lse", lse.len(), a.q_tokens * a.q_heads)?;
+    check_forward(a, 1, [q.len(), k.len(), v.len()], out.len(), lse.len())?;
     let groups = a.groups(OP_FWD, true)?;
     let (hq, hkv, d) = (a.q_heads, a.kv_heads, a.head_dim);
     let (q, k, v) = (widen(q), widen(k), widen(v));
@@ -402,21 +449,13 @@ pub(super) fn backward_accumulate_on<E: Float>(
     (out, lse, dout): (&[E], &[f32], &[E]),
     (dq, dk, dv): (&mut [f32], &mut [f32], &mut [f32]),
 ) -> Result<()> {
-    a.validate(OP_BWD)?;
-    let (ql, kl) = (a.q_len(), a.kv_len());
-    for (what, len, want) in [
-        ("q", q.len(), ql),
-        ("k", k.len(), kl),
-        ("v", v.len(), kl),
-        ("out", out.len(), ql),
-        ("lse", lse.len(), a.q_tokens * a.q_heads),
-        ("dout", dout.len(), ql),
-        ("dq", dq.len(), ql),
-        ("dk", dk.len(), kl),
-        ("dv", dv.len(), kl),
-    ] {
-        check_len(OP_BWD, what, len, want)?;
-    }
+    check_backward(
+        a,
+        1,
+        [q.len(), k.len(), v.len()],
+        (out.len(), lse.len(), dout.len()),
+        [dq.len(), dk.len(), dv.len()],
+    )?;
     let (hq, hkv, d, scale) = (a.q_heads, a.kv_heads, a.head_dim, a.scale);
     let g = hq / hkv;
     let (q, k, v, dout) = (widen(q), widen(k), widen(v), widen(dout));

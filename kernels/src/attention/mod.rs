@@ -69,6 +69,9 @@ pub use block::{
     backward_accumulate as block_backward_accumulate, forward_merge as block_forward_merge,
     BlockAttention, BlockPair,
 };
+pub(crate) use block::{
+    check_backward as check_block_backward, check_forward as check_block_forward,
+};
 pub use npu::{block_lse_len_npu, lse_len_npu, BLOCK_EMPTY_MAX};
 
 /// An empty ring-block `lse` accumulator of `rows` (query tokens x heads) on `device`,
@@ -231,6 +234,13 @@ pub struct QkvBuf<'a, E: cannon_runtime::Element> {
     pub v: &'a BufferView<'a, E>,
 }
 
+impl<E: cannon_runtime::Element> QkvBuf<'_, E> {
+    /// The lengths of q, k, v.
+    pub(crate) fn lens(&self) -> [usize; 3] {
+        [self.q.len(), self.k.len(), self.v.len()]
+    }
+}
+
 impl<E: cannon_runtime::Element> crate::backend::OnDevice for QkvBuf<'_, E> {
     fn devices(&self, out: &mut Vec<cannon_runtime::Device>) {
         out.extend([self.q.device(), self.k.device(), self.v.device()]);
@@ -243,6 +253,13 @@ pub struct QkvGradBuf<'a, 'b, E: cannon_runtime::Element> {
     pub dq: &'a mut BufferViewMut<'b, E>,
     pub dk: &'a mut BufferViewMut<'b, E>,
     pub dv: &'a mut BufferViewMut<'b, E>,
+}
+
+impl<E: cannon_runtime::Element> QkvGradBuf<'_, '_, E> {
+    /// The lengths of dq, dk, dv.
+    pub(crate) fn lens(&self) -> [usize; 3] {
+        [self.dq.len(), self.dk.len(), self.dv.len()]
+    }
 }
 
 impl<E: cannon_runtime::Element> crate::backend::OnDevice for QkvGradBuf<'_, '_, E> {
@@ -267,10 +284,72 @@ pub struct QkvGrad<'a, E> {
     pub dv: &'a mut [E],
 }
 
-fn check_qkv<E>(op: &'static str, a: &VarlenAttention, x: &Qkv<E>) -> Result<()> {
-    check_len(op, "q", x.q.len(), a.q_len())?;
-    check_len(op, "k", x.k.len(), a.kv_len())?;
-    check_len(op, "v", x.v.len(), a.kv_len())
+impl<E> Qkv<'_, E> {
+    fn lens(&self) -> [usize; 3] {
+        [self.q.len(), self.k.len(), self.v.len()]
+    }
+}
+
+/// How a length error names the saved softmax statistics: the CPU's log-sum-exp (1 value
+/// per token and query head) is `lse`; the NPU's form (16, see [`lse_per_head`]) is named
+/// `npu` (which points at the function sizing it).
+fn lse_name(lse_per_head: usize, npu: &'static str) -> &'static str {
+    if lse_per_head == 1 {
+        "lse"
+    } else {
+        npu
+    }
+}
+
+/// q `[T, Hq, D]`, k and v `[T, Hkv, D]` (their lengths, in that order).
+fn check_qkv(op: &'static str, a: &VarlenAttention, [q, k, v]: [usize; 3]) -> Result<()> {
+    check_len(op, "q", q, a.q_len())?;
+    check_len(op, "k", k, a.kv_len())?;
+    check_len(op, "v", v, a.kv_len())
+}
+
+/// The saved statistics: `[T, Hq, lse_per_head]`.
+fn check_lse(op: &'static str, a: &VarlenAttention, lse_per_head: usize, lse: usize) -> Result<()> {
+    let what = lse_name(
+        lse_per_head,
+        "lse (softmaxMax + softmaxSum, see lse_len_npu)",
+    );
+    check_len(op, what, lse, a.lse_len() * lse_per_head)
+}
+
+/// The rules of [`forward`] on every backend (the device-level entry point checks them before
+/// any backend runs): `a` valid, q, k, v, out of its shapes and `lse` of `T * Hq *
+/// lse_per_head` values, `lse_per_head` being the backend's ([`lse_per_head`]; 1 here).
+pub(crate) fn check_forward(
+    a: &VarlenAttention,
+    lse_per_head: usize,
+    qkv: [usize; 3],
+    out: usize,
+    lse: usize,
+) -> Result<()> {
+    a.validate(OP_FWD)?;
+    check_qkv(OP_FWD, a, qkv)?;
+    check_len(OP_FWD, "out", out, a.q_len())?;
+    check_lse(OP_FWD, a, lse_per_head, lse)
+}
+
+/// The rules of [`backward`] on every backend, as [`check_forward`]'s, with dout shaped as
+/// out and dq, dk, dv as q, k, v.
+pub(crate) fn check_backward(
+    a: &VarlenAttention,
+    lse_per_head: usize,
+    qkv: [usize; 3],
+    (out, lse, dout): (usize, usize, usize),
+    [dq, dk, dv]: [usize; 3],
+) -> Result<()> {
+    a.validate(OP_BWD)?;
+    check_qkv(OP_BWD, a, qkv)?;
+    check_len(OP_BWD, "out", out, a.q_len())?;
+    check_lse(OP_BWD, a, lse_per_head, lse)?;
+    check_len(OP_BWD, "dout", dout, a.q_len())?;
+    check_len(OP_BWD, "dq", dq, a.q_len())?;
+    check_len(OP_BWD, "dk", dk, a.kv_len())?;
+    check_len(OP_BWD, "dv", dv, a.kv_len())
 }
 
 /// Forward: writes `out [T, Hq, D]` and `lse [T, Hq]` (both overwritten).
@@ -280,10 +359,7 @@ pub fn forward<E: Float>(
     out: &mut [E],
     lse: &mut [f32],
 ) -> Result<()> {
-    a.validate(OP_FWD)?;
-    check_qkv(OP_FWD, a, &x)?;
-    check_len(OP_FWD, "out", out.len(), a.q_len())?;
-    check_len(OP_FWD, "lse", lse.len(), a.lse_len())?;
+    check_forward(a, 1, x.lens(), out.len(), lse.len())?;
     cpu::forward(cpu::Isa::detect(), a, x, out, lse);
     Ok(())
 }
@@ -298,14 +374,8 @@ pub fn backward<E: Float>(
     dout: &[E],
     g: QkvGrad<E>,
 ) -> Result<()> {
-    a.validate(OP_BWD)?;
-    check_qkv(OP_BWD, a, &x)?;
-    check_len(OP_BWD, "out", out.len(), a.q_len())?;
-    check_len(OP_BWD, "lse", lse.len(), a.lse_len())?;
-    check_len(OP_BWD, "dout", dout.len(), a.q_len())?;
-    check_len(OP_BWD, "dq", g.dq.len(), a.q_len())?;
-    check_len(OP_BWD, "dk", g.dk.len(), a.kv_len())?;
-    check_len(OP_BWD, "dv", g.dv.len(), a.kv_len())?;
+    let grads = [g.dq.len(), g.dk.len(), g.dv.len()];
+    check_backward(a, 1, x.lens(), (out.len(), lse.len(), dout.len()), grads)?;
     cpu::backward(
         cpu::Isa::detect(),
         cpu::BwdSchedule::Auto,

@@ -20,7 +20,7 @@
 
 use super::{BlockAttention, QkvBuf, QkvGradBuf, VarlenAttention};
 use crate::backend::npu_body;
-use crate::error::{check_len, Result};
+use crate::error::Result;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -34,34 +34,9 @@ pub fn block_lse_len_npu(a: &BlockAttention) -> usize {
 /// inputs are), and so far below any score that `e^(EMPTY_MAX - m)` is 0 in f32.
 pub const BLOCK_EMPTY_MAX: f32 = -1e30;
 
-/// The lengths of q, k, v (`q_len`, `kv_len`) and of the NPU's statistics `lse` (`lse_len`,
-/// named by `lse_what`), after the call's own validation.
-fn check_qkv_lse<E: cannon_runtime::Element>(
-    op: &'static str,
-    x: &QkvBuf<'_, E>,
-    (q_len, kv_len): (usize, usize),
-    (lse, lse_len, lse_what): (usize, usize, &str),
-) -> Result<()> {
-    check_len(op, "q", x.q.len(), q_len)?;
-    check_len(op, "k", x.k.len(), kv_len)?;
-    check_len(op, "v", x.v.len(), kv_len)?;
-    check_len(op, lse_what, lse, lse_len)
-}
-
-fn check_block<E: cannon_runtime::Element>(
-    op: &'static str,
-    a: &BlockAttention,
-    x: &QkvBuf<'_, E>,
-    lse: usize,
-) -> Result<()> {
-    a.validate(op)?;
-    let what = "lse (softmaxMax + softmaxSum, see block_lse_len_npu)";
-    check_qkv_lse(
-        op,
-        x,
-        (a.q_len(), a.kv_len()),
-        (lse, block_lse_len_npu(a), what),
-    )
+/// f32 values per (token, query head) the NPU's statistics take ([`super::lse_per_head`]).
+fn npu_lse_per_head(ordinal: u32) -> usize {
+    super::lse_per_head(cannon_runtime::Device::Npu(ordinal))
 }
 
 /// A ring attention block's forward on the NPU, per query range and each of its key ranges:
@@ -89,8 +64,8 @@ pub fn block_forward<E: Float>(
         ordinal,
         "aclnnFlashAttentionVarLenScore + aclnnRingAttentionUpdate",
         {
-            check_block(OP, a, &x, lse.len())?;
-            check_len(OP, "out", out.len(), a.q_len())?;
+            let per_head = npu_lse_per_head(ordinal);
+            super::check_block_forward(a, per_head, x.lens(), out.len(), lse.len())?;
             let half = lse.len() / 2;
             let (hq, d) = (a.q_heads, a.head_dim);
             for (qr, keys) in a.groups(OP, true)? {
@@ -138,16 +113,9 @@ pub fn block_backward<E: Float>(
 ) -> Result<()> {
     const OP: &str = "attention_block_backward";
     npu_body!(OP, ordinal, "aclnnFlashAttentionUnpaddingScoreGrad", {
-        check_block(OP, a, &x, lse.len())?;
-        for (what, len, want) in [
-            ("out", out.len(), a.q_len()),
-            ("dout", dout.len(), a.q_len()),
-            ("dq", g.dq.len(), a.q_len()),
-            ("dk", g.dk.len(), a.kv_len()),
-            ("dv", g.dv.len(), a.kv_len()),
-        ] {
-            check_len(OP, what, len, want)?;
-        }
+        let saved = (out.len(), lse.len(), dout.len());
+        let per_head = npu_lse_per_head(ordinal);
+        super::check_block_backward(a, per_head, x.lens(), saved, g.lens())?;
         let (hq, hkv, d) = (a.q_heads, a.kv_heads, a.head_dim);
         for (qr, keys) in a.groups(OP, true)? {
             for (kr, causal) in keys {
@@ -565,17 +533,6 @@ mod imp {
     }
 }
 
-fn check_shapes<E: cannon_runtime::Element>(
-    op: &'static str,
-    a: &VarlenAttention,
-    x: &QkvBuf<'_, E>,
-    lse: usize,
-) -> Result<()> {
-    a.validate(op)?;
-    let what = "lse (softmaxMax + softmaxSum, see lse_len_npu)";
-    check_qkv_lse(op, x, (a.q_len(), a.kv_len()), (lse, lse_len_npu(a), what))
-}
-
 /// `aclnnFlashAttentionVarLenScore` over the batch's sequences (`actualSeqQLen =
 /// actualSeqKvLen = cu_seqlens`), softmaxMaxOut = lse[..half], softmaxSumOut = lse[half..].
 pub fn forward<E: Float>(
@@ -589,8 +546,8 @@ pub fn forward<E: Float>(
     const OP: &str = "attention_forward";
     npu_body!(OP, ordinal, "aclnnFlashAttentionVarLenScore", {
         use crate::backend::aclnn::AclTensor;
-        check_shapes(OP, a, &x, lse.len())?;
-        check_len(OP, "out", out.len(), a.q_len())?;
+        let per_head = npu_lse_per_head(ordinal);
+        super::check_forward(a, per_head, x.lens(), out.len(), lse.len())?;
         if a.tokens == 0 {
             return Ok(());
         }
@@ -623,16 +580,9 @@ pub fn backward<E: Float>(
     const OP: &str = "attention_backward";
     npu_body!(OP, ordinal, "aclnnFlashAttentionUnpaddingScoreGrad", {
         use crate::backend::aclnn::AclTensor;
-        check_shapes(OP, a, &x, lse.len())?;
-        for (what, len, want) in [
-            ("out", out.len(), a.q_len()),
-            ("dout", dout.len(), a.q_len()),
-            ("dq", g.dq.len(), a.q_len()),
-            ("dk", g.dk.len(), a.kv_len()),
-            ("dv", g.dv.len(), a.kv_len()),
-        ] {
-            check_len(OP, what, len, want)?;
-        }
+        let saved = (out.len(), lse.len(), dout.len());
+        let per_head = npu_lse_per_head(ordinal);
+        super::check_backward(a, per_head, x.lens(), saved, g.lens())?;
         if a.tokens == 0 {
             return Ok(());
         }

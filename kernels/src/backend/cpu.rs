@@ -182,6 +182,9 @@ impl Backend for Cpu {
         norm: LossNorm,
         mut grads: LmHeadGrads<'_>,
     ) -> Result<CeStats> {
+        // The lm_head's lengths, as the NPU body checks them (the slice-level loss sees only
+        // the producer, which slices h and dh by rows).
+        grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?;
         let with_grad = grads.dh.is_some() || grads.dw.is_some();
         let mut producer = LmHeadCpu {
             h: h.as_host_slice()?,

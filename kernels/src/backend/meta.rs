@@ -1,8 +1,9 @@
 //! [`Backend`] on the meta device: every method returns what its op list entry says a meta
 //! call gives (by default `Ok` of the return type's default: `()`, a norm of 0) and touches
 //! no operand. The dispatch has checked that every operand is on the meta device, and the
-//! entry's `check` (where it has one) ran before; the buffers' own views checked every range
-//! the caller cut. What a meta step measures is its allocations, not its numbers.
+//! entry's `check` ran before (the op's rules on lengths, dims, ids and precision, the ones
+//! its CPU function and NPU body enforce); the buffers' own views checked every range the
+//! caller cut. What a meta step measures is its allocations, not its numbers.
 
 use super::op_list::{for_each_op, impl_meta_backend};
 use super::{Backend, Meta};

@@ -58,8 +58,9 @@ pub struct Npu {
     pub ordinal: u32,
 }
 
-/// The meta device: operands checked (devices here, lengths by the op's `check` and the
-/// views' own bounds), nothing computed ([`cannon_runtime::Device::Meta`]).
+/// The meta device: operands checked (devices here; lengths, dims, ids and precision by the
+/// op's `check`, the rules the CPU and NPU paths enforce; ranges by the views' own bounds),
+/// nothing computed ([`cannon_runtime::Device::Meta`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Meta;
 

@@ -1,16 +1,22 @@
 //! The one list of the ops over runtime buffers, written once.
 //!
 //! Each entry is an op's signature (after `stream`), its doc, the slice-level function it
-//! runs on the CPU, the operands [`super::select`] checks against the stream's device,
-//! optionally a `check` run before that, optionally a `meta` value (what it returns on the
-//! meta device; default: `Ok` of the return type's default), and its NPU body: a function of
-//! the op's `npu.rs` taking the device ordinal, the stream and the entry's arguments in
-//! order. Four expansions read it: [`super::Backend`] (one method per entry), its
-//! implementations for [`super::Npu`] (each method calls the entry's NPU body) and
-//! [`super::Meta`] (each method returns the entry's meta value: the operands were checked,
-//! nothing is computed), and [`crate::ops`] (one public entry point per entry, which checks
-//! the operands and calls the chosen backend's method). A new op is one entry here, its CPU
-//! method (`cpu.rs`: borrowing host slices is op-specific) and its NPU body.
+//! runs on the CPU, the operands [`super::select`] checks against the stream's device, its
+//! `check` run before that, optionally a `meta` value (what it returns on the meta device;
+//! default: `Ok` of the return type's default), and its NPU body: a function of the op's
+//! `npu.rs` taking the device ordinal, the stream and the entry's arguments in order. Four
+//! expansions read it: [`super::Backend`] (one method per entry), its implementations for
+//! [`super::Npu`] (each method calls the entry's NPU body) and [`super::Meta`] (each method
+//! returns the entry's meta value: the operands were checked, nothing is computed), and
+//! [`crate::ops`] (one public entry point per entry, which runs the check, checks the
+//! operands' devices and calls the chosen backend's method). A new op is one entry here,
+//! its CPU method (`cpu.rs`: borrowing host slices is op-specific) and its NPU body.
+//!
+//! An entry's `check` holds the op's argument rules (lengths, dims, ids, precision): the
+//! `check_*` function of the op's module that its slice-level function and its NPU body call
+//! too, so every device enforces one rule, and the meta device, which runs neither, rejects
+//! what the CPU would. An op without rules says so (`check {}`); `check(stream)` binds the
+//! entry's stream for a rule that depends on the device (attention's statistics layout).
 
 /// Expands `$m! { <every entry> }`.
 macro_rules! for_each_op {
@@ -26,6 +32,9 @@ macro_rules! for_each_op {
                 hp: &AdamW,
             ) -> Result<()>
             => "crate::adamw::adamw_step" on [params, grads, m, v]
+            check {
+                crate::adamw::check_step(params.len(), grads.len(), m.len(), v.len(), step, hp)?;
+            }
             npu crate::adamw::npu::step;
 
             /// Varlen attention forward: writes `out` and `lse` ([`crate::attention`]).
@@ -36,6 +45,10 @@ macro_rules! for_each_op {
                 lse: &mut BufferViewMut<'_, f32>,
             ) -> Result<()>
             => "crate::attention::forward" on [x, out, lse]
+            check(stream) {
+                let per_head = crate::attention::lse_per_head(stream.device());
+                crate::attention::check_forward(a, per_head, x.lens(), out.len(), lse.len())?;
+            }
             npu crate::attention::npu::forward;
 
             /// Varlen attention backward: overwrites dq, dk, dv.
@@ -48,6 +61,11 @@ macro_rules! for_each_op {
                 g: QkvGradBuf<'_, '_, E>,
             ) -> Result<()>
             => "crate::attention::backward" on [x, out, lse, dout, g]
+            check(stream) {
+                let per_head = crate::attention::lse_per_head(stream.device());
+                let saved = (out.len(), lse.len(), dout.len());
+                crate::attention::check_backward(a, per_head, x.lens(), saved, g.lens())?;
+            }
             npu crate::attention::npu::backward;
 
             /// Ring attention block forward: merges into the f32 `out` and `lse` accumulators
@@ -59,6 +77,11 @@ macro_rules! for_each_op {
                 lse: &mut BufferViewMut<'_, f32>,
             ) -> Result<()>
             => "crate::attention::block_forward_merge" on [x, out, lse]
+            check(stream) {
+                let per_head = crate::attention::lse_per_head(stream.device());
+                let (ol, ll) = (out.len(), lse.len());
+                crate::attention::check_block_forward(a, per_head, x.lens(), ol, ll)?;
+            }
             npu crate::attention::npu::block_forward;
 
             /// Ring attention block backward: adds into the f32 dq, dk, dv accumulators.
@@ -71,6 +94,11 @@ macro_rules! for_each_op {
                 g: QkvGradBuf<'_, '_, f32>,
             ) -> Result<()>
             => "crate::attention::block_backward_accumulate" on [x, out, lse, dout, g]
+            check(stream) {
+                let per_head = crate::attention::lse_per_head(stream.device());
+                let saved = (out.len(), lse.len(), dout.len());
+                crate::attention::check_block_backward(a, per_head, x.lens(), saved, g.lens())?;
+            }
             npu crate::attention::npu::block_backward;
 
             /// `dst = src` converted between storage types ([`crate::cast`]).
@@ -79,6 +107,7 @@ macro_rules! for_each_op {
                 dst: &mut BufferViewMut<'_, B>,
             ) -> Result<()>
             => "crate::cast::cast" on [src, dst]
+            check { crate::cast::check_cast(src.len(), dst.len())?; }
             npu crate::cast::npu::convert;
 
             /// Cross-entropy of `[N, V]` logits; writes `d_logits` when given.
@@ -90,6 +119,10 @@ macro_rules! for_each_op {
                 norm: LossNorm,
             ) -> Result<CeStats>
             => "crate::cross_entropy::cross_entropy" on [logits, d_logits]
+            check {
+                let (n, d) = (logits.len(), d_logits.as_ref().map(|d| d.len()));
+                crate::cross_entropy::check_full("cross_entropy", labels, vocab, n, d, norm)?;
+            }
             meta { Ok(CeStats::of_labels(labels)) }
             npu crate::cross_entropy::npu::full;
 
@@ -101,6 +134,10 @@ macro_rules! for_each_op {
                 norm: LossNorm,
             ) -> Result<CeStats>
             => "crate::cross_entropy::cross_entropy_in_place" on [logits]
+            check {
+                let (op, n) = ("cross_entropy_in_place", logits.len());
+                crate::cross_entropy::check_full(op, labels, vocab, n, None, norm)?;
+            }
             meta { Ok(CeStats::of_labels(labels)) }
             npu crate::cross_entropy::npu::in_place;
 
@@ -116,7 +153,10 @@ macro_rules! for_each_op {
                 grads: LmHeadGrads<'_>,
             ) -> Result<CeStats>
             => "crate::cross_entropy::cross_entropy_chunked" on [h, w, grads]
-            check { grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?; }
+            check {
+                grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?;
+                crate::cross_entropy::check_chunked(labels, vocab, chunk_rows, norm)?;
+            }
             meta { Ok(CeStats::of_labels(labels)) }
             npu crate::cross_entropy::npu::chunked_lm_head;
 
@@ -128,6 +168,7 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::embedding::embedding_forward" on [out, weight]
+            check { crate::embedding::check_forward(out.len(), ids, weight.len(), dim)?; }
             npu crate::embedding::npu::forward;
 
             /// `dweight[ids[t]] += dout[t]`.
@@ -138,6 +179,7 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::embedding::embedding_backward" on [dweight, dout]
+            check { crate::embedding::check_backward(dweight.len(), dout.len(), ids, dim)?; }
             npu crate::embedding::npu::backward;
 
             /// `y = gelu(x)` ([`crate::gelu`]).
@@ -146,6 +188,7 @@ macro_rules! for_each_op {
                 x: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::gelu::gelu_forward" on [y, x]
+            check { crate::gelu::check_forward(y.len(), x.len())?; }
             npu crate::gelu::npu::forward;
 
             /// `dx += dy * gelu'(x)`.
@@ -155,6 +198,7 @@ macro_rules! for_each_op {
                 x: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::gelu::gelu_backward" on [dx, dy, x]
+            check { crate::gelu::check_backward(dx.len(), dy.len(), x.len())?; }
             npu crate::gelu::npu::backward;
 
             /// `C = alpha op(A) op(B) + beta C` in precision `p` ([`crate::gemm`]).
@@ -173,6 +217,10 @@ macro_rules! for_each_op {
                 ldc: usize,
             ) -> Result<()>
             => "crate::gemm::gemm_f32" on [a, b, c]
+            check {
+                let (al, bl, cl) = ((a.len(), lda), (b.len(), ldb), (c.len(), ldc));
+                crate::gemm::check_gemm::<A, B>(p, (ta, tb), d, al, bl, cl)?;
+            }
             npu crate::gemm::npu::gemm;
 
             /// Sum of squares of every element of every view, in f64 ([`crate::grad_clip`]).
@@ -180,6 +228,7 @@ macro_rules! for_each_op {
                 grads: &[BufferView<'_, f32>],
             ) -> Result<f64>
             => "crate::grad_clip::grad_sum_squares" on [grads]
+            check {} // any views, any lengths
             npu crate::grad_clip::npu::grad_sum_squares;
 
             /// Every element of every view times `coef`.
@@ -188,6 +237,7 @@ macro_rules! for_each_op {
                 coef: f32,
             ) -> Result<()>
             => "crate::grad_clip::scale_grads" on [grads]
+            check {} // any views, any lengths
             npu crate::grad_clip::npu::scale_grads;
 
             /// `y = x w^T (+ b)` in precision `p` ([`crate::linear`]).
@@ -200,6 +250,10 @@ macro_rules! for_each_op {
                 d: LinearDims,
             ) -> Result<()>
             => "crate::linear::linear_forward" on [y, x, w, b]
+            check {
+                let bl = b.map(|b| b.len());
+                crate::linear::check_forward::<Y, X, W>(p, d, y.len(), x.len(), w.len(), bl)?;
+            }
             npu crate::linear::npu::forward;
 
             /// Accumulates the gradients present in `g`, in precision `p`.
@@ -212,6 +266,10 @@ macro_rules! for_each_op {
                 d: LinearDims,
             ) -> Result<()>
             => "crate::linear::linear_backward" on [g, dy, x, w]
+            check {
+                let (dyl, xl, wl) = (dy.len(), x.len(), w.len());
+                crate::linear::check_backward::<G, X, W>(p, d, g.lens(), dyl, xl, wl)?;
+            }
             npu crate::linear::npu::backward;
 
             /// `out = im2col(pixels) weight^T` in precision `p` ([`crate::patch_embed`]).
@@ -224,6 +282,10 @@ macro_rules! for_each_op {
                 d_model: usize,
             ) -> Result<()>
             => "crate::patch_embed::patch_embed_forward" on [out, pixels, weight]
+            check {
+                let (ol, pl, wl) = (out.len(), pixels.len(), weight.len());
+                crate::patch_embed::check_forward::<P, W>(p, &g, d_model, ol, pl, wl)?;
+            }
             npu crate::patch_embed::npu::forward;
 
             /// Accumulates the gradients present in `grads`, in precision `p`.
@@ -237,6 +299,11 @@ macro_rules! for_each_op {
                 d_model: usize,
             ) -> Result<()>
             => "crate::patch_embed::patch_embed_backward" on [grads, dout, pixels, weight]
+            check {
+                let (gl, dl) = (grads.lens(), dout.len());
+                let (pl, wl) = (pixels.len(), weight.len());
+                crate::patch_embed::check_backward::<G, P, W>(p, &g, d_model, gl, dl, pl, wl)?;
+            }
             npu crate::patch_embed::npu::backward;
 
             /// `out = rmsnorm(x) * weight`, saving `rstd` ([`crate::rmsnorm`]).
@@ -249,6 +316,9 @@ macro_rules! for_each_op {
                 eps: f32,
             ) -> Result<()>
             => "crate::rmsnorm::rmsnorm_forward" on [out, rstd, x, weight]
+            check {
+                crate::rmsnorm::check_forward(out.len(), rstd.len(), x.len(), weight.len(), dim)?;
+            }
             npu crate::rmsnorm::npu::forward;
 
             /// Accumulates `dx` and `dweight`.
@@ -262,6 +332,11 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::rmsnorm::rmsnorm_backward" on [dx, dweight, dout, x, weight, rstd]
+            check {
+                let (dxl, dwl, dl) = (dx.len(), dweight.len(), dout.len());
+                let (xl, wl, rl) = (x.len(), weight.len(), rstd.len());
+                crate::rmsnorm::check_backward(dxl, dwl, dl, xl, wl, rl, dim)?;
+            }
             npu crate::rmsnorm::npu::backward;
 
             /// Rotates `x` in place by the angles of `pos` ([`crate::rope`]).
@@ -272,6 +347,9 @@ macro_rules! for_each_op {
                 pos: &[u32],
             ) -> Result<()>
             => "crate::rope::rope_forward" on [x]
+            check {
+                crate::rope::check_apply_len("rope_forward", x.len(), n_heads, table, pos)?;
+            }
             npu crate::rope::npu::forward;
 
             /// The inverse rotation of `dx`, in place.
@@ -282,6 +360,9 @@ macro_rules! for_each_op {
                 pos: &[u32],
             ) -> Result<()>
             => "crate::rope::rope_backward" on [dx]
+            check {
+                crate::rope::check_apply_len("rope_backward", dx.len(), n_heads, table, pos)?;
+            }
             npu crate::rope::npu::backward;
 
             /// `h = silu(gate) * up` ([`crate::swiglu`]).
@@ -291,6 +372,7 @@ macro_rules! for_each_op {
                 up: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::swiglu::swiglu_forward" on [h, gate, up]
+            check { crate::swiglu::check_forward(h.len(), gate.len(), up.len())?; }
             npu crate::swiglu::npu::forward;
 
             /// Accumulates `d_gate` and `d_up`.
@@ -302,6 +384,10 @@ macro_rules! for_each_op {
                 up: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::swiglu::swiglu_backward" on [d_gate, d_up, dh, gate, up]
+            check {
+                let (dg, du, dh) = (d_gate.len(), d_up.len(), dh.len());
+                crate::swiglu::check_backward(dg, du, dh, gate.len(), up.len())?;
+            }
             npu crate::swiglu::npu::backward;
 
             /// `y += x` ([`crate::elementwise`]).
@@ -310,6 +396,7 @@ macro_rules! for_each_op {
                 x: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::elementwise::add_into" on [y, x]
+            check { crate::elementwise::check_add_into(y.len(), x.len())?; }
             npu crate::elementwise::npu::add_into;
 
             /// `out = a * b`.
@@ -319,6 +406,7 @@ macro_rules! for_each_op {
                 b: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::elementwise::mul" on [out, a, b]
+            check { crate::elementwise::check_mul(out.len(), a.len(), b.len())?; }
             npu crate::elementwise::npu::mul;
 
             /// `y *= x`.
@@ -327,6 +415,7 @@ macro_rules! for_each_op {
                 x: &BufferView<'_, E>,
             ) -> Result<()>
             => "crate::elementwise::mul_into" on [y, x]
+            check { crate::elementwise::check_mul_into(y.len(), x.len())?; }
             npu crate::elementwise::npu::mul_into;
 
             /// `out[i] = src[idx[i]]`, rows of `dim` ([`crate::index`]).
@@ -337,6 +426,7 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::index::gather_rows" on [out, src]
+            check { crate::index::check_gather_rows(out.len(), src.len(), idx, dim)?; }
             npu crate::index::npu::gather_rows;
 
             /// `dst[idx[i]] = src[i]`.
@@ -347,6 +437,9 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::index::scatter_rows" on [dst, src]
+            check {
+                crate::index::check_scatter_rows("scatter_rows", dst.len(), src.len(), idx, dim)?;
+            }
             npu crate::index::npu::scatter_rows;
 
             /// `dst[idx[i]] += src[i]`, in order of i.
@@ -357,6 +450,10 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::index::scatter_add_rows" on [dst, src]
+            check {
+                let (op, n, m) = ("scatter_add_rows", dst.len(), src.len());
+                crate::index::check_scatter_rows(op, n, m, idx, dim)?;
+            }
             npu crate::index::npu::scatter_add_rows;
 
             /// `dst[idx[i]] = 0`.
@@ -366,6 +463,7 @@ macro_rules! for_each_op {
                 dim: usize,
             ) -> Result<()>
             => "crate::index::zero_rows" on [dst]
+            check { crate::index::check_zero_rows(dst.len(), idx, dim)?; }
             npu crate::index::npu::zero_rows;
 
             /// `out[b, c, r] = x[b, r, c]`.
@@ -375,6 +473,7 @@ macro_rules! for_each_op {
                 d: TransposeDims,
             ) -> Result<()>
             => "crate::index::transpose" on [out, x]
+            check { crate::index::check_transpose(out.len(), x.len(), d)?; }
             npu crate::index::npu::transpose;
         }
     };
@@ -386,7 +485,8 @@ macro_rules! declare_backend {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        => $slice:literal on [$($on:ident),*]
+        check $(($st:ident))? $check:block $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         /// Every op of the crate over runtime buffers, as one backend runs it. Shapes,
@@ -413,7 +513,8 @@ macro_rules! define_entry_points {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        => $slice:literal on [$($on:ident),*]
+        check $(($st:ident))? $check:block $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         $(
@@ -424,7 +525,10 @@ macro_rules! define_entry_points {
                 stream: &cannon_runtime::Stream,
                 $($arg: $ty),*
             ) -> $ret {
-                $($check)?
+                // `check(name)` binds the stream under a name of the op list's own: its
+                // tokens do not see this macro's `stream` (hygiene).
+                $(let $st: &cannon_runtime::Stream = stream;)?
+                $check
                 $crate::backend::dispatch!(stringify!($name), stream, [$($on),*], |be| {
                     $crate::backend::Backend::$name(&be, stream, $($arg),*)
                 })
@@ -439,7 +543,8 @@ macro_rules! impl_npu_backend {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        => $slice:literal on [$($on:ident),*]
+        check $(($st:ident))? $check:block $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         impl Backend for Npu {
@@ -465,7 +570,8 @@ macro_rules! impl_meta_backend {
     ($(
         $(#[doc = $doc:literal])*
         fn $name:ident $(<$($g:ident: $bound:ident),*>)? ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty
-        => $slice:literal on [$($on:ident),*] $(check $check:block)? $(meta $meta:block)?
+        => $slice:literal on [$($on:ident),*]
+        check $(($st:ident))? $check:block $(meta $meta:block)?
         npu $npu:path;
     )*) => {
         impl Backend for Meta {

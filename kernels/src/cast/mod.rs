@@ -57,7 +57,13 @@ pub fn round_to<E: Float>(x: f32) -> f32 {
 
 /// Converts between any two storage types (f32 -> f32 is a parallel copy). src, dst: `[N]`.
 pub fn cast<A: Float, B: Float>(src: &[A], dst: &mut [B]) -> Result<()> {
-    check_len("cast", "dst", dst.len(), src.len())?;
+    check_cast(src.len(), dst.len())?;
     cpu::convert(src, dst);
     Ok(())
+}
+
+/// The rule of [`cast`] on every backend (the device-level entry point checks it before any
+/// backend runs): `dst` as long as `src` (lengths given).
+pub(crate) fn check_cast(src: usize, dst: usize) -> Result<()> {
+    check_len("cast", "dst", dst, src)
 }

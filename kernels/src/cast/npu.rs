@@ -11,7 +11,7 @@
 )]
 
 use crate::backend::npu_body;
-use crate::error::{check_len, Result};
+use crate::error::Result;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -25,7 +25,7 @@ pub fn convert<A: Float, B: Float>(
     const OP: &str = "cast";
     npu_body!(OP, ordinal, "aclnnCast", {
         use crate::backend::aclnn::{aclnn, AclTensor};
-        check_len(OP, "dst", dst.len(), src.len())?;
+        super::check_cast(src.len(), dst.len())?;
         if src.is_empty() {
             return Ok(());
         }

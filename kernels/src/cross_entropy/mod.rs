@@ -128,6 +128,48 @@ fn divisor(op: &'static str, norm: LossNorm, count: usize) -> Result<Option<f64>
     }
 }
 
+/// The rules of [`cross_entropy`] (`op`, `d_logits` given or not) and of
+/// [`cross_entropy_in_place`] (no `d_logits`) on every backend (the device-level entry
+/// points check them before any backend runs): a vocabulary of at least one, every label
+/// `IGNORE_INDEX` or inside it, logits `[N, V]` and d_logits as long as the logits (lengths
+/// given), a valid `norm`. Gives the non-ignored count and the divisor (`None`: `Mean` over
+/// no label, nothing to compute).
+pub(crate) fn check_full(
+    op: &'static str,
+    labels: &[i32],
+    vocab: usize,
+    logits: usize,
+    d_logits: Option<usize>,
+    norm: LossNorm,
+) -> Result<(usize, Option<f64>)> {
+    let count = count_labels(op, labels, vocab)?;
+    check_len(op, "logits", logits, labels.len() * vocab)?;
+    if let Some(d) = d_logits {
+        check_len(op, "d_logits", d, logits)?;
+    }
+    Ok((count, divisor(op, norm, count)?))
+}
+
+/// The rules of [`cross_entropy_chunked`] on every backend (with the lm_head's lengths,
+/// `LmHeadGrads::check`, for [`crate::ops::cross_entropy_lm_head`]): the labels as
+/// [`check_full`]'s, `chunk_rows` at least 1, a valid `norm`. Gives what `check_full` gives.
+pub(crate) fn check_chunked(
+    labels: &[i32],
+    vocab: usize,
+    chunk_rows: usize,
+    norm: LossNorm,
+) -> Result<(usize, Option<f64>)> {
+    let op = "cross_entropy_chunked";
+    let count = count_labels(op, labels, vocab)?;
+    if chunk_rows == 0 {
+        return Err(KernelError::InvalidArgument {
+            op,
+            detail: "chunk_rows is 0".into(),
+        });
+    }
+    Ok((count, divisor(op, norm, count)?))
+}
+
 /// Loss over full logits `[N, V]`; when `d_logits` is given, writes the gradient there.
 pub fn cross_entropy(
     logits: &[f32],
@@ -136,13 +178,9 @@ pub fn cross_entropy(
     d_logits: Option<&mut [f32]>,
     norm: LossNorm,
 ) -> Result<CeStats> {
-    let op = "cross_entropy";
-    let count = count_labels(op, labels, vocab)?;
-    check_len(op, "logits", logits.len(), labels.len() * vocab)?;
-    if let Some(d) = &d_logits {
-        check_len(op, "d_logits", d.len(), logits.len())?;
-    }
-    let Some(div) = divisor(op, norm, count)? else {
+    let d_len = d_logits.as_ref().map(|d| d.len());
+    let (count, div) = check_full("cross_entropy", labels, vocab, logits.len(), d_len, norm)?;
+    let Some(div) = div else {
         if let Some(d) = d_logits {
             d.fill(0.0);
         }
@@ -178,9 +216,8 @@ pub fn cross_entropy_in_place(
     norm: LossNorm,
 ) -> Result<CeStats> {
     let op = "cross_entropy_in_place";
-    let count = count_labels(op, labels, vocab)?;
-    check_len(op, "logits", logits.len(), labels.len() * vocab)?;
-    let Some(div) = divisor(op, norm, count)? else {
+    let (count, div) = check_full(op, labels, vocab, logits.len(), None, norm)?;
+    let Some(div) = div else {
         logits.fill(0.0);
         return Ok(CeStats {
             loss: 0.0,
@@ -210,16 +247,8 @@ pub fn cross_entropy_chunked<P: ChunkedLogits>(
     norm: LossNorm,
     with_grad: bool,
 ) -> std::result::Result<CeStats, P::Error> {
-    let op = "cross_entropy_chunked";
-    let count = count_labels(op, labels, vocab)?;
-    if chunk_rows == 0 {
-        return Err(KernelError::InvalidArgument {
-            op,
-            detail: "chunk_rows is 0".into(),
-        }
-        .into());
-    }
-    let Some(div) = divisor(op, norm, count)? else {
+    let (count, div) = check_chunked(labels, vocab, chunk_rows, norm)?;
+    let Some(div) = div else {
         return Ok(CeStats {
             loss: 0.0,
             sum: 0.0,

@@ -22,7 +22,7 @@
 
 use super::{CeStats, LmHeadGrads, LossNorm};
 use crate::backend::npu_body;
-use crate::error::{check_len, Result};
+use crate::error::Result;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 #[cfg(feature = "npu")]
@@ -119,17 +119,6 @@ mod imp {
     }
 }
 
-/// The divisor, or `None` for Mean over no label (loss 0, zero gradient).
-fn plan(
-    op: &'static str,
-    labels: &[i32],
-    vocab: usize,
-    norm: LossNorm,
-) -> Result<(usize, Option<f64>)> {
-    let count = super::count_labels(op, labels, vocab)?;
-    Ok((count, super::divisor(op, norm, count)?))
-}
-
 /// `aclnnCrossEntropyLoss` (+ `aclnnCrossEntropyLossGrad` into `d_logits` when given).
 pub fn full(
     ordinal: u32,
@@ -146,11 +135,8 @@ pub fn full(
         ordinal,
         "aclnnCrossEntropyLoss (+ aclnnCrossEntropyLossGrad)",
         {
-            let (count, div) = plan(OP, labels, vocab, norm)?;
-            check_len(OP, "logits", logits.len(), labels.len() * vocab)?;
-            if let Some(d) = &d_logits {
-                check_len(OP, "d_logits", d.len(), logits.len())?;
-            }
+            let d_len = d_logits.as_ref().map(|d| d.len());
+            let (count, div) = super::check_full(OP, labels, vocab, logits.len(), d_len, norm)?;
             let Some(div) = div.filter(|_| !labels.is_empty()) else {
                 if let Some(d) = d_logits {
                     d.memset_zeros(stream)?;
@@ -197,8 +183,7 @@ pub fn in_place(
         ordinal,
         "aclnnCrossEntropyLoss + aclnnCrossEntropyLossGrad",
         {
-            let (count, div) = plan(OP, labels, vocab, norm)?;
-            check_len(OP, "logits", logits.len(), labels.len() * vocab)?;
+            let (count, div) = super::check_full(OP, labels, vocab, logits.len(), None, norm)?;
             let Some(div) = div.filter(|_| !labels.is_empty()) else {
                 logits.memset_zeros(stream)?;
                 return Ok(CeStats {
@@ -242,19 +227,12 @@ pub fn chunked_lm_head(
         ordinal,
         "aclnnMatmul + aclnnCrossEntropyLoss (+ aclnnCrossEntropyLossGrad) per chunk",
         {
-            use crate::error::KernelError;
             use crate::gemm::npu::imp as g;
             use crate::gemm::{Dims, Trans};
             use cannon_runtime::DeviceBuffer;
             let mut grads = grads;
             grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?;
-            let (count, div) = plan(OP, labels, vocab, norm)?;
-            if chunk_rows == 0 {
-                return Err(KernelError::InvalidArgument {
-                    op: OP,
-                    detail: "chunk_rows is 0".into(),
-                });
-            }
+            let (count, div) = super::check_chunked(labels, vocab, chunk_rows, norm)?;
             let Some(div) = div else {
                 return Ok(CeStats {
                     loss: 0.0,

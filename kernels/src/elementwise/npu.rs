@@ -8,7 +8,7 @@
 )]
 
 use crate::backend::npu_body;
-use crate::error::{check_len, Result};
+use crate::error::Result;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -22,7 +22,7 @@ pub fn add_into<E: Float>(
     const OP: &str = "add_into";
     npu_body!(OP, ordinal, "aclnnInplaceAdd", {
         use crate::backend::aclnn::{aclnn, AclScalar, AclTensor};
-        check_len(OP, "x", x.len(), y.len())?;
+        super::check_add_into(y.len(), x.len())?;
         if y.is_empty() {
             return Ok(());
         }
@@ -51,8 +51,7 @@ pub fn mul<E: Float>(
     const OP: &str = "mul";
     npu_body!(OP, ordinal, "aclnnMul", {
         use crate::backend::aclnn::{aclnn, AclTensor};
-        check_len(OP, "a", a.len(), out.len())?;
-        check_len(OP, "b", b.len(), out.len())?;
+        super::check_mul(out.len(), a.len(), b.len())?;
         if out.is_empty() {
             return Ok(());
         }
@@ -80,7 +79,7 @@ pub fn mul_into<E: Float>(
     const OP: &str = "mul_into";
     npu_body!(OP, ordinal, "aclnnInplaceMul", {
         use crate::backend::aclnn::{aclnn, AclTensor};
-        check_len(OP, "x", x.len(), y.len())?;
+        super::check_mul_into(y.len(), x.len())?;
         if y.is_empty() {
             return Ok(());
         }

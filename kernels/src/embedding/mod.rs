@@ -46,12 +46,20 @@ pub fn embedding_forward<E: Float>(
     weight: &[E],
     dim: usize,
 ) -> Result<()> {
-    let op = "embedding_forward";
-    let vocab = vocab_of(op, weight.len(), dim)?;
-    check_len(op, "out", out.len(), ids.len() * dim)?;
-    check_ids(op, ids, vocab)?;
+    check_forward(out.len(), ids, weight.len(), dim)?;
     cpu::forward(out, ids, weight, dim);
     Ok(())
+}
+
+/// The rules of [`embedding_forward`] on every backend (the device-level entry point checks
+/// them before any backend runs): a table `weight` of whole rows of `dim`, `out` of
+/// `ids.len()` rows (lengths given) and every id inside the table. Gives the vocabulary.
+pub(crate) fn check_forward(out: usize, ids: &[u32], weight: usize, dim: usize) -> Result<usize> {
+    let op = "embedding_forward";
+    let vocab = vocab_of(op, weight, dim)?;
+    check_len(op, "out", out, ids.len() * dim)?;
+    check_ids(op, ids, vocab)?;
+    Ok(vocab)
 }
 
 /// Adds each token's `dout` [T, D] row into row `ids[t]` of `dweight` [V, D].
@@ -61,10 +69,22 @@ pub fn embedding_backward<E: Float>(
     ids: &[u32],
     dim: usize,
 ) -> Result<()> {
-    let op = "embedding_backward";
-    let vocab = vocab_of(op, dweight.len(), dim)?;
-    check_len(op, "dout", dout.len(), ids.len() * dim)?;
-    check_ids(op, ids, vocab)?;
+    let vocab = check_backward(dweight.len(), dout.len(), ids, dim)?;
     cpu::backward(dweight, dout, ids, vocab, dim);
     Ok(())
+}
+
+/// The rules of [`embedding_backward`] on every backend: a table `dweight` of whole rows of
+/// `dim`, `dout` of `ids.len()` rows and every id inside the table. Gives the vocabulary.
+pub(crate) fn check_backward(
+    dweight: usize,
+    dout: usize,
+    ids: &[u32],
+    dim: usize,
+) -> Result<usize> {
+    let op = "embedding_backward";
+    let vocab = vocab_of(op, dweight, dim)?;
+    check_len(op, "dout", dout, ids.len() * dim)?;
+    check_ids(op, ids, vocab)?;
+    Ok(vocab)
 }

@@ -15,7 +15,7 @@
 )]
 
 use crate::backend::npu_body;
-use crate::error::{check_len, Result};
+use crate::error::Result;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -32,9 +32,7 @@ pub fn forward<E: Float>(
     npu_body!(OP, ordinal, "aclnnEmbedding", {
         use crate::backend::aclnn::{aclnn, AclTensor};
         use cannon_runtime::DeviceBuffer;
-        let vocab = super::vocab_of(OP, weight.len(), dim)?;
-        check_len(OP, "out", out.len(), ids.len() * dim)?;
-        super::check_ids(OP, ids, vocab)?;
+        let vocab = super::check_forward(out.len(), ids, weight.len(), dim)?;
         if ids.is_empty() {
             return Ok(());
         }
@@ -71,9 +69,7 @@ pub fn backward<E: Float>(
             use crate::backend::aclnn::{aclnn, AclTensor};
             use crate::gemm::npu::imp::f32_operand;
             use cannon_runtime::DeviceBuffer;
-            let vocab = super::vocab_of(OP, dweight.len(), dim)?;
-            check_len(OP, "dout", dout.len(), ids.len() * dim)?;
-            super::check_ids(OP, ids, vocab)?;
+            let vocab = super::check_backward(dweight.len(), dout.len(), ids, dim)?;
             if ids.is_empty() {
                 return Ok(());
             }

@@ -17,7 +17,7 @@
 )]
 
 use crate::backend::npu_body;
-use crate::error::{check_len, Result};
+use crate::error::Result;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -34,7 +34,7 @@ pub fn forward<E: Float>(
     const OP: &str = "gelu_forward";
     npu_body!(OP, ordinal, "aclnnGeluV2", {
         use crate::backend::aclnn::{aclnn, AclTensor};
-        check_len(OP, "y", y.len(), x.len())?;
+        super::check_forward(y.len(), x.len())?;
         if x.is_empty() {
             return Ok(());
         }
@@ -64,8 +64,7 @@ pub fn backward<E: Float>(
     npu_body!(OP, ordinal, "aclnnGeluBackwardV2 + aclnnInplaceAdd", {
         use crate::backend::aclnn::{aclnn, AclTensor};
         use cannon_runtime::DeviceBuffer;
-        check_len(OP, "dy", dy.len(), x.len())?;
-        check_len(OP, "dx", dx.len(), x.len())?;
+        super::check_backward(dx.len(), dy.len(), x.len())?;
         if x.is_empty() {
             return Ok(());
         }

@@ -190,9 +190,9 @@ pub(crate) fn not_f32(op: &'static str, what: &str) -> KernelError {
     }
 }
 
-/// [`not_f32`] for the first bf16 of `operands` (name, storage dtype) under `Precision::F32`;
-/// the device bodies check dtypes, the host ones borrow the slices as f32.
-#[cfg_attr(not(feature = "npu"), allow(dead_code))]
+/// [`not_f32`] for the first bf16 of `operands` (name, storage dtype) under `Precision::F32`:
+/// the precision rule of the GEMM-based ops, checked by their entry points (and device
+/// bodies) before any backend runs; the host kernels then borrow the slices as f32.
 pub(crate) fn require_f32(
     op: &'static str,
     p: Precision,
@@ -225,6 +225,14 @@ pub fn gemm<A: Float, B: Float>(
     c: &mut [f32],
     ldc: usize,
 ) -> Result<()> {
+    check_gemm::<A, B>(
+        p,
+        (ta, tb),
+        d,
+        (a.len(), lda),
+        (b.len(), ldb),
+        (c.len(), ldc),
+    )?;
     match p {
         Precision::F32 => {
             let a = crate::cast::as_f32(a).ok_or_else(|| not_f32("gemm", "a"))?;
@@ -335,6 +343,22 @@ fn checked_bf16<TA: Float, TB: Float>(
     )?;
     cpu::gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc, portable);
     Ok(())
+}
+
+/// The rules of [`gemm`] on every backend (the device-level entry point checks them before
+/// any backend runs): under `Precision::F32` f32 operands, and each of A, B, C (length,
+/// row stride) holding its matrix for `d` and the transposes.
+pub(crate) fn check_gemm<A: Float, B: Float>(
+    p: Precision,
+    (ta, tb): (Trans, Trans),
+    d: Dims,
+    (a, lda): (usize, usize),
+    (b, ldb): (usize, usize),
+    (c, ldc): (usize, usize),
+) -> Result<()> {
+    let op = "gemm";
+    require_f32(op, p, &[("a", A::DTYPE), ("b", B::DTYPE)])?;
+    check_operands(op, ta, tb, d, a, lda, b, ldb, c, ldc)
 }
 
 /// Elements a row-major `[rows, cols]` matrix with row stride `ld` spans.

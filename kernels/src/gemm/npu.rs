@@ -52,8 +52,8 @@ pub fn gemm<A: Float, B: Float>(
         ordinal,
         "aclnnMatmul (+ aclnnCast, aclnnMuls, aclnnInplaceAdd)",
         {
-            super::check_operands(OP, ta, tb, d, a.len(), lda, b.len(), ldb, c.len(), ldc)?;
-            super::require_f32(OP, p, &[("a", A::DTYPE), ("b", B::DTYPE)])?;
+            let (a_len, b_len, c_len) = (a.len(), b.len(), c.len());
+            super::check_gemm::<A, B>(p, (ta, tb), d, (a_len, lda), (b_len, ldb), (c_len, ldc))?;
             imp::gemm(
                 OP,
                 stream,

@@ -30,7 +30,7 @@
 
 use super::TransposeDims;
 use crate::backend::npu_body;
-use crate::error::{check_len, KernelError, Result};
+use crate::error::Result;
 use cannon_runtime::Element;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
@@ -100,8 +100,7 @@ pub fn gather_rows<T: Element>(
 ) -> Result<()> {
     const OP: &str = "gather_rows";
     npu_body!(OP, ordinal, "aclnnEmbedding", {
-        let rows = super::check_rows(OP, "src", src.len(), dim, idx)?;
-        check_len(OP, "out", out.len(), idx.len() * dim)?;
+        let rows = super::check_gather_rows(out.len(), src.len(), idx, dim)?;
         let map: Vec<i64> = idx.iter().map(|&r| r as i64).collect();
         imp::gather(OP, stream, out, src, rows, &map, dim)
     })
@@ -118,8 +117,7 @@ pub fn scatter_rows<T: Element>(
 ) -> Result<()> {
     const OP: &str = "scatter_rows";
     npu_body!(OP, ordinal, "aclnnEmbedding over [dst; src]", {
-        let rows = super::check_rows(OP, "dst", dst.len(), dim, idx)?;
-        check_len(OP, "src", src.len(), idx.len() * dim)?;
+        let rows = super::check_scatter_rows(OP, dst.len(), src.len(), idx, dim)?;
         if idx.is_empty() {
             return Ok(());
         }
@@ -150,8 +148,7 @@ pub fn scatter_add_rows<E: Float>(
             use crate::backend::aclnn::{aclnn, AclTensor};
             use crate::gemm::npu::imp::{f32_operand, matrix};
             use cannon_runtime::{DType, DeviceBuffer};
-            let rows = super::check_rows(OP, "dst", dst.len(), dim, idx)?;
-            check_len(OP, "src", src.len(), idx.len() * dim)?;
+            let rows = super::check_scatter_rows(OP, dst.len(), src.len(), idx, dim)?;
             if idx.is_empty() {
                 return Ok(());
             }
@@ -209,7 +206,7 @@ pub fn zero_rows<T: Element>(
 ) -> Result<()> {
     const OP: &str = "zero_rows";
     npu_body!(OP, ordinal, "aclnnEmbedding over [dst; 0]", {
-        let rows = super::check_rows(OP, "dst", dst.len(), dim, idx)?;
+        let rows = super::check_zero_rows(dst.len(), idx, dim)?;
         if idx.is_empty() {
             return Ok(());
         }
@@ -233,12 +230,7 @@ pub fn transpose<T: Element>(
     const OP: &str = "transpose";
     npu_body!(OP, ordinal, "aclnnCast of a strided view", {
         use crate::backend::aclnn::{aclnn, AclTensor};
-        let n = d.len().ok_or_else(|| KernelError::Shape {
-            op: OP,
-            detail: format!("{d:?} overflows"),
-        })?;
-        check_len(OP, "x", x.len(), n)?;
-        check_len(OP, "out", out.len(), n)?;
+        let n = super::check_transpose(out.len(), x.len(), d)?;
         if n == 0 {
             return Ok(());
         }

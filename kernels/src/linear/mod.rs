@@ -29,7 +29,7 @@ mod tests;
 
 use crate::cast;
 use crate::error::{check_len, Result};
-use crate::gemm::not_f32;
+use crate::gemm::{not_f32, require_f32};
 use crate::gemm::{Bf16, Precision, F32};
 use cannon_runtime::BufferViewMut;
 use cannon_runtime::Float;
@@ -90,24 +90,66 @@ fn host_opt<'s>(v: &'s mut Option<BufferViewMut<'_, f32>>) -> Result<Option<&'s 
     Ok(v.as_mut().map(|v| v.as_host_slice_mut()).transpose()?)
 }
 
-fn check_forward(op: &'static str, d: LinearDims, y: usize, x: usize, w: usize) -> Result<()> {
-    check_len(op, "y", y, d.t * d.d_out)?;
-    check_len(op, "x", x, d.t * d.d_in)?;
-    check_len(op, "w", w, d.d_out * d.d_in)
+impl LinearGrads<'_> {
+    /// The lengths of the gradients present: dx, dw, db.
+    fn lens(&self) -> [Option<usize>; 3] {
+        [&self.dx, &self.dw, &self.db].map(|g| g.as_ref().map(|g| g.len()))
+    }
 }
 
-fn check_backward(op: &'static str, d: LinearDims, g: &LinearGrads, dy: usize) -> Result<()> {
+impl LinearGradBufs<'_> {
+    /// The lengths of the gradients present: dx, dw, db.
+    pub(crate) fn lens(&self) -> [Option<usize>; 3] {
+        [&self.dx, &self.dw, &self.db].map(|g| g.as_ref().map(|g| g.len()))
+    }
+}
+
+/// The rules of [`linear_forward`] on every backend (the device-level entry point checks
+/// them before any backend runs): y `[T, O]`, x `[T, I]`, w `[O, I]` and b `[O]` when given
+/// (lengths), and f32 operands under `Precision::F32`.
+pub(crate) fn check_forward<Y: Float, X: Float, W: Float>(
+    p: Precision,
+    d: LinearDims,
+    y: usize,
+    x: usize,
+    w: usize,
+    b: Option<usize>,
+) -> Result<()> {
+    let op = "linear_forward";
+    check_len(op, "y", y, d.t * d.d_out)?;
+    check_len(op, "x", x, d.t * d.d_in)?;
+    check_len(op, "w", w, d.d_out * d.d_in)?;
+    if let Some(b) = b {
+        check_len(op, "b", b, d.d_out)?;
+    }
+    require_f32(op, p, &[("y", Y::DTYPE), ("x", X::DTYPE), ("w", W::DTYPE)])
+}
+
+/// The rules of [`linear_backward`] on every backend: dy `[T, O]`, the gradients present
+/// (`[dx, dw, db]`, lengths) shaped as x, w and b, x `[T, I]`, w `[O, I]`, and f32 operands
+/// under `Precision::F32`.
+pub(crate) fn check_backward<G: Float, X: Float, W: Float>(
+    p: Precision,
+    d: LinearDims,
+    [dx, dw, db]: [Option<usize>; 3],
+    dy: usize,
+    x: usize,
+    w: usize,
+) -> Result<()> {
+    let op = "linear_backward";
     check_len(op, "dy", dy, d.t * d.d_out)?;
-    if let Some(dx) = &g.dx {
-        check_len(op, "dx", dx.len(), d.t * d.d_in)?;
+    if let Some(dx) = dx {
+        check_len(op, "dx", dx, d.t * d.d_in)?;
     }
-    if let Some(dw) = &g.dw {
-        check_len(op, "dw", dw.len(), d.d_out * d.d_in)?;
+    if let Some(dw) = dw {
+        check_len(op, "dw", dw, d.d_out * d.d_in)?;
     }
-    if let Some(db) = &g.db {
-        check_len(op, "db", db.len(), d.d_out)?;
+    if let Some(db) = db {
+        check_len(op, "db", db, d.d_out)?;
     }
-    Ok(())
+    check_len(op, "x", x, d.t * d.d_in)?;
+    check_len(op, "w", w, d.d_out * d.d_in)?;
+    require_f32(op, p, &[("dy", G::DTYPE), ("x", X::DTYPE), ("w", W::DTYPE)])
 }
 
 /// `Y[T,O] = X[T,I] W[O,I]^T (+ b[O])` in precision `p`.
@@ -124,10 +166,7 @@ pub fn linear_forward<Y: Float, X: Float, W: Float>(
     d: LinearDims,
 ) -> Result<()> {
     let op = "linear_forward";
-    check_forward(op, d, y.len(), x.len(), w.len())?;
-    if let Some(b) = b {
-        check_len(op, "b", b.len(), d.d_out)?;
-    }
+    check_forward::<Y, X, W>(p, d, y.len(), x.len(), w.len(), b.map(|b| b.len()))?;
     match p {
         Precision::F32 => {
             let y = cast::as_f32_mut(y).ok_or_else(|| not_f32(op, "y"))?;
@@ -159,9 +198,7 @@ pub fn linear_backward<G: Float, X: Float, W: Float>(
     d: LinearDims,
 ) -> Result<()> {
     let op = "linear_backward";
-    check_backward(op, d, &g, dy.len())?;
-    check_len(op, "x", x.len(), d.t * d.d_in)?;
-    check_len(op, "w", w.len(), d.d_out * d.d_in)?;
+    check_backward::<G, X, W>(p, d, g.lens(), dy.len(), x.len(), w.len())?;
     match p {
         Precision::F32 => {
             let dy = cast::as_f32(dy).ok_or_else(|| not_f32(op, "dy"))?;

@@ -47,11 +47,8 @@ pub fn forward<Y: Float, X: Float, W: Float>(
             use crate::gemm::npu::imp;
             use crate::gemm::{Dims, Trans};
             use cannon_runtime::DeviceBuffer;
-            super::check_forward(OP, d, y.len(), x.len(), w.len())?;
-            crate::gemm::require_f32(OP, p, &[("x", X::DTYPE), ("w", W::DTYPE), ("y", Y::DTYPE)])?;
-            if let Some(b) = b {
-                crate::error::check_len(OP, "b", b.len(), d.d_out)?;
-            }
+            let b_len = b.map(|b| b.len());
+            super::check_forward::<Y, X, W>(p, d, y.len(), x.len(), w.len(), b_len)?;
             if y.is_empty() {
                 return Ok(());
             }
@@ -110,24 +107,11 @@ pub fn backward<G: Float, X: Float, W: Float>(
 ) -> Result<()> {
     const OP: &str = "linear_backward";
     npu_body!(OP, ordinal, "aclnnMatmul + aclnnInplaceAdd", {
-        use crate::error::check_len;
         use crate::gemm::npu::imp;
         use crate::gemm::{Dims, Trans};
         use cannon_runtime::DeviceBuffer;
         let mut g = g;
-        check_len(OP, "dy", dy.len(), d.t * d.d_out)?;
-        check_len(OP, "x", x.len(), d.t * d.d_in)?;
-        check_len(OP, "w", w.len(), d.d_out * d.d_in)?;
-        if let Some(dx) = &g.dx {
-            check_len(OP, "dx", dx.len(), d.t * d.d_in)?;
-        }
-        if let Some(dw) = &g.dw {
-            check_len(OP, "dw", dw.len(), d.d_out * d.d_in)?;
-        }
-        if let Some(db) = &g.db {
-            check_len(OP, "db", db.len(), d.d_out)?;
-        }
-        crate::gemm::require_f32(OP, p, &[("dy", G::DTYPE), ("x", X::DTYPE), ("w", W::DTYPE)])?;
+        super::check_backward::<G, X, W>(p, d, g.lens(), dy.len(), x.len(), w.len())?;
         let round = p == Precision::Bf16;
         if let Some(dx) = g.dx.as_mut() {
             let dims = Dims {

@@ -24,7 +24,7 @@ mod tests;
 
 use crate::cast;
 use crate::error::{check_len, KernelError, Result};
-use crate::gemm::not_f32;
+use crate::gemm::{not_f32, require_f32};
 use crate::gemm::{Bf16, Precision, F32};
 use cannon_runtime::BufferViewMut;
 use cannon_runtime::Float;
@@ -131,21 +131,64 @@ fn host_opt<'s>(v: &'s mut Option<BufferViewMut<'_, f32>>) -> Result<Option<&'s 
     Ok(v.as_mut().map(|v| v.as_host_slice_mut()).transpose()?)
 }
 
-fn check_grads(
-    op: &'static str,
+impl PatchEmbedGrads<'_> {
+    /// The lengths of the gradients present: dweight, dpixels.
+    fn lens(&self) -> [Option<usize>; 2] {
+        [&self.dweight, &self.dpixels].map(|g| g.as_ref().map(|g| g.len()))
+    }
+}
+
+impl PatchEmbedGradBufs<'_> {
+    /// The lengths of the gradients present: dweight, dpixels.
+    pub(crate) fn lens(&self) -> [Option<usize>; 2] {
+        [&self.dweight, &self.dpixels].map(|g| g.as_ref().map(|g| g.len()))
+    }
+}
+
+/// The rules of [`patch_embed_forward`] on every backend (the device-level entry point
+/// checks them before any backend runs): a valid geometry, pixels `[C, H, W]`, weight `[D,
+/// C, p, p]`, out `[Np, D]` (lengths), and f32 operands under `Precision::F32`.
+pub(crate) fn check_forward<P: Float, W: Float>(
+    p: Precision,
     g: &PatchGeom,
     d_model: usize,
-    gr: &PatchEmbedGrads,
-    dout: usize,
+    out: usize,
+    pixels: usize,
+    weight: usize,
 ) -> Result<()> {
+    let op = "patch_embed_forward";
+    check_common(op, g, d_model, pixels, weight)?;
+    check_len(op, "out", out, g.num_patches() * d_model)?;
+    require_f32(op, p, &[("pixels", P::DTYPE), ("weight", W::DTYPE)])
+}
+
+/// The rules of [`patch_embed_backward`] on every backend: as [`check_forward`]'s for the
+/// geometry, pixels and weight, dout `[Np, D]`, the gradients present (`[dweight,
+/// dpixels]`, lengths) shaped as weight and pixels, and f32 operands under `Precision::F32`.
+pub(crate) fn check_backward<G: Float, P: Float, W: Float>(
+    p: Precision,
+    g: &PatchGeom,
+    d_model: usize,
+    [dweight, dpixels]: [Option<usize>; 2],
+    dout: usize,
+    pixels: usize,
+    weight: usize,
+) -> Result<()> {
+    let op = "patch_embed_backward";
+    check_common(op, g, d_model, pixels, weight)?;
     check_len(op, "dout", dout, g.num_patches() * d_model)?;
-    if let Some(dw) = &gr.dweight {
-        check_len(op, "dweight", dw.len(), d_model * g.patch_len())?;
+    if let Some(dw) = dweight {
+        check_len(op, "dweight", dw, d_model * g.patch_len())?;
     }
-    if let Some(dp) = &gr.dpixels {
-        check_len(op, "dpixels", dp.len(), g.channels * g.height * g.width)?;
+    if let Some(dp) = dpixels {
+        check_len(op, "dpixels", dp, g.channels * g.height * g.width)?;
     }
-    Ok(())
+    let dtypes = [
+        ("dout", G::DTYPE),
+        ("pixels", P::DTYPE),
+        ("weight", W::DTYPE),
+    ];
+    require_f32(op, p, &dtypes)
 }
 
 /// `out[Np, D] = im2col(pixels) W^T` in precision `p` (f32 output; under `Bf16` pixels and
@@ -159,8 +202,7 @@ pub fn patch_embed_forward<P: Float, W: Float>(
     d_model: usize,
 ) -> Result<()> {
     let op = "patch_embed_forward";
-    check_common(op, &g, d_model, pixels.len(), weight.len())?;
-    check_len(op, "out", out.len(), g.num_patches() * d_model)?;
+    check_forward::<P, W>(p, &g, d_model, out.len(), pixels.len(), weight.len())?;
     match p {
         Precision::F32 => {
             let pixels = cast::as_f32(pixels).ok_or_else(|| not_f32(op, "pixels"))?;
@@ -183,8 +225,8 @@ pub fn patch_embed_backward<G: Float, P: Float, W: Float>(
     d_model: usize,
 ) -> Result<()> {
     let op = "patch_embed_backward";
-    check_common(op, &g, d_model, pixels.len(), weight.len())?;
-    check_grads(op, &g, d_model, &grads, dout.len())?;
+    let (dl, pl, wl) = (dout.len(), pixels.len(), weight.len());
+    check_backward::<G, P, W>(p, &g, d_model, grads.lens(), dl, pl, wl)?;
     match p {
         Precision::F32 => {
             let dout = cast::as_f32(dout).ok_or_else(|| not_f32(op, "dout"))?;

@@ -24,7 +24,7 @@
 
 use super::{PatchEmbedGradBufs, PatchGeom};
 use crate::backend::npu_body;
-use crate::error::{check_len, Result};
+use crate::error::Result;
 use crate::gemm::Precision;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
@@ -98,9 +98,7 @@ pub fn forward<P: Float, W: Float>(
     const OP: &str = "patch_embed_forward";
     npu_body!(OP, ordinal, "aclnnCast (im2col) + aclnnMatmul", {
         use crate::gemm::{npu::imp as gm, Dims, Trans};
-        super::check_common(OP, &g, d_model, pixels.len(), weight.len())?;
-        check_len(OP, "out", out.len(), g.num_patches() * d_model)?;
-        crate::gemm::require_f32(OP, p, &[("pixels", P::DTYPE), ("weight", W::DTYPE)])?;
+        super::check_forward::<P, W>(p, &g, d_model, out.len(), pixels.len(), weight.len())?;
         let (np, k) = (g.num_patches(), g.patch_len());
         if np == 0 || d_model == 0 {
             return Ok(());
@@ -149,23 +147,8 @@ pub fn backward<G: Float, P: Float, W: Float>(
         use crate::gemm::{npu::imp as gm, Dims, Trans};
         use cannon_runtime::DeviceBuffer;
         let mut grads = grads;
-        super::check_common(OP, &g, d_model, pixels.len(), weight.len())?;
-        check_len(OP, "dout", dout.len(), g.num_patches() * d_model)?;
-        if let Some(dw) = &grads.dweight {
-            check_len(OP, "dweight", dw.len(), d_model * g.patch_len())?;
-        }
-        if let Some(dp) = &grads.dpixels {
-            check_len(OP, "dpixels", dp.len(), g.channels * g.height * g.width)?;
-        }
-        crate::gemm::require_f32(
-            OP,
-            p,
-            &[
-                ("dout", G::DTYPE),
-                ("pixels", P::DTYPE),
-                ("weight", W::DTYPE),
-            ],
-        )?;
+        let (dl, pl, wl) = (dout.len(), pixels.len(), weight.len());
+        super::check_backward::<G, P, W>(p, &g, d_model, grads.lens(), dl, pl, wl)?;
         let (np, k) = (g.num_patches(), g.patch_len());
         if np == 0 || d_model == 0 {
             return Ok(());

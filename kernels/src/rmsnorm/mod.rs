@@ -53,12 +53,26 @@ pub fn rmsnorm_forward<E: Float>(
     dim: usize,
     eps: f32,
 ) -> Result<()> {
-    let t = rows(OP_FWD, x.len(), dim)?;
-    check_len(OP_FWD, "out", out.len(), x.len())?;
-    check_len(OP_FWD, "rstd", rstd.len(), t)?;
-    check_len(OP_FWD, "weight", weight.len(), dim)?;
+    check_forward(out.len(), rstd.len(), x.len(), weight.len(), dim)?;
     cpu::forward(out, rstd, x, weight, dim, eps);
     Ok(())
+}
+
+/// The rules of [`rmsnorm_forward`] on every backend (the device-level entry point checks
+/// them before any backend runs): x of whole rows of `dim`, out as long as x, one rstd per
+/// row and weight `[dim]` (lengths given). Gives the rows.
+pub(crate) fn check_forward(
+    out: usize,
+    rstd: usize,
+    x: usize,
+    weight: usize,
+    dim: usize,
+) -> Result<usize> {
+    let t = rows(OP_FWD, x, dim)?;
+    check_len(OP_FWD, "out", out, x)?;
+    check_len(OP_FWD, "rstd", rstd, t)?;
+    check_len(OP_FWD, "weight", weight, dim)?;
+    Ok(t)
 }
 
 /// Accumulates the gradients of [`rmsnorm_forward`]: `dx` [T, D] += d out/d x . `dout`, and
@@ -72,12 +86,28 @@ pub fn rmsnorm_backward<E: Float>(
     rstd: &[f32],
     dim: usize,
 ) -> Result<()> {
-    let t = rows(OP_BWD, x.len(), dim)?;
-    check_len(OP_BWD, "dx", dx.len(), x.len())?;
-    check_len(OP_BWD, "dout", dout.len(), x.len())?;
-    check_len(OP_BWD, "rstd", rstd.len(), t)?;
-    check_len(OP_BWD, "weight", weight.len(), dim)?;
-    check_len(OP_BWD, "dweight", dweight.len(), dim)?;
+    let (dxl, dwl) = (dx.len(), dweight.len());
+    check_backward(dxl, dwl, dout.len(), x.len(), weight.len(), rstd.len(), dim)?;
     cpu::backward(dx, dweight, dout, x, weight, rstd, dim);
     Ok(())
+}
+
+/// The rules of [`rmsnorm_backward`] on every backend: as [`check_forward`]'s for x, rstd
+/// and weight, with dx and dout as long as x and dweight `[dim]`. Gives the rows.
+pub(crate) fn check_backward(
+    dx: usize,
+    dweight: usize,
+    dout: usize,
+    x: usize,
+    weight: usize,
+    rstd: usize,
+    dim: usize,
+) -> Result<usize> {
+    let t = rows(OP_BWD, x, dim)?;
+    check_len(OP_BWD, "dx", dx, x)?;
+    check_len(OP_BWD, "dout", dout, x)?;
+    check_len(OP_BWD, "rstd", rstd, t)?;
+    check_len(OP_BWD, "weight", weight, dim)?;
+    check_len(OP_BWD, "dweight", dweight, dim)?;
+    Ok(t)
 }

@@ -14,19 +14,9 @@
 )]
 
 use crate::backend::npu_body;
-use crate::error::{check_len, KernelError, Result};
+use crate::error::Result;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
-
-fn rows(op: &'static str, len: usize, dim: usize) -> Result<usize> {
-    if dim == 0 || !len.is_multiple_of(dim) {
-        return Err(KernelError::Shape {
-            op,
-            detail: format!("x has {len} elements, not a multiple of the hidden size {dim}"),
-        });
-    }
-    Ok(len / dim)
-}
 
 /// `aclnnRmsNorm(x, gamma = weight, eps, yOut = out, rstdOut = rstd)`.
 #[allow(clippy::too_many_arguments)]
@@ -43,10 +33,7 @@ pub fn forward<E: Float>(
     const OP: &str = "rmsnorm_forward";
     npu_body!(OP, ordinal, "aclnnRmsNorm", {
         use crate::backend::aclnn::{aclnn, AclTensor};
-        let t = rows(OP, x.len(), dim)?;
-        check_len(OP, "out", out.len(), x.len())?;
-        check_len(OP, "rstd", rstd.len(), t)?;
-        check_len(OP, "weight", weight.len(), dim)?;
+        let t = super::check_forward(out.len(), rstd.len(), x.len(), weight.len(), dim)?;
         if t == 0 {
             return Ok(());
         }
@@ -82,12 +69,9 @@ pub fn backward<E: Float>(
     npu_body!(OP, ordinal, "aclnnRmsNormGrad + aclnnInplaceAdd", {
         use crate::backend::aclnn::{aclnn, AclTensor};
         use cannon_runtime::DeviceBuffer;
-        let t = rows(OP, x.len(), dim)?;
-        check_len(OP, "dx", dx.len(), x.len())?;
-        check_len(OP, "dout", dout.len(), x.len())?;
-        check_len(OP, "rstd", rstd.len(), t)?;
-        check_len(OP, "weight", weight.len(), dim)?;
-        check_len(OP, "dweight", dweight.len(), dim)?;
+        let (dxl, dwl) = (dx.len(), dweight.len());
+        let t =
+            super::check_backward(dxl, dwl, dout.len(), x.len(), weight.len(), rstd.len(), dim)?;
         if t == 0 {
             return Ok(());
         }

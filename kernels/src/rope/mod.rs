@@ -177,8 +177,11 @@ fn check_apply<E>(
     check_apply_len(op, x.len(), n_heads, table, pos)
 }
 
-/// [`check_apply`] given x's length (the NPU bodies hold device views, not slices).
-fn check_apply_len(
+/// [`check_apply`] given x's length: the rules of [`rope_forward`] and [`rope_backward`] on
+/// every backend (the device-level entry points check them before any backend runs): x
+/// `[T, H, D]` with T = `pos.len()` and D the table's head_dim, every position inside the
+/// table.
+pub(crate) fn check_apply_len(
     op: &'static str,
     len: usize,
     n_heads: usize,

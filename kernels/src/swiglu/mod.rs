@@ -23,10 +23,16 @@ use cannon_runtime::Float;
 
 /// `h = silu(gate) * up`, elementwise. gate, up, h: `[N]`.
 pub fn swiglu_forward<E: Float>(h: &mut [E], gate: &[E], up: &[E]) -> Result<()> {
-    check_len("swiglu_forward", "up", up.len(), gate.len())?;
-    check_len("swiglu_forward", "h", h.len(), gate.len())?;
+    check_forward(h.len(), gate.len(), up.len())?;
     cpu::forward(h, gate, up);
     Ok(())
+}
+
+/// The rule of [`swiglu_forward`] on every backend (the device-level entry point checks it
+/// before any backend runs): `up` and `h` as long as `gate` (lengths given).
+pub(crate) fn check_forward(h: usize, gate: usize, up: usize) -> Result<()> {
+    check_len("swiglu_forward", "up", up, gate)?;
+    check_len("swiglu_forward", "h", h, gate)
 }
 
 /// Accumulates the gradients of [`swiglu_forward`] into `d_gate` and `d_up`. All: `[N]`.
@@ -37,12 +43,23 @@ pub fn swiglu_backward<E: Float>(
     gate: &[E],
     up: &[E],
 ) -> Result<()> {
-    let op = "swiglu_backward";
-    let n = gate.len();
-    check_len(op, "up", up.len(), n)?;
-    check_len(op, "dh", dh.len(), n)?;
-    check_len(op, "d_gate", d_gate.len(), n)?;
-    check_len(op, "d_up", d_up.len(), n)?;
+    check_backward(d_gate.len(), d_up.len(), dh.len(), gate.len(), up.len())?;
     cpu::backward(d_gate, d_up, dh, gate, up);
+    Ok(())
+}
+
+/// The rule of [`swiglu_backward`] on every backend: `up`, `dh`, `d_gate` and `d_up` as long
+/// as `gate`.
+pub(crate) fn check_backward(
+    d_gate: usize,
+    d_up: usize,
+    dh: usize,
+    gate: usize,
+    up: usize,
+) -> Result<()> {
+    let op = "swiglu_backward";
+    for (what, len) in [("up", up), ("dh", dh), ("d_gate", d_gate), ("d_up", d_up)] {
+        check_len(op, what, len, gate)?;
+    }
     Ok(())
 }

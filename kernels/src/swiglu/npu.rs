@@ -18,7 +18,7 @@
 )]
 
 use crate::backend::npu_body;
-use crate::error::{check_len, Result};
+use crate::error::Result;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -55,8 +55,7 @@ pub fn forward<E: Float>(
         use crate::backend::aclnn::{aclnn, AclTensor};
         use cannon_runtime::DeviceBuffer;
         let n = gate.len();
-        check_len(OP, "up", up.len(), n)?;
-        check_len(OP, "h", h.len(), n)?;
+        super::check_forward(h.len(), n, up.len())?;
         if n == 0 {
             return Ok(());
         }
@@ -95,14 +94,7 @@ pub fn backward<E: Float>(
         use crate::backend::aclnn::{aclnn, AclTensor};
         use cannon_runtime::DeviceBuffer;
         let n = gate.len();
-        for (what, len) in [
-            ("up", up.len()),
-            ("dh", dh.len()),
-            ("d_gate", d_gate.len()),
-            ("d_up", d_up.len()),
-        ] {
-            check_len(OP, what, len, n)?;
-        }
+        super::check_backward(d_gate.len(), d_up.len(), dh.len(), n, up.len())?;
         if n == 0 {
             return Ok(());
         }
