@@ -170,18 +170,9 @@ pub unsafe fn span_slice<'a, T: bytemuck::Pod>(t: &TensorDesc) -> EmuResult<Opti
 pub unsafe fn span_slice_mut<'a, T: bytemuck::Pod>(
     t: &TensorDesc,
 ) -> EmuResult<Option<&'a mut [T]>> {
-    check_size::<T>(t)?;
-    if t.numel() == 0 || !t.is_contiguous() {
-        return Ok(None);
-    }
-    let (p, reach) = span(t)?;
-    if !(p as usize).is_multiple_of(std::mem::align_of::<T>()) || reach != t.numel() {
-        return Ok(None);
-    }
-    // SAFETY: as in `span_slice`; the caller rules out every other slice of the span.
-    Ok(Some(unsafe {
-        std::slice::from_raw_parts_mut(p as *mut T, reach)
-    }))
+    // SAFETY: `contiguous_ptr` gives the aligned start of `numel` elements inside one live
+    // allocation; the caller rules out every other slice of the span.
+    Ok(contiguous_ptr::<T>(t)?.map(|p| unsafe { std::slice::from_raw_parts_mut(p, t.numel()) }))
 }
 
 /// The host address of a contiguous view's first element, as `T` (`None` when the view is
