@@ -192,9 +192,9 @@ fn run_as<A: Act>(
             let step_s = t0.elapsed().as_secs_f64();
             // Each rank's allocator is bounded as the one-rank loop bounds its own (see
             // `CACHE_SLACK`: the batches' many shapes would grow the cache).
-            let alloc = rank.exec().allocator();
-            if alloc.stats().reserved > CACHE_SLACK * st.memory.max_allocated.max(1 << 24) {
-                alloc.empty_cache();
+            let reserved = rank.exec().allocator().stats().reserved;
+            if reserved > CACHE_SLACK * st.memory.max_allocated.max(1 << 24) {
+                give_back_cache(rank.exec())?;
             }
             if !st.loss.is_finite() {
                 return Err(fail(TrainError::Input(format!(
