@@ -259,7 +259,8 @@ fn a_ranks_rows_from_the_loader_are_its_share_of_the_whole_batch() {
                 let full = whole.next_batch().unwrap();
                 for (r, l) in ranks.iter_mut().enumerate() {
                     let what = format!("pack {pack}, {rows} rows, rank {r} of {world}");
-                    let (mine, shape) = l.next_rows(|n| rank_rows(n, r, world)).unwrap();
+                    let (mine, shape) =
+                        l.next_rows(|n| rank_rows(n, r, world), |_| Ok(())).unwrap();
                     let share = rank_share(&cfg, std::slice::from_ref(&full), r, world).unwrap();
                     match share.as_slice() {
                         [] => assert_eq!(mine.rows, 0, "{what}"),

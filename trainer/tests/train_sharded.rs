@@ -1,6 +1,7 @@
 //! `cannon train` with `parallel.nproc > 1`: the run's loop on CPU ranks of an FSDP run
 //! follows the one-rank loop step for step (same global batch, same loss normalisation), with
-//! an uneven split of rows (8 rows over 3 ranks) and gradient accumulation.
+//! an uneven split of rows (8 rows over 3 ranks) and gradient accumulation; ranks that each
+//! decode only their own rows skip the same undecodable samples as the one rank.
 
 mod common;
 
@@ -44,8 +45,51 @@ fn three_ranks_follow_the_one_rank_run() {
     let root = std::env::temp_dir().join(format!("cannon-train-sharded-{}", std::process::id()));
     std::fs::remove_dir_all(&root).ok();
     let data = dataset(&root);
-    let (one, one_lines) = train(&root, &data, 1);
-    let (three, three_lines) = train(&root, &data, 3);
+    follow(&root, &data, 3, 0);
+    std::fs::remove_dir_all(&root).ok();
+}
+
+/// Two images cut after their headers (they pass reading and fail when their batch is
+/// made): each rank decodes only its own rows, yet every rank skips both samples, so the ranks'
+/// batches stay the one rank's and the run counts each sample once.
+#[test]
+fn ranks_skip_the_samples_any_rank_could_not_decode() {
+    let root = std::env::temp_dir().join(format!("cannon-train-skip-{}", std::process::id()));
+    std::fs::remove_dir_all(&root).ok();
+    let data = dataset(&root);
+    let text = std::fs::read_to_string(&data).unwrap();
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let images = |r: &serde_json::Value| -> Vec<String> {
+        let list = r["images"].as_array().cloned().unwrap_or_default();
+        list.iter()
+            .map(|i| i.as_str().unwrap().to_string())
+            .collect()
+    };
+    let cut: Vec<String> = records.iter().flat_map(images).take(2).collect();
+    assert_eq!(cut.len(), 2, "the synthetic set has images");
+    for image in &cut {
+        let path = data.parent().unwrap().join(image);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    }
+    // Every sample showing a cut image is skipped; the 96 rows of the run cross the set twice.
+    let bad = records
+        .iter()
+        .filter(|r| images(r).iter().any(|i| cut.contains(i)))
+        .count();
+    assert!(bad >= 2 && records.len() < 96, "{bad} of {}", records.len());
+    follow(&root, &data, 2, bad as u64);
+    std::fs::remove_dir_all(&root).ok();
+}
+
+/// Trains on one rank and on `nproc`, and checks the runs agree step for step, `skipped`
+/// samples counted in each.
+fn follow(root: &Path, data: &Path, nproc: usize, skipped: u64) {
+    let (one, one_lines) = train(root, data, 1);
+    let (three, three_lines) = train(root, data, nproc);
     assert_eq!(three.steps, 6);
     assert_eq!(three_lines.len(), one_lines.len());
     let num: f64 = one
@@ -58,7 +102,7 @@ fn three_ranks_follow_the_one_rank_run() {
     // The bar of the FSDP equivalence tests: only the order of f32 gradient sums differs.
     assert!(
         d <= 1e-5,
-        "3 vs 1 rank loss diff {d:e}: {:?} vs {:?}",
+        "{nproc} vs 1 rank loss diff {d:e}: {:?} vs {:?}",
         three.losses,
         one.losses
     );
@@ -68,9 +112,17 @@ fn three_ranks_follow_the_one_rank_run() {
             serde_json::from_str(a).unwrap(),
             serde_json::from_str(b).unwrap(),
         );
-        for key in ["step", "lr", "targets", "samples", "tokens"] {
+        for key in [
+            "step",
+            "lr",
+            "targets",
+            "samples",
+            "tokens",
+            "skipped_samples",
+        ] {
             assert_eq!(a[key], b[key], "{key}: {a} vs {b}");
         }
     }
-    std::fs::remove_dir_all(&root).ok();
+    let last: serde_json::Value = serde_json::from_str(one_lines.last().unwrap()).unwrap();
+    assert_eq!(last["skipped_samples"], skipped, "{last}");
 }

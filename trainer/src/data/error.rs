@@ -71,6 +71,10 @@ pub enum DataError {
     Recorded(String),
     #[error("invalid data config: {0}")]
     Config(String),
+    /// The loaders of a run's ranks could not agree on a batch (see `Loader::next_rows`):
+    /// the collective failed, or another rank failed to make its rows.
+    #[error("ranks making a batch together: {0}")]
+    Ranks(String),
     #[error(transparent)]
     Batch(#[from] crate::batch::BatchError),
 }

@@ -103,8 +103,8 @@ impl BatchShape {
 /// ([`Loader::skipped_samples`]), a warning names it once, and later epochs pass over it.
 /// Without such a sample the batches are the ones the stream gives, whatever the history;
 /// with one, every loader that meets it makes the same batches (a resumed one meets it again
-/// at the same place). A rank that reads only its own rows (see [`Loader::next_rows`]) finds
-/// only its own rows' bad images.
+/// at the same place). Ranks that read only their own rows (see [`Loader::next_rows`]) share
+/// what they find, so each skips every bad sample of the batch.
 #[derive(Debug)]
 pub struct Loader {
     data: DataSet,
@@ -201,7 +201,7 @@ impl Loader {
 
     /// The next batch. On error the position is left where it was.
     pub fn next_batch(&mut self) -> Result<Batch> {
-        Ok(self.next_rows(|rows| 0..rows)?.0)
+        Ok(self.next_rows(|rows| 0..rows, |_| Ok(()))?.0)
     }
 
     /// Rows `pick(rows)` of the next batch, at the whole batch's length, and the whole
@@ -210,9 +210,18 @@ impl Loader {
     /// [`Loader::next_batch`] makes (the same sequences, positions and images), and the
     /// stream moves by the whole batch. A picked sample whose image does not decode is
     /// skipped (see [`Loader`]); any other error leaves the position where it was.
+    ///
+    /// `agree` sums a vector over the loaders that share the stream (the ranks of a run;
+    /// one loader passes `|_| Ok(())`), and is called the same number of times on each of
+    /// them: once per attempt at the batch, with one flag for "a picked sample failed
+    /// otherwise" and one per sample of the whole batch, set where a picked sample's image
+    /// did not decode. Every loader then skips the samples any of them found, so the ranks
+    /// make the same batches and count the same skipped samples, and an error on one rank
+    /// is an error on all of them rather than a collective left waiting.
     pub fn next_rows(
         &mut self,
         pick: impl FnOnce(usize) -> Range<usize>,
+        mut agree: impl FnMut(&mut [i64]) -> Result<()>,
     ) -> Result<(Batch, BatchShape)> {
         self.check_usable()?;
         // Both layouts make exactly batch_size rows.
@@ -227,7 +236,9 @@ impl Loader {
             let picked = rows.get(range.clone()).ok_or_else(|| {
                 DataError::Config(format!("rows {range:?} of a batch of {}", rows.len()))
             })?;
-            if let Some(samples) = self.make_samples(picked)? {
+            // Where the picked samples start among the whole batch's.
+            let first = rows[..range.start].iter().map(Vec::len).sum::<usize>();
+            if let Some(samples) = self.make_samples(&rows, first, picked, &mut agree)? {
                 break (order, rows, samples);
             }
         };
@@ -288,34 +299,64 @@ impl Loader {
         shape
     }
 
-    /// The samples of `rows`, in order (see [`load_each`]); None when some failed to decode
-    /// and were marked skipped (the batch is to be made again without them). The first other
-    /// error in row order is the error, and nothing is marked.
-    fn make_samples(&mut self, rows: &[Vec<usize>]) -> Result<Option<Vec<Sample>>> {
-        let index: Vec<usize> = rows.iter().flatten().copied().collect();
+    /// The samples of `picked` (the rows of `rows` whose samples start at `first` of the
+    /// whole batch's), in order (see [`load_each`]); None when some sample of the batch
+    /// failed to decode here or on another loader (see [`Loader::next_rows`]) and was marked
+    /// skipped: the batch is to be made again without it. The first other error in row
+    /// order is the error, and nothing is marked.
+    fn make_samples(
+        &mut self,
+        rows: &[Vec<usize>],
+        first: usize,
+        picked: &[Vec<usize>],
+        agree: &mut impl FnMut(&mut [i64]) -> Result<()>,
+    ) -> Result<Option<Vec<Sample>>> {
+        let whole: Vec<usize> = rows.iter().flatten().copied().collect();
+        let index: Vec<usize> = picked.iter().flatten().copied().collect();
         let prepared: Vec<&Prepared> = index.iter().map(|&i| &self.data.samples[i]).collect();
         let made = load_each(&prepared, &self.cfg.image);
-        if !made.iter().any(|m| m.is_err()) {
-            return Ok(Some(made.into_iter().flatten().collect()));
-        }
+        // flags[0]: a fatal error here; flags[1 + k]: sample k of the batch is skippable.
+        let mut flags = vec![0i64; 1 + whole.len()];
         let mut first_fatal = None;
-        let mut bad = Vec::new();
-        for (i, m) in index.into_iter().zip(made) {
+        let mut seen = Vec::new();
+        for (k, m) in made.iter().enumerate() {
             match m {
                 Err(e) if !e.skippable_at_load() => {
-                    first_fatal.get_or_insert(e);
+                    flags[0] = 1;
+                    first_fatal.get_or_insert(k);
                 }
-                Err(e) => bad.push((i, e)),
+                Err(e) => {
+                    flags[1 + first + k] = 1;
+                    seen.push((index[k], e.to_string()));
+                }
                 Ok(_) => {}
             }
         }
-        if let Some(e) = first_fatal {
-            return Err(e);
+        agree(&mut flags)?;
+        if flags[0] > 0 {
+            return Err(match first_fatal {
+                Some(k) => made
+                    .into_iter()
+                    .nth(k)
+                    .and_then(|m| m.err())
+                    .unwrap_or_else(empty),
+                None => DataError::Ranks(format!(
+                    "{}: another rank could not make its rows (its error says why)",
+                    self.data.path.display()
+                )),
+            });
         }
-        for (i, e) in bad {
-            if !self.skipped[i] {
-                self.skipped[i] = true;
-                self.skipped_count += 1;
+        if flags[1..].iter().all(|&f| f == 0) {
+            return Ok(Some(made.into_iter().flatten().collect()));
+        }
+        for (&i, _) in whole.iter().zip(&flags[1..]).filter(|(_, &f)| f > 0) {
+            if self.skipped[i] {
+                continue;
+            }
+            self.skipped[i] = true;
+            self.skipped_count += 1;
+            // The loader that met the error names it; the others follow silently.
+            if let Some((_, e)) = seen.iter().find(|(j, _)| *j == i) {
                 eprintln!(
                     "warning: {}:{}: sample skipped: {e}",
                     self.data.path.display(),

@@ -39,7 +39,7 @@ use super::run::{RunSummary, StepHook, TrainError, CACHE_SLACK};
 use super::setup::RunSetup;
 use crate::config::Dtype;
 use crate::data::shuffle::Position;
-use crate::data::Loader;
+use crate::data::{DataError, Loader};
 use crate::fsdp::{rank_rows, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings};
 use crate::model::{Act, Exec};
 use cannon_runtime::comm::Communicator;
@@ -178,8 +178,13 @@ fn run_as<A: Act>(
             // whole micro batches give the step's tokens, samples and FLOPs.
             let (mut mine, mut shapes) = (Vec::new(), Vec::with_capacity(accum));
             for _ in 0..accum {
+                // Every rank skips the undecodable samples any rank found in the batch.
+                let agree = |flags: &mut [i64]| {
+                    rank.all_reduce_sum_i64(flags)
+                        .map_err(|e| DataError::Ranks(e.to_string()))
+                };
                 let (rows, shape) = loader
-                    .next_rows(|n| rank_rows(n, replica, replicas))
+                    .next_rows(|n| rank_rows(n, replica, replicas), agree)
                     .map_err(|e| fail(e.into()))?;
                 if rows.rows > 0 {
                     mine.push(rows);
