@@ -140,6 +140,7 @@ fn check_batch_trains(model: &Mistral3, batch: &Batch, what: &str) {
         projector: true,
         vision_layers: lv,
         patch_embed: true,
+        vision_cp_calls: 0,
     };
     assert_eq!(visited, everything, "{what}");
     assert_grads(model, &grads, &trained, what);

@@ -84,6 +84,7 @@ fn pass<'a>(
         loss_norm: cannon_kernels::cross_entropy::LossNorm::Mean,
         logits: cannon_trainer::model::Logits::Grad,
         memory,
+        cp: None,
     }
 }
 
@@ -131,10 +132,15 @@ fn cp_ranks_as<A: Act>(
         let group = CpGroup::whole(comm, s, st)?;
         let params = Params::from_host(&exec, ParamLayout::new(cfg), host)?;
         let mut grads = cannon_trainer::model::Grads::new(&exec, &params.layout, &ALL)?;
-        let pass = pass(cfg, &exec, &params, memory);
+        let pass = Pass {
+            cp: Some(&group),
+            ..pass(cfg, &exec, &params, memory)
+        };
         let before = group.calls();
-        let acts = pass.forward_cp::<A>(batch, &group)?;
-        let (_, vision_bwd) = pass.backward_cp(batch, &acts, &mut grads, &group)?;
+        let acts = pass.forward::<A>(batch)?;
+        let vision_bwd = pass
+            .backward(batch, &acts, &mut grads, None)?
+            .vision_cp_calls;
         let all = group.calls() - before;
         let sums = group.sum(&[acts.head.sum, acts.head.targets as f64], st)?;
         group.all_reduce_grads(&mut grads, st)?;

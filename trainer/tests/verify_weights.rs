@@ -262,6 +262,7 @@ fn frozen_parts_get_no_gradient_and_run_no_backward() {
         projector: true,
         vision_layers: lv,
         patch_embed: true,
+        vision_cp_calls: 0,
     };
     assert_eq!(visited, everything);
 

@@ -1,6 +1,6 @@
 //! What can go wrong saving, finding, loading and exporting checkpoints.
 
-use crate::model::ModelError;
+use crate::model::error::ModelError;
 use cannon_kernels::KernelError;
 use cannon_runtime::comm::CommError;
 use std::path::PathBuf;

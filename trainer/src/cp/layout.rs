@@ -1,7 +1,7 @@
 //! Which tokens a CP rank holds, and the attention blocks of a ring step (see the module docs
 //! of [`crate::cp`] for the chunking).
 
-use crate::model::ModelError;
+use super::error::CpError;
 use cannon_kernels::attention::BlockPair;
 use std::ops::Range;
 
@@ -32,16 +32,16 @@ impl CpLayout {
         r: usize,
         ui: usize,
         ri: usize,
-    ) -> Result<Self, ModelError> {
+    ) -> Result<Self, CpError> {
         if u == 0 || r == 0 || ui >= u || ri >= r {
-            return Err(ModelError::Input(format!(
+            return Err(CpError::Input(format!(
                 "CP rank ({ui}, {ri}) outside a layout of {u} Ulysses x {r} ring ranks"
             )));
         }
         if cu_seqlens.last().copied().unwrap_or(0) != tokens
             || cu_seqlens.windows(2).any(|w| w[1] < w[0])
         {
-            return Err(ModelError::Input(format!(
+            return Err(CpError::Input(format!(
                 "sequence ends {:?}.. do not end at the {tokens} tokens",
                 &cu_seqlens[..cu_seqlens.len().min(8)]
             )));
@@ -218,6 +218,35 @@ mod tests {
                 let want = u8::from(kg <= qg && seq_of(kg) == seq_of(qg));
                 assert_eq!(n, want, "query {qg} key {kg}");
             }
+        }
+    }
+}
+
+/// Head counts on the attention side of the exchange ([`CpLayout::shapes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpShapes {
+    /// 2C: tokens of the ring rank.
+    pub tokens: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    /// How often each kv head is repeated before the exchange (u / Hkv when Hkv < u).
+    pub rep: usize,
+}
+
+impl CpLayout {
+    /// The attention side of the exchange for `q_heads` query and `kv_heads` key-value heads.
+    pub fn shapes(&self, q_heads: usize, kv_heads: usize) -> CpShapes {
+        let u = self.u;
+        let rep = if kv_heads.is_multiple_of(u) {
+            1
+        } else {
+            u / kv_heads
+        };
+        CpShapes {
+            tokens: self.local_tokens() * u,
+            q_heads: q_heads / u,
+            kv_heads: kv_heads * rep / u,
+            rep,
         }
     }
 }

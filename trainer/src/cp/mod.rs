@@ -32,12 +32,15 @@
 //! embeddings are zero, their targets ignored, and no real token attends to them.
 
 pub mod attn;
+mod error;
 pub mod layout;
 pub mod ring;
 
+pub use error::CpError;
 pub use layout::CpLayout;
 
-use crate::model::{Grads, Mistral3Config, ModelError};
+use crate::model::config::Mistral3Config;
+use cannon_kernels::Tensor;
 use cannon_runtime::comm::{Communicator, ReduceOp};
 use cannon_runtime::{DeviceBuffer, Stream};
 use serde::{Deserialize, Serialize};
@@ -101,8 +104,8 @@ impl CpSettings {
     /// What the model's head counts allow: the Ulysses degree must divide the query heads,
     /// and divide the key-value heads or be a multiple of them (each kv head is then repeated
     /// `u / Hkv` times before the exchange, so every rank gets one). Errors name the key.
-    pub fn check(&self, cfg: &Mistral3Config) -> Result<(), ModelError> {
-        let bad = |m: String| Err(ModelError::Input(m));
+    pub fn check(&self, cfg: &Mistral3Config) -> Result<(), CpError> {
+        let bad = |m: String| Err(CpError::Input(m));
         if self.size == 0 {
             return bad("parallel.cp_size must be > 0".into());
         }
@@ -154,10 +157,10 @@ impl CpGroup {
         world: &Communicator,
         settings: CpSettings,
         stream: &Stream,
-    ) -> Result<(CpGroup, usize), ModelError> {
+    ) -> Result<(CpGroup, usize), CpError> {
         let cp = settings.size;
         if cp == 0 || !world.world_size().is_multiple_of(cp) {
-            return Err(ModelError::Input(format!(
+            return Err(CpError::Input(format!(
                 "parallel.cp_size = {cp} must divide the {} ranks (world = dp x cp)",
                 world.world_size()
             )));
@@ -166,7 +169,7 @@ impl CpGroup {
         let (replica, rank) = (w / cp, w % cp);
         let group = world.split(replica as u32, rank as u32, stream)?;
         let (ring_rank, uly_rank) = (rank / u, rank % u);
-        let sub = |color: usize, key: usize, size: usize| -> Result<_, ModelError> {
+        let sub = |color: usize, key: usize, size: usize| -> Result<_, CpError> {
             // Every rank takes part in both splits (collective), keeping only real groups.
             let c = group.split(color as u32, key as u32, stream)?;
             Ok((size > 1).then_some(c))
@@ -191,7 +194,7 @@ impl CpGroup {
         world: Communicator,
         settings: CpSettings,
         stream: &Stream,
-    ) -> Result<CpGroup, ModelError> {
+    ) -> Result<CpGroup, CpError> {
         let (g, _) = Self::split(&world, settings, stream)?;
         Ok(g)
     }
@@ -215,24 +218,28 @@ impl CpGroup {
 
     /// This rank's token layout of a batch of `tokens` tokens whose packed sequences end at
     /// `cu_seqlens`.
-    pub fn layout(&self, tokens: usize, cu_seqlens: &[usize]) -> Result<CpLayout, ModelError> {
+    pub fn layout(&self, tokens: usize, cu_seqlens: &[usize]) -> Result<CpLayout, CpError> {
         let (u, r) = self.settings.degrees();
         let (ui, ri) = self.coords();
         CpLayout::new(tokens, cu_seqlens, u, r, ui, ri)
     }
 
     /// Sums `x` over the CP group.
-    pub fn sum(&self, x: &[f64], stream: &Stream) -> Result<Vec<f64>, ModelError> {
+    pub fn sum(&self, x: &[f64], stream: &Stream) -> Result<Vec<f64>, CpError> {
         let mut buf = DeviceBuffer::clone_htod(stream, x)?;
         self.group
             .all_reduce_in_place(&mut buf.view_mut(), ReduceOp::Sum, stream)?;
         Ok(buf.clone_dtoh(stream)?)
     }
 
-    /// Sums every gradient group over the CP group (the ranks' partial gradients of the
+    /// Sums every gradient tensor over the CP group (the ranks' partial gradients of the
     /// same batch; FSDP's reduce-scatter over the world does this in a sharded run).
-    pub fn all_reduce_grads(&self, grads: &mut Grads, stream: &Stream) -> Result<(), ModelError> {
-        for g in grads.data.iter_mut().flatten() {
+    pub fn all_reduce_grads<'a>(
+        &self,
+        grads: impl IntoIterator<Item = &'a mut Tensor<f32>>,
+        stream: &Stream,
+    ) -> Result<(), CpError> {
+        for g in grads {
             self.group
                 .all_reduce_in_place(&mut g.view_mut(), ReduceOp::Sum, stream)?;
         }

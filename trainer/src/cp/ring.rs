@@ -18,15 +18,14 @@
 //! earlier chunk, nothing against a later one. With head-tail chunking every rank does the
 //! same amount of work at every step but the first.
 
-use super::attn::CpShapes;
+use super::error::Result;
+use super::layout::CpShapes;
 use super::CpLayout;
-use crate::model::{Exec, ModelError};
+use crate::model::exec::Exec;
 use cannon_kernels::attention::{self, BlockAttention, QkvBuf, QkvGradBuf};
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::comm::Communicator;
 use cannon_runtime::{BufferView, Element, Float};
-
-type Result<T> = std::result::Result<T, ModelError>;
 
 /// Sends `cur` to the next ring rank and replaces it with the previous rank's.
 fn pass_on<T: Element>(exec: &Exec, ring: &Communicator, cur: &mut Tensor<T>) -> Result<()> {

@@ -80,6 +80,13 @@ impl From<cannon_runtime::Error> for FsdpError {
     }
 }
 
+/// A refused context-parallel layout is the model's bad input, as it reads.
+impl From<crate::cp::CpError> for FsdpError {
+    fn from(e: crate::cp::CpError) -> Self {
+        crate::model::ModelError::from(e).into()
+    }
+}
+
 impl FsdpError {
     /// Whether this error only reports that another rank failed (a peer dropped its
     /// communicator, a poisoned group, a peer's rejected batch), not a cause of its own.

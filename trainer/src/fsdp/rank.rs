@@ -440,7 +440,7 @@ impl FsdpRank {
                 match cp.layout(t.len(), &b.sequence_ends()) {
                     Ok(l) => t = l.shard(&t, IGNORE_INDEX),
                     Err(e) => {
-                        bad.get_or_insert((i, e));
+                        bad.get_or_insert((i, e.into()));
                     }
                 }
             }
@@ -549,11 +549,9 @@ impl FsdpRank {
                     params: &fwd,
                     loss_norm,
                     logits: crate::model::Logits::Grad,
+                    cp,
                 };
-                Some(match cp {
-                    Some(cp) => pass.forward_cp::<A>(b, cp)?,
-                    None => pass.forward::<A>(b)?,
-                })
+                Some(pass.forward::<A>(b)?)
             }
             None => None,
         };
@@ -576,15 +574,9 @@ impl FsdpRank {
                 params: &bwd,
                 loss_norm,
                 logits: crate::model::Logits::Grad,
+                cp,
             };
-            match cp {
-                Some(cp) => {
-                    pass.backward_cp(b, a, &mut sink, cp)?;
-                }
-                None => {
-                    pass.backward(b, a, &mut sink, None)?;
-                }
-            }
+            pass.backward(b, a, &mut sink, None)?;
             sum = a.head.sum;
         }
         drop(acts);
@@ -610,6 +602,7 @@ impl FsdpRank {
             params: &params,
             loss_norm,
             logits: crate::model::Logits::Grad,
+            cp: None,
         };
         let acts = pass.forward::<A>(b)?;
         pass.backward(b, &acts, &mut self.grads, None)?;

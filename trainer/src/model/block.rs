@@ -23,8 +23,9 @@ use super::exec::Exec;
 use super::ops::{add_into, copy, linear, linear_back, store, Act};
 use super::params::GroupGrad;
 use super::ModelError;
-use crate::cp::attn::{self as cp_attn, CpCtx, CpShapes};
-use cannon_kernels::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
+use crate::cp::attn::{AttnDims, AttnRefs, AttnSaved, SeqAttention};
+use crate::cp::layout::CpShapes;
+use cannon_kernels::attention::QkvGradBuf;
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
@@ -53,6 +54,16 @@ impl BlockDims {
 
     pub fn dkv(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+
+    /// The attention's part of the sizes.
+    pub fn attn(&self) -> AttnDims {
+        AttnDims {
+            q_heads: self.q_heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            causal: self.causal,
+        }
     }
 }
 
@@ -125,6 +136,18 @@ impl<A: Act> BlockActs<A> {
         })
     }
 
+    /// Tensors for `t` tokens of a block run in `c`: [`Self::new`], or under context
+    /// parallelism [`Self::new_cp`] (the same shapes as the forward's on every recompute).
+    pub fn for_ctx(exec: &Exec, c: &BlockCtx, t: usize) -> Result<Self> {
+        match c.attention {
+            SeqAttention::Group(cx) => {
+                let sh = cx.layout.shapes(c.dims.q_heads, c.dims.kv_heads);
+                Self::new_cp(exec, &c.dims, t, &sh)
+            }
+            SeqAttention::Local { .. } => Self::new(exec, &c.dims, t),
+        }
+    }
+
     /// Tensors for the `t` tokens of a CP rank: q, k, v, lse in the head-sharded layout of
     /// `sh` (see [`crate::cp::attn`]), plus `att_cp`.
     pub fn new_cp(exec: &Exec, dims: &BlockDims, t: usize, sh: &CpShapes) -> Result<Self> {
@@ -186,33 +209,15 @@ impl<A: Act> BlockActs<A> {
 }
 
 /// What a block's position-dependent parts need: the RoPE table with each token's slot, and
-/// the sequence boundaries (host data, by the kernels' convention).
+/// how its attention sees the sequence (host data, by the kernels' convention).
 #[derive(Clone, Copy, Debug)]
 pub struct BlockCtx<'a> {
     pub dims: BlockDims,
     pub rope: &'a RopeTable,
     /// `[T]` RoPE table slot of every token.
     pub pos: &'a [u32],
-    /// Cumulative sequence ends, no leading 0 (images for Pixtral, packed sequences for
-    /// Mistral).
-    pub cu_seqlens: &'a [usize],
-    /// Context parallelism: this rank holds a shard of the tokens and attention exchanges
-    /// them with its CP group (`crate::cp`). None for the vision tower.
-    pub cp: Option<CpCtx<'a>>,
-}
-
-impl BlockCtx<'_> {
-    fn attn(&self) -> VarlenAttention<'_> {
-        let d = &self.dims;
-        VarlenAttention::new(
-            self.cu_seqlens,
-            self.pos.len(),
-            d.q_heads,
-            d.kv_heads,
-            d.head_dim,
-            d.causal,
-        )
-    }
+    /// This rank's tokens only, or across its context-parallel group (`crate::cp`).
+    pub attention: SeqAttention<'a>,
 }
 
 /// f32 working tensors of the forward, sized for T tokens and reused by every layer.
@@ -312,21 +317,16 @@ pub fn block_forward<A: Act>(
     linear(st, &mut s.v.view_mut(), &ln1, &w.v, dm, dkv)?;
     ops::rope_forward(st, &mut s.q.view_mut(), d.q_heads, c.rope, c.pos)?;
     ops::rope_forward(st, &mut s.k.view_mut(), d.kv_heads, c.rope, c.pos)?;
-    if let Some(cx) = c.cp {
-        cp_attn::forward(cx, &d, (&s.q, &s.k, &s.v), a)?;
-    } else {
-        store(st, &s.q.view(), &mut a.q.view_mut())?;
-        store(st, &s.k.view(), &mut a.k.view_mut())?;
-        store(st, &s.v.view(), &mut a.v.view_mut())?;
-        let (q, k, v) = (a.q.view(), a.k.view(), a.v.view());
-        let qkv = QkvBuf {
-            q: &q,
-            k: &k,
-            v: &v,
-        };
-        let (mut att, mut lse) = (a.att.view_mut(), a.lse.view_mut());
-        ops::attention_forward(st, &c.attn(), qkv, &mut att, &mut lse)?;
-    }
+    let saved = AttnSaved {
+        q: &mut a.q,
+        k: &mut a.k,
+        v: &mut a.v,
+        att: &mut a.att,
+        lse: &mut a.lse,
+        att_cp: a.att_cp.as_mut(),
+    };
+    c.attention
+        .forward(st, &d.attn(), (&s.q, &s.k, &s.v), saved)?;
     linear(st, &mut a.mid.view_mut(), &a.att.view(), &w.o, dq, dm)?;
     add_into(st, &mut a.mid.view_mut(), x)?;
 
@@ -523,23 +523,21 @@ pub fn block_backward<A: Act>(
     store(st, &s.datt32.view(), &mut s.datt.view_mut())?;
     // att = attention(rope(q), rope(k), v)
     let (mut gq, mut gk, mut gv) = (s.dq.view_mut(), s.dk.view_mut(), s.dv.view_mut());
-    if let Some(cx) = c.cp {
-        cp_attn::backward(cx, &d, a, &s.datt.view(), (&mut gq, &mut gk, &mut gv))?;
-    } else {
-        let (q, k, v) = (a.q.view(), a.k.view(), a.v.view());
-        let qkv = QkvBuf {
-            q: &q,
-            k: &k,
-            v: &v,
-        };
-        let grads = QkvGradBuf {
-            dq: &mut gq,
-            dk: &mut gk,
-            dv: &mut gv,
-        };
-        let (att, lse, datt) = (a.att.view(), a.lse.view(), s.datt.view());
-        ops::attention_backward(st, &c.attn(), qkv, &att, &lse, &datt, grads)?;
-    }
+    let saved = AttnRefs {
+        q: a.q,
+        k: a.k,
+        v: a.v,
+        att: a.att,
+        lse: a.lse,
+        att_cp: a.att_cp,
+    };
+    let grads = QkvGradBuf {
+        dq: &mut gq,
+        dk: &mut gk,
+        dv: &mut gv,
+    };
+    c.attention
+        .backward(st, &d.attn(), saved, &s.datt.view(), grads)?;
     ops::rope_backward(st, &mut s.dq.view_mut(), d.q_heads, c.rope, c.pos)?;
     ops::rope_backward(st, &mut s.dk.view_mut(), d.kv_heads, c.rope, c.pos)?;
     // q, k, v = ln1 W^T

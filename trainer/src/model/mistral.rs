@@ -27,7 +27,7 @@ use super::params::{TextEmbed, TextHead, TextLayer};
 use super::saved::{Held, LayerSaved, MemoryFeatures};
 use super::source::{group_grad, GradSink, GroupWeights, ParamSource};
 use super::{head_view, ModelError};
-use crate::cp::attn::{CpCtx, CpShapes};
+use crate::cp::attn::{CpCtx, SeqAttention};
 use crate::cp::{CpGroup, CpLayout};
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, Tensor};
@@ -164,25 +164,13 @@ pub fn embed_backward(
 /// group is fetched just before the layer runs and let go after it; the head group, fetched
 /// for the final norm, is handed back for the lm_head. `mem` says what each layer keeps and
 /// where ([`super::saved`]).
+///
+/// A context-parallel rank (`cp` given) passes its tokens of the layout as `x0 [Tl,D]` and
+/// `pos [Tl]`, and the whole batch's sequence ends as `cu_seqlens`; attention exchanges with
+/// the CP group ([`crate::cp`]). Recompute and offload work per rank on its own tensors,
+/// whatever their (head-sharded) shapes.
 #[allow(clippy::too_many_arguments)]
 pub fn forward<'p, A: Act>(
-    exec: &Exec,
-    cfg: &Mistral3Config,
-    params: &'p dyn ParamSource,
-    x0: Tensor<f32>,
-    pos: Vec<u32>,
-    cu_seqlens: Vec<usize>,
-    mem: MemoryFeatures,
-) -> Result<(TextActs<A>, GroupWeights<'p>), ModelError> {
-    forward_cp(exec, cfg, params, x0, pos, cu_seqlens, mem, None)
-}
-
-/// [`forward`] of a context-parallel rank (`cp` given): `x0 [Tl,D]` and `pos [Tl]` are this
-/// rank's tokens of the layout, `cu_seqlens` the whole batch's sequence ends; attention
-/// exchanges with the CP group ([`crate::cp`]). Recompute and offload work per rank on its
-/// own tensors, whatever their (head-sharded) shapes.
-#[allow(clippy::too_many_arguments)]
-pub fn forward_cp<'p, A: Act>(
     exec: &Exec,
     cfg: &Mistral3Config,
     params: &'p dyn ParamSource,
@@ -250,22 +238,13 @@ pub fn forward_cp<'p, A: Act>(
     let mut layers: Vec<LayerSaved<A>> = Vec::with_capacity(layers_n);
     let mut x = x0;
     for l in 0..layers_n {
-        let cpx = group.zip(cpl.as_ref()).map(|(group, layout)| CpCtx {
-            exec,
-            group,
-            layout,
-        });
         let ctx = BlockCtx {
             dims,
             rope: &rope,
             pos: &pos,
-            cu_seqlens: &cu_seqlens,
-            cp: cpx,
+            attention: seq_attention(exec, group.zip(cpl.as_ref()), &cu_seqlens, n),
         };
-        let mut acts = match &cpl {
-            Some(l) => BlockActs::new_cp(exec, &dims, n, &CpShapes::new(&dims, l))?,
-            None => BlockActs::new(exec, &dims, n)?,
-        };
+        let mut acts = BlockActs::for_ctx(exec, &ctx, n)?;
         let mut out = exec.empty(&[n, d])?;
         let g = layout.text_layer(l);
         let fetched = params.fetch(g)?;
@@ -322,6 +301,24 @@ pub fn forward_cp<'p, A: Act>(
     Ok((acts, head_w))
 }
 
+/// How the decoder's attention sees the sequence: the `tokens` here (sequences ending at
+/// `cu_seqlens`), or across the CP group.
+fn seq_attention<'a>(
+    exec: &'a Exec,
+    cp: Option<(&'a CpGroup, &'a CpLayout)>,
+    cu_seqlens: &'a [usize],
+    tokens: usize,
+) -> SeqAttention<'a> {
+    match cp {
+        Some((group, layout)) => SeqAttention::Group(CpCtx {
+            exec,
+            group,
+            layout,
+        }),
+        None => SeqAttention::Local { cu_seqlens, tokens },
+    }
+}
+
 /// What the decoder backward did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TextVisit {
@@ -334,23 +331,9 @@ pub struct TextVisit {
 /// `want_dx0`, returns the gradient of `x0`. `head_w` is the head group the caller fetched
 /// for the lm_head backward; the final norm's backward uses it and lets it go. Layers below
 /// the lowest trained one are not visited when `x0` needs no gradient.
+/// Under context parallelism `cp` is the group the forward ran with.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<A: Act>(
-    exec: &Exec,
-    cfg: &Mistral3Config,
-    params: &dyn ParamSource,
-    head_w: GroupWeights<'_>,
-    a: &TextActs<A>,
-    dxf: Tensor<f32>,
-    grads: &mut dyn GradSink,
-    want_dx0: bool,
-) -> Result<(Option<Tensor<f32>>, TextVisit), ModelError> {
-    backward_cp(exec, cfg, params, head_w, a, dxf, grads, want_dx0, None)
-}
-
-/// [`backward`] of a context-parallel rank: `cp` is the group the forward ran with.
-#[allow(clippy::too_many_arguments)]
-pub fn backward_cp<A: Act>(
     exec: &Exec,
     cfg: &Mistral3Config,
     params: &dyn ParamSource,
@@ -412,17 +395,11 @@ pub fn backward_cp<A: Act>(
         if !below_trains && !want_dx0 {
             return Ok((None, visit));
         }
-        let cpx = cp.zip(a.cp.as_ref()).map(|(group, layout)| CpCtx {
-            exec,
-            group,
-            layout,
-        });
         let ctx = BlockCtx {
             dims,
             rope: &a.rope,
             pos: &a.pos,
-            cu_seqlens: &a.cu_seqlens,
-            cp: cpx,
+            attention: seq_attention(exec, cp.zip(a.cp.as_ref()), &a.cu_seqlens, a.pos.len()),
         };
         let saved = &a.layers[l];
         let mut held = match next.take() {

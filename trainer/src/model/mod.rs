@@ -37,6 +37,7 @@
 
 pub mod block;
 pub mod config;
+pub mod error;
 pub mod exec;
 pub mod head;
 pub mod init;
@@ -55,52 +56,20 @@ pub mod weights;
 
 pub use crate::batch::{Batch, BatchError, Images};
 pub use config::{ConfigError, Mistral3Config};
+pub use error::{ModelError, WeightsError};
 pub use exec::Exec;
 pub use head::{Logits, LossMode};
 pub use ops::{Act, Precision};
 pub use params::{Grads, ParamLayout, Params, Part};
 pub use saved::{MemoryFeatures, Recompute};
 pub use source::{GradSink, GroupWeights, ParamSource, PassPlan};
-pub use weights::WeightsError;
 
 use crate::cp::{CpGroup, CpLayout};
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
 use cannon_kernels::{ops as kops, KernelError, Tensor};
-use cannon_runtime::comm::CommError;
 use cannon_runtime::{BufferView, MemoryStats};
 use source::group_grad;
 use std::path::Path;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ModelError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    Weights(#[from] WeightsError),
-    #[error(
-        "image features and image tokens do not match: {tokens} [IMG] tokens, {features} \
-         image feature rows"
-    )]
-    ImageTokens { tokens: usize, features: usize },
-    #[error("bad input: {0}")]
-    Input(String),
-    #[error("bad batch: {0}")]
-    Batch(#[from] BatchError),
-    #[error(transparent)]
-    Kernel(#[from] KernelError),
-    /// A collective of a sharded pass (gathering a group, reduce-scattering its gradient).
-    #[error("collective failed: {0}")]
-    Comm(#[from] CommError),
-    /// A pass asked a sharded source or sink for a group out of its [`PassPlan`].
-    #[error("the pass left its plan: {0}")]
-    Plan(String),
-}
-
-impl From<cannon_runtime::Error> for ModelError {
-    fn from(e: cannon_runtime::Error) -> Self {
-        ModelError::Kernel(KernelError::Runtime(e))
-    }
-}
 
 /// What the whole forward saves (activations stored as `A`), on the model's device.
 #[derive(Debug)]
@@ -143,6 +112,9 @@ pub struct Visited {
     pub projector: bool,
     pub vision_layers: usize,
     pub patch_embed: bool,
+    /// Calls the CP group's communicators issued during the projector and vision backward
+    /// (0 without CP; context parallelism must add none there).
+    pub vision_cp_calls: u64,
 }
 
 /// The model: its config, its parameters (f32 master copy, on `exec`'s device), how it
@@ -244,6 +216,7 @@ impl Mistral3 {
             params: &self.params,
             loss_norm: LossNorm::Mean,
             logits: Logits::KeptWithGrad,
+            cp: None,
         }
     }
 
@@ -320,6 +293,13 @@ pub struct Pass<'a> {
     /// (training), the logits beside their gradient (verify), or the logits alone (the
     /// held-out evaluation); each `4·T·V` bytes.
     pub logits: Logits,
+    /// Context parallelism (`crate::cp`): the vision tower, projector and splice run on the
+    /// whole batch, the decoder and the loss on this rank's token shard of the group. The
+    /// head's `sum` and `targets` are then this rank's; with `LossNorm::Mean` the divisor is
+    /// the group's target count (a sum over the group), so the ranks' gradients add up to
+    /// the batch's, each rank's holding the image feature, projector, vision and embedding
+    /// gradients of its own tokens only. None: every token is here.
+    pub cp: Option<&'a CpGroup>,
 }
 
 impl Pass<'_> {
@@ -330,29 +310,10 @@ impl Pass<'_> {
     }
 
     /// Forward through vision, projector, splice, decoder, lm_head and the loss, fetching
-    /// each group in the order of [`PassPlan::forward`].
+    /// each group in the order of [`PassPlan::forward`] (on this rank's token shard under
+    /// context parallelism: [`Pass::cp`]).
     pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
-        self.forward_in(batch, None)
-    }
-
-    /// [`Pass::forward`] on one rank of a context-parallel group (`crate::cp`): the vision
-    /// tower, projector and splice run on the whole batch, the decoder and the loss on this
-    /// rank's token shard. The head's `sum` and `targets` are this rank's; with
-    /// `LossNorm::Mean` the divisor is the group's target count (a sum over the group), so
-    /// the ranks' gradients add up to the batch's.
-    pub fn forward_cp<A: Act>(
-        &self,
-        batch: &Batch,
-        cp: &CpGroup,
-    ) -> Result<ForwardActs<A>, ModelError> {
-        self.forward_in(batch, Some(cp))
-    }
-
-    fn forward_in<A: Act>(
-        &self,
-        batch: &Batch,
-        cp: Option<&CpGroup>,
-    ) -> Result<ForwardActs<A>, ModelError> {
+        let cp = self.cp;
         let cfg = self.cfg;
         let ex = self.exec;
         let params = self.params;
@@ -393,7 +354,7 @@ impl Pass<'_> {
         let mut norm = self.loss_norm;
         // The head group (final norm + lm_head) is fetched once, by the decoder's final norm.
         let (text, head_w) = match cp {
-            None => mistral::forward(ex, cfg, params, x0, pos, ends, self.memory)?,
+            None => mistral::forward(ex, cfg, params, x0, pos, ends, self.memory, None)?,
             Some(g) => {
                 // Split after the splice; positions and sequence ends are the whole batch's.
                 let layout = g.layout(pos.len(), &ends)?;
@@ -412,7 +373,7 @@ impl Pass<'_> {
                     }
                 }
                 let cp = Some((g, layout));
-                mistral::forward_cp(ex, cfg, params, x0, pos_l, ends, self.memory, cp)?
+                mistral::forward(ex, cfg, params, x0, pos_l, ends, self.memory, cp)?
             }
         };
         let w = head_view(params.layout(), &head_w)?.lm_head;
@@ -433,7 +394,8 @@ impl Pass<'_> {
     /// Backward of the loss: accumulates into the groups `grads` trains and, if `dpixels`
     /// (laid out like `Images::pixel_values`) is given, into its gradient, visiting the groups
     /// in the order of [`PassPlan::backward`]. Parts that neither train nor lead to something
-    /// that needs a gradient are not visited.
+    /// that needs a gradient are not visited. Under context parallelism ([`Pass::cp`], the
+    /// group the forward ran with) this rank's share of every gradient.
     pub fn backward<A: Act>(
         &self,
         batch: &Batch,
@@ -441,31 +403,7 @@ impl Pass<'_> {
         grads: &mut dyn GradSink,
         dpixels: Option<&mut Tensor<f32>>,
     ) -> Result<Visited, ModelError> {
-        Ok(self.backward_in(batch, a, grads, dpixels, None)?.0)
-    }
-
-    /// Backward of [`Pass::forward_cp`]: this rank's share of every gradient (the image
-    /// features, projector, vision and embedding gradients of its own tokens only); the
-    /// ranks' gradients summed are the batch's. Also returns the calls the CP group's
-    /// communicators issued during the projector and vision backward (none expected).
-    pub fn backward_cp<A: Act>(
-        &self,
-        batch: &Batch,
-        a: &ForwardActs<A>,
-        grads: &mut dyn GradSink,
-        cp: &CpGroup,
-    ) -> Result<(Visited, u64), ModelError> {
-        self.backward_in(batch, a, grads, None, Some(cp))
-    }
-
-    fn backward_in<A: Act>(
-        &self,
-        batch: &Batch,
-        a: &ForwardActs<A>,
-        grads: &mut dyn GradSink,
-        dpixels: Option<&mut Tensor<f32>>,
-        cp: Option<&CpGroup>,
-    ) -> Result<(Visited, u64), ModelError> {
+        let cp = self.cp;
         let cfg = self.cfg;
         let ex = self.exec;
         let params = self.params;
@@ -480,7 +418,7 @@ impl Pass<'_> {
         let embed_trains = grads.trains(layout.text_embed());
         let want_dx0 = embed_trains || image_needed;
         if !want_dx0 && !(0..layout.groups.len()).any(|g| grads.trains(g)) {
-            return Ok((Visited::default(), 0));
+            return Ok(Visited::default());
         }
 
         // The groups this backward fetches, in order (a source copying them in goes ahead).
@@ -524,13 +462,13 @@ impl Pass<'_> {
             )?;
         }
         let (dx0, text) =
-            mistral::backward_cp(ex, cfg, params, head_w, &a.text, dxf, grads, want_dx0, cp)?;
+            mistral::backward(ex, cfg, params, head_w, &a.text, dxf, grads, want_dx0, cp)?;
         let mut visited = Visited {
             text_layers: text.layers,
             ..Visited::default()
         };
         let Some(dx0) = dx0 else {
-            return Ok((visited, 0));
+            return Ok(visited);
         };
         // A CP rank's dx0 holds its tokens: scattered into the batch's rows, zero elsewhere.
         // (The rank's own rows are freed at once.)
@@ -549,18 +487,18 @@ impl Pass<'_> {
         grads.release(eg)?;
         drop(dx0);
         let (Some(v), Some(p)) = (&a.vision, &a.projector) else {
-            return Ok((visited, 0));
+            return Ok(visited);
         };
         if !image_needed {
-            return Ok((visited, 0));
+            return Ok(visited);
         }
         let calls_before = cp.map_or(0, CpGroup::calls);
         let images = self.backward_images(batch, v, p, dfeat, grads, dpixels)?;
-        let vision_calls = cp.map_or(0, CpGroup::calls) - calls_before;
+        visited.vision_cp_calls = cp.map_or(0, CpGroup::calls) - calls_before;
         visited.projector = images.projector;
         visited.vision_layers = images.vision_layers;
         visited.patch_embed = images.patch_embed;
-        Ok((visited, vision_calls))
+        Ok(visited)
     }
 
     /// Projector + vision backward from the gradient of the image features `[M, D]`

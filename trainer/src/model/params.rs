@@ -522,6 +522,15 @@ pub struct Grads {
     pub data: Vec<Option<Tensor<f32>>>,
 }
 
+/// The tensors of the groups that train.
+impl<'a> IntoIterator for &'a mut Grads {
+    type Item = &'a mut Tensor<f32>;
+    type IntoIter = std::iter::Flatten<std::slice::IterMut<'a, Option<Tensor<f32>>>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.data.iter_mut().flatten()
+    }
+}
+
 impl Grads {
     /// Zeroed tensors for the groups whose part is in `trainable`.
     pub fn new(exec: &Exec, layout: &ParamLayout, trainable: &[Part]) -> Result<Self, ModelError> {

@@ -26,6 +26,7 @@ use super::ops::{patch_embed, patch_embed_back};
 use super::params::{ParamLayout, VisionEmbed, VisionLayer};
 use super::source::{group_grad, GradSink, ParamSource};
 use super::{Images, ModelError};
+use crate::cp::attn::SeqAttention;
 use cannon_kernels::ops;
 use cannon_kernels::patch_embed::{PatchEmbedGradBufs, PatchGeom};
 use cannon_kernels::rope::RopeTable;
@@ -218,8 +219,10 @@ pub fn forward<A: Act>(
             dims,
             rope: &rope,
             pos: &pos,
-            cu_seqlens: &grid.cu_seqlens,
-            cp: None,
+            attention: SeqAttention::Local {
+                cu_seqlens: &grid.cu_seqlens,
+                tokens: n,
+            },
         };
         let mut acts = BlockActs::new(exec, &dims, n)?;
         let mut out = exec.empty(&[n, dv])?;
@@ -300,8 +303,10 @@ pub fn backward<A: Act>(
             dims,
             rope: &a.rope,
             pos: &a.pos,
-            cu_seqlens: &a.grid.cu_seqlens,
-            cp: None,
+            attention: SeqAttention::Local {
+                cu_seqlens: &a.grid.cu_seqlens,
+                tokens: a.pos.len(),
+            },
         };
         let g = layout.vision_layer(l);
         let fetched = params.fetch(g)?;

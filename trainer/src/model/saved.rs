@@ -37,7 +37,6 @@ use super::exec::Exec;
 use super::offload::{HostPool, HostTensor};
 use super::ops::Act;
 use super::ModelError;
-use crate::cp::attn::CpShapes;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{CachingAllocator, Element, Stream};
 use std::sync::Arc;
@@ -342,10 +341,7 @@ impl<A: Act> LayerSaved<A> {
             })?;
             // Under CP the layer's attention tensors are head-sharded: the same shapes as
             // its forward's, and the same collectives in the same order on every rank.
-            let mut acts = match c.cp {
-                Some(cx) => BlockActs::new_cp(exec, d, t, &CpShapes::new(d, cx.layout))?,
-                None => BlockActs::new(exec, d, t)?,
-            };
+            let mut acts = BlockActs::for_ctx(exec, c, t)?;
             let x = self.input(held)?;
             block_forward(st, c, w, &mut acts, s, &x.view(), &mut out.view_mut())?;
             held.rstd1 = Some(acts.rstd1);

@@ -17,46 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, thiserror::Error)]
-pub enum WeightsError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: not a safetensors file: {reason}")]
-    Format { path: PathBuf, reason: String },
-    #[error("{path}: bad index: {reason}")]
-    Index { path: PathBuf, reason: String },
-    #[error("no weights in {0}: expected model.safetensors or model.safetensors.index.json")]
-    NoWeights(PathBuf),
-    #[error("checkpoint lacks tensor {name} (and {more} more)")]
-    Missing { name: String, more: usize },
-    #[error("{path}: tensor {name} is not a parameter of this model config")]
-    Unexpected { path: PathBuf, name: String },
-    #[error("{path}: tensor {name} appears twice (also as {other})")]
-    Duplicate {
-        path: PathBuf,
-        name: String,
-        other: String,
-    },
-    #[error("{path}: tensor {name} has shape {found:?}, the config needs {expected:?}")]
-    Shape {
-        path: PathBuf,
-        name: String,
-        found: Vec<usize>,
-        expected: Vec<usize>,
-    },
-    #[error("a weights range out of bounds: {0}")]
-    Range(String),
-    #[error("{path}: tensor {name} has dtype {dtype}; f32, bf16 and f16 are supported")]
-    Dtype {
-        path: PathBuf,
-        name: String,
-        dtype: String,
-    },
-}
+pub use super::error::WeightsError;
 
 /// The 5.x name of a parameter written under either naming scheme.
 pub fn canonical_name(name: &str) -> String {

@@ -48,6 +48,13 @@ pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ 
     }
 }
 
+/// A refused context-parallel layout is the model's bad input, as it reads.
+impl From<crate::cp::CpError> for TrainError {
+    fn from(e: crate::cp::CpError) -> Self {
+        crate::model::ModelError::from(e).into()
+    }
+}
+
 /// An input file that could not be digested (for `run_identity.json`) is an I/O error on it.
 impl From<DigestError> for TrainError {
     fn from(e: DigestError) -> Self {

@@ -233,6 +233,7 @@ pub fn run_unsharded(
                 params: &params,
                 loss_norm: LossNorm::Divisor(count as f64),
                 logits: cannon_trainer::model::Logits::Grad,
+                cp: None,
             };
             let acts = pass.forward::<f32>(b).unwrap();
             pass.backward(b, &acts, &mut grads, None).unwrap();

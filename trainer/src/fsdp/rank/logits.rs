@@ -111,5 +111,6 @@ fn eval_pass<'a>(
         params,
         loss_norm: LossNorm::Divisor(1.0),
         logits: crate::model::Logits::Kept,
+        cp: None,
     }
 }
