@@ -12,6 +12,7 @@
 pub mod batch;
 pub mod dataset;
 pub mod error;
+pub mod hash;
 pub mod image;
 pub mod index;
 pub mod info;

@@ -136,7 +136,7 @@ pub struct Tekken {
     splitter: Splitter,
     image: Option<TekkenImage>,
     version: Option<String>,
-    /// [`super::index::hash64`] of the file's bytes.
+    /// [`super::hash::hash64`] of the file's bytes.
     fingerprint: u64,
 }
 
@@ -255,7 +255,7 @@ impl Tekken {
             splitter,
             image: file.image,
             version: file.config.version,
-            fingerprint: super::index::hash64(raw),
+            fingerprint: super::hash::hash64(raw),
         })
     }
 

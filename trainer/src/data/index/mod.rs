@@ -19,7 +19,8 @@
 
 mod codec;
 
-pub use codec::{hash64, FORMAT_VERSION};
+pub use super::hash::hash64;
+pub use codec::FORMAT_VERSION;
 
 use super::dataset::{DataSet, SampleSettings};
 use super::info::DatasetSpec;
