@@ -50,6 +50,15 @@ impl From<cannon_runtime::Error> for ModelError {
     }
 }
 
+impl ModelError {
+    /// A group index past the model's `groups`.
+    pub(crate) fn no_group(g: usize, groups: usize) -> Self {
+        ModelError::Input(format!(
+            "parameter group {g} does not exist (the model has {groups})"
+        ))
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
     #[error("{path}: {source}")]

@@ -52,6 +52,7 @@ pub mod projector;
 pub mod save;
 pub mod saved;
 pub mod source;
+pub mod streamer;
 pub mod weights;
 
 pub use crate::batch::{Batch, BatchError, Images};

@@ -23,7 +23,7 @@
 use super::config::Mistral3Config;
 use super::exec::Exec;
 use super::offload::Stored;
-use super::source::Streamer;
+use super::streamer::Streamer;
 use super::ModelError;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};

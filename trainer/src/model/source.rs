@@ -28,13 +28,12 @@
 //! only when it is fetched, so the next group's copy overlaps the current group's compute.
 
 use super::config::Mistral3Config;
-use super::exec::Exec;
-use super::offload::{CopyMark, Stored};
+use super::offload::Stored;
 use super::params::{Grads, GroupGrad, ParamLayout, Params, Part};
+pub use super::streamer::Streamer;
 use super::ModelError;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut};
-use std::sync::Mutex;
 
 /// A group's full f32 buffer at its point of use.
 #[derive(Debug)]
@@ -131,7 +130,7 @@ impl<'a> Resident<'a> {
         let t = self
             .data
             .get(g)
-            .ok_or_else(|| no_group(g, self.data.len()))?;
+            .ok_or_else(|| ModelError::no_group(g, self.data.len()))?;
         match t {
             Stored::Device(t) => Ok(GroupWeights::Resident(t.view())),
             Stored::Host(_) => {
@@ -168,93 +167,6 @@ impl ParamSource for Resident<'_> {
     }
 }
 
-/// Copies the groups of [`Params`] in the host pool to the device, one at a time and the
-/// next ahead (see the module docs).
-#[derive(Debug)]
-pub struct Streamer {
-    /// The device (allocator, compute stream) and the host pool the groups are in.
-    exec: Exec,
-    state: Mutex<StreamState>,
-}
-
-#[derive(Debug, Default)]
-struct StreamState {
-    /// The groups the running pass fetches, in order.
-    order: Vec<usize>,
-    /// The next position of `order` to fetch.
-    next: usize,
-    /// A copy issued ahead: (group, device buffer, the point its copy ends at).
-    ahead: Option<(usize, Tensor<f32>, CopyMark)>,
-}
-
-impl Streamer {
-    /// A streamer copying groups to `exec`'s device from its host pool.
-    pub fn new(exec: Exec) -> Self {
-        Streamer {
-            exec,
-            state: Mutex::new(StreamState::default()),
-        }
-    }
-
-    /// A streamer on the same exec with no pass under way (for a copy of the parameters).
-    pub(crate) fn fresh(&self) -> Self {
-        Streamer::new(self.exec.clone())
-    }
-
-    fn state(&self) -> Result<std::sync::MutexGuard<'_, StreamState>, ModelError> {
-        self.state
-            .lock()
-            .map_err(|_| ModelError::Input("the parameter streamer was poisoned by a panic".into()))
-    }
-
-    /// A new pass: its fetch order; a copy still ahead from an unfinished pass is dropped.
-    fn begin(&self, order: &[usize]) -> Result<(), ModelError> {
-        let mut s = self.state()?;
-        s.order = order.to_vec();
-        s.next = 0;
-        s.ahead = None;
-        Ok(())
-    }
-
-    /// Group `g` of `data` on the device: the copy issued ahead, or one made now; then the
-    /// copy of the group after `g` in the pass's order is issued. A group out of the order
-    /// (a pass that told none) is copied on its own, nothing issued ahead.
-    fn fetch(&self, data: &[Stored], g: usize) -> Result<Tensor<f32>, ModelError> {
-        let pool = self.exec.host_pool().ok_or_else(|| {
-            ModelError::Input("offloaded parameters need an exec with a host pool".into())
-        })?;
-        let (st, alloc) = (self.exec.stream(), self.exec.allocator());
-        let host = |g: usize| match data.get(g) {
-            Some(Stored::Host(h)) => Some(h),
-            _ => None,
-        };
-        let mut s = self.state()?;
-        let buf = match s.ahead.take() {
-            Some((a, buf, mark)) if a == g => {
-                pool.wait(st, &mark)?;
-                buf
-            }
-            other => {
-                drop(other);
-                let h = host(g).ok_or_else(|| no_group(g, data.len()))?;
-                let buf = pool.reload(alloc, st, h)?;
-                pool.wait(st, &pool.mark()?)?;
-                buf
-            }
-        };
-        let at = (s.next..s.order.len()).find(|&i| s.order[i] == g);
-        if let Some(i) = at {
-            s.next = i + 1;
-            if let Some(h) = s.order.get(i + 1).and_then(|&n| host(n).map(|h| (n, h))) {
-                let (n, h) = h;
-                let ahead = pool.reload(alloc, st, h)?;
-                s.ahead = Some((n, ahead, pool.mark()?));
-            }
-        }
-        Ok(buf)
-    }
-}
-
 impl GradSink for Grads {
     fn trains(&self, g: usize) -> bool {
         self.has(g)
@@ -267,12 +179,6 @@ impl GradSink for Grads {
     fn release(&mut self, _g: usize) -> Result<(), ModelError> {
         Ok(())
     }
-}
-
-fn no_group(g: usize, groups: usize) -> ModelError {
-    ModelError::Input(format!(
-        "parameter group {g} does not exist (the model has {groups})"
-    ))
 }
 
 /// Group `g`'s gradient in `sink` with the ranges of its typed view `at` (None if frozen).
