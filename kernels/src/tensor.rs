@@ -3,8 +3,8 @@
 //!
 //! A tensor is contiguous and row-major; the shape only describes the buffer (`numel` =
 //! product of the dims = buffer length), it never strides. Ops take the runtime's views
-//! ([`Tensor::view`], [`Tensor::view_mut`]) plus their own dims, as every op's `device.rs`
-//! does; [`Tensor::rows`] / [`Tensor::rows_mut`] narrow dim 0 (one image of a batch, a chunk
+//! ([`Tensor::view`], [`Tensor::view_mut`]) plus their own dims, as every entry point of
+//! [`crate::ops`] does; [`Tensor::rows`] / [`Tensor::rows_mut`] narrow dim 0 (one image of a batch, a chunk
 //! of tokens).
 //!
 //! ```text

@@ -135,8 +135,8 @@ fn unknown_rows_and_bad_configs_are_usage_errors() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// The deeper bench config the README's second feature table runs is a valid run config whose
-/// model is the default's sizes with 8 decoder layers.
+/// The deeper bench config that docs/benchmarks.md's second feature table runs is a valid run
+/// config whose model is the default's sizes with 8 decoder layers.
 #[test]
 fn shipped_deep_config_is_valid() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

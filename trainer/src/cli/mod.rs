@@ -36,7 +36,8 @@ pub struct Cli {
 pub enum Command {
     /// Train Mistral3 from a TOML config (default: the tiny built-in run on synthetic shapes).
     Train(train::TrainArgs),
-    /// Held-out accuracy per question type of a saved model (a run's `final/` folder).
+    /// Held-out accuracy per question type of a saved model (a run's `final/` folder, a
+    /// checkpoint, or an HF model folder).
     Eval(eval::EvalArgs),
     /// Report devices, CANN libraries and CPU features this build can use.
     Doctor,
@@ -44,7 +45,8 @@ pub enum Command {
     Data(data::DataArgs),
     /// Compare the model's forward, gradients and AdamW steps with an eager reference fixture.
     Verify(verify::VerifyArgs),
-    /// Time full training steps (`bench step`) beside PyTorch's baseline script.
+    /// Time full training steps beside PyTorch's baseline script (`bench step`), or each
+    /// memory and parallel feature against the run without it (`bench features`).
     Bench(bench::BenchArgs),
     /// Compare two runs' metrics JSONL: normalised loss difference and step time over a window
     /// (exit 0 within --threshold, 1 above, 2 unusable input).

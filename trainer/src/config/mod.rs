@@ -296,7 +296,7 @@ impl Default for TrainSection {
             steps: None,
             epochs: None,
             // The default's rate: at 2e-3 (to 2e-4) "which image" was learnt late or not at
-            // all, depending on the seed (README, "Seeds, learning rate and bf16").
+            // all, depending on the seed (docs/benchmarks.md, "Seeds, learning rate and bf16").
             lr: 1e-3,
             schedule: Schedule::Cosine,
             warmup_steps: 50,

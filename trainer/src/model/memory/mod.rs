@@ -1,79 +1,8 @@
 //! The memory of a training step, as formulas over the config and the batch: the bytes each
-//! part of the model SAVES for its backward, the working tensors each pass holds while it
-//! runs, and from them the peak the caching allocator reports for a forward + backward.
-//!
-//! Notation: T tokens of the batch, P vision patches (all images), M merged image tokens
-//! (`[IMG]` rows), N·C·h·w pixel values; text D hidden, Hq / Hkv heads of Hd, I MLP width, V
-//! vocab; vision Dv, Hv heads of Hdv (no GQA), Iv; m the merge size; `a` the bytes of a stored
-//! activation (4 in an f32 run, 2 in bf16: [`super::ops`]); f32 is 4 bytes; `s` the f32
-//! attention statistics saved per token and head on the step's device (1 on the CPU, 16 on
-//! an NPU: [`StepShape::lse_per_head`]).
-//!
-//! Saved by the forward (live from the forward until the backward ends):
-//!
-//! ```text
-//! vision embed    4·N·C·h·w (pixels) + 4·P·Dv (conv out) + 4·P (rstd) + 4·P·Dv (ln_pre out)
-//! vision layer    P·[8 + 4·s·Hv + 8·Dv + 8·Iv + a·(2·Dv + 4·Hv·Hdv + Iv)]
-//! projector       4·P (rstd) + a·M·m²·Dv (merged) + a·M·Dv (h0) + 4·M·D (h1) + a·M·D (act)
-//!                 + 4·M·D (out)
-//! text embed      4·T·D (spliced embeddings)
-//! text layer      T·[8 + 4·s·Hq + 8·D + 8·I + a·(2·D + 2·Hq·Hd + 2·Hkv·Hd + I)]
-//! final norm      4·T + a·T·D
-//! head, full      4·T·V (d logits, in the logits)     chunked: 0
-//! ```
-//!
-//! A layer's terms, in order: rstd1 + rstd2 (4·T each), lse (4·s·T·Hq), mid and the layer's
-//! output (4·T·D each), gate and up (4·T·I each) in f32; ln1, ln2 (a·T·D each), q and att
-//! (a·T·Hq·Hd each), k and v (a·T·Hkv·Hd each), h (a·T·I) in activation storage.
-//!
-//! Working tensors, live only while their pass runs (`+4·T·I` where a GELU gate needs its
-//! product, Pixtral's default):
-//!
-//! ```text
-//! block forward   4·T·(D + Hq·Hd + 2·Hkv·Hd + I)
-//! block backward  4·T·(2·D + Hq·Hd + 3·I) + a·T·(2·Hq·Hd + 2·Hkv·Hd) + 4·D
-//! projector fwd   4·(P·Dv + 2·M·m²·Dv + M·Dv + M·D)
-//! projector bwd   4·(2·M·D + M·Dv + 2·M·m²·Dv + P·Dv + Dv)  (+ 4·P·Dv without a vision grad)
-//! final norm fwd  4·T·D
-//! chunked loss    4·min(c, T)·V in the forward and again in the backward
-//! ```
-//!
-//! The backward also holds the gradient flowing between parts: 4·T·D into the final norm and
-//! two 4·T·D between text layers, 4·T·D + 4·M·D at the splice, 4·M·D + 4·P·Dv into the
-//! projector, two 4·P·Dv between vision layers.
-//!
-//! The caching allocator gives every tensor its own block, rounded up to
-//! [`BLOCK_ROUND`](cannon_runtime::alloc::BLOCK_ROUND) (512) bytes, so every term above is
-//! rounded up on its own: [`plan`] sums the rounded terms, phase by phase, and its peak is the
-//! allocator's `max_allocated` over the step exactly (the test `memory` checks the byte count
-//! on the shared fixture). `max_reserved` is at least that: a freed block is reused only by a
-//! request of the same rounded size, so blocks of one size cannot serve another's peak; the
-//! second identical step reserves nothing new.
-//!
-//! **Memory features** ([`plan_with`], [`super::saved`]). Write `O = 4·T·D` (a layer's input
-//! or output), `F` the thirteen block activations of a text layer above, `K` the part a layer
-//! keeps (`F` without recompute; selective: `4·T·(s·Hq + D + 2·I) + a·T·(2·Hq·Hd + 2·Hkv·Hd)`,
-//! i.e. q, k, v, att, lse, mid, gate, up; full: 0), `S` the block forward's working tensors.
-//! During layer l's forward the device holds the earlier layers' `O + K` each, then `O + F +
-//! O + S` (its input, all it makes, its output), so the text forward's high point is at the
-//! last layer: `L·(O + K) + O - K + F + S`, and after it `O + L·(O + K)` stays. With
-//! activation offload (L >= 2) layers 0..L-2 leave the device one layer after their forward:
-//! the high point is `3·O + K + F + S` and `2·O + K` stays (the last layer's input, what it
-//! keeps, its output); the host pool holds `(L-1)·(O + K)`. The text backward adds to its
-//! working tensors: `S` for any recompute (`+ O` for the full one, its unused output), and at
-//! its layer what that layer recomputes (`F - K`) and reloads (`O + K` when offloaded) plus
-//! the next layer's reload, prefetched (`O + K`). These equal the allocator's peak to the
-//! byte (test `memory_features`). The vision tower's layers always keep everything.
-//!
-//! [`plan_with`] adds for `crate::plan` (`cannon plan`) the bytes of parameter and gradient
-//! buffers that exist only while the pass is at a given group's step ([`At`]: a sharded
-//! rank's gathered groups, its prefetch and the group's full gradient, which the test `plan`
-//! checks against real FSDP steps; under the optimizer offload, one rank's groups copied in
-//! from the host pool and the next one ahead, which `memory_features` checks to the byte), and context parallelism ([`ContextParallel`]: T is then
-//! the rank's tokens, the attention's exchange buffers join each text layer's working
-//! tensors, each layer keeps `F`'s attention output once more, head-sharded, `a·T·Hq·Hd`,
-//! with `att`, and its k and v with Ulysses' repeated kv heads; see [`StepFeatures`]). A
-//! phase that spans a tower's layers is taken at the layer where it is highest.
+//! part of the model saves for its backward, the working tensors of each pass, and from them
+//! the caching allocator's peak ([`plan`], [`plan_with`]), equal to `max_allocated` to the byte
+//! (tests `memory`, `memory_features`, `plan`). The derivation, term by term, is in the
+//! repository's docs/memory.md, "The formulas behind the plan".
 
 mod cp;
 pub use cp::{ContextParallel, CpAlgo};
