@@ -6,9 +6,11 @@
 //! gradient, reduce-scatters it (sum) onto uneven flat shards, runs AdamW on its shard and
 //! all-gathers the updated weights: the FSDP step of DESIGN.md.
 
-use cannon::kernels::adamw::{adamw_step, AdamW};
-use cannon::kernels::cross_entropy::{cross_entropy, LossNorm, IGNORE_INDEX};
-use cannon::kernels::linear::{linear_backward, linear_forward, LinearDims, LinearGrads};
+use cannon::kernels::adamw::{host::adamw_step, AdamW};
+use cannon::kernels::cross_entropy::{host::cross_entropy, LossNorm, IGNORE_INDEX};
+use cannon::kernels::linear::{
+    host::linear_backward, host::linear_forward, LinearDims, LinearGrads,
+};
 use cannon::kernels::testutil::{rel_l2, Rng};
 use cannon::kernels::Precision;
 use cannon::runtime::comm::{even_counts, CpuWorld, ReduceOp};

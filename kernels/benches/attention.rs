@@ -8,7 +8,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use cannon_kernels::attention::{backward, forward, Qkv, QkvGrad, VarlenAttention};
+use cannon_kernels::attention::{host::backward, host::forward, Qkv, QkvGrad, VarlenAttention};
 use cannon_kernels::testutil::{attention_bench_shapes, AttentionShape as Shape, Rng};
 use cannon_runtime::Float;
 use criterion::{criterion_group, criterion_main, Criterion};

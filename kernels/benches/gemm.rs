@@ -5,7 +5,7 @@
 //! `cargo bench -p cannon-kernels --bench gemm [-- FILTER]`. Throughput is
 //! `Elements(2*m*n*k)`, so criterion's "elem/s" reads as FLOP/s.
 
-use cannon_kernels::gemm::{gemm_bf16, gemm_f32, Dims, Trans};
+use cannon_kernels::gemm::{host::gemm_bf16, host::gemm_f32, Dims, Trans};
 use cannon_kernels::testutil::Rng;
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use half::bf16;

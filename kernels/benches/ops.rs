@@ -5,15 +5,16 @@
 //! casts of 10M elements; SwiGLU, GELU and RoPE on activation-sized inputs. Throughputs are
 //! in elements (rows x width) per second.
 
-use cannon_kernels::adamw::{adamw_step, AdamW};
-use cannon_kernels::cast::cast;
+use cannon_kernels::adamw::{host::adamw_step, AdamW};
+use cannon_kernels::cast::host::cast;
 use cannon_kernels::cross_entropy::{
-    cross_entropy, cross_entropy_chunked, cross_entropy_in_place, ChunkedLogits, LossNorm,
+    host::cross_entropy, host::cross_entropy_chunked, host::cross_entropy_in_place, ChunkedLogits,
+    LossNorm,
 };
-use cannon_kernels::gelu::{gelu_backward, gelu_forward};
-use cannon_kernels::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
-use cannon_kernels::rope::{rope_forward, RopeTable};
-use cannon_kernels::swiglu::{swiglu_backward, swiglu_forward};
+use cannon_kernels::gelu::{host::gelu_backward, host::gelu_forward};
+use cannon_kernels::rmsnorm::{host::rmsnorm_backward, host::rmsnorm_forward};
+use cannon_kernels::rope::{host::rope_forward, RopeTable};
+use cannon_kernels::swiglu::{host::swiglu_backward, host::swiglu_forward};
 use cannon_kernels::testutil::Rng;
 use cannon_kernels::KernelError;
 use cannon_runtime::Float;

@@ -22,8 +22,8 @@
 use std::time::Instant;
 
 use cannon_kernels::attention::{
-    backward, block_backward_accumulate, block_forward_merge, forward, BlockAttention, BlockPair,
-    Qkv, QkvGrad, VarlenAttention,
+    host::backward, host::block_backward_accumulate, host::block_forward_merge, host::forward,
+    BlockAttention, BlockPair, Qkv, QkvGrad, VarlenAttention,
 };
 use cannon_kernels::testutil::{attention_bench_shapes, AttentionShape, Rng};
 

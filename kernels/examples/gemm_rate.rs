@@ -10,7 +10,9 @@
 //! counts only ours (plus rayon's idle spinning, so it errs low), i.e. what the kernel does on
 //! the cores it actually gets.
 
-use cannon_kernels::gemm::{gemm_bf16, gemm_bf16_portable, gemm_f32, Dims, Trans};
+use cannon_kernels::gemm::{
+    host::gemm_bf16, host::gemm_bf16_portable, host::gemm_f32, Dims, Trans,
+};
 use cannon_kernels::testutil::Rng;
 use half::bf16;
 use std::time::Instant;

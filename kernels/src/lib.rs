@@ -1,16 +1,18 @@
 //! cannon-kernels: every op of the trainer as a forward + backward pair, on the CPU and on
 //! Ascend NPUs.
 //!
-//! One directory per op (as dfdx does): `mod.rs` holds the slice-level API, its shapes and
-//! checks; `cpu.rs` the CPU kernel (fast: threaded with rayon, vectorised, cache-blocked);
-//! `npu.rs` the op's aclnn body (one aclnn call or a documented composition of bound aclnn
+//! One directory per op (as dfdx does): `mod.rs` holds the op's types, shapes and checks;
+//! `host.rs` its slice-level API (`<op>::host`, the functions over host slices); `cpu.rs` the
+//! CPU kernel (fast: threaded with rayon, vectorised, cache-blocked); `npu.rs` the op's aclnn
+//! body (one aclnn call or a documented composition of bound aclnn
 //! ops; where the bindings lack the op, GELU, a typed `Unsupported` error naming it, and
 //! `NotCompiled` without `--features npu`; never a host fallback); `tests.rs` the checks
 //! against a naive float64 implementation written for clarity, plus finite differences on
 //! tiny shapes.
 //!
 //! Two levels of API:
-//! - slice level (`rmsnorm::rmsnorm_forward(&mut [E], ...)`): the CPU kernels on host memory;
+//! - slice level, each op's `host` module (`rmsnorm::host::rmsnorm_forward(&mut [E], ...)`):
+//!   the CPU kernels on host memory;
 //! - device level, [`ops`] (`ops::rmsnorm_forward(&Stream, &mut BufferViewMut<E>, ...)`): the
 //!   same calls over runtime buffers. Every one passes the single backend boundary,
 //!   [`backend`]: it checks that each operand lives on the stream's device and runs the op's

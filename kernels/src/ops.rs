@@ -26,8 +26,8 @@ use cannon_runtime::{Element, Float};
 
 for_each_op!(define_entry_points);
 
-/// [`crate::grad_clip::clip_with_sum_squares`] on `stream`'s device: given the sum of squares
-/// of every gradient (summed across ranks by the caller), scales `grads` by
+/// [`crate::grad_clip::host::clip_with_sum_squares`] on `stream`'s device: given the sum of
+/// squares of every gradient (summed across ranks by the caller), scales `grads` by
 /// `max_norm / (norm + 1e-6)` when that is below 1; returns the pre-clip norm.
 pub fn clip_with_sum_squares(
     stream: &Stream,
@@ -37,7 +37,7 @@ pub fn clip_with_sum_squares(
 ) -> Result<f64> {
     // The slice-level call on no slices validates max_norm and forms the norm with the same
     // code on every backend; the scaling is the backend's.
-    let norm = crate::grad_clip::clip_with_sum_squares::<&mut [f32]>(
+    let norm = crate::grad_clip::host::clip_with_sum_squares::<&mut [f32]>(
         &mut [],
         total_sum_squares,
         max_norm,
@@ -49,8 +49,8 @@ pub fn clip_with_sum_squares(
     Ok(norm)
 }
 
-/// [`crate::grad_clip::clip_grad_norm`] on `stream`'s device (one process): the global L2
-/// norm of `grads`, which are scaled in place when it exceeds `max_norm`.
+/// [`crate::grad_clip::host::clip_grad_norm`] on `stream`'s device (one process): the global
+/// L2 norm of `grads`, which are scaled in place when it exceeds `max_norm`.
 pub fn clip_grad_norm(
     stream: &Stream,
     grads: &mut [BufferViewMut<'_, f32>],

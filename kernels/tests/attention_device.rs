@@ -22,7 +22,7 @@ fn device_level_equals_slice_level_on_cpu() {
 
     // Slice level.
     let (mut out, mut lse) = (vec![0.0; t * hq * d], vec![0.0; t * hq]);
-    attention::forward(
+    attention::host::forward(
         &a,
         Qkv {
             q: &q,
@@ -39,7 +39,7 @@ fn device_level_equals_slice_level_on_cpu() {
         dk: &mut dk,
         dv: &mut dv,
     };
-    attention::backward(
+    attention::host::backward(
         &a,
         Qkv {
             q: &q,

@@ -98,7 +98,7 @@ pub unsafe extern "C" fn aclnnApplyAdamWV2GetWorkspaceSize(
                 if maximize {
                     gv.iter_mut().for_each(|x| *x = -*x);
                 }
-                cannon_kernels::adamw::adamw_step(&mut pv, &gv, &mut mv, &mut vv, t, &hp)
+                cannon_kernels::adamw::host::adamw_step(&mut pv, &gv, &mut mv, &mut vv, t, &hp)
                     .map_err(kernel)?;
                 access::write(&p, &pv)?;
                 access::write(&m, &mv)?;
@@ -148,6 +148,6 @@ fn step_in_place(
     }) else {
         return Ok(false);
     };
-    cannon_kernels::adamw::adamw_step(pv, gv, mv, vv, t, hp).map_err(kernel)?;
+    cannon_kernels::adamw::host::adamw_step(pv, gv, mv, vv, t, hp).map_err(kernel)?;
     Ok(true)
 }

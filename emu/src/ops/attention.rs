@@ -25,8 +25,8 @@ use crate::aclnn_phase2;
 use crate::nnopbase::executor::{phase1, OpJob, Plan};
 use crate::nnopbase::INT_ARRAYS;
 use cannon_kernels::attention::{
-    block_backward_accumulate, block_forward_merge, BlockAttention, BlockPair, Qkv, QkvGrad,
-    VarlenAttention,
+    host::block_backward_accumulate, host::block_forward_merge, BlockAttention, BlockPair, Qkv,
+    QkvGrad, VarlenAttention,
 };
 use cannon_sys::aclnn::{aclIntArray, aclOpExecutor, aclnnStatus};
 use std::ffi::{c_char, CStr};
@@ -442,7 +442,7 @@ pub unsafe extern "C" fn aclnnFlashAttentionVarLenScoreGetWorkspaceSize(
                             write_f32(&out, &o)
                         } else {
                             let mut o = q.clone();
-                            cannon_kernels::attention::forward(&a, Qkv { q: &q, k: &k, v: &v }, &mut o, &mut lse).map_err(kernel)?;
+                            cannon_kernels::attention::host::forward(&a, Qkv { q: &q, k: &k, v: &v }, &mut o, &mut lse).map_err(kernel)?;
                             access::write(&out, &o)
                         }
                     })?;
@@ -589,7 +589,7 @@ pub unsafe extern "C" fn aclnnFlashAttentionUnpaddingScoreGradGetWorkspaceSize(
                             return write_f32(&dv, &gv);
                         }
                         let (mut gq, mut gk, mut gv) = (q.clone(), k.clone(), v.clone());
-                        cannon_kernels::attention::backward(
+                        cannon_kernels::attention::host::backward(
                             &a,
                             Qkv { q: &q, k: &k, v: &v },
                             &o,

@@ -61,7 +61,7 @@ fn cast(src: &Arc<TensorDesc>, dst: &Arc<TensorDesc>) -> EmuResult<()> {
             let a: Vec<A> = read_as(src)?;
             crate::with_float!(dst.dtype, B => {
                 let mut b = vec![<B as cannon_runtime::Float>::from_f32(0.0); a.len()];
-                cannon_kernels::cast::cast(&a, &mut b).map_err(kernel)?;
+                cannon_kernels::cast::host::cast(&a, &mut b).map_err(kernel)?;
                 access::write(dst, &b)
             })
         }),

@@ -65,7 +65,7 @@ pub unsafe extern "C" fn aclnnGeluV2GetWorkspaceSize(
                 crate::with_float!(x.dtype, E => {
                     let xv: Vec<E> = read_as(&x)?;
                     let mut out = xv.clone();
-                    cannon_kernels::gelu::gelu_forward(&mut out, &xv).map_err(kernel)?;
+                    cannon_kernels::gelu::host::gelu_forward(&mut out, &xv).map_err(kernel)?;
                     access::write(&y, &out)
                 })
             });
@@ -120,7 +120,7 @@ pub unsafe extern "C" fn aclnnGeluBackwardV2GetWorkspaceSize(
                     let dyv = expand(&read_as::<E>(&dy)?, &dy.dims, &shape);
                     // Our kernel accumulates; the op writes: start from zeros.
                     let mut g = vec![<E as cannon_runtime::Float>::from_f32(0.0); xv.len()];
-                    cannon_kernels::gelu::gelu_backward(&mut g, &dyv, &xv).map_err(kernel)?;
+                    cannon_kernels::gelu::host::gelu_backward(&mut g, &dyv, &xv).map_err(kernel)?;
                     access::write(&dx, &g)
                 })
             });

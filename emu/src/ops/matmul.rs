@@ -12,7 +12,7 @@
 use super::*;
 use crate::aclnn_phase2;
 use crate::nnopbase::executor::{phase1, OpJob, Plan};
-use cannon_kernels::gemm::{gemm_f32, Dims, Trans};
+use cannon_kernels::gemm::{host::gemm_f32, Dims, Trans};
 use cannon_sys::aclnn::{aclOpExecutor, aclnnStatus};
 
 /// Workspace the emulated Matmul asks for (a split-K style scratch; any size exercises the

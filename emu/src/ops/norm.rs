@@ -91,7 +91,7 @@ pub unsafe extern "C" fn aclnnRmsNormGetWorkspaceSize(
                     let gv: Vec<E> = read_as(&g)?;
                     let mut yv = xv.clone();
                     let mut rv = vec![0f32; xv.len() / d];
-                    cannon_kernels::rmsnorm::rmsnorm_forward(&mut yv, &mut rv, &xv, &gv, d, eps).map_err(kernel)?;
+                    cannon_kernels::rmsnorm::host::rmsnorm_forward(&mut yv, &mut rv, &xv, &gv, d, eps).map_err(kernel)?;
                     access::write(&y, &yv)?;
                     access::write(&r, &rv)
                 })
@@ -144,7 +144,7 @@ pub unsafe extern "C" fn aclnnRmsNormGradGetWorkspaceSize(
                     let rv: Vec<f32> = access::read(&r)?;
                     let mut dxv = vec![<E as cannon_runtime::Float>::from_f32(0.0); xv.len()];
                     let mut dgv = vec![0f32; d];
-                    cannon_kernels::rmsnorm::rmsnorm_backward(&mut dxv, &mut dgv, &dyv, &xv, &gv, &rv, d).map_err(kernel)?;
+                    cannon_kernels::rmsnorm::host::rmsnorm_backward(&mut dxv, &mut dgv, &dyv, &xv, &gv, &rv, d).map_err(kernel)?;
                     access::write(&dx, &dxv)?;
                     access::write(&dg, &dgv)
                 })

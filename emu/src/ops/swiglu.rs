@@ -75,7 +75,7 @@ pub unsafe extern "C" fn aclnnSwiGluGetWorkspaceSize(
                     let xv: Vec<E> = read_as(&x)?;
                     let (a, b) = halves(&xv, s);
                     let mut h = a.clone();
-                    cannon_kernels::swiglu::swiglu_forward(&mut h, &a, &b).map_err(kernel)?;
+                    cannon_kernels::swiglu::host::swiglu_forward(&mut h, &a, &b).map_err(kernel)?;
                     access::write(&out, &h)
                 })
             });
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn aclnnSwiGluGradGetWorkspaceSize(
                     let (a, b) = halves(&xv, s);
                     let zero = <E as cannon_runtime::Float>::from_f32(0.0);
                     let (mut da, mut db) = (vec![zero; a.len()], vec![zero; a.len()]);
-                    cannon_kernels::swiglu::swiglu_backward(&mut da, &mut db, &dh, &a, &b).map_err(kernel)?;
+                    cannon_kernels::swiglu::host::swiglu_backward(&mut da, &mut db, &dh, &a, &b).map_err(kernel)?;
                     let (outer, half, inner) = s;
                     let blk = half * inner;
                     let mut dx = Vec::with_capacity(xv.len());

@@ -16,6 +16,7 @@
 //! rayon, each one vectorised loop. For a sharded optimizer call it on the local shard.
 
 mod cpu;
+pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
@@ -97,22 +98,7 @@ impl AdamW {
     }
 }
 
-/// One AdamW step `step` (1-based) on `params` with gradient `grads`, updating the moments
-/// `m` and `v` in place. All four slices: `[N]`.
-pub fn adamw_step(
-    params: &mut [f32],
-    grads: &[f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    step: u64,
-    hp: &AdamW,
-) -> Result<()> {
-    check_step(params.len(), grads.len(), m.len(), v.len(), step, hp)?;
-    cpu::step(params, grads, m, v, &hp.scalars(step));
-    Ok(())
-}
-
-/// The rules of [`adamw_step`] on every backend (the device-level entry point checks them
+/// The rules of [`adamw_step`](host::adamw_step) on every backend (the device-level entry point checks them
 /// before any backend runs, so the meta device enforces them too): `grads`, `m` and `v` as
 /// long as `params` (lengths given), `step` 1-based and valid hyper-parameters.
 pub(crate) fn check_step(

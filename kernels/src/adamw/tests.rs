@@ -1,3 +1,4 @@
+use super::host::adamw_step;
 use super::*;
 use crate::testutil::{rel_l2, Rng};
 

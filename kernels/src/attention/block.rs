@@ -34,7 +34,7 @@
 use super::cpu::{probs_grads_rows, softmax_rows, Isa};
 use crate::cast::as_f32;
 use crate::error::{check_len, KernelError, Result};
-use crate::gemm::{gemm_f32, Dims, Trans};
+use crate::gemm::{host::gemm_f32, Dims, Trans};
 use cannon_runtime::Float;
 use rayon::prelude::*;
 use std::borrow::Cow;

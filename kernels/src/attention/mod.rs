@@ -64,14 +64,12 @@ mod block;
 mod bwd;
 mod cpu;
 mod fwd;
+pub mod host;
 pub(crate) mod npu;
-pub use block::{
-    backward_accumulate as block_backward_accumulate, forward_merge as block_forward_merge,
-    BlockAttention, BlockPair,
-};
 pub(crate) use block::{
     check_backward as check_block_backward, check_forward as check_block_forward,
 };
+pub use block::{BlockAttention, BlockPair};
 pub use npu::{block_lse_len_npu, lse_len_npu, BLOCK_EMPTY_MAX};
 
 /// An empty ring-block `lse` accumulator of `rows` (query tokens x heads) on `device`,
@@ -276,7 +274,7 @@ pub struct Qkv<'a, E> {
     pub v: &'a [E],
 }
 
-/// Gradients of q, k, v (overwritten by [`backward`]), shaped like [`Qkv`].
+/// Gradients of q, k, v (overwritten by [`backward`](host::backward)), shaped like [`Qkv`].
 #[derive(Debug)]
 pub struct QkvGrad<'a, E> {
     pub dq: &'a mut [E],
@@ -317,7 +315,7 @@ fn check_lse(op: &'static str, a: &VarlenAttention, lse_per_head: usize, lse: us
     check_len(op, what, lse, a.lse_len() * lse_per_head)
 }
 
-/// The rules of [`forward`] on every backend (the device-level entry point checks them before
+/// The rules of [`forward`](host::forward) on every backend (the device-level entry point checks them before
 /// any backend runs): `a` valid, q, k, v, out of its shapes and `lse` of `T * Hq *
 /// lse_per_head` values, `lse_per_head` being the backend's ([`lse_per_head`]; 1 here).
 pub(crate) fn check_forward(
@@ -333,7 +331,7 @@ pub(crate) fn check_forward(
     check_lse(OP_FWD, a, lse_per_head, lse)
 }
 
-/// The rules of [`backward`] on every backend, as [`check_forward`]'s, with dout shaped as
+/// The rules of [`backward`](host::backward) on every backend, as [`check_forward`]'s, with dout shaped as
 /// out and dq, dk, dv as q, k, v.
 pub(crate) fn check_backward(
     a: &VarlenAttention,
@@ -350,39 +348,4 @@ pub(crate) fn check_backward(
     check_len(OP_BWD, "dq", dq, a.q_len())?;
     check_len(OP_BWD, "dk", dk, a.kv_len())?;
     check_len(OP_BWD, "dv", dv, a.kv_len())
-}
-
-/// Forward: writes `out [T, Hq, D]` and `lse [T, Hq]` (both overwritten).
-pub fn forward<E: Float>(
-    a: &VarlenAttention,
-    x: Qkv<E>,
-    out: &mut [E],
-    lse: &mut [f32],
-) -> Result<()> {
-    check_forward(a, 1, x.lens(), out.len(), lse.len())?;
-    cpu::forward(cpu::Isa::detect(), a, x, out, lse);
-    Ok(())
-}
-
-/// Backward: from the forward's inputs, its `out` and `lse`, and `dout [T, Hq, D]`, OVERWRITES
-/// `dq [T, Hq, D]`, `dk [T, Hkv, D]`, `dv [T, Hkv, D]`.
-pub fn backward<E: Float>(
-    a: &VarlenAttention,
-    x: Qkv<E>,
-    out: &[E],
-    lse: &[f32],
-    dout: &[E],
-    g: QkvGrad<E>,
-) -> Result<()> {
-    let grads = [g.dq.len(), g.dk.len(), g.dv.len()];
-    check_backward(a, 1, x.lens(), (out.len(), lse.len(), dout.len()), grads)?;
-    cpu::backward(
-        cpu::Isa::detect(),
-        cpu::BwdSchedule::Auto,
-        a,
-        x,
-        cpu::BwdSaved { out, lse, dout },
-        g,
-    );
-    Ok(())
 }

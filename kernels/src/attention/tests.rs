@@ -10,8 +10,9 @@
 use half::bf16;
 
 use super::cpu::{BwdSchedule, Isa};
+use super::host::{backward, forward};
 use super::reference::*;
-use super::{backward, forward, Qkv, QkvGrad, VarlenAttention};
+use super::{Qkv, QkvGrad, VarlenAttention};
 use crate::error::KernelError;
 use crate::testutil::rel_l2;
 use cannon_runtime::Float;

@@ -2,18 +2,19 @@
 //! slice-level kernel, unchanged.
 
 use super::{Backend, Cpu};
-use crate::adamw::{adamw_step, AdamW};
+use crate::adamw::{host::adamw_step, AdamW};
 use crate::attention::{self, BlockAttention, Qkv, QkvBuf, QkvGrad, QkvGradBuf, VarlenAttention};
 use crate::cast;
 use crate::cross_entropy::{self, CeStats, LmHeadCpu, LmHeadGrads, LossNorm};
 use crate::error::Result;
 use crate::gemm::{self, Dims, Precision, Trans};
 use crate::index::TransposeDims;
-use crate::linear::{linear_backward, linear_forward, LinearDims, LinearGradBufs};
-use crate::patch_embed::{
-    patch_embed_backward, patch_embed_forward, PatchEmbedGradBufs, PatchGeom,
-};
-use crate::rope::{rope_backward, rope_forward, RopeTable};
+use crate::linear::host::{linear_backward, linear_forward};
+use crate::linear::{LinearDims, LinearGradBufs};
+use crate::patch_embed::host::{patch_embed_backward, patch_embed_forward};
+use crate::patch_embed::{PatchEmbedGradBufs, PatchGeom};
+use crate::rope::host::{rope_backward, rope_forward};
+use crate::rope::RopeTable;
 use crate::{elementwise, embedding, gelu, grad_clip, index, rmsnorm, swiglu};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use cannon_runtime::{Element, Float};
@@ -59,7 +60,7 @@ impl Backend for Cpu {
             k: x.k.as_host_slice()?,
             v: x.v.as_host_slice()?,
         };
-        attention::forward(a, qkv, out.as_host_slice_mut()?, lse.as_host_slice_mut()?)
+        attention::host::forward(a, qkv, out.as_host_slice_mut()?, lse.as_host_slice_mut()?)
     }
 
     fn attention_backward<E: Float>(
@@ -82,7 +83,7 @@ impl Backend for Cpu {
             dk: g.dk.as_host_slice_mut()?,
             dv: g.dv.as_host_slice_mut()?,
         };
-        attention::backward(
+        attention::host::backward(
             a,
             qkv,
             out.as_host_slice()?,
@@ -106,7 +107,7 @@ impl Backend for Cpu {
             x.v.as_host_slice()?,
         );
         let (out, lse) = (out.as_host_slice_mut()?, lse.as_host_slice_mut()?);
-        attention::block_forward_merge(a, q, k, v, out, lse)
+        attention::host::block_forward_merge(a, q, k, v, out, lse)
     }
 
     fn attention_block_backward<E: Float>(
@@ -134,7 +135,7 @@ impl Backend for Cpu {
             g.dk.as_host_slice_mut()?,
             g.dv.as_host_slice_mut()?,
         );
-        attention::block_backward_accumulate(a, qkv, out, lse, dout, dq, dk, dv)
+        attention::host::block_backward_accumulate(a, qkv, out, lse, dout, dq, dk, dv)
     }
 
     fn cast<A: Float, B: Float>(
@@ -143,7 +144,7 @@ impl Backend for Cpu {
         src: &BufferView<'_, A>,
         dst: &mut BufferViewMut<'_, B>,
     ) -> Result<()> {
-        cast::cast(src.as_host_slice()?, dst.as_host_slice_mut()?)
+        cast::host::cast(src.as_host_slice()?, dst.as_host_slice_mut()?)
     }
 
     fn cross_entropy(
@@ -156,7 +157,7 @@ impl Backend for Cpu {
         norm: LossNorm,
     ) -> Result<CeStats> {
         let d_logits = d_logits.map(|d| d.as_host_slice_mut()).transpose()?;
-        cross_entropy::cross_entropy(logits.as_host_slice()?, labels, vocab, d_logits, norm)
+        cross_entropy::host::cross_entropy(logits.as_host_slice()?, labels, vocab, d_logits, norm)
     }
 
     fn cross_entropy_in_place(
@@ -167,7 +168,12 @@ impl Backend for Cpu {
         vocab: usize,
         norm: LossNorm,
     ) -> Result<CeStats> {
-        cross_entropy::cross_entropy_in_place(logits.as_host_slice_mut()?, labels, vocab, norm)
+        cross_entropy::host::cross_entropy_in_place(
+            logits.as_host_slice_mut()?,
+            labels,
+            vocab,
+            norm,
+        )
     }
 
     fn cross_entropy_lm_head(
@@ -202,7 +208,7 @@ impl Backend for Cpu {
             d_model,
             vocab,
         };
-        cross_entropy::cross_entropy_chunked(
+        cross_entropy::host::cross_entropy_chunked(
             &mut producer,
             labels,
             vocab,
@@ -220,7 +226,12 @@ impl Backend for Cpu {
         weight: &BufferView<'_, E>,
         dim: usize,
     ) -> Result<()> {
-        embedding::embedding_forward(out.as_host_slice_mut()?, ids, weight.as_host_slice()?, dim)
+        embedding::host::embedding_forward(
+            out.as_host_slice_mut()?,
+            ids,
+            weight.as_host_slice()?,
+            dim,
+        )
     }
 
     fn embedding_backward<E: Float>(
@@ -231,7 +242,7 @@ impl Backend for Cpu {
         ids: &[u32],
         dim: usize,
     ) -> Result<()> {
-        embedding::embedding_backward(
+        embedding::host::embedding_backward(
             dweight.as_host_slice_mut()?,
             dout.as_host_slice()?,
             ids,
@@ -245,7 +256,7 @@ impl Backend for Cpu {
         y: &mut BufferViewMut<'_, E>,
         x: &BufferView<'_, E>,
     ) -> Result<()> {
-        gelu::gelu_forward(y.as_host_slice_mut()?, x.as_host_slice()?)
+        gelu::host::gelu_forward(y.as_host_slice_mut()?, x.as_host_slice()?)
     }
 
     fn gelu_backward<E: Float>(
@@ -255,7 +266,7 @@ impl Backend for Cpu {
         dy: &BufferView<'_, E>,
         x: &BufferView<'_, E>,
     ) -> Result<()> {
-        gelu::gelu_backward(
+        gelu::host::gelu_backward(
             dx.as_host_slice_mut()?,
             dy.as_host_slice()?,
             x.as_host_slice()?,
@@ -283,7 +294,7 @@ impl Backend for Cpu {
             b.as_host_slice()?,
             c.as_host_slice_mut()?,
         );
-        gemm::gemm(p, ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
+        gemm::host::gemm(p, ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
     }
 
     fn grad_sum_squares(&self, _: &Stream, grads: &[BufferView<'_, f32>]) -> Result<f64> {
@@ -291,7 +302,7 @@ impl Backend for Cpu {
             .iter()
             .map(|g| g.as_host_slice())
             .collect::<cannon_runtime::Result<Vec<&[f32]>>>()?;
-        Ok(grad_clip::grad_sum_squares(&slices))
+        Ok(grad_clip::host::grad_sum_squares(&slices))
     }
 
     fn scale_grads(
@@ -300,7 +311,7 @@ impl Backend for Cpu {
         grads: &mut [BufferViewMut<'_, f32>],
         coef: f32,
     ) -> Result<()> {
-        grad_clip::scale_grads(&mut host_slices_mut(grads)?, coef);
+        grad_clip::host::scale_grads(&mut host_slices_mut(grads)?, coef);
         Ok(())
     }
 
@@ -379,7 +390,7 @@ impl Backend for Cpu {
         dim: usize,
         eps: f32,
     ) -> Result<()> {
-        rmsnorm::rmsnorm_forward(
+        rmsnorm::host::rmsnorm_forward(
             out.as_host_slice_mut()?,
             rstd.as_host_slice_mut()?,
             x.as_host_slice()?,
@@ -400,7 +411,7 @@ impl Backend for Cpu {
         rstd: &BufferView<'_, f32>,
         dim: usize,
     ) -> Result<()> {
-        rmsnorm::rmsnorm_backward(
+        rmsnorm::host::rmsnorm_backward(
             dx.as_host_slice_mut()?,
             dweight.as_host_slice_mut()?,
             dout.as_host_slice()?,
@@ -440,7 +451,7 @@ impl Backend for Cpu {
         gate: &BufferView<'_, E>,
         up: &BufferView<'_, E>,
     ) -> Result<()> {
-        swiglu::swiglu_forward(
+        swiglu::host::swiglu_forward(
             h.as_host_slice_mut()?,
             gate.as_host_slice()?,
             up.as_host_slice()?,
@@ -456,7 +467,7 @@ impl Backend for Cpu {
         gate: &BufferView<'_, E>,
         up: &BufferView<'_, E>,
     ) -> Result<()> {
-        swiglu::swiglu_backward(
+        swiglu::host::swiglu_backward(
             d_gate.as_host_slice_mut()?,
             d_up.as_host_slice_mut()?,
             dh.as_host_slice()?,
@@ -471,7 +482,7 @@ impl Backend for Cpu {
         y: &mut BufferViewMut<'_, E>,
         x: &BufferView<'_, E>,
     ) -> Result<()> {
-        elementwise::add_into(y.as_host_slice_mut()?, x.as_host_slice()?)
+        elementwise::host::add_into(y.as_host_slice_mut()?, x.as_host_slice()?)
     }
 
     fn mul<E: Float>(
@@ -481,7 +492,7 @@ impl Backend for Cpu {
         a: &BufferView<'_, E>,
         b: &BufferView<'_, E>,
     ) -> Result<()> {
-        elementwise::mul(
+        elementwise::host::mul(
             out.as_host_slice_mut()?,
             a.as_host_slice()?,
             b.as_host_slice()?,
@@ -494,7 +505,7 @@ impl Backend for Cpu {
         y: &mut BufferViewMut<'_, E>,
         x: &BufferView<'_, E>,
     ) -> Result<()> {
-        elementwise::mul_into(y.as_host_slice_mut()?, x.as_host_slice()?)
+        elementwise::host::mul_into(y.as_host_slice_mut()?, x.as_host_slice()?)
     }
 
     fn gather_rows<T: Element>(
@@ -505,7 +516,7 @@ impl Backend for Cpu {
         idx: &[usize],
         dim: usize,
     ) -> Result<()> {
-        index::gather_rows(out.as_host_slice_mut()?, src.as_host_slice()?, idx, dim)
+        index::host::gather_rows(out.as_host_slice_mut()?, src.as_host_slice()?, idx, dim)
     }
 
     fn scatter_rows<T: Element>(
@@ -516,7 +527,7 @@ impl Backend for Cpu {
         idx: &[usize],
         dim: usize,
     ) -> Result<()> {
-        index::scatter_rows(dst.as_host_slice_mut()?, src.as_host_slice()?, idx, dim)
+        index::host::scatter_rows(dst.as_host_slice_mut()?, src.as_host_slice()?, idx, dim)
     }
 
     fn scatter_add_rows<E: Float>(
@@ -527,7 +538,7 @@ impl Backend for Cpu {
         idx: &[usize],
         dim: usize,
     ) -> Result<()> {
-        index::scatter_add_rows(dst.as_host_slice_mut()?, src.as_host_slice()?, idx, dim)
+        index::host::scatter_add_rows(dst.as_host_slice_mut()?, src.as_host_slice()?, idx, dim)
     }
 
     fn zero_rows<T: Element>(
@@ -537,7 +548,7 @@ impl Backend for Cpu {
         idx: &[usize],
         dim: usize,
     ) -> Result<()> {
-        index::zero_rows(dst.as_host_slice_mut()?, idx, dim)
+        index::host::zero_rows(dst.as_host_slice_mut()?, idx, dim)
     }
 
     fn transpose<T: Element>(
@@ -547,6 +558,6 @@ impl Backend for Cpu {
         x: &BufferView<'_, T>,
         d: TransposeDims,
     ) -> Result<()> {
-        index::transpose(out.as_host_slice_mut()?, x.as_host_slice()?, d)
+        index::host::transpose(out.as_host_slice_mut()?, x.as_host_slice()?, d)
     }
 }

@@ -31,7 +31,7 @@ macro_rules! for_each_op {
                 step: u64,
                 hp: &AdamW,
             ) -> Result<()>
-            => "crate::adamw::adamw_step" on [params, grads, m, v]
+            => "crate::adamw::host::adamw_step" on [params, grads, m, v]
             check {
                 crate::adamw::check_step(params.len(), grads.len(), m.len(), v.len(), step, hp)?;
             }
@@ -44,7 +44,7 @@ macro_rules! for_each_op {
                 out: &mut BufferViewMut<'_, E>,
                 lse: &mut BufferViewMut<'_, f32>,
             ) -> Result<()>
-            => "crate::attention::forward" on [x, out, lse]
+            => "crate::attention::host::forward" on [x, out, lse]
             check(stream) {
                 let per_head = crate::attention::lse_per_head(stream.device());
                 crate::attention::check_forward(a, per_head, x.lens(), out.len(), lse.len())?;
@@ -60,7 +60,7 @@ macro_rules! for_each_op {
                 dout: &BufferView<'_, E>,
                 g: QkvGradBuf<'_, '_, E>,
             ) -> Result<()>
-            => "crate::attention::backward" on [x, out, lse, dout, g]
+            => "crate::attention::host::backward" on [x, out, lse, dout, g]
             check(stream) {
                 let per_head = crate::attention::lse_per_head(stream.device());
                 let saved = (out.len(), lse.len(), dout.len());
@@ -76,7 +76,7 @@ macro_rules! for_each_op {
                 out: &mut BufferViewMut<'_, f32>,
                 lse: &mut BufferViewMut<'_, f32>,
             ) -> Result<()>
-            => "crate::attention::block_forward_merge" on [x, out, lse]
+            => "crate::attention::host::block_forward_merge" on [x, out, lse]
             check(stream) {
                 let per_head = crate::attention::lse_per_head(stream.device());
                 let (ol, ll) = (out.len(), lse.len());
@@ -93,7 +93,7 @@ macro_rules! for_each_op {
                 dout: &BufferView<'_, E>,
                 g: QkvGradBuf<'_, '_, f32>,
             ) -> Result<()>
-            => "crate::attention::block_backward_accumulate" on [x, out, lse, dout, g]
+            => "crate::attention::host::block_backward_accumulate" on [x, out, lse, dout, g]
             check(stream) {
                 let per_head = crate::attention::lse_per_head(stream.device());
                 let saved = (out.len(), lse.len(), dout.len());
@@ -106,7 +106,7 @@ macro_rules! for_each_op {
                 src: &BufferView<'_, A>,
                 dst: &mut BufferViewMut<'_, B>,
             ) -> Result<()>
-            => "crate::cast::cast" on [src, dst]
+            => "crate::cast::host::cast" on [src, dst]
             check { crate::cast::check_cast(src.len(), dst.len())?; }
             npu crate::cast::npu::convert;
 
@@ -118,7 +118,7 @@ macro_rules! for_each_op {
                 d_logits: Option<&mut BufferViewMut<'_, f32>>,
                 norm: LossNorm,
             ) -> Result<CeStats>
-            => "crate::cross_entropy::cross_entropy" on [logits, d_logits]
+            => "crate::cross_entropy::host::cross_entropy" on [logits, d_logits]
             check {
                 let (n, d) = (logits.len(), d_logits.as_ref().map(|d| d.len()));
                 crate::cross_entropy::check_full("cross_entropy", labels, vocab, n, d, norm)?;
@@ -133,7 +133,7 @@ macro_rules! for_each_op {
                 vocab: usize,
                 norm: LossNorm,
             ) -> Result<CeStats>
-            => "crate::cross_entropy::cross_entropy_in_place" on [logits]
+            => "crate::cross_entropy::host::cross_entropy_in_place" on [logits]
             check {
                 let (op, n) = ("cross_entropy_in_place", logits.len());
                 crate::cross_entropy::check_full(op, labels, vocab, n, None, norm)?;
@@ -152,7 +152,7 @@ macro_rules! for_each_op {
                 norm: LossNorm,
                 grads: LmHeadGrads<'_>,
             ) -> Result<CeStats>
-            => "crate::cross_entropy::cross_entropy_chunked" on [h, w, grads]
+            => "crate::cross_entropy::host::cross_entropy_chunked" on [h, w, grads]
             check {
                 grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?;
                 crate::cross_entropy::check_chunked(labels, vocab, chunk_rows, norm)?;
@@ -167,7 +167,7 @@ macro_rules! for_each_op {
                 weight: &BufferView<'_, E>,
                 dim: usize,
             ) -> Result<()>
-            => "crate::embedding::embedding_forward" on [out, weight]
+            => "crate::embedding::host::embedding_forward" on [out, weight]
             check { crate::embedding::check_forward(out.len(), ids, weight.len(), dim)?; }
             npu crate::embedding::npu::forward;
 
@@ -178,7 +178,7 @@ macro_rules! for_each_op {
                 ids: &[u32],
                 dim: usize,
             ) -> Result<()>
-            => "crate::embedding::embedding_backward" on [dweight, dout]
+            => "crate::embedding::host::embedding_backward" on [dweight, dout]
             check { crate::embedding::check_backward(dweight.len(), dout.len(), ids, dim)?; }
             npu crate::embedding::npu::backward;
 
@@ -187,7 +187,7 @@ macro_rules! for_each_op {
                 y: &mut BufferViewMut<'_, E>,
                 x: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::gelu::gelu_forward" on [y, x]
+            => "crate::gelu::host::gelu_forward" on [y, x]
             check { crate::gelu::check_forward(y.len(), x.len())?; }
             npu crate::gelu::npu::forward;
 
@@ -197,7 +197,7 @@ macro_rules! for_each_op {
                 dy: &BufferView<'_, E>,
                 x: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::gelu::gelu_backward" on [dx, dy, x]
+            => "crate::gelu::host::gelu_backward" on [dx, dy, x]
             check { crate::gelu::check_backward(dx.len(), dy.len(), x.len())?; }
             npu crate::gelu::npu::backward;
 
@@ -216,7 +216,7 @@ macro_rules! for_each_op {
                 c: &mut BufferViewMut<'_, f32>,
                 ldc: usize,
             ) -> Result<()>
-            => "crate::gemm::gemm_f32" on [a, b, c]
+            => "crate::gemm::host::gemm_f32" on [a, b, c]
             check {
                 let (al, bl, cl) = ((a.len(), lda), (b.len(), ldb), (c.len(), ldc));
                 crate::gemm::check_gemm::<A, B>(p, (ta, tb), d, al, bl, cl)?;
@@ -227,7 +227,7 @@ macro_rules! for_each_op {
             fn grad_sum_squares(
                 grads: &[BufferView<'_, f32>],
             ) -> Result<f64>
-            => "crate::grad_clip::grad_sum_squares" on [grads]
+            => "crate::grad_clip::host::grad_sum_squares" on [grads]
             check {} // any views, any lengths
             npu crate::grad_clip::npu::grad_sum_squares;
 
@@ -236,7 +236,7 @@ macro_rules! for_each_op {
                 grads: &mut [BufferViewMut<'_, f32>],
                 coef: f32,
             ) -> Result<()>
-            => "crate::grad_clip::scale_grads" on [grads]
+            => "crate::grad_clip::host::scale_grads" on [grads]
             check {} // any views, any lengths
             npu crate::grad_clip::npu::scale_grads;
 
@@ -249,7 +249,7 @@ macro_rules! for_each_op {
                 b: Option<&BufferView<'_, W>>,
                 d: LinearDims,
             ) -> Result<()>
-            => "crate::linear::linear_forward" on [y, x, w, b]
+            => "crate::linear::host::linear_forward" on [y, x, w, b]
             check {
                 let bl = b.map(|b| b.len());
                 crate::linear::check_forward::<Y, X, W>(p, d, y.len(), x.len(), w.len(), bl)?;
@@ -265,7 +265,7 @@ macro_rules! for_each_op {
                 w: &BufferView<'_, W>,
                 d: LinearDims,
             ) -> Result<()>
-            => "crate::linear::linear_backward" on [g, dy, x, w]
+            => "crate::linear::host::linear_backward" on [g, dy, x, w]
             check {
                 let (dyl, xl, wl) = (dy.len(), x.len(), w.len());
                 crate::linear::check_backward::<G, X, W>(p, d, g.lens(), dyl, xl, wl)?;
@@ -281,7 +281,7 @@ macro_rules! for_each_op {
                 g: PatchGeom,
                 d_model: usize,
             ) -> Result<()>
-            => "crate::patch_embed::patch_embed_forward" on [out, pixels, weight]
+            => "crate::patch_embed::host::patch_embed_forward" on [out, pixels, weight]
             check {
                 let (ol, pl, wl) = (out.len(), pixels.len(), weight.len());
                 crate::patch_embed::check_forward::<P, W>(p, &g, d_model, ol, pl, wl)?;
@@ -298,7 +298,7 @@ macro_rules! for_each_op {
                 g: PatchGeom,
                 d_model: usize,
             ) -> Result<()>
-            => "crate::patch_embed::patch_embed_backward" on [grads, dout, pixels, weight]
+            => "crate::patch_embed::host::patch_embed_backward" on [grads, dout, pixels, weight]
             check {
                 let (gl, dl) = (grads.lens(), dout.len());
                 let (pl, wl) = (pixels.len(), weight.len());
@@ -315,7 +315,7 @@ macro_rules! for_each_op {
                 dim: usize,
                 eps: f32,
             ) -> Result<()>
-            => "crate::rmsnorm::rmsnorm_forward" on [out, rstd, x, weight]
+            => "crate::rmsnorm::host::rmsnorm_forward" on [out, rstd, x, weight]
             check {
                 crate::rmsnorm::check_forward(out.len(), rstd.len(), x.len(), weight.len(), dim)?;
             }
@@ -331,7 +331,7 @@ macro_rules! for_each_op {
                 rstd: &BufferView<'_, f32>,
                 dim: usize,
             ) -> Result<()>
-            => "crate::rmsnorm::rmsnorm_backward" on [dx, dweight, dout, x, weight, rstd]
+            => "crate::rmsnorm::host::rmsnorm_backward" on [dx, dweight, dout, x, weight, rstd]
             check {
                 let (dxl, dwl, dl) = (dx.len(), dweight.len(), dout.len());
                 let (xl, wl, rl) = (x.len(), weight.len(), rstd.len());
@@ -346,7 +346,7 @@ macro_rules! for_each_op {
                 table: &RopeTable,
                 pos: &[u32],
             ) -> Result<()>
-            => "crate::rope::rope_forward" on [x]
+            => "crate::rope::host::rope_forward" on [x]
             check {
                 crate::rope::check_apply_len("rope_forward", x.len(), n_heads, table, pos)?;
             }
@@ -359,7 +359,7 @@ macro_rules! for_each_op {
                 table: &RopeTable,
                 pos: &[u32],
             ) -> Result<()>
-            => "crate::rope::rope_backward" on [dx]
+            => "crate::rope::host::rope_backward" on [dx]
             check {
                 crate::rope::check_apply_len("rope_backward", dx.len(), n_heads, table, pos)?;
             }
@@ -371,7 +371,7 @@ macro_rules! for_each_op {
                 gate: &BufferView<'_, E>,
                 up: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::swiglu::swiglu_forward" on [h, gate, up]
+            => "crate::swiglu::host::swiglu_forward" on [h, gate, up]
             check { crate::swiglu::check_forward(h.len(), gate.len(), up.len())?; }
             npu crate::swiglu::npu::forward;
 
@@ -383,7 +383,7 @@ macro_rules! for_each_op {
                 gate: &BufferView<'_, E>,
                 up: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::swiglu::swiglu_backward" on [d_gate, d_up, dh, gate, up]
+            => "crate::swiglu::host::swiglu_backward" on [d_gate, d_up, dh, gate, up]
             check {
                 let (dg, du, dh) = (d_gate.len(), d_up.len(), dh.len());
                 crate::swiglu::check_backward(dg, du, dh, gate.len(), up.len())?;
@@ -395,7 +395,7 @@ macro_rules! for_each_op {
                 y: &mut BufferViewMut<'_, E>,
                 x: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::elementwise::add_into" on [y, x]
+            => "crate::elementwise::host::add_into" on [y, x]
             check { crate::elementwise::check_add_into(y.len(), x.len())?; }
             npu crate::elementwise::npu::add_into;
 
@@ -405,7 +405,7 @@ macro_rules! for_each_op {
                 a: &BufferView<'_, E>,
                 b: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::elementwise::mul" on [out, a, b]
+            => "crate::elementwise::host::mul" on [out, a, b]
             check { crate::elementwise::check_mul(out.len(), a.len(), b.len())?; }
             npu crate::elementwise::npu::mul;
 
@@ -414,7 +414,7 @@ macro_rules! for_each_op {
                 y: &mut BufferViewMut<'_, E>,
                 x: &BufferView<'_, E>,
             ) -> Result<()>
-            => "crate::elementwise::mul_into" on [y, x]
+            => "crate::elementwise::host::mul_into" on [y, x]
             check { crate::elementwise::check_mul_into(y.len(), x.len())?; }
             npu crate::elementwise::npu::mul_into;
 
@@ -425,7 +425,7 @@ macro_rules! for_each_op {
                 idx: &[usize],
                 dim: usize,
             ) -> Result<()>
-            => "crate::index::gather_rows" on [out, src]
+            => "crate::index::host::gather_rows" on [out, src]
             check { crate::index::check_gather_rows(out.len(), src.len(), idx, dim)?; }
             npu crate::index::npu::gather_rows;
 
@@ -436,7 +436,7 @@ macro_rules! for_each_op {
                 idx: &[usize],
                 dim: usize,
             ) -> Result<()>
-            => "crate::index::scatter_rows" on [dst, src]
+            => "crate::index::host::scatter_rows" on [dst, src]
             check {
                 crate::index::check_scatter_rows("scatter_rows", dst.len(), src.len(), idx, dim)?;
             }
@@ -449,7 +449,7 @@ macro_rules! for_each_op {
                 idx: &[usize],
                 dim: usize,
             ) -> Result<()>
-            => "crate::index::scatter_add_rows" on [dst, src]
+            => "crate::index::host::scatter_add_rows" on [dst, src]
             check {
                 let (op, n, m) = ("scatter_add_rows", dst.len(), src.len());
                 crate::index::check_scatter_rows(op, n, m, idx, dim)?;
@@ -462,7 +462,7 @@ macro_rules! for_each_op {
                 idx: &[usize],
                 dim: usize,
             ) -> Result<()>
-            => "crate::index::zero_rows" on [dst]
+            => "crate::index::host::zero_rows" on [dst]
             check { crate::index::check_zero_rows(dst.len(), idx, dim)?; }
             npu crate::index::npu::zero_rows;
 
@@ -472,7 +472,7 @@ macro_rules! for_each_op {
                 x: &BufferView<'_, T>,
                 d: TransposeDims,
             ) -> Result<()>
-            => "crate::index::transpose" on [out, x]
+            => "crate::index::host::transpose" on [out, x]
             check { crate::index::check_transpose(out.len(), x.len(), d)?; }
             npu crate::index::npu::transpose;
         }

@@ -14,6 +14,7 @@
 //! every computation done in f32 and one rounding on store.
 
 mod cpu;
+pub mod host;
 pub(crate) mod npu;
 pub(crate) mod simd;
 
@@ -55,14 +56,7 @@ pub fn round_to<E: Float>(x: f32) -> f32 {
     E::from_f32(x).to_f32()
 }
 
-/// Converts between any two storage types (f32 -> f32 is a parallel copy). src, dst: `[N]`.
-pub fn cast<A: Float, B: Float>(src: &[A], dst: &mut [B]) -> Result<()> {
-    check_cast(src.len(), dst.len())?;
-    cpu::convert(src, dst);
-    Ok(())
-}
-
-/// The rule of [`cast`] on every backend (the device-level entry point checks it before any
+/// The rule of [`cast`](host::cast) on every backend (the device-level entry point checks it before any
 /// backend runs): `dst` as long as `src` (lengths given).
 pub(crate) fn check_cast(src: usize, dst: usize) -> Result<()> {
     check_len("cast", "dst", dst, src)

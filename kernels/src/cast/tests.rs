@@ -1,3 +1,4 @@
+use super::host::cast;
 use super::simd;
 use super::*;
 use crate::testutil::Rng;

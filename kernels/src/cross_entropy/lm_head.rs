@@ -9,7 +9,7 @@
 use super::ChunkedLogits;
 use crate::error::{check_len, KernelError, Result};
 use crate::gemm::Precision;
-use crate::linear::{linear_backward, linear_forward, LinearDims, LinearGrads};
+use crate::linear::{host::linear_backward, host::linear_forward, LinearDims, LinearGrads};
 use cannon_runtime::{BufferViewMut, Device};
 use std::ops::Range;
 

@@ -20,13 +20,14 @@
 //! (torch returns NaN there; a padding-only micro-batch must not poison the step).
 //!
 //! Two ways to run it:
-//! - [`cross_entropy`] / [`cross_entropy_in_place`] on a full `[N, V]` logits buffer;
-//! - [`cross_entropy_chunked`], which never holds more than `chunk_rows x V` logits: a
+//! - [`cross_entropy`](host::cross_entropy) / [`cross_entropy_in_place`](host::cross_entropy_in_place) on a full `[N, V]` logits buffer;
+//! - [`cross_entropy_chunked`](host::cross_entropy_chunked), which never holds more than `chunk_rows x V` logits: a
 //!   [`ChunkedLogits`] implementation produces the logits of a block of rows (e.g. the lm_head
 //!   GEMM `h[rows] W^T`) and consumes their gradient (`dh[rows] += dl W`, `dW += dl^T h`).
 //!   Both paths sum the per-row losses in row order in f64, so they agree bit for bit.
 
 mod cpu;
+pub mod host;
 mod lm_head;
 pub(crate) mod npu;
 #[cfg(test)]
@@ -73,7 +74,7 @@ impl CeStats {
     }
 }
 
-/// Produces and consumes the logits of a block of rows for [`cross_entropy_chunked`].
+/// Produces and consumes the logits of a block of rows for [`cross_entropy_chunked`](host::cross_entropy_chunked).
 pub trait ChunkedLogits {
     type Error: From<KernelError>;
     /// Writes the f32 logits of `rows` into `out`: `[rows.len(), V]`, row-major.
@@ -128,8 +129,8 @@ fn divisor(op: &'static str, norm: LossNorm, count: usize) -> Result<Option<f64>
     }
 }
 
-/// The rules of [`cross_entropy`] (`op`, `d_logits` given or not) and of
-/// [`cross_entropy_in_place`] (no `d_logits`) on every backend (the device-level entry
+/// The rules of [`cross_entropy`](host::cross_entropy) (`op`, `d_logits` given or not) and of
+/// [`cross_entropy_in_place`](host::cross_entropy_in_place) (no `d_logits`) on every backend (the device-level entry
 /// points check them before any backend runs): a vocabulary of at least one, every label
 /// `IGNORE_INDEX` or inside it, logits `[N, V]` and d_logits as long as the logits (lengths
 /// given), a valid `norm`. Gives the non-ignored count and the divisor (`None`: `Mean` over
@@ -150,7 +151,7 @@ pub(crate) fn check_full(
     Ok((count, divisor(op, norm, count)?))
 }
 
-/// The rules of [`cross_entropy_chunked`] on every backend (with the lm_head's lengths,
+/// The rules of [`cross_entropy_chunked`](host::cross_entropy_chunked) on every backend (with the lm_head's lengths,
 /// `LmHeadGrads::check`, for [`crate::ops::cross_entropy_lm_head`]): the labels as
 /// [`check_full`]'s, `chunk_rows` at least 1, a valid `norm`. Gives what `check_full` gives.
 pub(crate) fn check_chunked(
@@ -168,120 +169,4 @@ pub(crate) fn check_chunked(
         });
     }
     Ok((count, divisor(op, norm, count)?))
-}
-
-/// Loss over full logits `[N, V]`; when `d_logits` is given, writes the gradient there.
-pub fn cross_entropy(
-    logits: &[f32],
-    labels: &[i32],
-    vocab: usize,
-    d_logits: Option<&mut [f32]>,
-    norm: LossNorm,
-) -> Result<CeStats> {
-    let d_len = d_logits.as_ref().map(|d| d.len());
-    let (count, div) = check_full("cross_entropy", labels, vocab, logits.len(), d_len, norm)?;
-    let Some(div) = div else {
-        if let Some(d) = d_logits {
-            d.fill(0.0);
-        }
-        return Ok(CeStats {
-            loss: 0.0,
-            sum: 0.0,
-            count,
-        });
-    };
-    let mut losses = vec![0.0f64; labels.len()];
-    cpu::rows(
-        logits,
-        d_logits,
-        labels,
-        &mut losses,
-        vocab,
-        (1.0 / div) as f32,
-    );
-    let sum = cpu::ordered_sum(&losses);
-    Ok(CeStats {
-        loss: sum / div,
-        sum,
-        count,
-    })
-}
-
-/// As [`cross_entropy`] with the gradient, overwriting `logits` `[N, V]` with d_logits
-/// (saves the second `[N, V]` buffer).
-pub fn cross_entropy_in_place(
-    logits: &mut [f32],
-    labels: &[i32],
-    vocab: usize,
-    norm: LossNorm,
-) -> Result<CeStats> {
-    let op = "cross_entropy_in_place";
-    let (count, div) = check_full(op, labels, vocab, logits.len(), None, norm)?;
-    let Some(div) = div else {
-        logits.fill(0.0);
-        return Ok(CeStats {
-            loss: 0.0,
-            sum: 0.0,
-            count,
-        });
-    };
-    let mut losses = vec![0.0f64; labels.len()];
-    cpu::rows_in_place(logits, labels, &mut losses, vocab, (1.0 / div) as f32);
-    let sum = cpu::ordered_sum(&losses);
-    Ok(CeStats {
-        loss: sum / div,
-        sum,
-        count,
-    })
-}
-
-/// Loss (and, with `with_grad`, its gradient handed to `producer.backward`) over `labels.len()`
-/// rows whose logits `producer` makes `chunk_rows` rows at a time; at most `chunk_rows x V`
-/// f32 are held. Blocks whose labels are all ignored are skipped entirely (they add nothing
-/// to the loss and their gradient is zero), so the producer sees no call for them.
-pub fn cross_entropy_chunked<P: ChunkedLogits>(
-    producer: &mut P,
-    labels: &[i32],
-    vocab: usize,
-    chunk_rows: usize,
-    norm: LossNorm,
-    with_grad: bool,
-) -> std::result::Result<CeStats, P::Error> {
-    let (count, div) = check_chunked(labels, vocab, chunk_rows, norm)?;
-    let Some(div) = div else {
-        return Ok(CeStats {
-            loss: 0.0,
-            sum: 0.0,
-            count,
-        });
-    };
-    let scale = (1.0 / div) as f32;
-    let chunk_rows = chunk_rows.min(labels.len());
-    let mut buf = vec![0.0f32; chunk_rows * vocab];
-    let mut losses = vec![0.0f64; chunk_rows];
-    let mut sum = 0.0f64;
-    for r0 in (0..labels.len()).step_by(chunk_rows.max(1)) {
-        let rows = r0..(r0 + chunk_rows).min(labels.len());
-        let lab = &labels[rows.clone()];
-        if lab.iter().all(|&l| l == IGNORE_INDEX) {
-            continue;
-        }
-        let (buf, losses) = (&mut buf[..lab.len() * vocab], &mut losses[..lab.len()]);
-        producer.logits(rows.clone(), buf)?;
-        if with_grad {
-            cpu::rows_in_place(buf, lab, losses, vocab, scale);
-        } else {
-            cpu::rows(buf, None, lab, losses, vocab, scale);
-        }
-        // Continue the same left-to-right f64 sum as the full path: identical results.
-        sum = losses.iter().fold(sum, |s, &l| s + l);
-        if with_grad {
-            producer.backward(rows, buf)?;
-        }
-    }
-    Ok(CeStats {
-        loss: sum / div,
-        sum,
-        count,
-    })
 }

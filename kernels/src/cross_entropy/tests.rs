@@ -1,3 +1,4 @@
+use super::host::{cross_entropy, cross_entropy_chunked, cross_entropy_in_place};
 use super::*;
 use crate::cast::check::{assert_close, fd_grad};
 use crate::testutil::{rel_l2, Rng};

@@ -1,3 +1,4 @@
+use super::host::{add_into, mul, mul_into};
 use super::*;
 use crate::testutil::Rng;
 use cannon_runtime::{DeviceBuffer, Stream};

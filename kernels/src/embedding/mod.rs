@@ -12,6 +12,7 @@
 //! [`KernelError::InvalidArgument`] naming the token, the id and the vocabulary size.
 
 mod cpu;
+pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
@@ -39,19 +40,7 @@ fn vocab_of(op: &'static str, len: usize, dim: usize) -> Result<usize> {
     Ok(len / dim)
 }
 
-/// Gathers rows of `weight` [V, D] into `out` [T, D].
-pub fn embedding_forward<E: Float>(
-    out: &mut [E],
-    ids: &[u32],
-    weight: &[E],
-    dim: usize,
-) -> Result<()> {
-    check_forward(out.len(), ids, weight.len(), dim)?;
-    cpu::forward(out, ids, weight, dim);
-    Ok(())
-}
-
-/// The rules of [`embedding_forward`] on every backend (the device-level entry point checks
+/// The rules of [`embedding_forward`](host::embedding_forward) on every backend (the device-level entry point checks
 /// them before any backend runs): a table `weight` of whole rows of `dim`, `out` of
 /// `ids.len()` rows (lengths given) and every id inside the table. Gives the vocabulary.
 pub(crate) fn check_forward(out: usize, ids: &[u32], weight: usize, dim: usize) -> Result<usize> {
@@ -62,19 +51,7 @@ pub(crate) fn check_forward(out: usize, ids: &[u32], weight: usize, dim: usize) 
     Ok(vocab)
 }
 
-/// Adds each token's `dout` [T, D] row into row `ids[t]` of `dweight` [V, D].
-pub fn embedding_backward<E: Float>(
-    dweight: &mut [f32],
-    dout: &[E],
-    ids: &[u32],
-    dim: usize,
-) -> Result<()> {
-    let vocab = check_backward(dweight.len(), dout.len(), ids, dim)?;
-    cpu::backward(dweight, dout, ids, vocab, dim);
-    Ok(())
-}
-
-/// The rules of [`embedding_backward`] on every backend: a table `dweight` of whole rows of
+/// The rules of [`embedding_backward`](host::embedding_backward) on every backend: a table `dweight` of whole rows of
 /// `dim`, `dout` of `ids.len()` rows and every id inside the table. Gives the vocabulary.
 pub(crate) fn check_backward(
     dweight: usize,

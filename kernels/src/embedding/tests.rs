@@ -1,3 +1,4 @@
+use super::host::{embedding_backward, embedding_forward};
 use super::*;
 use crate::cast::check::{assert_close, randn, wide};
 use crate::testutil::Rng;

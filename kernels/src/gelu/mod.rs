@@ -14,6 +14,7 @@
 //! gradient **accumulates** (`dx +=`).
 
 mod cpu;
+pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
@@ -21,27 +22,13 @@ mod tests;
 use crate::error::{check_len, Result};
 use cannon_runtime::Float;
 
-/// `y = gelu(x)`, elementwise. x, y: `[N]`.
-pub fn gelu_forward<E: Float>(y: &mut [E], x: &[E]) -> Result<()> {
-    check_forward(y.len(), x.len())?;
-    cpu::forward(y, x);
-    Ok(())
-}
-
-/// The rule of [`gelu_forward`] on every backend (the device-level entry point checks it
+/// The rule of [`gelu_forward`](host::gelu_forward) on every backend (the device-level entry point checks it
 /// before any backend runs): `y` as long as `x` (lengths given).
 pub(crate) fn check_forward(y: usize, x: usize) -> Result<()> {
     check_len("gelu_forward", "y", y, x)
 }
 
-/// `dx += dy * gelu'(x)`, elementwise. dx, dy, x: `[N]`.
-pub fn gelu_backward<E: Float>(dx: &mut [E], dy: &[E], x: &[E]) -> Result<()> {
-    check_backward(dx.len(), dy.len(), x.len())?;
-    cpu::backward(dx, dy, x);
-    Ok(())
-}
-
-/// The rule of [`gelu_backward`] on every backend: `dy` and `dx` as long as `x`.
+/// The rule of [`gelu_backward`](host::gelu_backward) on every backend: `dy` and `dx` as long as `x`.
 pub(crate) fn check_backward(dx: usize, dy: usize, x: usize) -> Result<()> {
     check_len("gelu_backward", "dy", dy, x)?;
     check_len("gelu_backward", "dx", dx, x)

@@ -1,3 +1,4 @@
+use super::host::{gelu_backward, gelu_forward};
 use super::*;
 use crate::cast::check::{assert_close, dot64, fd_grad, randn, tolerances, wide};
 use crate::testutil::{rel_l2, Rng};

@@ -195,7 +195,7 @@ pub(super) fn gemm_bf16<TA: Float, TB: Float>(
     portable(ta, tb, d, alpha, beta, ops, WIDEN_CAP);
 }
 
-/// The portable bf16 product: the bf16-rounded operands widened to f32, then [`gemm_f32`]:
+/// The portable bf16 product: the bf16-rounded operands widened to f32, then [`gemm_f32`](super::host::gemm_f32):
 /// what the bf16 kernel computes (products of bf16 values accumulated in f32) at the f32
 /// GEMM's rate (widening is O(mk + kn) against the product's O(mnk)).
 ///

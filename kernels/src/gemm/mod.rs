@@ -26,13 +26,13 @@
 //! anything shorter, or a row stride smaller than the row, is a [`KernelError::Shape`].
 //!
 //! Two element types:
-//! - [`gemm_f32`]: f32 in, f32 out, on faer's `gemm` crate (AVX-512 microkernels, packing),
+//! - [`gemm_f32`](host::gemm_f32): f32 in, f32 out, on faer's `gemm` crate (AVX-512 microkernels, packing),
 //!   except `op(A) = A^T` with m >= 4096 on AVX-512 (a wide layer's weight gradient), which
 //!   runs our own packed kernel (x86_f32.rs: faer's packing of that layout is memory-bound).
-//! - [`gemm_bf16`]: inputs rounded to bf16 (stored as `half::bf16`, or f32 rounded to nearest
+//! - [`gemm_bf16`](host::gemm_bf16): inputs rounded to bf16 (stored as `half::bf16`, or f32 rounded to nearest
 //!   even while packing), products accumulated in f32, f32 out. On CPUs with AVX512-BF16 it runs
-//!   our own packed `vdpbf16ps` kernel; elsewhere (or through [`gemm_bf16_portable`]) it widens
-//!   the rounded inputs to f32 and calls [`gemm_f32`], which gives the same result up to f32
+//!   our own packed `vdpbf16ps` kernel; elsewhere (or through [`gemm_bf16_portable`](host::gemm_bf16_portable)) it widens
+//!   the rounded inputs to f32 and calls [`gemm_f32`](host::gemm_f32), which gives the same result up to f32
 //!   summation order.
 //!
 //! All entry points use rayon's global pool (the threads every CPU kernel shares); products
@@ -52,6 +52,7 @@
 //! matmul reaches 305-396 here).
 
 mod cpu;
+pub mod host;
 pub(crate) mod npu;
 // AVX-512 intrinsics are stable since 1.89, above the workspace rust-version.
 #[cfg(target_arch = "x86_64")]
@@ -86,9 +87,9 @@ pub enum Trans {
 /// run precision (f32, or bf16 autocast) picks it, and `linear` / `patch_embed` take it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Precision {
-    /// f32 operands, f32 products ([`gemm_f32`]).
+    /// f32 operands, f32 products ([`gemm_f32`](host::gemm_f32)).
     F32,
-    /// Operands rounded to bf16 (nearest even), f32 accumulation and output ([`gemm_bf16`]).
+    /// Operands rounded to bf16 (nearest even), f32 accumulation and output ([`gemm_bf16`](host::gemm_bf16)).
     Bf16,
 }
 
@@ -109,7 +110,7 @@ impl std::fmt::Display for Precision {
 }
 
 /// A [`Precision`] as a type, so that layer code (linear, patch embedding) is written once
-/// for both and monomorphised: [`F32`] runs [`gemm_f32`], [`Bf16`] runs [`gemm_bf16`].
+/// for both and monomorphised: [`F32`] runs [`gemm_f32`](host::gemm_f32), [`Bf16`] runs [`gemm_bf16`](host::gemm_bf16).
 /// Both write f32.
 pub(crate) trait Products<A, B> {
     /// `C = alpha * op(A) op(B) + beta * C` in this precision.
@@ -129,11 +130,11 @@ pub(crate) trait Products<A, B> {
     ) -> Result<()>;
 }
 
-/// f32 products ([`gemm_f32`]).
+/// f32 products ([`gemm_f32`](host::gemm_f32)).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct F32;
 
-/// bf16 products with f32 accumulation ([`gemm_bf16`]).
+/// bf16 products with f32 accumulation ([`gemm_bf16`](host::gemm_bf16)).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Bf16;
 
@@ -151,7 +152,7 @@ impl Products<f32, f32> for F32 {
         c: &mut [f32],
         ldc: usize,
     ) -> Result<()> {
-        gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
+        host::gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
     }
 }
 
@@ -169,7 +170,7 @@ impl<A: Float, B: Float> Products<A, B> for Bf16 {
         c: &mut [f32],
         ldc: usize,
     ) -> Result<()> {
-        gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
+        host::gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
     }
 }
 
@@ -207,115 +208,6 @@ pub(crate) fn require_f32(
     }
 }
 
-/// `C = alpha * op(A) op(B) + beta * C` in precision `p`: the entry point generic over the
-/// operands' storage. `F32` runs [`gemm_f32`] and needs f32 operands (a bf16 operand is a
-/// typed error, not a silent widening); `Bf16` runs [`gemm_bf16`] on bf16 or f32 operands.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm<A: Float, B: Float>(
-    p: Precision,
-    ta: Trans,
-    tb: Trans,
-    d: Dims,
-    alpha: f32,
-    a: &[A],
-    lda: usize,
-    b: &[B],
-    ldb: usize,
-    beta: f32,
-    c: &mut [f32],
-    ldc: usize,
-) -> Result<()> {
-    check_gemm::<A, B>(
-        p,
-        (ta, tb),
-        d,
-        (a.len(), lda),
-        (b.len(), ldb),
-        (c.len(), ldc),
-    )?;
-    match p {
-        Precision::F32 => {
-            let a = crate::cast::as_f32(a).ok_or_else(|| not_f32("gemm", "a"))?;
-            let b = crate::cast::as_f32(b).ok_or_else(|| not_f32("gemm", "b"))?;
-            gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc)
-        }
-        Precision::Bf16 => gemm_bf16(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc),
-    }
-}
-
-/// `C = alpha * op(A) op(B) + beta * C` in f32 (see the module docs for the layout rules).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_f32(
-    ta: Trans,
-    tb: Trans,
-    d: Dims,
-    alpha: f32,
-    a: &[f32],
-    lda: usize,
-    b: &[f32],
-    ldb: usize,
-    beta: f32,
-    c: &mut [f32],
-    ldc: usize,
-) -> Result<()> {
-    check_operands(
-        "gemm_f32",
-        ta,
-        tb,
-        d,
-        a.len(),
-        lda,
-        b.len(),
-        ldb,
-        c.len(),
-        ldc,
-    )?;
-    cpu::gemm_f32(ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc);
-    Ok(())
-}
-
-/// `C = alpha * op(A) op(B) + beta * C` with bf16 inputs and f32 accumulation and output.
-///
-/// Uses the AVX512-BF16 kernel when the CPU has it, else [`gemm_bf16_portable`].
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_bf16<TA: Float, TB: Float>(
-    ta: Trans,
-    tb: Trans,
-    d: Dims,
-    alpha: f32,
-    a: &[TA],
-    lda: usize,
-    b: &[TB],
-    ldb: usize,
-    beta: f32,
-    c: &mut [f32],
-    ldc: usize,
-) -> Result<()> {
-    let ops = (a, lda, b, ldb, c, ldc);
-    checked_bf16(ta, tb, d, alpha, beta, ops, false)
-}
-
-/// [`gemm_bf16`] without the AVX512-BF16 kernel: the bf16-rounded inputs are widened to f32
-/// and multiplied by [`gemm_f32`]. This is the fallback on other CPUs; it is public so tests
-/// and benchmarks can compare the two paths.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_bf16_portable<TA: Float, TB: Float>(
-    ta: Trans,
-    tb: Trans,
-    d: Dims,
-    alpha: f32,
-    a: &[TA],
-    lda: usize,
-    b: &[TB],
-    ldb: usize,
-    beta: f32,
-    c: &mut [f32],
-    ldc: usize,
-) -> Result<()> {
-    let ops = (a, lda, b, ldb, c, ldc);
-    checked_bf16(ta, tb, d, alpha, beta, ops, true)
-}
-
 /// The operands of one product: `(a, lda, b, ldb, c, ldc)`.
 type Operands<'a, 'c, TA, TB> = (&'a [TA], usize, &'a [TB], usize, &'c mut [f32], usize);
 
@@ -345,7 +237,7 @@ fn checked_bf16<TA: Float, TB: Float>(
     Ok(())
 }
 
-/// The rules of [`gemm`] on every backend (the device-level entry point checks them before
+/// The rules of [`gemm`](host::gemm) on every backend (the device-level entry point checks them before
 /// any backend runs): under `Precision::F32` f32 operands, and each of A, B, C (length,
 /// row stride) holding its matrix for `d` and the transposes.
 pub(crate) fn check_gemm<A: Float, B: Float>(

@@ -2,6 +2,7 @@
 //! size 1, odd k (a half-filled k-pair), m/n not multiples of the 14 x 32 tile or of 16 lanes,
 //! strided operands, and sizes past the KC / MC / NC block limits.
 
+use super::host::{gemm_bf16, gemm_bf16_portable, gemm_f32};
 use super::*;
 use crate::testutil::{rel_l2, Rng};
 use half::bf16;

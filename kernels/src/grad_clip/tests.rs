@@ -1,4 +1,4 @@
-use super::*;
+use super::host::{clip_grad_norm, clip_with_sum_squares, grad_sum_squares};
 use crate::testutil::Rng;
 
 /// torch's algorithm in f64, written out: per-tensor norms, the norm of the norms, the

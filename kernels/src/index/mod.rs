@@ -21,6 +21,7 @@
 //! order.
 
 mod cpu;
+pub mod host;
 pub mod npu;
 #[cfg(test)]
 mod tests;
@@ -60,41 +61,6 @@ fn check_rows(
     Ok(rows)
 }
 
-/// `out[i] = src[idx[i]]`: rows of `dim` elements. out: `[K, D]`, src: `[R, D]`, idx: `[K]`.
-pub fn gather_rows<T: Element>(out: &mut [T], src: &[T], idx: &[usize], dim: usize) -> Result<()> {
-    check_gather_rows(out.len(), src.len(), idx, dim)?;
-    cpu::gather_rows(out, src, idx, dim);
-    Ok(())
-}
-
-/// `dst[idx[i]] = src[i]`. dst: `[R, D]`, src: `[K, D]`, idx: `[K]`.
-pub fn scatter_rows<T: Element>(dst: &mut [T], src: &[T], idx: &[usize], dim: usize) -> Result<()> {
-    check_scatter_rows("scatter_rows", dst.len(), src.len(), idx, dim)?;
-    cpu::scatter_rows(dst, src, idx, dim);
-    Ok(())
-}
-
-/// `dst[idx[i]] += src[i]`, in order of i. dst: `[R, D]`, src: `[K, D]`, idx: `[K]`.
-pub fn scatter_add_rows<E: Float>(
-    dst: &mut [E],
-    src: &[E],
-    idx: &[usize],
-    dim: usize,
-) -> Result<()> {
-    check_scatter_rows("scatter_add_rows", dst.len(), src.len(), idx, dim)?;
-    cpu::scatter_add_rows(dst, src, idx, dim);
-    Ok(())
-}
-
-/// `dst[idx[i]] = 0`. dst: `[R, D]`, idx: `[K]`.
-pub fn zero_rows<T: Element>(dst: &mut [T], idx: &[usize], dim: usize) -> Result<()> {
-    check_zero_rows(dst.len(), idx, dim)?;
-    for &r in idx {
-        dst[r * dim..(r + 1) * dim].fill(T::zeroed());
-    }
-    Ok(())
-}
-
 /// The shape of a batched transpose: `batch` matrices of `rows x cols`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TransposeDims {
@@ -109,17 +75,10 @@ impl TransposeDims {
     }
 }
 
-/// `out[b, c, r] = x[b, r, c]`. x: `[B, R, C]`, out: `[B, C, R]`.
-pub fn transpose<T: Element>(out: &mut [T], x: &[T], d: TransposeDims) -> Result<()> {
-    check_transpose(out.len(), x.len(), d)?;
-    cpu::transpose(out, x, d);
-    Ok(())
-}
-
 // The rules of the ops on every backend (the device-level entry points check them before
 // any backend runs), on the operands' lengths.
 
-/// [`gather_rows`]: src of whole rows of `dim`, every index one of them, out of
+/// [`gather_rows`](host::gather_rows): src of whole rows of `dim`, every index one of them, out of
 /// `idx.len()` rows. Gives src's rows.
 pub(crate) fn check_gather_rows(
     out: usize,
@@ -132,7 +91,7 @@ pub(crate) fn check_gather_rows(
     Ok(rows)
 }
 
-/// [`scatter_rows`] and [`scatter_add_rows`] (`op`): dst of whole rows of `dim`, every index
+/// [`scatter_rows`](host::scatter_rows) and [`scatter_add_rows`](host::scatter_add_rows) (`op`): dst of whole rows of `dim`, every index
 /// one of them, src of `idx.len()` rows. Gives dst's rows.
 pub(crate) fn check_scatter_rows(
     op: &'static str,
@@ -146,12 +105,12 @@ pub(crate) fn check_scatter_rows(
     Ok(rows)
 }
 
-/// [`zero_rows`]: dst of whole rows of `dim`, every index one of them. Gives dst's rows.
+/// [`zero_rows`](host::zero_rows): dst of whole rows of `dim`, every index one of them. Gives dst's rows.
 pub(crate) fn check_zero_rows(dst: usize, idx: &[usize], dim: usize) -> Result<usize> {
     check_rows("zero_rows", "dst", dst, dim, idx)
 }
 
-/// [`transpose`]: x and out of `batch * rows * cols` values (which must not overflow).
+/// [`transpose`](host::transpose): x and out of `batch * rows * cols` values (which must not overflow).
 /// Gives that count.
 pub(crate) fn check_transpose(out: usize, x: usize, d: TransposeDims) -> Result<usize> {
     let n = d.len().ok_or_else(|| KernelError::Shape {

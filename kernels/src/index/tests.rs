@@ -1,3 +1,4 @@
+use super::host::{gather_rows, scatter_add_rows, scatter_rows, transpose, zero_rows};
 use super::*;
 use crate::testutil::Rng;
 use cannon_runtime::{DeviceBuffer, Stream};

@@ -3,7 +3,7 @@
 
 use super::{LinearDims, LinearGrads};
 use crate::error::Result;
-use crate::gemm::{gemm_bf16, Dims, Products, Trans};
+use crate::gemm::{host::gemm_bf16, Dims, Products, Trans};
 use cannon_runtime::Float;
 use rayon::prelude::*;
 

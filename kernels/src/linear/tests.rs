@@ -2,6 +2,7 @@
 //! differences of that float64 forward for the gradient formulas, and the bf16 paths against
 //! both.
 
+use super::host::{linear_backward, linear_forward};
 use super::*;
 use crate::error::KernelError;
 use crate::gemm::Precision;

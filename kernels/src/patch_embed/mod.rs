@@ -17,6 +17,7 @@
 //! rounded in the product), f32 accumulation and f32 outputs and gradients.
 
 mod cpu;
+pub mod host;
 pub(crate) mod npu;
 
 #[cfg(test)]
@@ -145,7 +146,7 @@ impl PatchEmbedGradBufs<'_> {
     }
 }
 
-/// The rules of [`patch_embed_forward`] on every backend (the device-level entry point
+/// The rules of [`patch_embed_forward`](host::patch_embed_forward) on every backend (the device-level entry point
 /// checks them before any backend runs): a valid geometry, pixels `[C, H, W]`, weight `[D,
 /// C, p, p]`, out `[Np, D]` (lengths), and f32 operands under `Precision::F32`.
 pub(crate) fn check_forward<P: Float, W: Float>(
@@ -162,7 +163,7 @@ pub(crate) fn check_forward<P: Float, W: Float>(
     require_f32(op, p, &[("pixels", P::DTYPE), ("weight", W::DTYPE)])
 }
 
-/// The rules of [`patch_embed_backward`] on every backend: as [`check_forward`]'s for the
+/// The rules of [`patch_embed_backward`](host::patch_embed_backward) on every backend: as [`check_forward`]'s for the
 /// geometry, pixels and weight, dout `[Np, D]`, the gradients present (`[dweight,
 /// dpixels]`, lengths) shaped as weight and pixels, and f32 operands under `Precision::F32`.
 pub(crate) fn check_backward<G: Float, P: Float, W: Float>(
@@ -189,51 +190,4 @@ pub(crate) fn check_backward<G: Float, P: Float, W: Float>(
         ("weight", W::DTYPE),
     ];
     require_f32(op, p, &dtypes)
-}
-
-/// `out[Np, D] = im2col(pixels) W^T` in precision `p` (f32 output; under `Bf16` pixels and
-/// weight are bf16 or f32 rounded to bf16 in the product, with f32 accumulation).
-pub fn patch_embed_forward<P: Float, W: Float>(
-    p: Precision,
-    out: &mut [f32],
-    pixels: &[P],
-    weight: &[W],
-    g: PatchGeom,
-    d_model: usize,
-) -> Result<()> {
-    let op = "patch_embed_forward";
-    check_forward::<P, W>(p, &g, d_model, out.len(), pixels.len(), weight.len())?;
-    match p {
-        Precision::F32 => {
-            let pixels = cast::as_f32(pixels).ok_or_else(|| not_f32(op, "pixels"))?;
-            let weight = cast::as_f32(weight).ok_or_else(|| not_f32(op, "weight"))?;
-            cpu::forward::<F32, _, _>(out, pixels, weight, g, d_model)
-        }
-        Precision::Bf16 => cpu::forward::<Bf16, _, _>(out, pixels, weight, g, d_model),
-    }
-}
-
-/// Accumulates `dW += dOut^T P` and `dpixels += col2im(dOut W)` (each if present) in
-/// precision `p`; gradients are f32 in both.
-pub fn patch_embed_backward<G: Float, P: Float, W: Float>(
-    p: Precision,
-    grads: PatchEmbedGrads,
-    dout: &[G],
-    pixels: &[P],
-    weight: &[W],
-    g: PatchGeom,
-    d_model: usize,
-) -> Result<()> {
-    let op = "patch_embed_backward";
-    let (dl, pl, wl) = (dout.len(), pixels.len(), weight.len());
-    check_backward::<G, P, W>(p, &g, d_model, grads.lens(), dl, pl, wl)?;
-    match p {
-        Precision::F32 => {
-            let dout = cast::as_f32(dout).ok_or_else(|| not_f32(op, "dout"))?;
-            let pixels = cast::as_f32(pixels).ok_or_else(|| not_f32(op, "pixels"))?;
-            let weight = cast::as_f32(weight).ok_or_else(|| not_f32(op, "weight"))?;
-            cpu::backward::<F32, _, _, _>(grads, dout, pixels, weight, g, d_model)
-        }
-        Precision::Bf16 => cpu::backward::<Bf16, _, _, _>(grads, dout, pixels, weight, g, d_model),
-    }
 }

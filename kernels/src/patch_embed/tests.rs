@@ -1,6 +1,7 @@
 //! patch_embed against a float64 direct convolution (no im2col), finite differences of that
 //! float64 forward, crop/padding behaviour and the bf16 paths.
 
+use super::host::{patch_embed_backward, patch_embed_forward};
 use super::*;
 use crate::gemm::Precision;
 use crate::testutil::{rel_l2, Rng};

@@ -22,6 +22,7 @@
 //! thread counts.
 
 mod cpu;
+pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
@@ -43,22 +44,7 @@ fn rows(op: &'static str, len: usize, dim: usize) -> Result<usize> {
     Ok(len / dim)
 }
 
-/// Normalises each row of `x [T, D]` and scales it by `weight [D]` into `out [T, D]`; saves
-/// `rstd [T]` for the backward.
-pub fn rmsnorm_forward<E: Float>(
-    out: &mut [E],
-    rstd: &mut [f32],
-    x: &[E],
-    weight: &[E],
-    dim: usize,
-    eps: f32,
-) -> Result<()> {
-    check_forward(out.len(), rstd.len(), x.len(), weight.len(), dim)?;
-    cpu::forward(out, rstd, x, weight, dim, eps);
-    Ok(())
-}
-
-/// The rules of [`rmsnorm_forward`] on every backend (the device-level entry point checks
+/// The rules of [`rmsnorm_forward`](host::rmsnorm_forward) on every backend (the device-level entry point checks
 /// them before any backend runs): x of whole rows of `dim`, out as long as x, one rstd per
 /// row and weight `[dim]` (lengths given). Gives the rows.
 pub(crate) fn check_forward(
@@ -75,24 +61,7 @@ pub(crate) fn check_forward(
     Ok(t)
 }
 
-/// Accumulates the gradients of [`rmsnorm_forward`]: `dx` [T, D] += d out/d x . `dout`, and
-/// `dweight [D]` += sum over rows of `dout * n`. `rstd [T]` is the forward's.
-pub fn rmsnorm_backward<E: Float>(
-    dx: &mut [E],
-    dweight: &mut [f32],
-    dout: &[E],
-    x: &[E],
-    weight: &[E],
-    rstd: &[f32],
-    dim: usize,
-) -> Result<()> {
-    let (dxl, dwl) = (dx.len(), dweight.len());
-    check_backward(dxl, dwl, dout.len(), x.len(), weight.len(), rstd.len(), dim)?;
-    cpu::backward(dx, dweight, dout, x, weight, rstd, dim);
-    Ok(())
-}
-
-/// The rules of [`rmsnorm_backward`] on every backend: as [`check_forward`]'s for x, rstd
+/// The rules of [`rmsnorm_backward`](host::rmsnorm_backward) on every backend: as [`check_forward`]'s for x, rstd
 /// and weight, with dx and dout as long as x and dweight `[dim]`. Gives the rows.
 pub(crate) fn check_backward(
     dx: usize,

@@ -1,3 +1,4 @@
+use super::host::{rmsnorm_backward, rmsnorm_forward};
 use super::*;
 use crate::cast::check::{assert_close, dot64, fd_grad, randn, tolerances, wide};
 use crate::testutil::Rng;

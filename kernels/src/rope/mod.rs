@@ -26,6 +26,7 @@
 //! bf16 tolerance).
 
 mod cpu;
+pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
@@ -177,7 +178,7 @@ fn check_apply<E>(
     check_apply_len(op, x.len(), n_heads, table, pos)
 }
 
-/// [`check_apply`] given x's length: the rules of [`rope_forward`] and [`rope_backward`] on
+/// [`check_apply`] given x's length: the rules of [`rope_forward`](host::rope_forward) and [`rope_backward`](host::rope_backward) on
 /// every backend (the device-level entry points check them before any backend runs): x
 /// `[T, H, D]` with T = `pos.len()` and D the table's head_dim, every position inside the
 /// table.
@@ -206,30 +207,5 @@ pub(crate) fn check_apply_len(
             detail: format!("position {p} of token {t} is outside the table's {slots} slots"),
         });
     }
-    Ok(())
-}
-
-/// Rotates `x [T, H, D]` in place by the angles of each token's slot `pos [T]`.
-pub fn rope_forward<E: Float>(
-    x: &mut [E],
-    n_heads: usize,
-    table: &RopeTable,
-    pos: &[u32],
-) -> Result<()> {
-    check_apply("rope_forward", x, n_heads, table, pos)?;
-    cpu::rotate(x, n_heads, table, pos, 1.0);
-    Ok(())
-}
-
-/// Backward of [`rope_forward`]: on entry `dx` [T, H, D] holds d loss / d(rotated x), on exit
-/// d loss / d x (the inverse rotation, in place; nothing accumulates).
-pub fn rope_backward<E: Float>(
-    dx: &mut [E],
-    n_heads: usize,
-    table: &RopeTable,
-    pos: &[u32],
-) -> Result<()> {
-    check_apply("rope_backward", dx, n_heads, table, pos)?;
-    cpu::rotate(dx, n_heads, table, pos, -1.0);
     Ok(())
 }

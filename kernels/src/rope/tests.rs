@@ -1,3 +1,4 @@
+use super::host::{rope_backward, rope_forward};
 use super::*;
 use crate::cast::check::{assert_close, dot64, fd_grad, randn, tolerances, wide};
 use crate::testutil::{max_abs, rel_l2, Rng};

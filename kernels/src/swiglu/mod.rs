@@ -14,6 +14,7 @@
 //! The gradients **accumulate** (`+=`, llm.c's convention): zero them first if needed.
 
 mod cpu;
+pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]
 mod tests;
@@ -21,34 +22,14 @@ mod tests;
 use crate::error::{check_len, Result};
 use cannon_runtime::Float;
 
-/// `h = silu(gate) * up`, elementwise. gate, up, h: `[N]`.
-pub fn swiglu_forward<E: Float>(h: &mut [E], gate: &[E], up: &[E]) -> Result<()> {
-    check_forward(h.len(), gate.len(), up.len())?;
-    cpu::forward(h, gate, up);
-    Ok(())
-}
-
-/// The rule of [`swiglu_forward`] on every backend (the device-level entry point checks it
+/// The rule of [`swiglu_forward`](host::swiglu_forward) on every backend (the device-level entry point checks it
 /// before any backend runs): `up` and `h` as long as `gate` (lengths given).
 pub(crate) fn check_forward(h: usize, gate: usize, up: usize) -> Result<()> {
     check_len("swiglu_forward", "up", up, gate)?;
     check_len("swiglu_forward", "h", h, gate)
 }
 
-/// Accumulates the gradients of [`swiglu_forward`] into `d_gate` and `d_up`. All: `[N]`.
-pub fn swiglu_backward<E: Float>(
-    d_gate: &mut [E],
-    d_up: &mut [E],
-    dh: &[E],
-    gate: &[E],
-    up: &[E],
-) -> Result<()> {
-    check_backward(d_gate.len(), d_up.len(), dh.len(), gate.len(), up.len())?;
-    cpu::backward(d_gate, d_up, dh, gate, up);
-    Ok(())
-}
-
-/// The rule of [`swiglu_backward`] on every backend: `up`, `dh`, `d_gate` and `d_up` as long
+/// The rule of [`swiglu_backward`](host::swiglu_backward) on every backend: `up`, `dh`, `d_gate` and `d_up` as long
 /// as `gate`.
 pub(crate) fn check_backward(
     d_gate: usize,

@@ -1,3 +1,4 @@
+use super::host::{swiglu_backward, swiglu_forward};
 use super::*;
 use crate::cast::check::{assert_close, dot64, fd_grad, randn, tolerances, wide};
 use crate::testutil::{rel_l2, Rng};
