@@ -146,7 +146,7 @@ pub unsafe fn phase2(
                 drop(g);
                 return Err(EXECUTORS.missing(h));
             };
-            let s = crate::stream::lookup(stream as usize)?;
+            let s = crate::device::lookup(stream as usize)?;
             (
                 s,
                 e.plan.workspace,
