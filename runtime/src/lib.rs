@@ -25,10 +25,10 @@
 //! 1. [`dtype`], [`device`] (the [`Device`] value alone), [`host_count`], [`rng`];
 //! 2. the error types: `comm::types` ([`comm::ReduceOp`]), `comm::error`
 //!    ([`comm::CommError`]), then [`error`] ([`Error`] wraps `CommError`);
-//! 3. `npu` (`result`, `context`, then its streams, memory, pinned buffers and copies) and
-//!    `alloc::raw` (the `RawMemory` trait the backends implement);
-//! 4. [`stream`] (over `npu`'s streams), then [`alloc`] with its host memory and cache, and
-//!    [`meta`];
+//! 3. `alloc::raw` (the `RawMemory` trait the backends implement), then `npu` (`result`,
+//!    `context`, then its streams, memory, pinned buffers and copies);
+//! 4. [`stream`] (over `npu`'s streams), [`meta`], then [`alloc`] with its host memory and
+//!    cache;
 //! 5. `device::backends`: [`Device::allocator`] and [`Device::npu_count`], where the
 //!    allocator meets each backend's memory;
 //! 6. [`buffer`] (over the allocator, streams and `npu`'s copies);
