@@ -12,7 +12,7 @@
 
 #![allow(non_snake_case)]
 
-use super::ffi_status;
+use super::boundary::ffi_status;
 use super::tensor::{PARAM_INVALID, PARAM_NULLPTR};
 use crate::error::{EmuError, EmuResult};
 use cannon_sys::aclnn::{aclOpExecutor, aclnnStatus, aclrtStream};
