@@ -1,8 +1,13 @@
 //! The calling thread's current device, as `aclrtSetDevice` leaves it (AscendCL binds devices
-//! per thread), and each device's default stream (what a null `aclrtStream` means).
+//! per thread), each device's default stream (what a null `aclrtStream` means), and the
+//! synchronisation of all of a device's streams.
+//!
+//! It sits above [`crate::stream`] (the workers and the registry of created streams, which
+//! know nothing of devices being current) and below `acl`, whose context and stream entry
+//! points both call down here.
 
 use crate::error::{EmuError, EmuResult};
-use crate::stream::Stream;
+use crate::stream::{Stream, STREAMS};
 use cannon_sys::acl::ACL_ERROR_RT_CONTEXT_NULL;
 use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
@@ -52,4 +57,39 @@ pub fn default_stream(d: u32) -> EmuResult<Arc<Stream>> {
     }
     let s = Arc::new(Stream::new(d)?);
     Ok(slot.get_or_init(|| s).clone())
+}
+
+/// The stream an `aclrtStream` argument names: a created one, or for null the current
+/// device's default stream.
+pub fn lookup(handle: usize) -> EmuResult<Arc<Stream>> {
+    if handle == 0 {
+        return default_stream(current()?);
+    }
+    STREAMS.get(handle)
+}
+
+/// Synchronises every stream of device `d`, ignoring their errors (reset / finalize).
+pub fn synchronize_device(d: u32) {
+    let _ = synchronize_device_checked(d);
+}
+
+/// Synchronises every stream of device `d` (default stream included); the first error wins.
+pub fn synchronize_device_checked(d: u32) -> EmuResult<()> {
+    let mut first = None;
+    let mut all: Vec<Arc<Stream>> = STREAMS.values();
+    all.retain(|s| s.device == d);
+    all.push(default_stream(d)?);
+    for s in all {
+        if let Err(e) = s.synchronize(None) {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// Drains every stream of every device (aclFinalize).
+pub fn synchronize_everything() {
+    for d in 0..crate::mem::device_count() {
+        synchronize_device(d);
+    }
 }

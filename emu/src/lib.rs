@@ -13,11 +13,17 @@
 //!   a pointer outside a live allocation fails.
 //! - [`stream`]: work queued on a stream runs on that stream's worker thread, so a missing
 //!   synchronise reads stale or poisoned memory, as on hardware.
-//! - [`device`]: the thread's current device (`aclrtSetDevice`) and default streams.
+//! - [`device`]: the thread's current device (`aclrtSetDevice`), default streams, and the
+//!   synchronisation of all of a device's streams.
 //! - [`handle`]: descriptors and executors are live-handle registries: use after destroy and a
 //!   second launch of a one-shot executor are errors.
 //! - [`hccl`]: collectives between ranks in separate processes over loopback TCP, queued on
 //!   streams, with dead or hung peers an error within `HCCL_EXEC_TIMEOUT`, never a hang.
+//!
+//! Layering, lowest first (a file imports only from files below it): [`error`], [`handle`],
+//! [`mem`]; [`stream`] (the workers and the registry of created streams); [`device`] (the
+//! current device, default streams, a device's synchronise); then the exports: [`acl`],
+//! [`nnopbase`], [`hccl`]; then [`ops`], over the descriptors.
 
 pub mod acl;
 pub mod device;

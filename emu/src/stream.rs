@@ -16,15 +16,6 @@ use std::time::{Duration, Instant};
 pub static STREAMS: Registry<Stream> =
     Registry::new("aclrtStream", cannon_sys::acl::ACL_ERROR_RT_PARAM_INVALID);
 
-/// The stream an `aclrtStream` argument names: a created one, or for null the current
-/// device's default stream.
-pub fn lookup(handle: usize) -> EmuResult<Arc<Stream>> {
-    if handle == 0 {
-        return crate::device::default_stream(crate::device::current()?);
-    }
-    STREAMS.get(handle)
-}
-
 /// A unit of queued work.
 pub type Job = Box<dyn FnOnce() -> EmuResult<()> + Send>;
 

@@ -42,6 +42,7 @@
 
 mod cache;
 mod host;
+pub(crate) mod raw;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -50,6 +51,8 @@ use cache::{Cached, Fence};
 use host::HostMemory;
 pub use host::HUGE_BLOCK;
 use parking_lot::Mutex;
+pub(crate) use raw::RawMemory;
+pub use raw::BLOCK_ALIGN;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -71,10 +74,6 @@ pub const HOST_RESERVE_SLACK: usize = 8;
 /// blocks cannot be split (a 1/8 slack let a 0.86 B model's rank reserve 10 % above its
 /// allocation peak and its plan).
 pub const DEVICE_RESERVE_SLACK: usize = 16;
-/// Every block starts at a multiple of this many bytes: AVX-512 loads on the host, and the
-/// 64-byte alignment `aclrtMemcpyAsync` requires on the NPU.
-pub const BLOCK_ALIGN: usize = 64;
-
 /// Memory figures of one allocator, in bytes (counts where named).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {
@@ -95,23 +94,6 @@ pub fn round_size(bytes: usize) -> usize {
     // Saturates instead of wrapping: a request near usize::MAX then fails as too large for
     // the device or host, not as a tiny block.
     bytes.div_ceil(BLOCK_ROUND).saturating_mul(BLOCK_ROUND)
-}
-
-/// Where raw blocks come from: host memory here, device memory from the backend modules
-/// (`crate::npu`), which implement this trait; the dependency points from them to here.
-pub(crate) trait RawMemory: Send + Sync {
-    /// A new zero-initialised block of `bytes` (a multiple of BLOCK_ROUND) aligned to
-    /// BLOCK_ALIGN, or `None` when the device is out of memory.
-    fn raw_alloc(&self, bytes: usize) -> Result<Option<*mut u8>>;
-    /// # Safety
-    /// `ptr` came from `raw_alloc(bytes)` on this object and is not used afterwards.
-    unsafe fn raw_free(&self, ptr: *mut u8, bytes: usize) -> Result<()>;
-    /// Makes a block just returned by `raw_alloc(bytes)` (not yet handed out) resident and
-    /// holding zeros, and says whether it did; when it did, a caller that wants zeros need
-    /// not write them. Memory that cannot do this cheaply says no (the default).
-    fn prefault_zeroed(&self, _ptr: *mut u8, _bytes: usize) -> bool {
-        false
-    }
 }
 
 /// One block handed out by the allocator. Owned by exactly one buffer.

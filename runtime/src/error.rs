@@ -65,7 +65,7 @@ pub enum Error {
     NotRecorded { what: &'static str },
     /// A collective failed (timeout, a peer gone, mismatched calls, HCCL status).
     #[error(transparent)]
-    Comm(#[from] crate::comm::CommError),
+    Comm(#[from] crate::comm::error::CommError),
     /// The host refused to map or unmap memory for the CPU allocator.
     #[error("{call} of {bytes} bytes of host memory failed: {source}")]
     HostMemory {

@@ -13,13 +13,27 @@
 //! - Backends: [`Stream`], [`Event`] and [`comm::Communicator`] each hold an enum with one
 //!   variant per compiled backend (CPU; NPU with the feature), never optional NPU fields.
 //!   The `npu` module is the FFI edge (every AscendCL call and its `unsafe`); it depends on
-//!   the allocator's `RawMemory` trait, never the other way round, and [`Device::allocator`]
-//!   wires each device's memory into its [`CachingAllocator`].
+//!   the allocator's `RawMemory` trait (a leaf), never on the allocator, and
+//!   [`Device::allocator`] wires each device's memory into its [`CachingAllocator`].
 //! - Collectives: [`comm::Communicator`] takes buffer views and a stream on every backend
 //!   (in-process CPU ranks borrow the host slices; HCCL enqueues on the stream), so FSDP and
 //!   context parallelism are written once.
 //! - The meta device ([`Device::Meta`]): buffers with sizes and no storage, counted by the
 //!   same caching allocator, so a step run on it measures a layout's memory at any size.
+//!
+//! Layering (a module imports only from the ones before it):
+//! 1. [`dtype`], [`device`] (the [`Device`] value alone), [`host_count`], [`rng`];
+//! 2. the error types: `comm::types` ([`comm::ReduceOp`]), `comm::error`
+//!    ([`comm::CommError`]), then [`error`] ([`Error`] wraps `CommError`);
+//! 3. `alloc::raw` (the `RawMemory` trait the backends implement), then `npu` (`result`,
+//!    `context`, then its streams, memory, pinned buffers and copies);
+//! 4. [`stream`] (over `npu`'s streams), [`meta`], then [`alloc`] with its host memory and
+//!    cache;
+//! 5. `device::backends`: [`Device::allocator`] and [`Device::npu_count`], where the
+//!    allocator meets each backend's memory;
+//! 6. [`buffer`] (over the allocator, streams and `npu`'s copies);
+//! 7. [`comm`]: the backends (`cpu`, `solo`, `hccl`, the store and rendezvous), then
+//!    [`comm::Communicator`] over them.
 
 pub mod alloc;
 pub mod buffer;

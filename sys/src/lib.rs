@@ -11,6 +11,10 @@
 //! - [`emulator`]: `CANNON_CANN_EMULATOR` (every library from the host emulation of CANN,
 //!   only when asked) and the test harness that selects the built emulator.
 //!
+//! Layering, lowest first: `error`, `codes`; `emulator::choice` (which CANN this process
+//! loads); [`loader`]; the generated bindings, `probe` and the rest of
+//! [`emulator`] (test selection), which open libraries through the loader.
+//!
 //! Nothing here links against CANN: a missing library or symbol is an [`Error`], never a panic
 //! or a link failure.
 

@@ -110,7 +110,7 @@ pub extern "C" fn aclrtResetDevice(deviceId: i32) -> aclError {
         st.refs -= 1;
         if st.refs == 0 {
             // The default context goes with the last reset; queued work finishes first.
-            super::streams::synchronize_device(d);
+            device::synchronize_device(d);
             let _ = CONTEXTS.remove(st.default_context);
             st.default_context = 0;
         }
@@ -147,7 +147,7 @@ pub unsafe extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> aclError {
 pub extern "C" fn aclrtSynchronizeDevice() -> aclError {
     guard_init("aclrtSynchronizeDevice", || {
         let d = current_device()?;
-        super::streams::synchronize_device_checked(d)
+        device::synchronize_device_checked(d)
     })
 }
 
@@ -261,7 +261,7 @@ mod tests {
             assert_eq!(unsafe { aclrtGetDevice(&mut d) }, ACL_ERROR_RT_CONTEXT_NULL);
             assert!(crate::device::current().is_err(), "device view not cleared");
             assert!(
-                crate::stream::lookup(0).is_err(),
+                crate::device::lookup(0).is_err(),
                 "a null stream still resolved to the reset device's default stream"
             );
             // Binding again works, and the last reset releases the device.

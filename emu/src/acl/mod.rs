@@ -159,7 +159,7 @@ pub extern "C" fn aclFinalize() -> aclError {
             )),
             Life::Initialised => {
                 // Work still queued finishes first, as CANN's finalize waits for devices.
-                streams::synchronize_everything();
+                crate::device::synchronize_everything();
                 *life = Life::Finalised;
                 Ok(())
             }

@@ -29,32 +29,6 @@ pub fn resolve_stream(stream: aclrtStream) -> EmuResult<Arc<Stream>> {
     STREAMS.get(stream as usize)
 }
 
-/// Synchronises every stream of device `d`, ignoring their errors (reset / finalize).
-pub fn synchronize_device(d: u32) {
-    let _ = synchronize_device_checked(d);
-}
-
-/// Synchronises every stream of device `d` (default stream included); the first error wins.
-pub fn synchronize_device_checked(d: u32) -> EmuResult<()> {
-    let mut first = None;
-    let mut all: Vec<Arc<Stream>> = STREAMS.values();
-    all.retain(|s| s.device == d);
-    all.push(crate::device::default_stream(d)?);
-    for s in all {
-        if let Err(e) = s.synchronize(None) {
-            first.get_or_insert(e);
-        }
-    }
-    first.map_or(Ok(()), Err)
-}
-
-/// Drains every stream of every device (aclFinalize).
-pub fn synchronize_everything() {
-    for d in 0..crate::mem::device_count() {
-        synchronize_device(d);
-    }
-}
-
 /// # Safety
 /// `stream` is null or valid for a write.
 #[no_mangle]

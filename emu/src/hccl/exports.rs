@@ -1,10 +1,10 @@
 //! The exported `Hccl*` symbols: argument checks, then the call queued on its stream.
 #![allow(non_snake_case)]
 
+use super::boundary::{edge, host_ptr, non_null, perr, COMMS};
 use super::comm::{Comm, Op, Work};
 use super::dtype::DType;
 use super::transport::{self, Meta, RootInfo, Timeouts, ROOT_INFO_BYTES};
-use super::{edge, host_ptr, non_null, perr, COMMS};
 use crate::error::EmuResult;
 use crate::stream::{Stream, STREAMS};
 use cannon_sys::acl::aclrtStream;

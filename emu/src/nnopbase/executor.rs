@@ -12,7 +12,7 @@
 
 #![allow(non_snake_case)]
 
-use super::ffi_status;
+use super::boundary::ffi_status;
 use super::tensor::{PARAM_INVALID, PARAM_NULLPTR};
 use crate::error::{EmuError, EmuResult};
 use cannon_sys::aclnn::{aclOpExecutor, aclnnStatus, aclrtStream};
@@ -146,7 +146,7 @@ pub unsafe fn phase2(
                 drop(g);
                 return Err(EXECUTORS.missing(h));
             };
-            let s = crate::stream::lookup(stream as usize)?;
+            let s = crate::device::lookup(stream as usize)?;
             (
                 s,
                 e.plan.workspace,

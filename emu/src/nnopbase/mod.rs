@@ -5,23 +5,25 @@
 //! object, so a destroyed or foreign handle is `ACLNN_ERR_PARAM_INVALID` with a message, and
 //! tests can count live descriptors (a leak is visible). Creation functions return null on
 //! bad input, as CANN's do, and leave the reason behind `aclGetRecentErrMsg`.
+//!
+//! Files, lowest first: `boundary` (the C boundary every export runs through), [`tensor`],
+//! [`access`], [`executor`]; the descriptor exports of this file sit above them.
 
 // The exported functions keep the C headers' parameter names (camelCase).
 #![allow(non_snake_case)]
 
 pub mod access;
+mod boundary;
 pub mod executor;
 pub mod tensor;
 
-use crate::error::{record, EmuError, EmuResult};
+use crate::error::{EmuError, EmuResult};
 use crate::handle::Registry;
+pub use boundary::{ffi_handle, ffi_status, INNER};
 use cannon_sys::aclnn::*;
 use std::ffi::c_void;
 use std::sync::Arc;
 pub use tensor::{TensorDesc, PARAM_INVALID, PARAM_NULLPTR};
-
-/// ACLNN_ERR_INNER: what a panic inside the emulator becomes at the C boundary.
-pub const INNER: i32 = 561000;
 
 /// A host scalar, copied at creation (torch_npu passes stack locals).
 #[derive(Debug, Clone)]
@@ -49,40 +51,6 @@ pub fn live_objects() -> usize {
         + TENSOR_LISTS.len()
         + SCALAR_LISTS.len()
         + executor::EXECUTORS.len()
-}
-
-/// Runs an exported function's body: its error is recorded for `aclGetRecentErrMsg` and its
-/// code returned; a panic never crosses the C boundary (it becomes ACLNN_ERR_INNER).
-pub fn ffi_status(function: &str, f: impl FnOnce() -> EmuResult<()>) -> i32 {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(())) => 0,
-        Ok(Err(e)) => record(function, e),
-        Err(p) => record(function, EmuError::new(INNER, panic_text(&p))),
-    }
-}
-
-/// As [`ffi_status`] for the creation functions: the handle, or null with the error recorded.
-pub fn ffi_handle<T>(function: &str, f: impl FnOnce() -> EmuResult<usize>) -> *mut T {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(h)) => h as *mut T,
-        Ok(Err(e)) => {
-            record(function, e);
-            std::ptr::null_mut()
-        }
-        Err(p) => {
-            record(function, EmuError::new(INNER, panic_text(&p)));
-            std::ptr::null_mut()
-        }
-    }
-}
-
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    let what = p
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into());
-    format!("internal error in the emulator (panic): {what}")
 }
 
 /// `n` values at `p` copied out; null is an error unless `n == 0`.

@@ -103,7 +103,7 @@ pub(crate) fn launch(
     // SAFETY: a live executor and workspace; null stream = the default stream.
     let st = unsafe { phase2(w as *mut c_void, ws, ex, std::ptr::null_mut()) };
     assert_eq!(st, 0, "{:?}", crate::error::take_recent());
-    let s = crate::stream::lookup(0).unwrap();
+    let s = crate::device::lookup(0).unwrap();
     let r = s.synchronize(None).map(|_| ());
     if w != 0 {
         crate::mem::free(w).unwrap();

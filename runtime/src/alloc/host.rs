@@ -14,7 +14,7 @@
 //! the global allocator counts its own, so the per-thread figures do not depend on where a
 //! block came from.
 
-use super::{RawMemory, BLOCK_ALIGN};
+use super::raw::{RawMemory, BLOCK_ALIGN};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 

@@ -144,3 +144,20 @@ impl From<cannon_sys::Error> for CommError {
 }
 
 pub type CommResult<T> = std::result::Result<T, CommError>;
+
+// Here rather than beside `ReduceOp` (types.rs): the error names the op, so the op's file stays
+// below this one.
+impl ReduceOp {
+    /// Rejects combinations that have no meaning, before any rank touches a buffer.
+    pub fn check(self, op: &'static str, dtype: DType) -> Result<(), CommError> {
+        if self == ReduceOp::Avg && !dtype.is_float() {
+            return Err(CommError::UnsupportedReduce {
+                op,
+                reduce_op: self,
+                dtype,
+                detail: "an integer average would truncate; reduce with Sum and divide",
+            });
+        }
+        Ok(())
+    }
+}

@@ -48,7 +48,9 @@
 //! ```
 
 mod cpu;
-mod error;
+// pub(crate): crate::error names CommError through here, not through this file, which sits
+// above buffers and streams.
+pub(crate) mod error;
 #[cfg(feature = "npu")]
 mod hccl;
 pub mod rendezvous;
@@ -58,7 +60,7 @@ mod types;
 
 use std::time::Duration;
 
-pub use cpu::{even_counts, CpuWorld};
+pub use cpu::even_counts;
 pub use error::{CommError, CommResult};
 pub use types::ReduceOp;
 
@@ -117,6 +119,33 @@ impl From<hccl::HcclCommunicator> for Communicator {
             inner: Inner::Hccl(c),
             calls: std::cell::Cell::new(0),
         }
+    }
+}
+
+// Here, not in cpu/: a world is its `Communicator`s, and cpu/ sits below this file.
+/// Creates the communicators of an in-process world.
+pub struct CpuWorld;
+
+impl CpuWorld {
+    /// One communicator per rank (index = rank), each to be moved into its own thread.
+    /// `timeout` bounds every wait for peers; change it per communicator with
+    /// [`Communicator::set_timeout`](Communicator::set_timeout) or per call with
+    /// [`Communicator::with_timeout`](Communicator::with_timeout).
+    // `CpuWorld` is only a namespace: what a world is, to the caller, is its communicators.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new(world_size: usize, timeout: Duration) -> CommResult<Vec<Communicator>> {
+        Self::on(Device::Cpu, world_size, timeout)
+    }
+
+    /// One communicator per meta rank (see the module docs): the rounds of [`Self::new`]
+    /// over buffers of the meta device, which check every call and move nothing.
+    pub fn meta(world_size: usize, timeout: Duration) -> CommResult<Vec<Communicator>> {
+        Self::on(Device::Meta, world_size, timeout)
+    }
+
+    fn on(device: Device, world_size: usize, timeout: Duration) -> CommResult<Vec<Communicator>> {
+        let ranks = cpu::world(device, world_size, timeout)?;
+        Ok(ranks.into_iter().map(Communicator::from).collect())
     }
 }
 

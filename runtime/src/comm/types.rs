@@ -7,10 +7,10 @@
 
 use half::bf16;
 
-use super::error::CommError;
-use crate::dtype::DType;
-
 /// Reduce operations. `Avg` is the sum divided by the group size (float types only).
+///
+/// A leaf of `comm`: [`CommError`](super::CommError) names a reduce op, so the check that
+/// refuses one for a dtype, [`ReduceOp::check`], is defined beside the error (error.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
     Sum,
@@ -20,19 +20,6 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
-    /// Rejects combinations that have no meaning, before any rank touches a buffer.
-    pub fn check(self, op: &'static str, dtype: DType) -> Result<(), CommError> {
-        if self == ReduceOp::Avg && !dtype.is_float() {
-            return Err(CommError::UnsupportedReduce {
-                op,
-                reduce_op: self,
-                dtype,
-                detail: "an integer average would truncate; reduce with Sum and divide",
-            });
-        }
-        Ok(())
-    }
-
     /// The `HcclReduceOp` enum value (SUM=0, MAX=2, MIN=3); `Avg` has none.
     pub fn hccl_code(self) -> Option<u32> {
         match self {

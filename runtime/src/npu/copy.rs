@@ -8,7 +8,7 @@
 use super::result::{
     self, ACL_MEMCPY_DEVICE_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE,
 };
-use super::NpuStream;
+use super::stream::NpuStream;
 use crate::error::Result;
 use std::ffi::c_void;
 

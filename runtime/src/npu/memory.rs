@@ -1,7 +1,7 @@
 //! Raw device memory for the caching allocator.
 
 use super::result;
-use crate::alloc::RawMemory;
+use crate::alloc::raw::RawMemory;
 use crate::error::Result;
 
 /// `aclrtMalloc`/`aclrtFree` on one NPU.
@@ -11,7 +11,7 @@ pub(crate) struct AclMemory {
 
 impl RawMemory for AclMemory {
     fn raw_alloc(&self, bytes: usize) -> Result<Option<*mut u8>> {
-        super::bind(self.ordinal)?;
+        super::context::bind(self.ordinal)?;
         // SAFETY: the device is bound on this thread.
         let Some(p) = (unsafe { result::malloc(bytes) })? else {
             return Ok(None);
@@ -27,7 +27,7 @@ impl RawMemory for AclMemory {
     }
 
     unsafe fn raw_free(&self, ptr: *mut u8, _bytes: usize) -> Result<()> {
-        super::bind(self.ordinal)?;
+        super::context::bind(self.ordinal)?;
         // SAFETY: the caller guarantees ptr came from raw_alloc on this device.
         unsafe { result::free(ptr as *mut std::ffi::c_void) }
     }

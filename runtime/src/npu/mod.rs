@@ -4,96 +4,30 @@
 //! cudarc's layering: [`result`] turns every `aclError` into a typed [`crate::Error`] (still
 //! `unsafe`, one function per C call we use); the safe types ([`NpuStream`], [`NpuEvent`], the
 //! allocator's raw memory `AclMemory`, handed out by `raw_memory`) own their handles and release them on drop,
-//! recording failures instead of panicking. Nothing here can run without CANN; it compiles
+//! recording failures instead of panicking. Within the module, lowest first: `result`;
+//! `context` (aclInit, the thread's device binding); `stream` and `memory`; `pinned` and
+//! `copy`; this file only re-exports and hands out the raw memory. Nothing here can run without CANN; it compiles
 //! everywhere, and `tests/npu_emulator.rs` runs it against the host emulation of CANN
 //! (`cannon-cann-emu`, selected through `cannon_sys::emulator`).
 
+mod context;
 pub(crate) mod copy;
 mod memory;
 pub(crate) mod pinned;
 pub mod result;
 mod stream;
 
+pub(crate) use context::bind;
+pub use context::{device_count, init};
 pub use pinned::PinnedHostBuffer;
 pub use stream::{NpuEvent, NpuStream};
 
-use crate::alloc::RawMemory;
+use crate::alloc::raw::RawMemory;
 use crate::error::Result;
-use std::cell::Cell;
-use std::sync::OnceLock;
-
-/// Initialises AscendCL once per process (`aclInit(NULL)`); later calls return the first
-/// outcome.
-pub fn init() -> Result<()> {
-    /// The first outcome, kept so later callers get the same typed error (a missing library
-    /// stays `Error::Sys`, a failed aclInit stays `Error::Acl` with its code and message).
-    #[derive(Clone)]
-    enum Failed {
-        Sys(cannon_sys::Error),
-        Acl(i32, &'static str, String),
-        Other(String),
-    }
-    static INIT: OnceLock<std::result::Result<(), Failed>> = OnceLock::new();
-    let first = INIT.get_or_init(|| {
-        // SAFETY: aclInit with a null config path is the documented default initialisation;
-        // OnceLock runs it at most once per process.
-        unsafe { result::init() }.map_err(|e| match e {
-            crate::Error::Sys(s) => Failed::Sys(s),
-            crate::Error::Acl {
-                code,
-                name,
-                message,
-                ..
-            } => Failed::Acl(code, name, message),
-            other => Failed::Other(other.to_string()),
-        })
-    });
-    match first.clone() {
-        Ok(()) => Ok(()),
-        Err(Failed::Sys(s)) => Err(crate::Error::Sys(s)),
-        Err(Failed::Acl(code, name, message)) => Err(crate::Error::Acl {
-            call: "aclInit",
-            code,
-            name,
-            message,
-        }),
-        Err(Failed::Other(message)) => Err(crate::Error::Acl {
-            call: "aclInit",
-            code: -1,
-            name: "init failed",
-            message,
-        }),
-    }
-}
-
-/// Number of NPUs visible to this process.
-pub fn device_count() -> Result<usize> {
-    init()?;
-    // SAFETY: plain query after aclInit.
-    Ok(unsafe { result::device_count() }? as usize)
-}
-
-thread_local! {
-    /// The device this thread last bound with `aclrtSetDevice` (contexts are per thread).
-    static BOUND: Cell<Option<u32>> = const { Cell::new(None) };
-}
-
-/// Makes `ordinal` the current device of the calling thread (AscendCL's current context is
-/// thread-local, so every entry point binds before touching device state).
-pub(crate) fn bind(ordinal: u32) -> Result<()> {
-    if BOUND.with(|b| b.get()) == Some(ordinal) {
-        return Ok(());
-    }
-    init()?;
-    // SAFETY: aclrtSetDevice on an ordinal; an invalid ordinal is reported as an error code.
-    unsafe { result::set_device(ordinal) }?;
-    BOUND.with(|b| b.set(Some(ordinal)));
-    Ok(())
-}
 
 /// The raw memory of NPU `ordinal` for a caching allocator (the device module builds the
 /// process-wide allocator from it; this module does not know the allocator).
 pub(crate) fn raw_memory(ordinal: u32) -> Result<Box<dyn RawMemory>> {
-    bind(ordinal)?;
+    context::bind(ordinal)?;
     Ok(Box::new(memory::AclMemory { ordinal }))
 }

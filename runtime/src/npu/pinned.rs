@@ -9,7 +9,7 @@
 //! writes (or frees) bytes the stream has not read yet.
 
 use super::result::{self, check};
-use super::{NpuEvent, NpuStream};
+use super::stream::{NpuEvent, NpuStream};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use cannon_sys::acl;
@@ -51,7 +51,7 @@ impl<T: Element> PinnedHostBuffer<T> {
     /// `len` zeros in pinned memory (AscendCL binds it to the process; `ordinal` is the device
     /// whose context allocates it and whose streams copy it).
     pub fn new(ordinal: u32, len: usize) -> Result<Self> {
-        super::bind(ordinal)?;
+        super::context::bind(ordinal)?;
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or(Error::SizeOverflow {
@@ -160,7 +160,7 @@ impl<T: Element> Drop for PinnedHostBuffer<T> {
         // A queued copy still reads or writes the block: wait before freeing it. Errors
         // cannot leave Drop; a failed wait or free leaks the block rather than risk a use
         // after free.
-        if self.synchronize().is_err() || super::bind(self.ordinal).is_err() {
+        if self.synchronize().is_err() || super::context::bind(self.ordinal).is_err() {
             return;
         }
         // SAFETY: ptr came from aclrtMallocHost and no copy is in flight.

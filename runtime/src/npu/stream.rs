@@ -18,7 +18,7 @@ unsafe impl Sync for NpuStream {}
 
 impl NpuStream {
     pub fn new(ordinal: u32) -> Result<Self> {
-        super::bind(ordinal)?;
+        super::context::bind(ordinal)?;
         let mut raw: acl::aclrtStream = std::ptr::null_mut();
         // SAFETY: raw is a valid out-pointer; the device is bound.
         check("aclrtCreateStream", unsafe {
@@ -37,7 +37,7 @@ impl NpuStream {
     }
 
     pub fn synchronize(&self) -> Result<()> {
-        super::bind(self.ordinal)?;
+        super::context::bind(self.ordinal)?;
         // SAFETY: raw is a live stream.
         check("aclrtSynchronizeStream", unsafe {
             acl::aclrtSynchronizeStream(self.raw)
@@ -45,7 +45,7 @@ impl NpuStream {
     }
 
     pub fn wait(&self, event: &NpuEvent) -> Result<()> {
-        super::bind(self.ordinal)?;
+        super::context::bind(self.ordinal)?;
         // SAFETY: both handles are live.
         check("aclrtStreamWaitEvent", unsafe {
             acl::aclrtStreamWaitEvent(self.raw, event.raw)
@@ -58,7 +58,7 @@ impl Drop for NpuStream {
         // Errors cannot leave Drop; a failed destroy leaks one handle, which the device
         // reclaims at reset. CANN wants a stream's tasks finished before it is destroyed
         // (acl_rt.h, aclrtDestroyStream), so drain it first.
-        if super::bind(self.ordinal).is_ok() {
+        if super::context::bind(self.ordinal).is_ok() {
             // SAFETY: raw is live and not used after this.
             unsafe {
                 let _ = acl::aclrtSynchronizeStream(self.raw);
@@ -81,7 +81,7 @@ unsafe impl Sync for NpuEvent {}
 
 impl NpuEvent {
     pub fn new(ordinal: u32) -> Result<Self> {
-        super::bind(ordinal)?;
+        super::context::bind(ordinal)?;
         let mut raw: acl::aclrtEvent = std::ptr::null_mut();
         let flag = result::ACL_EVENT_TIME_LINE | result::ACL_EVENT_SYNC;
         // SAFETY: raw is a valid out-pointer; the flag values come from acl_rt.h.
@@ -96,7 +96,7 @@ impl NpuEvent {
     }
 
     pub fn record(&self, stream: &NpuStream) -> Result<()> {
-        super::bind(self.ordinal)?;
+        super::context::bind(self.ordinal)?;
         // SAFETY: both handles are live.
         check("aclrtRecordEvent", unsafe {
             acl::aclrtRecordEvent(self.raw, stream.raw)
@@ -104,7 +104,7 @@ impl NpuEvent {
     }
 
     pub fn synchronize(&self) -> Result<()> {
-        super::bind(self.ordinal)?;
+        super::context::bind(self.ordinal)?;
         // SAFETY: raw is live.
         check("aclrtSynchronizeEvent", unsafe {
             acl::aclrtSynchronizeEvent(self.raw)
@@ -113,7 +113,7 @@ impl NpuEvent {
 
     /// Whether the recorded work has finished (`aclrtQueryEventStatus`; never blocks).
     pub fn query(&self) -> Result<bool> {
-        super::bind(self.ordinal)?;
+        super::context::bind(self.ordinal)?;
         let mut status: acl::aclrtEventRecordedStatus = acl::ACL_EVENT_RECORDED_STATUS_NOT_READY;
         // SAFETY: status is a valid out-pointer; raw is live.
         check("aclrtQueryEventStatus", unsafe {
@@ -123,7 +123,7 @@ impl NpuEvent {
     }
 
     pub fn elapsed_ms(&self, end: &NpuEvent) -> Result<f32> {
-        super::bind(self.ordinal)?;
+        super::context::bind(self.ordinal)?;
         let mut ms = 0f32;
         // SAFETY: ms is a valid out-pointer; both events are live.
         check("aclrtEventElapsedTime", unsafe {
@@ -135,7 +135,7 @@ impl NpuEvent {
 
 impl Drop for NpuEvent {
     fn drop(&mut self) {
-        if super::bind(self.ordinal).is_ok() {
+        if super::context::bind(self.ordinal).is_ok() {
             // SAFETY: raw is live and not used after this.
             let _ = unsafe { acl::aclrtDestroyEvent(self.raw) };
         }

@@ -350,7 +350,11 @@ pub fn open_emulator(lib: Lib, path: &Path) -> Result<Library, Error> {
         }),
         Attempt::Absent => Err(Error::LibraryNotFound {
             library: lib.name().to_owned(),
-            searched: vec![format!("{} ({})", path.display(), crate::emulator::ENV)],
+            searched: vec![format!(
+                "{} ({})",
+                path.display(),
+                crate::emulator::choice::ENV
+            )],
         }),
         Attempt::Refused { path, reason } => Err(Error::LibraryLoadFailed {
             library: lib.name().to_owned(),
@@ -371,7 +375,7 @@ pub fn library(lib: Lib) -> Result<&'static Library, Error> {
         OnceLock::new(),
     ];
     CACHE[lib.index()]
-        .get_or_init(|| match crate::emulator::selected() {
+        .get_or_init(|| match crate::emulator::choice::selected() {
             Some(path) => open_emulator(lib, path),
             None => open_uncached(lib, &SearchDirs::from_env()),
         })

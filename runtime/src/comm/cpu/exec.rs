@@ -26,55 +26,16 @@ use std::ops::Range;
 use half::bf16;
 
 use super::super::types::{Reduce, ReduceOp};
+use super::bufs::RawBufs;
 use super::desc::OpKind;
 use super::group::{Group, Round};
 use crate::dtype::{DType, Element};
-
-/// The buffers a rank exposes to its peers for one round.
-#[derive(Clone, Copy)]
-pub(super) struct RawBufs {
-    send: *const u8,
-    recv: *mut u8,
-}
 
 // SAFETY: the pointers are only dereferenced under the round protocol of this module's doc,
 // which guarantees that the pointee is alive and that the accesses do not race.
 unsafe impl Send for RawBufs {}
 // SAFETY: as above; sharing the address itself is harmless.
 unsafe impl Sync for RawBufs {}
-
-impl RawBufs {
-    pub(super) fn new<T>(send: &[T], recv: &mut [T]) -> Self {
-        RawBufs {
-            send: send.as_ptr().cast(),
-            recv: recv.as_mut_ptr().cast(),
-        }
-    }
-
-    /// One buffer that is both read and written (in-place all_reduce, broadcast).
-    pub(super) fn in_place<T>(buf: &mut [T]) -> Self {
-        let p = buf.as_mut_ptr();
-        RawBufs {
-            send: p.cast_const().cast(),
-            recv: p.cast(),
-        }
-    }
-
-    pub(super) fn none() -> Self {
-        RawBufs {
-            send: std::ptr::null(),
-            recv: std::ptr::null_mut(),
-        }
-    }
-
-    fn send<T>(&self) -> *const T {
-        self.send.cast()
-    }
-
-    fn recv<T>(&self) -> *mut T {
-        self.recv.cast()
-    }
-}
 
 /// Elements per reduction block: the accumulator lives on the stack (8 KiB for f64).
 const BLOCK: usize = 1024;

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::super::error::CommError;
+use super::bufs::RawBufs;
 use super::desc::{check_match, OpDesc, OpKind};
-use super::exec::RawBufs;
 use crate::dtype::DType;
 
 /// One rank's posted call.
