@@ -43,11 +43,9 @@ pub struct AttnDims {
 #[derive(Clone, Copy, Debug)]
 pub enum SeqAttention<'a> {
     /// Every token is on this rank: sequences end at `cu_seqlens` (cumulative, no leading 0:
-    /// images in the vision tower, packed sequences in the decoder) over `tokens` tokens.
-    Local {
-        cu_seqlens: &'a [usize],
-        tokens: usize,
-    },
+    /// images in the vision tower, packed sequences in the decoder; the last end is the
+    /// token count).
+    Local { cu_seqlens: &'a [usize] },
     /// This rank holds a shard of the tokens and exchanges them with its CP group.
     Group(CpCtx<'a>),
 }
@@ -86,9 +84,9 @@ impl SeqAttention<'_> {
         qkv: (&Tensor<f32>, &Tensor<f32>, &Tensor<f32>),
         s: AttnSaved<'_, A>,
     ) -> Result<()> {
-        let (cu_seqlens, tokens) = match *self {
+        let cu_seqlens = match *self {
             SeqAttention::Group(cx) => return group_forward(cx, dims, qkv, s),
-            SeqAttention::Local { cu_seqlens, tokens } => (cu_seqlens, tokens),
+            SeqAttention::Local { cu_seqlens } => cu_seqlens,
         };
         let (q, k, v) = qkv;
         ops::cast(st, &q.view(), &mut s.q.view_mut())?;
@@ -100,6 +98,7 @@ impl SeqAttention<'_> {
             k: &k,
             v: &v,
         };
+        let tokens = cu_seqlens.last().copied().unwrap_or(0);
         let a = varlen(cu_seqlens, tokens, dims.q_heads, dims.kv_heads, dims);
         let (mut att, mut lse) = (s.att.view_mut(), s.lse.view_mut());
         Ok(ops::attention_forward(st, &a, qkv, &mut att, &mut lse)?)
@@ -115,9 +114,9 @@ impl SeqAttention<'_> {
         datt: &BufferView<'_, A>,
         grads: QkvGradBuf<'_, '_, A>,
     ) -> Result<()> {
-        let (cu_seqlens, tokens) = match *self {
+        let cu_seqlens = match *self {
             SeqAttention::Group(cx) => return group_backward(cx, dims, s, datt, grads),
-            SeqAttention::Local { cu_seqlens, tokens } => (cu_seqlens, tokens),
+            SeqAttention::Local { cu_seqlens } => cu_seqlens,
         };
         let (q, k, v) = (s.q.view(), s.k.view(), s.v.view());
         let qkv = QkvBuf {
@@ -125,6 +124,7 @@ impl SeqAttention<'_> {
             k: &k,
             v: &v,
         };
+        let tokens = cu_seqlens.last().copied().unwrap_or(0);
         let a = varlen(cu_seqlens, tokens, dims.q_heads, dims.kv_heads, dims);
         let (att, lse) = (s.att.view(), s.lse.view());
         Ok(ops::attention_backward(

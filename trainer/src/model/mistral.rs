@@ -242,7 +242,7 @@ pub fn forward<'p, A: Act>(
             dims,
             rope: &rope,
             pos: &pos,
-            attention: seq_attention(exec, group.zip(cpl.as_ref()), &cu_seqlens, n),
+            attention: seq_attention(exec, group.zip(cpl.as_ref()), &cu_seqlens),
         };
         let mut acts = BlockActs::for_ctx(exec, &ctx, n)?;
         let mut out = exec.empty(&[n, d])?;
@@ -301,13 +301,12 @@ pub fn forward<'p, A: Act>(
     Ok((acts, head_w))
 }
 
-/// How the decoder's attention sees the sequence: the `tokens` here (sequences ending at
+/// How the decoder's attention sees the sequence: every token here (sequences ending at
 /// `cu_seqlens`), or across the CP group.
 fn seq_attention<'a>(
     exec: &'a Exec,
     cp: Option<(&'a CpGroup, &'a CpLayout)>,
     cu_seqlens: &'a [usize],
-    tokens: usize,
 ) -> SeqAttention<'a> {
     match cp {
         Some((group, layout)) => SeqAttention::Group(CpCtx {
@@ -315,7 +314,7 @@ fn seq_attention<'a>(
             group,
             layout,
         }),
-        None => SeqAttention::Local { cu_seqlens, tokens },
+        None => SeqAttention::Local { cu_seqlens },
     }
 }
 
@@ -399,7 +398,7 @@ pub fn backward<A: Act>(
             dims,
             rope: &a.rope,
             pos: &a.pos,
-            attention: seq_attention(exec, cp.zip(a.cp.as_ref()), &a.cu_seqlens, a.pos.len()),
+            attention: seq_attention(exec, cp.zip(a.cp.as_ref()), &a.cu_seqlens),
         };
         let saved = &a.layers[l];
         let mut held = match next.take() {

@@ -221,7 +221,6 @@ pub fn forward<A: Act>(
             pos: &pos,
             attention: SeqAttention::Local {
                 cu_seqlens: &grid.cu_seqlens,
-                tokens: n,
             },
         };
         let mut acts = BlockActs::new(exec, &dims, n)?;
@@ -305,7 +304,6 @@ pub fn backward<A: Act>(
             pos: &a.pos,
             attention: SeqAttention::Local {
                 cu_seqlens: &a.grid.cu_seqlens,
-                tokens: a.pos.len(),
             },
         };
         let g = layout.vision_layer(l);
