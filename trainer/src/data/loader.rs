@@ -233,12 +233,13 @@ impl Loader {
             } else {
                 self.padded_rows(&mut order)?
             };
-            let picked = rows.get(range.clone()).ok_or_else(|| {
-                DataError::Config(format!("rows {range:?} of a batch of {}", rows.len()))
-            })?;
-            // Where the picked samples start among the whole batch's.
-            let first = rows[..range.start].iter().map(Vec::len).sum::<usize>();
-            if let Some(samples) = self.make_samples(&rows, first, picked, &mut agree)? {
+            if rows.get(range.clone()).is_none() {
+                let n = rows.len();
+                return Err(DataError::Config(format!(
+                    "rows {range:?} of a batch of {n}"
+                )));
+            }
+            if let Some(samples) = self.make_samples(&rows, range.clone(), &mut agree)? {
                 break (order, rows, samples);
             }
         };
@@ -299,20 +300,21 @@ impl Loader {
         shape
     }
 
-    /// The samples of `picked` (the rows of `rows` whose samples start at `first` of the
-    /// whole batch's), in order (see [`load_each`]); None when some sample of the batch
+    /// The samples of rows `picked` of `rows` (a range inside it), in order (see
+    /// [`load_each`]); None when some sample of the batch
     /// failed to decode here or on another loader (see [`Loader::next_rows`]) and was marked
     /// skipped: the batch is to be made again without it. The first other error in row
     /// order is the error, and nothing is marked.
     fn make_samples(
         &mut self,
         rows: &[Vec<usize>],
-        first: usize,
-        picked: &[Vec<usize>],
+        picked: Range<usize>,
         agree: &mut impl FnMut(&mut [i64]) -> Result<()>,
     ) -> Result<Option<Vec<Sample>>> {
         let whole: Vec<usize> = rows.iter().flatten().copied().collect();
-        let index: Vec<usize> = picked.iter().flatten().copied().collect();
+        // Where the picked samples start among the whole batch's.
+        let first: usize = rows[..picked.start].iter().map(Vec::len).sum();
+        let index: Vec<usize> = rows[picked].iter().flatten().copied().collect();
         let prepared: Vec<&Prepared> = index.iter().map(|&i| &self.data.samples[i]).collect();
         let made = load_each(&prepared, &self.cfg.image);
         // flags[0]: a fatal error here; flags[1 + k]: sample k of the batch is skippable.
