@@ -2,9 +2,10 @@
 //! Ascend NPUs.
 //!
 //! One directory per op (as dfdx does): `mod.rs` holds the op's types, shapes and checks;
-//! `host.rs` its slice-level API (`<op>::host`, the functions over host slices); `cpu.rs` the
-//! CPU kernel (fast: threaded with rayon, vectorised, cache-blocked); `npu.rs` the op's aclnn
-//! body (one aclnn call or a documented composition of bound aclnn
+//! `host.rs` its slice-level API (`<op>::host`, the functions over host slices); `device.rs`
+//! its device-level entry points (`<op>::device`, over runtime buffers: the op's one dispatch
+//! point); `cpu.rs` the CPU kernel (fast: threaded with rayon, vectorised, cache-blocked);
+//! `npu.rs` the op's aclnn body (one aclnn call or a documented composition of bound aclnn
 //! ops; where the bindings lack the op, GELU, a typed `Unsupported` error naming it, and
 //! `NotCompiled` without `--features npu`; never a host fallback); `tests.rs` the checks
 //! against a naive float64 implementation written for clarity, plus finite differences on
@@ -13,12 +14,12 @@
 //! Two levels of API:
 //! - slice level, each op's `host` module (`rmsnorm::host::rmsnorm_forward(&mut [E], ...)`):
 //!   the CPU kernels on host memory;
-//! - device level, [`ops`] (`ops::rmsnorm_forward(&Stream, &mut BufferViewMut<E>, ...)`): the
-//!   same calls over runtime buffers. Every one passes the single backend boundary,
-//!   [`backend`]: it checks that each operand lives on the stream's device and runs the op's
-//!   method of the [`backend::Backend`] trait on the [`backend::Cpu`] backend (the slice-level
-//!   kernel on the buffers' host slices) or the [`backend::Npu`] one (the op's `npu.rs`). The
-//!   module docs of [`backend`] say why it is shaped like candle's `BackendStorage`.
+//! - device level, [`ops`] (`ops::rmsnorm_forward(&Stream, &mut BufferViewMut<E>, ...)`,
+//!   written in `rmsnorm/device.rs`): the same calls over runtime buffers. Each runs the op's
+//!   check, asks [`backend::select`] which backend runs it (every operand must live on the
+//!   stream's device) and matches once on the answer: the slice-level kernel on the buffers'
+//!   host slices on the CPU, the op's `npu.rs` on an NPU, nothing on the meta device. The
+//!   module docs of [`backend`] say why it is shaped like candle's `CustomOp`.
 //!
 //! One [`Precision`] (f32 or bf16 products) is taken by the GEMM-based ops (`gemm`, `linear`,
 //! `patch_embed`); the other ops are generic over the storage type (f32 or bf16).

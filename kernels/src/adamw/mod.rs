@@ -16,6 +16,7 @@
 //! rayon, each one vectorised loop. For a sharded optimizer call it on the local shard.
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]

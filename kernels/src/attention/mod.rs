@@ -64,6 +64,7 @@ mod block;
 mod bwd;
 mod cpu;
 mod fwd;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 pub(crate) use block::{

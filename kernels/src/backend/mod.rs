@@ -1,26 +1,24 @@
-//! The one backend boundary: every op on runtime buffers passes through here exactly once.
+//! Where an op on runtime buffers runs, and the aclnn helpers its NPU bodies share.
 //!
-//! The shape follows candle's `BackendStorage` / `Storage` split, cut down to what a kernels
-//! crate needs:
+//! This module holds no op. Each op's device-level entry points live in its own folder
+//! (`<op>/device.rs`, gathered by [`crate::ops`]), shaped like candle's `CustomOp`
+//! `cpu_fwd` / `cuda_fwd`: the op's check, then [`select`] once, then one exhaustive `match`
+//! over [`Selected`] whose arms are the op's CPU glue, its NPU body (`<op>/npu.rs`) and its
+//! meta value. A backend added to [`Selected`] fails to compile until every op has an arm
+//! for it, so no backend forgets an op.
 //!
-//! - [`Backend`] declares every op once, forward and backward, over runtime buffer views.
-//!   A backend that forgets an op does not compile, so the CPU and NPU paths cannot drift
-//!   apart silently. Its methods, their NPU implementation and the public entry points of
-//!   [`crate::ops`] are expanded from one list (`op_list.rs`), so an op's signature is
-//!   written there, in its CPU method and in its NPU body, nowhere else.
-//! - [`Cpu`] implements it by borrowing the buffers' host slices and calling the op's
-//!   slice-level kernel (the very code each op's tests check against float64); [`Npu`] by
-//!   calling the op's aclnn body in the op's own `npu.rs`. Neither holds code of an op: the
-//!   bodies stay in the op's folder.
 //! - [`select`] is the only place that decides where a call runs: every operand must live on
 //!   the stream's device (an operand elsewhere is an error, never a silent copy) and the
-//!   stream's device picks the backend. [`crate::ops`] holds the public entry points; each is
-//!   one `dispatch!` of its [`Backend`] method (its operands listed in the op list).
+//!   stream's device picks the backend ([`Selected::from`] a device, which a device-dependent
+//!   layout such as attention's saved statistics follows too).
+//! - [`OnDevice`] is what `select` asks of an operand: the devices of its buffers.
+//! - [`npu_pending`] / `npu_body!` give an NPU body the typed error of a build without
+//!   `--features npu`; `aclnn` (with that feature) wraps the aclnn calls the bodies make.
 //!
-//! Why a trait over an enum of buffers (candle's `Storage`): our buffers are already typed
-//! and device-tagged by the runtime, so what varies per backend is only the body of an op.
-//! Why not a trait object: the methods are generic over the element types (f32 / bf16), as
-//! the kernels are, so the dispatch is a two-arm `match` that the compiler monomorphises.
+//! Why an enum and not a trait with one method per op: our buffers are already typed and
+//! device-tagged by the runtime, so what varies per backend is only the body of an op, and
+//! an op's bodies read best side by side in its folder. The ops are generic over the element
+//! types (f32 / bf16), as the kernels are, so the `match` is monomorphised per call.
 //!
 //! Index-like inputs that the kernels validate before use (token ids, labels, RoPE positions,
 //! cu_seqlens) and the RoPE table are host slices: the host checks them (an id past the
@@ -28,27 +26,11 @@
 
 #[cfg(feature = "npu")]
 pub mod aclnn;
-mod cpu;
-mod meta;
-mod npu;
-mod op_list;
 
-use op_list::declare_backend;
-pub(crate) use op_list::{define_entry_points, for_each_op};
-
-use crate::adamw::AdamW;
-use crate::attention::{BlockAttention, QkvBuf, QkvGradBuf, VarlenAttention};
-use crate::cross_entropy::{CeStats, LmHeadGrads, LossNorm};
 use crate::error::{KernelError, Result};
-use crate::gemm::{Dims, Precision, Trans};
-use crate::index::TransposeDims;
-use crate::linear::{LinearDims, LinearGradBufs};
-use crate::patch_embed::{PatchEmbedGradBufs, PatchGeom};
-use crate::rope::RopeTable;
 use cannon_runtime::{BufferView, BufferViewMut, Device, Stream};
-use cannon_runtime::{Element, Float};
 
-/// The slice-level CPU kernels on host memory.
+/// The slice-level CPU kernels on host memory (each op's `device::on_cpu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cpu;
 
@@ -70,6 +52,19 @@ pub enum Selected {
     Cpu(Cpu),
     Npu(Npu),
     Meta(Meta),
+}
+
+/// The backend of a device, whatever the operands: what an op's device-dependent layout
+/// (attention's saved statistics) follows, and what [`select_on`] picks once the operands
+/// are checked.
+impl From<Device> for Selected {
+    fn from(device: Device) -> Self {
+        match device {
+            Device::Cpu => Selected::Cpu(Cpu),
+            Device::Npu(ordinal) => Selected::Npu(Npu { ordinal }),
+            Device::Meta => Selected::Meta(Meta),
+        }
+    }
 }
 
 /// Something whose memory lives on devices: a buffer view, an optional one, a group of
@@ -144,29 +139,8 @@ pub fn select_on(op: &'static str, stream: Device, operands: &[Device]) -> Resul
             },
         ));
     }
-    Ok(match stream {
-        Device::Cpu => Selected::Cpu(Cpu),
-        Device::Npu(ordinal) => Selected::Npu(Npu { ordinal }),
-        Device::Meta => Selected::Meta(Meta),
-    })
+    Ok(Selected::from(stream))
 }
-
-/// Runs `$call` on the backend [`select`] picks for `$op` on `$stream` given the operands.
-macro_rules! dispatch {
-    ($op:expr, $stream:expr, [$($arg:expr),* $(,)?], |$be:ident| $call:expr) => {{
-        let selected = $crate::backend::select(
-            $op,
-            $stream,
-            &[$(&$arg as &dyn $crate::backend::OnDevice),*],
-        )?;
-        match selected {
-            $crate::backend::Selected::Cpu($be) => $call,
-            $crate::backend::Selected::Npu($be) => $call,
-            $crate::backend::Selected::Meta($be) => $call,
-        }
-    }};
-}
-pub(crate) use dispatch;
 
 /// The error of an NPU body that cannot run: [`KernelError::NotCompiled`] when the crate
 /// is built without `npu` (no NPU path exists in this build), otherwise
@@ -201,5 +175,3 @@ macro_rules! npu_body {
     }};
 }
 pub(crate) use npu_body;
-
-op_list::for_each_op!(declare_backend);

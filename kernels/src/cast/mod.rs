@@ -14,6 +14,7 @@
 //! every computation done in f32 and one rounding on store.
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 pub(crate) mod simd;

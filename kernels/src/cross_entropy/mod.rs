@@ -27,6 +27,7 @@
 //!   Both paths sum the per-row losses in row order in f64, so they agree bit for bit.
 
 mod cpu;
+pub mod device;
 pub mod host;
 mod lm_head;
 pub(crate) mod npu;

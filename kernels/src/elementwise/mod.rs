@@ -13,6 +13,7 @@
 //! are the plain IEEE operations, bit for bit what a host loop `y += x` gives.
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub mod npu;
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //! [`KernelError::InvalidArgument`] naming the token, the id and the vocabulary size.
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]

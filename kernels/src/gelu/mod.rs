@@ -14,6 +14,7 @@
 //! gradient **accumulates** (`dx +=`).
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]

@@ -52,6 +52,7 @@
 //! matmul reaches 305-396 here).
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 // AVX-512 intrinsics are stable since 1.89, above the workspace rust-version.

@@ -16,6 +16,7 @@
 //! fixed order, so the norm is bit-reproducible whatever the thread count.
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]

@@ -21,6 +21,7 @@
 //! order.
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub mod npu;
 #[cfg(test)]

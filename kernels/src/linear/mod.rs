@@ -22,6 +22,7 @@
 //!   values in f32 (no bf16 rounding).
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 

@@ -17,6 +17,7 @@
 //! rounded in the product), f32 accumulation and f32 outputs and gradients.
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 

@@ -22,6 +22,7 @@
 //! thread counts.
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]

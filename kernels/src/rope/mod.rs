@@ -26,6 +26,7 @@
 //! bf16 tolerance).
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]

@@ -14,6 +14,7 @@
 //! The gradients **accumulate** (`+=`, llm.c's convention): zero them first if needed.
 
 mod cpu;
+pub mod device;
 pub mod host;
 pub(crate) mod npu;
 #[cfg(test)]

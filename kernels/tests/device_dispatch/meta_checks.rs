@@ -1,15 +1,14 @@
-//! Every op of the op list on the meta device: with the right operand lengths a call is `Ok`,
+//! Every op on the meta device: with the right operand lengths a call is `Ok`,
 //! with any one operand one element short it is the error the CPU gives (the entry point's
 //! `check`, the same rule the slice-level function applies), although the meta backend
 //! computes nothing. Each call also runs on CPU buffers through the entry point, and through
-//! the CPU backend directly, which skips the entry point's check: the slice-level function
+//! its CPU arm alone (`ops::on_cpu`), which skips the entry point's check: the slice-level function
 //! still refuses the wrong length by itself.
 
 use cannon_kernels::adamw::AdamW;
 use cannon_kernels::attention::{
     lse_per_head, BlockAttention, BlockPair, QkvBuf, QkvGradBuf, VarlenAttention,
 };
-use cannon_kernels::backend::{Backend, Cpu};
 use cannon_kernels::cross_entropy::{LmHeadGrads, LossNorm, IGNORE_INDEX};
 use cannon_kernels::gemm::{Dims, Trans};
 use cannon_kernels::index::TransposeDims;
@@ -26,7 +25,7 @@ use std::collections::BTreeSet;
 enum Via {
     /// `cannon_kernels::ops`: the entry's `check`, then the stream's backend.
     Entry,
-    /// The CPU backend's method: the slice-level function alone.
+    /// The entry point's CPU arm (`ops::on_cpu`): the slice-level function alone.
     CpuBackend,
 }
 
@@ -51,7 +50,7 @@ macro_rules! call {
         let c: &Call = $c;
         match c.via {
             Via::Entry => ops::$op(c.st, $($arg),*).map(drop),
-            Via::CpuBackend => Cpu.$op(c.st, $($arg),*).map(drop),
+            Via::CpuBackend => ops::on_cpu::$op($($arg),*).map(drop),
         }
     }};
 }
@@ -648,7 +647,7 @@ fn transpose(c: &Call) -> Result<(), KernelError> {
     call!(c, transpose(&mut out.view_mut(), &x.view(), d))
 }
 
-/// Every op of `kernels/src/backend/op_list.rs`.
+/// Every op with a backend `match` (`kernels/src/<op>/device.rs`).
 const CASES: &[Case] = &[
     Case {
         name: "adamw_step",
@@ -866,22 +865,41 @@ fn op_of(e: &KernelError) -> Option<&'static str> {
     }
 }
 
-/// The entries of the op list, read from its source.
+/// The ops with a backend `match`, read from the ops' sources: the functions of each
+/// `src/<op>/device.rs`'s `on_cpu` module (one per entry point with a CPU arm), each checked
+/// to have its entry point beside it.
 fn op_list_entries() -> BTreeSet<String> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/src/backend/op_list.rs");
-    let src = std::fs::read_to_string(path).unwrap();
-    src.lines()
-        .filter_map(|l| l.strip_prefix("            fn "))
-        .map(|l| l.split(['<', '(']).next().unwrap().to_string())
-        .collect()
+    let src_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+    let mut ops = BTreeSet::new();
+    for dir in std::fs::read_dir(src_dir).unwrap() {
+        let path = dir.unwrap().path().join("device.rs");
+        let Ok(src) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let name = |l: &str| l.split(['<', '(']).next().unwrap().to_string();
+        let entries: BTreeSet<String> = src
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub fn "))
+            .map(name)
+            .collect();
+        for op in src
+            .lines()
+            .filter_map(|l| l.strip_prefix("    pub fn "))
+            .map(name)
+        {
+            assert!(entries.contains(&op), "{path:?}: {op} has no entry point");
+            ops.insert(op);
+        }
+    }
+    ops
 }
 
 #[test]
 fn every_op_of_the_list_has_a_case() {
     let cases: BTreeSet<String> = CASES.iter().map(|c| c.name.to_string()).collect();
     let list = op_list_entries();
-    assert_eq!(list.len(), 34, "the op list as read: {list:?}");
-    assert_eq!(cases, list, "one case per op list entry");
+    assert_eq!(list.len(), 34, "the ops as read: {list:?}");
+    assert_eq!(cases, list, "one case per op");
 }
 
 /// `case` on `st` through `via`: `Ok` with every length right, and with each operand one
@@ -936,7 +954,7 @@ fn meta_checks_every_operand_length_of_every_op() {
 }
 
 /// On CPU buffers the same calls give the same errors through the entry point, and through
-/// the CPU backend alone: the slice-level functions still check by themselves. Where the
+/// the CPU arm alone: the slice-level functions still check by themselves. Where the
 /// layout is the device's own (attention's saved statistics), the numbers differ from the
 /// meta device's; every other message is the meta device's word for word.
 #[test]
