@@ -63,8 +63,8 @@
 mod block;
 mod bwd;
 mod cpu;
-mod fwd;
 pub mod device;
+mod fwd;
 pub mod host;
 pub(crate) mod npu;
 pub(crate) use block::{
@@ -73,15 +73,15 @@ pub(crate) use block::{
 pub use block::{BlockAttention, BlockPair};
 pub use npu::{block_lse_len_npu, lse_len_npu, BLOCK_EMPTY_MAX};
 
-/// An empty ring-block `lse` accumulator of `rows` (query tokens x heads) on `device`,
-/// `rows * lse_per_head(device)` values: the log-sum-exp -inf on the CPU; softmaxMax
-/// [`BLOCK_EMPTY_MAX`] and softmaxSum 1 on the NPU (the merge's inputs must be finite there)
-/// and on the meta device, which takes the NPU's layout (see [`lse_per_head`]). The output
-/// accumulator starts at 0 on all.
-pub fn block_lse_init(device: cannon_runtime::Device, rows: usize) -> Vec<f32> {
-    match device {
-        cannon_runtime::Device::Cpu => vec![f32::NEG_INFINITY; rows],
-        cannon_runtime::Device::Npu(_) | cannon_runtime::Device::Meta => {
+/// An empty ring-block `lse` accumulator of `rows` (query tokens x heads) for the backend of
+/// `on` (a [`Selected`] backend, or a device, which selects one), `rows * lse_per_head(on)`
+/// values: the log-sum-exp -inf on the CPU; softmaxMax [`BLOCK_EMPTY_MAX`] and softmaxSum 1
+/// on the NPU (the merge's inputs must be finite there) and on the meta device, which takes
+/// the NPU's layout (see [`lse_per_head`]). The output accumulator starts at 0 on all.
+pub fn block_lse_init(on: impl Into<Selected>, rows: usize) -> Vec<f32> {
+    match on.into() {
+        Selected::Cpu(_) => vec![f32::NEG_INFINITY; rows],
+        Selected::Npu(_) | Selected::Meta(_) => {
             let mut v = vec![BLOCK_EMPTY_MAX; rows * 8];
             v.resize(rows * 16, 1.0);
             v
@@ -90,14 +90,15 @@ pub fn block_lse_init(device: cannon_runtime::Device, rows: usize) -> Vec<f32> {
 }
 
 /// f32 values of the softmax statistics per (token, query head) that the forward saves for
-/// the backward on `device`: 1 on the CPU (the log-sum-exp, `[T, Hq]`), 16 on the NPU
-/// (softmaxMax and softmaxSum, `[T, Hq, 8]` each, see [`lse_len_npu`]). A model sizes its
-/// saved `lse` tensor as `[T, Hq, lse_per_head(device)]`. The meta device sizes it as the
-/// NPU does: a meta run measures what an NPU rank would allocate.
-pub fn lse_per_head(device: cannon_runtime::Device) -> usize {
-    match device {
-        cannon_runtime::Device::Cpu => 1,
-        cannon_runtime::Device::Npu(_) | cannon_runtime::Device::Meta => 16,
+/// the backward on the backend of `on` (a [`Selected`] backend, or a device, which selects
+/// one): 1 on the CPU (the log-sum-exp, `[T, Hq]`), 16 on the NPU (softmaxMax and
+/// softmaxSum, `[T, Hq, 8]` each, see [`lse_len_npu`]). A model sizes its saved `lse` tensor
+/// as `[T, Hq, lse_per_head(device)]`. The meta device sizes it as the NPU does: a meta run
+/// measures what an NPU rank would allocate.
+pub fn lse_per_head(on: impl Into<Selected>) -> usize {
+    match on.into() {
+        Selected::Cpu(_) => 1,
+        Selected::Npu(_) | Selected::Meta(_) => 16,
     }
 }
 mod pack;
@@ -108,6 +109,7 @@ mod reference;
 #[cfg(test)]
 mod tests;
 
+use crate::backend::Selected;
 use crate::error::{check_len, KernelError, Result};
 use cannon_runtime::{BufferView, BufferViewMut, Float};
 
