@@ -53,12 +53,7 @@
 //! and 3x k/v plus 2x q in backward, held in a small process-wide buffer pool that is reused
 //! by later calls instead of being freed.
 //!
-//! Speed (`cargo run -p cannon-kernels --release --example attention_rate`, 2-core Zen 4,
-//! f32): text (2 x 1024, 8 q / 2 kv heads x 64, causal) forward + backward ~40.5 ms = ~183
-//! GFLOP/s, vision (256 patches, 4 x 64, full) ~1.33 ms = ~175 GFLOP/s, i.e. ~77-79 % of the
-//! machine's f32 FMA peak (231 GFLOP/s). About 81 % of the time is in the micro-kernel loops,
-//! which run at ~97 % of peak; the rest is softmax/exp, packing and the row sums D. PyTorch
-//! 2.15's SDPA, timed back to back: 73-75 ms and 1.61-1.67 ms (1.8x and 1.23x ours).
+//! Speed: the measured rates are in docs/benchmarks.md ("Kernel rates").
 
 mod block;
 mod bwd;

@@ -100,7 +100,7 @@ pub fn block_forward<E: Float>(
 /// rows' FINAL statistics and output (so that its softmax is the whole row's, as ring's
 /// backward needs), into scratch in `E`, cast to f32 (unless E is f32) and added to dq, dk,
 /// dv's rows (`aclnnCast`, `aclnnInplaceAdd`). The statistics are read as [`block_forward`] keeps them.
-#[allow(clippy::too_many_arguments)] // the op list's arguments after ordinal and stream
+#[allow(clippy::too_many_arguments)] // the entry point's arguments after ordinal and stream
 pub fn block_backward<E: Float>(
     ordinal: u32,
     stream: &Stream,

@@ -43,13 +43,7 @@
 //! are rounded with `vcvtne2ps2bf16`, which flushes f32 denormals likewise; the portable path
 //! keeps them. Nothing else differs between the two paths beyond f32 summation order.
 //!
-//! Speed (`cargo run -p cannon-kernels --release --example gemm_rate`, which times the shapes
-//! in interleaved rounds and prints each one's ratio to a 2048^3 square; criterion bench
-//! `cargo bench -p cannon-kernels --bench gemm`): on this 2-core AVX512-BF16 Zen 4 (peaks: f32
-//! 231-235, bf16 466-470 GFLOP/s) f32 runs at 200-226 GFLOP/s on the square and every bench
-//! shape (>= 94 % of the square's rate; the lm_head weight gradient on faer alone reached only
-//! 83-87 %), bf16 at 380-436 GFLOP/s (80-93 % of the `vdpbf16ps` peak; PyTorch 2.15's bf16
-//! matmul reaches 305-396 here).
+//! Speed: the measured rates are in docs/benchmarks.md ("Kernel rates").
 
 mod cpu;
 pub mod device;

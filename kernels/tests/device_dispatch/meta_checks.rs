@@ -1,9 +1,9 @@
-//! Every op on the meta device: with the right operand lengths a call is `Ok`,
-//! with any one operand one element short it is the error the CPU gives (the entry point's
-//! `check`, the same rule the slice-level function applies), although the meta backend
-//! computes nothing. Each call also runs on CPU buffers through the entry point, and through
-//! its CPU arm alone (`ops::on_cpu`), which skips the entry point's check: the slice-level function
-//! still refuses the wrong length by itself.
+//! Every op on the meta device: with the right operand lengths a call is `Ok`, with any one
+//! operand one element short it is the error the CPU gives (the entry point's `check`, the
+//! same rule the slice-level function applies), although the meta backend computes nothing.
+//! Each call also runs on CPU buffers through the entry point, and through its CPU arm alone
+//! (`ops::on_cpu`), which skips the entry point's check: the slice-level function still
+//! refuses the wrong length by itself.
 
 use cannon_kernels::adamw::AdamW;
 use cannon_kernels::attention::{
@@ -868,7 +868,7 @@ fn op_of(e: &KernelError) -> Option<&'static str> {
 /// The ops with a backend `match`, read from the ops' sources: the functions of each
 /// `src/<op>/device.rs`'s `on_cpu` module (one per entry point with a CPU arm), each checked
 /// to have its entry point beside it.
-fn op_list_entries() -> BTreeSet<String> {
+fn ops_with_a_backend_match() -> BTreeSet<String> {
     let src_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
     let mut ops = BTreeSet::new();
     for dir in std::fs::read_dir(src_dir).unwrap() {
@@ -897,7 +897,7 @@ fn op_list_entries() -> BTreeSet<String> {
 #[test]
 fn every_op_of_the_list_has_a_case() {
     let cases: BTreeSet<String> = CASES.iter().map(|c| c.name.to_string()).collect();
-    let list = op_list_entries();
+    let list = ops_with_a_backend_match();
     assert_eq!(list.len(), 34, "the ops as read: {list:?}");
     assert_eq!(cases, list, "one case per op");
 }

@@ -1,4 +1,4 @@
-//! The dispatch rules of the one backend boundary (`select` / `select_on` on device lists):
+//! The dispatch rules of the device selection every op passes (`select` / `select_on`):
 //! NPU buffers cannot be allocated without CANN, so the rule is checked on device lists.
 
 use cannon_kernels::backend::{select, select_on, Cpu, Npu, Selected};
