@@ -39,6 +39,7 @@ pub mod block;
 pub mod config;
 pub mod error;
 pub mod exec;
+mod gate;
 pub mod head;
 pub mod init;
 pub mod memory;
