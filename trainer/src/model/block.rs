@@ -22,8 +22,8 @@
 use super::config::HiddenAct;
 use super::exec::Exec;
 use super::gate::{gated_backward, gated_forward};
+use super::grads::GroupGrad;
 use super::ops::{add_into, copy, linear, linear_back, store, Act};
-use super::params::GroupGrad;
 use super::ModelError;
 use crate::cp::attn::{AttnDims, AttnRefs, AttnSaved, SeqAttention};
 use crate::cp::layout::CpShapes;
