@@ -21,12 +21,13 @@ use super::block::{
 };
 use super::config::{HiddenAct, Mistral3Config};
 use super::exec::Exec;
+use super::head::head_view;
 use super::offload::CopyMark;
 use super::ops::{store, Act};
 use super::params::{TextEmbed, TextHead, TextLayer};
 use super::saved::{Held, LayerSaved, MemoryFeatures};
 use super::source::{group_grad, GradSink, GroupWeights, ParamSource};
-use super::{head_view, ModelError};
+use super::ModelError;
 use crate::cp::attn::{CpCtx, SeqAttention};
 use crate::cp::{CpGroup, CpLayout};
 use cannon_kernels::rope::RopeTable;
