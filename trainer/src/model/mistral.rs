@@ -15,10 +15,8 @@
 //! sequences' ends (the batch's, [`crate::batch::Batch::sequence_ends`]), so no token sees
 //! another sequence.
 
-use super::block::{
-    block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockParams, BwdScratch,
-    FwdScratch,
-};
+use super::block::{block_forward, BlockActs, BlockCtx, BlockDims, BlockParams, FwdScratch};
+use super::block_backward::{block_backward, BwdScratch};
 use super::config::{HiddenAct, Mistral3Config};
 use super::exec::Exec;
 use super::head::head_view;

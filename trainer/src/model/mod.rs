@@ -36,6 +36,7 @@
 //! (`crate::fsdp`) gathers and reduce-scatters there.
 
 pub mod block;
+pub mod block_backward;
 pub mod config;
 pub mod error;
 pub mod exec;

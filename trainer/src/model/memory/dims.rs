@@ -1,6 +1,7 @@
 //! The sizes of a pre-norm block as the memory plan reads them, and the bytes its saved
-//! activations and working tensors take (`model::block`'s `BlockActs`, `FwdScratch`,
-//! `BwdScratch`), shared by the plan and its context-parallel terms.
+//! activations and working tensors take (`BlockActs`, `FwdScratch` and `BwdScratch` of
+//! `model::block` and `model::block_backward`), shared by the plan and its context-parallel
+//! terms.
 
 use crate::model::config::{HiddenAct, Mistral3Config};
 use crate::model::saved::Recompute;
