@@ -19,7 +19,7 @@
 //!
 //! One communicator carries every collective of the rank: on the CPU a collective blocks its
 //! rank until all ranks join, so the rank's collectives are one sequence, the same on every
-//! rank by construction (the step's scalars, then each pass's [`Schedule`]).
+//! rank by construction (the step's scalars, then each pass's [`super::schedule::Schedule`]).
 
 mod gather;
 mod logits;

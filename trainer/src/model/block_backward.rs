@@ -78,8 +78,9 @@ fn weight_grad<'a>(
     grads.as_mut().map(|grads| grads.win(pick)).transpose()
 }
 
-/// Backward of [`block_forward`]: from `dout[T,D]` OVERWRITES `dinput[T,D]` and accumulates
-/// the weight gradients into `grads` (None: a frozen block, only `dinput` is computed).
+/// Backward of [`block_forward`](super::block::block_forward): from `dout[T,D]` OVERWRITES
+/// `dinput[T,D]` and accumulates the weight gradients into `grads` (None: a frozen block,
+/// only `dinput` is computed).
 #[allow(clippy::too_many_arguments)]
 pub fn block_backward<A: Act>(
     stream: &Stream,

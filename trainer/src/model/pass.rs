@@ -65,15 +65,15 @@ pub struct Visited {
 
 /// One forward or backward over a [`ParamSource`]: the model as a pass sees it. The
 /// [`super::Mistral3`] methods are passes over the model's own [`super::Params`] and
-/// [`super::Grads`]; a sharded
-/// rank (`crate::fsdp`) runs the same passes over its gathering source and reduce-scattering
-/// sink, with the step's global target count as the loss divisor.
+/// [`super::Grads`]; a sharded rank (`crate::fsdp`) runs the same passes over its gathering
+/// source and reduce-scattering sink, with the step's global target count as the loss
+/// divisor.
 #[derive(Clone, Copy)]
 pub struct Pass<'a> {
     pub cfg: &'a Mistral3Config,
     pub exec: &'a Exec,
     pub loss_mode: LossMode,
-    /// What the decoder layers keep for the backward, and where ([`saved`]).
+    /// What the decoder layers keep for the backward, and where ([`super::saved`]).
     pub memory: MemoryFeatures,
     pub params: &'a dyn ParamSource,
     /// What the summed loss is divided by: `Mean`, the batch's own trained targets;
