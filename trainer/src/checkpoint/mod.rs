@@ -24,6 +24,7 @@ pub mod load;
 pub mod manifest;
 pub mod save;
 pub mod st_io;
+pub mod st_read;
 pub mod state;
 
 pub use dir::{resolve, CheckpointDir};

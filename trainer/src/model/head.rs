@@ -27,6 +27,8 @@
 
 use super::exec::Exec;
 use super::ops::{linear, linear_back, Act};
+use super::params::{ParamLayout, TextHead};
+use super::source::GroupWeights;
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::BufferView;
@@ -226,4 +228,13 @@ pub fn backward<A: Act>(
             detail: "full-loss activations without d logits".into(),
         }),
     }
+}
+
+/// The head group's tensors in a fetched buffer.
+pub(crate) fn head_view<'w>(
+    layout: &ParamLayout,
+    w: &'w GroupWeights<'_>,
+) -> Result<TextHead<BufferView<'w, f32>>> {
+    let g = layout.text_head();
+    TextHead::split(w.view()?, &layout.groups[g])
 }

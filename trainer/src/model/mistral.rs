@@ -15,18 +15,17 @@
 //! sequences' ends (the batch's, [`crate::batch::Batch::sequence_ends`]), so no token sees
 //! another sequence.
 
-use super::block::{
-    block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockParams, BwdScratch,
-    FwdScratch,
-};
+use super::block::{block_forward, BlockActs, BlockCtx, BlockDims, BlockParams, FwdScratch};
+use super::block_backward::{block_backward, BwdScratch};
 use super::config::{HiddenAct, Mistral3Config};
 use super::exec::Exec;
+use super::head::head_view;
 use super::offload::CopyMark;
 use super::ops::{store, Act};
 use super::params::{TextEmbed, TextHead, TextLayer};
 use super::saved::{Held, LayerSaved, MemoryFeatures};
 use super::source::{group_grad, GradSink, GroupWeights, ParamSource};
-use super::{head_view, ModelError};
+use super::ModelError;
 use crate::cp::attn::{CpCtx, SeqAttention};
 use crate::cp::{CpGroup, CpLayout};
 use cannon_kernels::rope::RopeTable;

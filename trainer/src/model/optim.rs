@@ -24,8 +24,9 @@
 //! and copies a shard into a staging buffer before each all-gather.
 
 use super::exec::Exec;
+use super::grads::Grads;
 use super::offload::{HostPool, Stored};
-use super::params::{Grads, Params};
+use super::params::Params;
 use super::ModelError;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};

@@ -16,9 +16,10 @@
 //! no token of one image ever meets a token of another.
 
 use super::block::{
-    block_backward, block_forward, BlockActs, BlockCtx, BlockDims, BlockGrads, BlockParams,
-    BlockWeights, BwdScratch, FwdScratch,
+    block_forward, BlockActs, BlockCtx, BlockDims, BlockGrads, BlockParams, BlockWeights,
+    FwdScratch,
 };
+use super::block_backward::{block_backward, BwdScratch};
 use super::config::{Mistral3Config, VISION_RMS_EPS};
 use super::exec::Exec;
 use super::ops::Act;

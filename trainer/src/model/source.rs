@@ -28,8 +28,9 @@
 //! only when it is fetched, so the next group's copy overlaps the current group's compute.
 
 use super::config::Mistral3Config;
+use super::grads::{Grads, GroupGrad};
 use super::offload::Stored;
-use super::params::{Grads, GroupGrad, ParamLayout, Params, Part};
+use super::params::{ParamLayout, Params, Part};
 pub use super::streamer::Streamer;
 use super::ModelError;
 use cannon_kernels::{KernelError, Tensor};

@@ -12,7 +12,7 @@
 use super::exec::Exec;
 use super::params::{ParamLayout, Params};
 use super::ModelError;
-use crate::checkpoint::st_io::StReader;
+use crate::checkpoint::st_read::StReader;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};

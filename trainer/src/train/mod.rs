@@ -10,12 +10,13 @@
 //! - [`sharded`]: the one driver loop, for every world size: one process alone (a world of
 //!   one), N in-process CPU ranks, or this process's rank of a launched job; each step is
 //!   [`crate::fsdp::FsdpRank::step`].
-//! - [`run`]: what a run reports ([`run::RunSummary`]) and how it fails, and the hook run
-//!   after every step ([`run::StepHook`]).
+//! - [`run`]: what a run reports ([`run::RunSummary`]) and the hook run after every step
+//!   ([`run::StepHook`]); [`error`]: how it fails ([`TrainError`]).
 //! - [`resume`]: every rank's part of a checkpoint, and resuming a run from one.
 //! - [`metrics`], [`flops`], [`identity`], [`digest`]: what a run reports and records.
 
 pub mod digest;
+pub mod error;
 pub mod flops;
 pub mod identity;
 pub mod metrics;
@@ -27,7 +28,8 @@ pub mod settings;
 pub mod setup;
 pub mod sharded;
 
-pub use run::{RunSummary, StepHook, TrainError};
+pub use error::TrainError;
+pub use run::{RunSummary, StepHook};
 pub use run_plan::RunPlan;
 pub use schedule::LrSchedule;
 pub use settings::{memory_features, TrainSettings};

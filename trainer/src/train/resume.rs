@@ -12,31 +12,18 @@
 //! saved beside the manifest as `cannon_train.toml`, so `cannon eval --checkpoint` reads a
 //! checkpoint like a run's `final/` folder.
 
-use super::run::TrainError;
+use super::error::TrainError;
 use super::run_plan::{RunPlan, FINAL_RUN_CONFIG};
 use super::schedule::LrSchedule;
-use super::setup::RunSetup;
+use super::setup::{Counters, RunSetup};
 use crate::checkpoint::manifest::{group_entries, OptimizerState};
 use crate::checkpoint::{
     padded_shards, save_distributed, Checkpoint, CheckpointDir, CheckpointError, DataState,
     Progress, RankShards, SaveMeta,
 };
 use crate::config::Resume;
-use crate::data::shuffle::Position;
 use crate::fsdp::FsdpRank;
 use std::path::PathBuf;
-
-/// Where a run stands after a step: what a checkpoint's progress record is made of.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Counters {
-    pub schedule: LrSchedule,
-    /// Optimizer steps done.
-    pub step: usize,
-    pub position: Position,
-    pub samples: u64,
-    pub tokens: u64,
-    pub dropped_samples: u64,
-}
 
 /// The checkpoint progress record of a run at `c`.
 pub fn progress_at(plan: &RunPlan, c: &Counters) -> Progress {

@@ -1,5 +1,5 @@
-//! What a training run reports and how it fails: [`TrainError`], the [`RunSummary`] of a
-//! finished run, and the [`StepHook`] a caller runs after every step. The run itself is
+//! What a training run reports: the [`RunSummary`] of a finished run, and the [`StepHook`]
+//! a caller runs after every step (how it fails is [`super::error::TrainError`]). The run itself is
 //! [`super::setup::RunSetup`] (data, tokenizer, model config, where the weights come from)
 //! trained by the one driver loop of [`super::sharded`], on one process alone (a world of
 //! one) or on N ranks.
@@ -7,63 +7,14 @@
 //! Everything a checkpoint must hold to continue the run bit for bit: the step, the schedule
 //! (a pure function of the step), the loader's position (the data order is a function of the
 //! seed and the position, so the loop draws no other random numbers), the consumed and
-//! dropped sample counts ([`super::resume::Counters`]), and every rank's shards of the
+//! dropped sample counts ([`super::setup::Counters`]), and every rank's shards of the
 //! weights with the AdamW state.
 
-use super::digest::DigestError;
+use super::error::TrainError;
 use super::metrics::StepRecord;
 use super::run_plan::RunPlan;
-use crate::config::ConfigError;
-use crate::data::DataError;
-use crate::eval::{EvalError, EvalReport};
-use crate::model::ModelError;
-use std::path::{Path, PathBuf};
-
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error("data: {0}")]
-    Data(#[from] DataError),
-    #[error("model: {0}")]
-    Model(#[from] ModelError),
-    #[error(transparent)]
-    Eval(#[from] EvalError),
-    #[error("checkpoint: {0}")]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Input(String),
-}
-
-pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
-    move |source| TrainError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// A refused context-parallel layout is the model's bad input, as it reads.
-impl From<crate::cp::CpError> for TrainError {
-    fn from(e: crate::cp::CpError) -> Self {
-        crate::model::ModelError::from(e).into()
-    }
-}
-
-/// An input file that could not be digested (for `run_identity.json`) is an I/O error on it.
-impl From<DigestError> for TrainError {
-    fn from(e: DigestError) -> Self {
-        TrainError::Io {
-            path: e.path,
-            source: e.source,
-        }
-    }
-}
+use crate::eval::EvalReport;
+use std::path::PathBuf;
 
 /// Runs on rank 0 after every optimizer step, with that step's record (the same line
 /// `metrics.jsonl` gets). An error stops the run.

@@ -4,7 +4,7 @@
 //! the cache under a temporary name), the model's config for a preset or an HF folder, the
 //! step count of an epoch budget, and the weight files of an HF folder.
 
-use super::run::{io, TrainError};
+use super::error::{io, TrainError};
 use crate::config::{self, preset, ConfigError, Resume, TrainConfig};
 use crate::data::image::ImageConfig;
 use crate::data::shuffle::{Position, Shuffler};

@@ -3,11 +3,10 @@
 //! hands it to its ranks (one alone, or N), each of which reads or draws only its own shards
 //! ([`crate::fsdp::ShardSource`]): no process builds the whole model to cut it.
 
+use super::error::{io, TrainError};
 use super::flops::gemm_peak;
 use super::identity::{digest_files_beside, RunIdentity};
 use super::metrics::{EvalRecord, JsonlWriter};
-use super::resume::Counters;
-use super::run::{io, TrainError};
 use super::run_plan::{image_config, make_synth, model_config, steps_for_epochs, weight_files};
 use super::run_plan::{ModelSource, RunPlan, FINAL_RUN_CONFIG};
 use super::schedule::LrSchedule;
@@ -25,6 +24,18 @@ use crate::model::optim::AdamWConfig;
 use crate::model::weights::HfWeights;
 use crate::model::{Exec, LossMode, MemoryFeatures, Mistral3Config, ModelError, ParamLayout, Part};
 use std::path::{Path, PathBuf};
+
+/// Where a run stands after a step: what a checkpoint's progress record is made of.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Counters {
+    pub schedule: LrSchedule,
+    /// Optimizer steps done.
+    pub step: usize,
+    pub position: Position,
+    pub samples: u64,
+    pub tokens: u64,
+    pub dropped_samples: u64,
+}
 
 /// Where the run's starting weights come from.
 #[derive(Debug)]

@@ -32,11 +32,12 @@
 //! trained targets over every rank), so N ranks follow the one-rank loss curve up to the
 //! order of f32 gradient sums.
 
+use super::error::TrainError;
 use super::flops::shape_flops;
 use super::metrics::{JsonlWriter, Progress, StepRecord};
 use super::resume;
-use super::run::{RunSummary, StepHook, TrainError, CACHE_SLACK};
-use super::setup::RunSetup;
+use super::run::{RunSummary, StepHook, CACHE_SLACK};
+use super::setup::{Counters, RunSetup};
 use crate::config::Dtype;
 use crate::data::shuffle::Position;
 use crate::data::{DataError, Loader};
@@ -217,7 +218,7 @@ fn run_as<A: Act>(
                 // reuse: given back first, the save peaks at its own figure (the plan's
                 // phase), not at the step's cache plus its own.
                 give_back_cache(rank.exec())?;
-                let at = resume::Counters {
+                let at = Counters {
                     schedule: t.at.schedule,
                     step: step + 1,
                     position: loader.position(),

@@ -4,8 +4,9 @@
 //! compared tensor.
 //!
 //! - [`fixture`]: reading `reference.safetensors` (tensors and metadata) into a [`Reference`].
-//! - [`checks`]: the measure (relative L2 `||a - r|| / max(||r||, 1e-10)` per tensor, NaN kept),
-//!   the [`Tolerances`] table, and the independence check.
+//! - [`measure`]: the measure (relative L2 `||a - r|| / max(||r||, 1e-10)` per tensor, NaN
+//!   kept).
+//! - [`checks`]: the [`Tolerances`] table and the independence check.
 //! - [`report`]: the rows and the printed table.
 //!
 //! The tolerances are DESIGN.md's per dtype ([`Tolerances::F32`], [`Tolerances::BF16`]):
@@ -14,10 +15,12 @@
 
 pub mod checks;
 pub mod fixture;
+pub mod measure;
 pub mod report;
 
-pub use checks::{distance, tolerances_for, Distance, Tolerances};
+pub use checks::{tolerances_for, Tolerances};
 pub use fixture::Reference;
+pub use measure::{distance, Distance};
 pub use report::{Report, Row};
 
 use crate::fsdp::{FsdpError, FsdpRank, FsdpSettings, ShardSource};

@@ -1,7 +1,7 @@
 //! The table `cannon verify` prints: one row per compared tensor, notes, and the
 //! `verify: N passed, M failed` summary line.
 
-use super::checks::{distance, nan_max};
+use super::measure::{distance, nan_max};
 use crate::model::StepMemory;
 
 /// One compared tensor.

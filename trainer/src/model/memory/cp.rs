@@ -2,7 +2,7 @@
 //! over the CP ranks, and the exchange buffers each text layer's attention adds to its
 //! working tensors (see [`super::StepFeatures`] for the terms).
 
-use super::Dims;
+use super::dims::Dims;
 use cannon_runtime::alloc::round_size;
 
 /// How the language model's attention is split over `size` context-parallel ranks.

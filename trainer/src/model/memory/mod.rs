@@ -5,9 +5,10 @@
 //! repository's docs/memory.md, "The formulas behind the plan".
 
 mod cp;
+mod dims;
 pub use cp::{ContextParallel, CpAlgo};
 
-use super::config::{HiddenAct, Mistral3Config};
+use super::config::Mistral3Config;
 use super::params::{ParamLayout, Part};
 use super::pixtral::PatchGrid;
 use super::projector::tokens_per_image;
@@ -17,6 +18,7 @@ use cannon_kernels::attention::lse_per_head;
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_runtime::alloc::round_size;
 use cannon_runtime::Device;
+use dims::{blocks, Dims};
 
 /// The sizes of one batch that the memory depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,118 +130,6 @@ impl MemoryPlan {
     pub fn peak_at(&self) -> Option<&Phase> {
         let peak = self.peak();
         self.phases.iter().find(|p| p.total() == peak)
-    }
-}
-
-/// Sum of the rounded blocks of tensors of these byte sizes.
-fn blocks(bytes: &[usize]) -> usize {
-    bytes.iter().map(|&b| round_size(b)).sum()
-}
-
-/// The sizes of a pre-norm block: (d, q width, kv width, heads, inter, gelu gate), and the
-/// f32 attention statistics it saves per token and head on the step's device.
-#[derive(Clone, Copy)]
-struct Dims {
-    d: usize,
-    dq: usize,
-    dkv: usize,
-    hq: usize,
-    i: usize,
-    gelu: bool,
-    lse: usize,
-}
-
-impl Dims {
-    fn text(cfg: &Mistral3Config, s: &StepShape) -> Self {
-        let t = &cfg.text_config;
-        Dims {
-            d: t.hidden_size,
-            dq: t.num_attention_heads * t.head_dim(),
-            dkv: t.num_key_value_heads * t.head_dim(),
-            hq: t.num_attention_heads,
-            i: t.intermediate_size,
-            gelu: false,
-            lse: s.lse_per_head,
-        }
-    }
-
-    fn vision(cfg: &Mistral3Config, s: &StepShape) -> Self {
-        let v = &cfg.vision_config;
-        let dq = v.num_attention_heads * v.head_dim();
-        Dims {
-            d: v.hidden_size,
-            dq,
-            dkv: dq,
-            hq: v.num_attention_heads,
-            i: v.intermediate_size,
-            gelu: v.hidden_act == HiddenAct::Gelu,
-            lse: s.lse_per_head,
-        }
-    }
-
-    /// What one layer saves for `t` tokens, its output included.
-    fn layer_saved(&self, t: usize, a: usize) -> usize {
-        round_size(4 * t * self.d) + self.layer_acts(t, a, Recompute::None)
-    }
-
-    /// The block activations a layer keeps under `r` (without its output): of rstd1, ln1, q,
-    /// k, v, att, lse, mid, rstd2, ln2, gate, up, h (`BlockActs`, in that order) all of them,
-    /// the selective set (q, k, v, att, lse, mid, gate, up) or none.
-    fn layer_acts(&self, t: usize, a: usize, r: Recompute) -> usize {
-        let all = [
-            (4 * t, false),
-            (a * t * self.d, false),
-            (a * t * self.dq, true),
-            (a * t * self.dkv, true),
-            (a * t * self.dkv, true),
-            (a * t * self.dq, true),
-            (4 * t * self.hq * self.lse, true),
-            (4 * t * self.d, true),
-            (4 * t, false),
-            (a * t * self.d, false),
-            (4 * t * self.i, true),
-            (4 * t * self.i, true),
-            (a * t * self.i, false),
-        ];
-        all.iter()
-            .filter(|(_, selective)| match r {
-                Recompute::None => true,
-                Recompute::Selective => *selective,
-                Recompute::Full => false,
-            })
-            .map(|&(b, _)| round_size(b))
-            .sum()
-    }
-
-    /// The forward's working tensors for `t` tokens.
-    fn fwd_scratch(&self, t: usize) -> usize {
-        let gelu = if self.gelu { t * self.i } else { 0 };
-        let n = [
-            t * self.d,
-            t * self.dq,
-            t * self.dkv,
-            t * self.dkv,
-            t * self.i,
-            gelu,
-        ];
-        blocks(&n.map(|n| 4 * n))
-    }
-
-    /// The backward's working tensors for `t` tokens.
-    fn bwd_scratch(&self, t: usize, a: usize) -> usize {
-        let gelu = if self.gelu { t * self.i } else { 0 };
-        let f32s = [
-            t * self.d,
-            t * self.d,
-            t * self.dq,
-            t * self.i,
-            t * self.i,
-            t * self.i,
-            gelu,
-            self.d,
-        ];
-        let acts = [t * self.dq, t * self.dq, t * self.dkv, t * self.dkv];
-        blocks(&f32s.map(|n| 4 * n)) + blocks(&acts.map(|n| a * n))
     }
 }
 
@@ -459,7 +349,10 @@ pub fn plan_with(
     let (d, v) = (cfg.text_config.hidden_size, cfg.text_config.vocab_size);
     let dv = cfg.vision_config.hidden_size;
     let mm = cfg.spatial_merge_size * cfg.spatial_merge_size;
-    let (td, vd) = (Dims::text(cfg, s), Dims::vision(cfg, s));
+    let (td, vd) = (
+        Dims::text(cfg, s.lse_per_head),
+        Dims::vision(cfg, s.lse_per_head),
+    );
     let images = p > 0;
     let (lv, lt) = (cfg.vision_layers_used(), cfg.text_config.num_hidden_layers);
     let f = |n: usize| round_size(4 * n);
