@@ -30,6 +30,7 @@
 
 pub mod backend;
 pub mod error;
+pub mod exec;
 pub mod ops;
 pub mod tensor;
 pub mod tolerance;

@@ -19,13 +19,13 @@
 //! and reused layer after layer; `memory` sizes all of them.
 
 use super::config::HiddenAct;
-use super::exec::Exec;
 use super::ops::{add_into, copy, linear, linear_back, store, Act};
 use super::params::GroupGrad;
 use super::ModelError;
 use crate::cp::attn::{AttnDims, AttnRefs, AttnSaved, SeqAttention};
 use crate::cp::layout::CpShapes;
 use cannon_kernels::attention::QkvGradBuf;
+use cannon_kernels::exec::Exec;
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
