@@ -16,7 +16,7 @@
 //!
 //! On the CPU backend the "device" is the host too: a copy is a memcpy between the two
 //! allocators' blocks, done when the call returns. On an NPU the host copies are pinned
-//! (`aclrtMallocHost`, [`crate::npu::PinnedHostBuffer`]) and both directions run on a second
+//! (`aclrtMallocHost`, `npu::PinnedHostBuffer`) and both directions run on a second
 //! stream: it waits for an event of the compute stream before it reads or writes (so it
 //! never reads a buffer before the kernels that write it have run, nor writes a block the
 //! compute stream may still read), and the compute stream waits for its event before the
