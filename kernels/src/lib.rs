@@ -31,6 +31,7 @@
 
 pub mod backend;
 pub mod error;
+pub mod exec;
 pub mod ops;
 pub mod tensor;
 pub mod tolerance;

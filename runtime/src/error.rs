@@ -74,6 +74,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// An argument the call cannot take (a write past a host tensor's end, a host tensor
+    /// with no values to read).
+    #[error("{what}: invalid argument: {detail}")]
+    InvalidArgument { what: &'static str, detail: String },
     /// An element count whose byte size overflows `usize`.
     #[error("{what}: {len} elements of {elem} bytes overflow the address space")]
     SizeOverflow {

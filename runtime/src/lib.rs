@@ -31,7 +31,8 @@
 //!    cache;
 //! 5. `device::backends`: [`Device::allocator`] and [`Device::npu_count`], where the
 //!    allocator meets each backend's memory;
-//! 6. [`buffer`] (over the allocator, streams and `npu`'s copies);
+//! 6. [`buffer`] (over the allocator, streams and `npu`'s copies), then [`offload`] (a host
+//!    pool over buffers, streams and `npu`'s pinned memory);
 //! 7. [`comm`]: the backends (`cpu`, `solo`, `hccl`, the store and rendezvous), then
 //!    [`comm::Communicator`] over them.
 
@@ -43,6 +44,7 @@ pub mod dtype;
 pub mod error;
 pub mod host_count;
 pub mod meta;
+pub mod offload;
 pub mod rng;
 pub mod stream;
 
@@ -54,4 +56,5 @@ pub use buffer::{BufferView, BufferViewMut, DeviceBuffer, Pending};
 pub use device::Device;
 pub use dtype::{DType, Element, Float};
 pub use error::{Error, Result};
+pub use offload::{CopyMark, HostPool, HostTensor};
 pub use stream::{Event, Stream};

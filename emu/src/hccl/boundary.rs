@@ -1,6 +1,6 @@
 //! The C boundary of the emulated HCCL: the live communicators, and what every exported
 //! function does with its arguments and its outcome (null and host-pointer checks, the error
-//! record for `aclGetRecentErrMsg`, panics stopped). Below `exports`, which uses it.
+//! record for `aclGetRecentErrMsg`, panics stopped). Below `args` and the exports, which use it.
 
 use super::comm;
 use crate::error::{record, EmuError, EmuResult};

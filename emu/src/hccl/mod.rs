@@ -15,19 +15,27 @@
 //! stream on the communicator's device. HCCL itself rejects a null stream, unlike AscendCL's
 //! runtime calls, and so does the emulator.
 //!
-//! Files, lowest first: `transport`, `dtype`; `comm` (a communicator's queued collectives);
-//! `boundary` (the live communicators and the C boundary's checks); `bootstrap`; `exports`
-//! (the C functions), which this file only re-exports.
+//! Files, lowest first: `transport`, `dtype`, `work` (what a queued collective is),
+//! `dev_bytes` (the device memory a job touches, in pieces); `comm` (a communicator's queued
+//! collectives); `boundary` (the live communicators and the C boundary's checks);
+//! `bootstrap`; `args` (the checks of the exports' arguments, and the queuing of a call);
+//! then the C functions, which this file only re-exports: `lifecycle` (a communicator's life)
+//! and `collectives`.
 
+mod args;
 mod bootstrap;
 mod boundary;
+mod collectives;
 mod comm;
+mod dev_bytes;
 mod dtype;
-mod exports;
+mod lifecycle;
 mod transport;
+mod work;
 
 pub use boundary::live_comms;
-pub use exports::*;
+pub use collectives::*;
+pub use lifecycle::*;
 
 #[cfg(test)]
 mod tests;

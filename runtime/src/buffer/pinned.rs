@@ -1,6 +1,8 @@
 //! Asynchronous copies between device buffers and pinned host buffers (feature `npu`).
 
-use super::{check_device, check_len, BufferView, BufferViewMut, DeviceBuffer};
+use super::checks::{check_device, check_len};
+use super::owned::DeviceBuffer;
+use super::view::{BufferView, BufferViewMut};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::npu::{pinned, NpuStream, PinnedHostBuffer};
@@ -46,7 +48,7 @@ impl<T: Element> BufferViewMut<'_, T> {
         src: &mut PinnedHostBuffer<T>,
     ) -> Result<()> {
         const WHAT: &str = "memcpy_htod_async";
-        check_len(WHAT, src.len(), self.len)?;
+        check_len(WHAT, src.len(), self.len())?;
         check_pinned(WHAT, self.device(), src.ordinal())?;
         let s = acl(stream, WHAT, self.device())?;
         pinned::htod_async(s, src, self.as_raw_mut_ptr())
@@ -57,7 +59,7 @@ impl<T: Element> BufferView<'_, T> {
     /// See [`DeviceBuffer::memcpy_dtoh_async`].
     pub fn memcpy_dtoh_async(&self, stream: &Stream, dst: &mut PinnedHostBuffer<T>) -> Result<()> {
         const WHAT: &str = "memcpy_dtoh_async";
-        check_len(WHAT, dst.len(), self.len)?;
+        check_len(WHAT, dst.len(), self.len())?;
         check_pinned(WHAT, self.device(), dst.ordinal())?;
         let s = acl(stream, WHAT, self.device())?;
         pinned::dtoh_async(s, self.as_raw_ptr(), dst)

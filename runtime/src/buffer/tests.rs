@@ -1,5 +1,10 @@
 use super::*;
+use crate::alloc::CachingAllocator;
+use crate::device::Device;
+use crate::error::Error;
 use crate::stream::Event;
+use crate::stream::Stream;
+use std::sync::Arc;
 
 fn cpu() -> (Stream, Arc<CachingAllocator>) {
     (Stream::cpu(), CachingAllocator::new_cpu())

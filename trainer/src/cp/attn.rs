@@ -24,8 +24,8 @@
 
 use super::error::{CpError, Result};
 use super::{ring, CpGroup, CpLayout};
-use crate::model::exec::Exec;
 use cannon_kernels::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
+use cannon_kernels::exec::Exec;
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::comm::Communicator;
 use cannon_runtime::{BufferView, BufferViewMut, Float, Stream};

@@ -21,8 +21,8 @@
 use super::error::Result;
 use super::layout::CpShapes;
 use super::CpLayout;
-use crate::model::exec::Exec;
 use cannon_kernels::attention::{self, BlockAttention, QkvBuf, QkvGradBuf};
+use cannon_kernels::exec::Exec;
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::comm::Communicator;
 use cannon_runtime::{BufferView, Element, Float};

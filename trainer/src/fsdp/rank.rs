@@ -212,7 +212,7 @@ impl FsdpRank {
         let staging = match pool {
             Some(_) if !local => {
                 let largest = cut.largest_shard();
-                let slots = crate::model::offload::HostPool::staging_slots(exec.device());
+                let slots = cannon_runtime::HostPool::staging_slots(exec.device());
                 Some(exec.zeros(&[slots * largest])?)
             }
             _ => None,

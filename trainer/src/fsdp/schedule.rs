@@ -34,11 +34,12 @@
 //! reads it. On the CPU, with one slot, each copy is made at its gather.
 
 use super::shard::ShardLayout;
-use crate::model::offload::{CopyMark, Stored};
+use crate::model::offload::Stored;
 use crate::model::source::BackwardStep;
 use crate::model::{Exec, GroupWeights, ModelError, ParamLayout, ParamSource};
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::comm::{Communicator, ReduceOp};
+use cannon_runtime::CopyMark;
 use std::cell::RefCell;
 
 /// One pass's collectives (see the module docs); the pass's parameter source.
@@ -176,7 +177,7 @@ impl<'a> Schedule<'a> {
         Ok(full)
     }
 
-    fn pool(&self) -> Result<&crate::model::offload::HostPool, ModelError> {
+    fn pool(&self) -> Result<&cannon_runtime::HostPool, ModelError> {
         self.exec.host_pool().map(|p| &**p).ok_or_else(|| {
             ModelError::Plan(
                 "a shard is in the host pool, but the schedule's exec has no host pool".into(),

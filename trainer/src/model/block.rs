@@ -21,13 +21,13 @@
 //! `model::gate`.
 
 use super::config::HiddenAct;
-use super::exec::Exec;
 use super::gate::gated_forward;
 use super::grads::GroupGrad;
 use super::ops::{add_into, linear, store, Act};
 use super::ModelError;
 use crate::cp::attn::{AttnDims, AttnSaved, SeqAttention};
 use crate::cp::layout::CpShapes;
+use cannon_kernels::exec::Exec;
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};

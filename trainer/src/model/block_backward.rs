@@ -6,12 +6,12 @@
 use super::block::{
     gelu_tmp, BlockCtx, BlockDims, BlockGrads, BlockParams, BlockRefs, BlockWeights,
 };
-use super::exec::Exec;
 use super::gate::gated_backward;
 use super::ops::{copy, linear_back, store, Act};
 use super::ModelError;
 use crate::cp::attn::AttnRefs;
 use cannon_kernels::attention::QkvGradBuf;
+use cannon_kernels::exec::Exec;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use std::ops::Range;

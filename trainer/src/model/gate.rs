@@ -76,7 +76,7 @@ fn missing_tmp() -> KernelError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::exec::Exec;
+    use cannon_kernels::exec::Exec;
 
     /// The gated activations' backward against central differences of their forward, for both
     /// gates (the fixtures only exercise SiLU; Pixtral's class default is GELU). f32 central

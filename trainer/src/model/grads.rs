@@ -3,8 +3,8 @@
 //! step accumulates into it.
 
 use super::error::ModelError;
-use super::exec::Exec;
 use super::params::{ParamLayout, Part};
+use cannon_kernels::exec::Exec;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use std::ops::Range;

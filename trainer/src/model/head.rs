@@ -25,11 +25,11 @@
 //! `num_items_in_batch`), so that K micro batches give the gradient of one batch of all their
 //! rows, not the mean of K means.
 
-use super::exec::Exec;
 use super::ops::{linear, linear_back, Act};
 use super::params::{ParamLayout, TextHead};
 use super::source::GroupWeights;
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
+use cannon_kernels::exec::Exec;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::BufferView;
 use std::ops::Range;

@@ -8,9 +8,9 @@
 //! draws only its own elements ([`random_range`]), and the same seed gives bit-identical
 //! weights with 1, 2, 4 or 8 ranks, on any machine, in any thread order.
 
-use super::exec::Exec;
 use super::params::{ParamLayout, Params};
 use super::ModelError;
+use cannon_kernels::exec::Exec;
 use cannon_runtime::rng::SplitMix64;
 use rayon::prelude::*;
 use std::ops::Range;

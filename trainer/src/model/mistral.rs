@@ -18,9 +18,7 @@
 use super::block::{block_forward, BlockActs, BlockCtx, BlockDims, BlockParams, FwdScratch};
 use super::block_backward::{block_backward, BwdScratch};
 use super::config::{HiddenAct, Mistral3Config};
-use super::exec::Exec;
 use super::head::head_view;
-use super::offload::CopyMark;
 use super::ops::{store, Act};
 use super::params::{TextEmbed, TextHead, TextLayer};
 use super::saved::{Held, LayerSaved, MemoryFeatures};
@@ -28,9 +26,11 @@ use super::source::{group_grad, GradSink, GroupWeights, ParamSource};
 use super::ModelError;
 use crate::cp::attn::{CpCtx, SeqAttention};
 use crate::cp::{CpGroup, CpLayout};
+use cannon_kernels::exec::Exec;
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::BufferViewMut;
+use cannon_runtime::CopyMark;
 
 /// Everything the text forward saves (device tensors, or host copies when offloaded;
 /// positions, RoPE table and sequence ends are host data the kernels take as such).

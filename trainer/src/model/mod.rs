@@ -26,7 +26,7 @@
 //! ([`Visited`] reports what ran).
 //!
 //! What each decoder layer keeps for its backward, and where, is the run's
-//! [`MemoryFeatures`] ([`saved`]: recompute, activation offload to a [`offload::HostPool`]);
+//! [`MemoryFeatures`] ([`saved`]: recompute, activation offload to a [`cannon_runtime::HostPool`]);
 //! [`LossMode`] says whether the logits exist whole or in chunks ([`head`]).
 //!
 //! A pass ([`Pass`], [`pass`]) takes each layer group's parameters from a [`ParamSource`] at
@@ -39,7 +39,6 @@ pub mod block;
 pub mod block_backward;
 pub mod config;
 pub mod error;
-pub mod exec;
 mod gate;
 pub mod grads;
 pub mod head;
@@ -60,9 +59,9 @@ pub mod streamer;
 pub mod weights;
 
 pub use crate::batch::{Batch, BatchError, Images};
+pub use cannon_kernels::exec::Exec;
 pub use config::{ConfigError, Mistral3Config};
 pub use error::{ModelError, WeightsError};
-pub use exec::Exec;
 pub use grads::Grads;
 pub use head::{Logits, LossMode};
 pub use ops::{Act, Precision};

@@ -23,12 +23,13 @@
 //! An FSDP rank (`crate::fsdp`) keeps its `[shard]` masters and moments there the same way
 //! and copies a shard into a staging buffer before each all-gather.
 
-use super::exec::Exec;
 use super::grads::Grads;
-use super::offload::{HostPool, Stored};
+use super::offload::Stored;
 use super::params::Params;
 use super::ModelError;
+use cannon_kernels::exec::Exec;
 use cannon_kernels::{ops, KernelError, Tensor};
+use cannon_runtime::HostPool;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// AdamW hyper-parameters (torch.optim.AdamW names).
@@ -234,7 +235,8 @@ pub fn adamw_group(
             Stored::Device(_) => Ok(None),
             Stored::Host(h) => {
                 let pool = pool.ok_or_else(|| no_pool("host optimizer state without a pool"))?;
-                pool.reload(&device, st, h).map(Some)
+                let buf = pool.reload(&device, st, h)?;
+                Ok(Some(Tensor::from_buffer(buf, h.shape())?))
             }
         }
     };

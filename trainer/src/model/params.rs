@@ -21,10 +21,10 @@
 //! ([`super::source`]).
 
 use super::config::Mistral3Config;
-use super::exec::Exec;
 use super::offload::Stored;
 use super::streamer::Streamer;
 use super::ModelError;
+use cannon_kernels::exec::Exec;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{BufferView, Stream};
 use std::ops::Range;

@@ -5,7 +5,6 @@
 
 use super::config::Mistral3Config;
 use super::error::ModelError;
-use super::exec::Exec;
 use super::head::{self, head_view, Logits, LossMode};
 use super::ops::Act;
 use super::params::{self, Part};
@@ -15,6 +14,7 @@ use super::{mistral, pixtral, projector};
 use crate::batch::Batch;
 use crate::cp::{CpGroup, CpLayout};
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
+use cannon_kernels::exec::Exec;
 use cannon_kernels::{ops as kops, Tensor};
 
 /// What the whole forward saves (activations stored as `A`), on the model's device.

@@ -21,13 +21,13 @@ use super::block::{
 };
 use super::block_backward::{block_backward, BwdScratch};
 use super::config::{Mistral3Config, VISION_RMS_EPS};
-use super::exec::Exec;
 use super::ops::Act;
 use super::ops::{patch_embed, patch_embed_back};
 use super::params::{ParamLayout, VisionEmbed, VisionLayer};
 use super::source::{group_grad, GradSink, ParamSource};
 use super::{Images, ModelError};
 use crate::cp::attn::SeqAttention;
+use cannon_kernels::exec::Exec;
 use cannon_kernels::ops;
 use cannon_kernels::patch_embed::{PatchEmbedGradBufs, PatchGeom};
 use cannon_kernels::rope::RopeTable;

@@ -17,12 +17,12 @@
 //! row scatter-add (dropped odd rows/cols get 0).
 
 use super::config::Mistral3Config;
-use super::exec::Exec;
 use super::ops::{linear, linear_back, store, Act};
 use super::params::Projector;
 use super::pixtral::PatchGrid;
 use super::source::{group_grad, GradSink, ParamSource};
 use super::ModelError;
+use cannon_kernels::exec::Exec;
 use cannon_kernels::index::TransposeDims;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut};

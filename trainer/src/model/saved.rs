@@ -33,12 +33,12 @@ use super::block::{
     block_forward, gated_store, norm_store, BlockActs, BlockCtx, BlockRefs, BlockWeights,
     FwdScratch,
 };
-use super::exec::Exec;
-use super::offload::{HostPool, HostTensor};
 use super::ops::Act;
 use super::ModelError;
+use cannon_kernels::exec::Exec;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{CachingAllocator, Element, Stream};
+use cannon_runtime::{HostPool, HostTensor};
 use std::sync::Arc;
 
 type Result<T> = std::result::Result<T, KernelError>;
@@ -84,7 +84,8 @@ impl<T: Element> Slot<T> {
     fn offload(&mut self, pool: &HostPool, st: &Stream) -> Result<()> {
         if let Slot::Device(_) = self {
             if let Slot::Device(t) = std::mem::replace(self, Slot::Dropped) {
-                *self = Slot::Host(Box::new(pool.offload(st, t)?));
+                let shape = t.shape().to_vec();
+                *self = Slot::Host(Box::new(pool.offload(st, t.into_buffer(), &shape)?));
             }
         }
         Ok(())
@@ -92,7 +93,7 @@ impl<T: Element> Slot<T> {
 
     fn settle(&mut self) -> Result<()> {
         match self {
-            Slot::Host(h) => h.settle(),
+            Slot::Host(h) => Ok(h.settle()?),
             _ => Ok(()),
         }
     }
@@ -104,7 +105,10 @@ impl<T: Element> Slot<T> {
         st: &Stream,
     ) -> Result<Option<Tensor<T>>> {
         match self {
-            Slot::Host(h) => Ok(Some(pool.reload(alloc, st, h)?)),
+            Slot::Host(h) => {
+                let buf = pool.reload(alloc, st, h)?;
+                Ok(Some(Tensor::from_buffer(buf, h.shape())?))
+            }
             _ => Ok(None),
         }
     }

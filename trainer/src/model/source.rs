@@ -24,7 +24,7 @@
 //! of the pass's plan (told by [`ParamSource::begin`]) before returning, as the sharded
 //! source issues the next gather: the device holds the current group and the next one. On an
 //! NPU the copies run on the host pool's copy stream from pinned memory
-//! ([`super::offload::HostPool::reload`]) and the compute stream waits for a group's copy
+//! ([`cannon_runtime::HostPool::reload`]) and the compute stream waits for a group's copy
 //! only when it is fetched, so the next group's copy overlaps the current group's compute.
 
 use super::config::Mistral3Config;

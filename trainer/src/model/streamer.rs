@@ -2,10 +2,11 @@
 //! are copied to the device one at a time, the next one of the pass's plan ahead (see
 //! [`super::source`]).
 
-use super::exec::Exec;
-use super::offload::{CopyMark, Stored};
+use super::offload::Stored;
 use super::ModelError;
+use cannon_kernels::exec::Exec;
 use cannon_kernels::Tensor;
+use cannon_runtime::CopyMark;
 use std::sync::Mutex;
 
 /// Copies the groups of [`super::Params`] in the host pool to the device, one at a time and the
@@ -77,7 +78,7 @@ impl Streamer {
             other => {
                 drop(other);
                 let h = host(g).ok_or_else(|| ModelError::no_group(g, data.len()))?;
-                let buf = pool.reload(alloc, st, h)?;
+                let buf = Tensor::from_buffer(pool.reload(alloc, st, h)?, h.shape())?;
                 pool.wait(st, &pool.mark()?)?;
                 buf
             }
@@ -87,7 +88,7 @@ impl Streamer {
             s.next = i + 1;
             if let Some(h) = s.order.get(i + 1).and_then(|&n| host(n).map(|h| (n, h))) {
                 let (n, h) = h;
-                let ahead = pool.reload(alloc, st, h)?;
+                let ahead = Tensor::from_buffer(pool.reload(alloc, st, h)?, h.shape())?;
                 s.ahead = Some((n, ahead, pool.mark()?));
             }
         }

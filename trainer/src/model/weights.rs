@@ -9,10 +9,10 @@
 //! f32, bf16 or f16 and are widened to f32. A tensor the model lacks, one it needs but the
 //! checkpoint lacks, a wrong shape, a duplicate or another dtype is an error naming it.
 
-use super::exec::Exec;
 use super::params::{ParamLayout, Params};
 use super::ModelError;
 use crate::checkpoint::st_read::StReader;
+use cannon_kernels::exec::Exec;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};

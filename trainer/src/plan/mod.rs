@@ -221,7 +221,7 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
         // rank's staging buffer on the device; one group's p, m, v on the device during its
         // update.
         let host = sum(&|g| pa * shard(g), false) + sum(&|g| 4 * shard(g), true) * 2;
-        let slots = crate::model::offload::HostPool::staging_slots(s.device);
+        let slots = cannon_runtime::HostPool::staging_slots(s.device);
         let staging = match sharded {
             true => round_size(slots * pa * cut.largest_shard()),
             false => 0,

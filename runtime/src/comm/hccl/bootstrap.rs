@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use cannon_sys::hccl;
 
-use super::{check, runtime, HcclCommunicator};
+use super::handle::{check, runtime, HcclCommunicator};
 use crate::buffer::DeviceBuffer;
 use crate::comm::error::{CommError, CommResult};
 use crate::comm::rendezvous::{DistEnv, Rendezvous};

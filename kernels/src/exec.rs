@@ -1,14 +1,14 @@
-//! Where the model's work runs and where its memory comes from: one stream and the caching
-//! allocator its tensors are taken from.
+//! Where a model's work runs and where its memory comes from: one stream, the caching
+//! allocator its tensors are taken from, and optionally a host pool for what it offloads.
 //!
 //! By default that is the device's process-wide allocator
 //! ([`Device::allocator`]), so the figures a step reports are the device's. A
 //! trainer (or a test) that wants the model's own figures, untouched by other work in the
 //! process, gives it a private allocator with [`Exec::with_allocator`].
 
-use super::offload::HostPool;
-use cannon_kernels::{KernelError, Tensor};
-use cannon_runtime::{CachingAllocator, Device, MemoryStats, Stream};
+use crate::error::KernelError;
+use crate::tensor::Tensor;
+use cannon_runtime::{CachingAllocator, Device, HostPool, MemoryStats, Stream};
 use std::sync::Arc;
 
 /// A stream and the allocator the model's tensors come from (same device).
