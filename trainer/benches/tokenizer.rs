@@ -2,8 +2,8 @@
 //! pre-tokenizer alone against fancy-regex running the same pattern.
 //! Run: `cargo bench -p cannon-trainer --bench tokenizer`.
 
-use cannon_trainer::data::pretok::{Pretokenizer, TEKKEN_PATTERN};
-use cannon_trainer::data::Tekken;
+use cannon_trainer::train::data::pretok::{Pretokenizer, TEKKEN_PATTERN};
+use cannon_trainer::train::data::Tekken;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 

@@ -8,11 +8,11 @@
 //! ```
 
 use cannon_runtime::rng::SplitMix64;
-use cannon_trainer::checkpoint::{
-    export, hf_config_json, Checkpoint, CheckpointDir, DataState, ExportOptions, Progress, Snapshot,
-};
 use cannon_trainer::model::optim::{AdamW, AdamWConfig};
 use cannon_trainer::model::{Exec, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
+use cannon_trainer::train::checkpoint::{
+    export, hf_config_json, Checkpoint, CheckpointDir, DataState, ExportOptions, Progress, Snapshot,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -14,13 +14,13 @@
 //! (`logits` `[B, S, V]` f32 and `loss`).
 
 use cannon_runtime::comm::Communicator;
-use cannon_trainer::checkpoint::{
-    export, Checkpoint, CheckpointDir, DataState, ExportOptions, Progress, Snapshot,
-};
-use cannon_trainer::fsdp::{FsdpRank, FsdpSettings, ShardSource};
+use cannon_trainer::app::verify::Reference;
 use cannon_trainer::model::optim::AdamW;
 use cannon_trainer::model::{Mistral3, Part};
-use cannon_trainer::verify::Reference;
+use cannon_trainer::parallel::fsdp::{FsdpRank, FsdpSettings, ShardSource};
+use cannon_trainer::train::checkpoint::{
+    export, Checkpoint, CheckpointDir, DataState, ExportOptions, Progress, Snapshot,
+};
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

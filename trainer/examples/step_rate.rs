@@ -13,7 +13,7 @@
 //! The machine's speed drifts from minute to minute: compare two builds by running them
 //! interleaved, not one after the other.
 
-use cannon_trainer::bench;
+use cannon_trainer::app::bench;
 use cannon_trainer::model::memory::{plan, StepShape};
 use cannon_trainer::model::{Act, Batch, Exec, Mistral3, Mistral3Config, Precision, StepMemory};
 use std::path::PathBuf;

@@ -7,13 +7,13 @@ use common::shared_path;
 
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_runtime::rng::SplitMix64;
-use cannon_trainer::data::shuffle::Position;
-use cannon_trainer::data::{synth, Batch, DataConfig, Loader, Tekken};
-use cannon_trainer::fsdp::{rank_rows, rank_share};
 use cannon_trainer::model::{
     BatchError, Exec, Grads, LossMode, Mistral3, Mistral3Config, ModelError, ParamLayout, Params,
     Part, Visited,
 };
+use cannon_trainer::parallel::fsdp::{rank_rows, rank_share};
+use cannon_trainer::train::data::shuffle::Position;
+use cannon_trainer::train::data::{synth, Batch, DataConfig, Loader, Tekken};
 use cannon_trainer::train::flops::{shape_flops, step_flops};
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -5,7 +5,7 @@
 
 mod common;
 
-use cannon_trainer::data::synth;
+use cannon_trainer::train::data::synth;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -142,7 +142,7 @@ fn shipped_deep_config_is_valid() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let text =
         std::fs::read_to_string(root.join("trainer/benches/configs/tiny-deep.toml")).unwrap();
-    let cfg = cannon_trainer::config::TrainConfig::from_toml(&text).unwrap();
+    let cfg = cannon_trainer::train::config::TrainConfig::from_toml(&text).unwrap();
     cfg.validate().unwrap();
     let model = cannon_trainer::model::Mistral3Config::from_file(
         &root.join("trainer/benches/configs/tiny-deep/config.json"),

@@ -5,11 +5,11 @@
 
 mod common;
 
-use cannon_trainer::checkpoint::{
-    export, Checkpoint, CheckpointDir, DataState, ExportDtype, ExportOptions, Progress, Snapshot,
-};
 use cannon_trainer::model::optim::{AdamW, AdamWConfig};
 use cannon_trainer::model::{Mistral3, Part};
+use cannon_trainer::train::checkpoint::{
+    export, Checkpoint, CheckpointDir, DataState, ExportDtype, ExportOptions, Progress, Snapshot,
+};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

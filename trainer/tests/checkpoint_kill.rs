@@ -6,11 +6,11 @@
 //! `step-<N>.tmp/` is being written, then opens the latest checkpoint and checks every value.
 
 use cannon_kernels::Tensor;
-use cannon_trainer::checkpoint::{
-    hf_config_json, Checkpoint, CheckpointDir, DataState, Kind, Progress, Snapshot,
-};
 use cannon_trainer::model::optim::{AdamW, AdamWConfig};
 use cannon_trainer::model::{Exec, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
+use cannon_trainer::train::checkpoint::{
+    hf_config_json, Checkpoint, CheckpointDir, DataState, Kind, Progress, Snapshot,
+};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

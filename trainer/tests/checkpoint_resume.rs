@@ -6,13 +6,13 @@
 mod common;
 
 use cannon_runtime::rng::SplitMix64;
-use cannon_trainer::checkpoint::{
-    hf_config_json, Checkpoint, CheckpointDir, DataState, Progress, Snapshot,
-};
-use cannon_trainer::data::shuffle::Position;
-use cannon_trainer::data::{synth, DataConfig, Loader, Tekken};
 use cannon_trainer::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use cannon_trainer::model::{Exec, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
+use cannon_trainer::train::checkpoint::{
+    hf_config_json, Checkpoint, CheckpointDir, DataState, Progress, Snapshot,
+};
+use cannon_trainer::train::data::shuffle::Position;
+use cannon_trainer::train::data::{synth, DataConfig, Loader, Tekken};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::OnceLock;

@@ -20,12 +20,12 @@ mod common;
 mod fsdp_fixture;
 
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
-use cannon_trainer::batch::Batch;
-use cannon_trainer::cp::{CpAlgo, CpGroup, CpSettings};
-use cannon_trainer::fsdp::{run_cpu_ranks, FsdpRank};
+use cannon_trainer::model::batch::Batch;
 use cannon_trainer::model::{
     Act, Exec, MemoryFeatures, Mistral3, Mistral3Config, ParamLayout, Params, Part, Pass, Recompute,
 };
+use cannon_trainer::parallel::cp::{CpAlgo, CpGroup, CpSettings};
+use cannon_trainer::parallel::fsdp::{run_cpu_ranks, FsdpRank};
 use common::shared_path;
 use fsdp_fixture::*;
 use std::time::Duration;
@@ -229,7 +229,8 @@ fn truncated(b: &Batch, n: usize) -> Batch {
 fn shared_fixture() -> (Mistral3Config, Vec<Vec<f32>>, Batch) {
     let dir = shared_path("reference/mistral3-tiny");
     let model = Mistral3::load(&dir).unwrap();
-    let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors")).unwrap();
+    let r =
+        cannon_trainer::app::verify::Reference::load(&dir.join("reference.safetensors")).unwrap();
     let host = model.params.to_host(model.exec.stream()).unwrap();
     (model.cfg.clone(), host, r.batch().unwrap())
 }
@@ -338,7 +339,7 @@ fn dp2_cp_run(
     cfg: &Mistral3Config,
     host: &[Vec<f32>],
     batches: &[Batch],
-    s: &cannon_trainer::fsdp::FsdpSettings,
+    s: &cannon_trainer::parallel::fsdp::FsdpSettings,
     cp: CpSettings,
     steps: usize,
 ) -> Vec<(Vec<f64>, Vec<Vec<f32>>)> {
@@ -347,7 +348,7 @@ fn dp2_cp_run(
             comm,
             exec,
             cfg.clone(),
-            cannon_trainer::fsdp::ShardSource::Full(host),
+            cannon_trainer::parallel::fsdp::ShardSource::Full(host),
             s.clone(),
         )?;
         let mut rank = rank.with_cp(cp)?;
@@ -408,7 +409,7 @@ fn every_memory_feature_with_fsdp_and_cp_follows_the_plain_run() {
 
 fn config_err(sets: &[&str]) -> String {
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    match cannon_trainer::config::TrainConfig::load(None, &sets) {
+    match cannon_trainer::train::config::TrainConfig::load(None, &sets) {
         Ok(c) => panic!("accepted {sets:?}: {:?}", c.parallel),
         Err(e) => e.to_string(),
     }
@@ -418,7 +419,7 @@ fn config_err(sets: &[&str]) -> String {
 /// the key and say why.
 #[test]
 fn parallel_config_keys() {
-    use cannon_trainer::config::TrainConfig;
+    use cannon_trainer::train::config::TrainConfig;
     let c = TrainConfig::load(None, &[]).unwrap();
     assert_eq!(c.parallel.cp(), CpSettings::default());
     assert_eq!(c.parallel.ep_size, 1);

@@ -6,7 +6,7 @@
 mod common;
 use common::shared_path;
 
-use cannon_trainer::data::synth;
+use cannon_trainer::train::data::synth;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

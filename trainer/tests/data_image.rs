@@ -5,11 +5,11 @@
 mod common;
 use common::shared_path;
 
-use cannon_trainer::data::image::{
+use cannon_trainer::train::data::image::{
     header_size, image_block, load_and_process, load_rgb, process, regularize, ImageConfig,
     ImageTokens,
 };
-use cannon_trainer::data::DataError;
+use cannon_trainer::train::data::DataError;
 use safetensors::SafeTensors;
 
 fn reference_config() -> ImageConfig {

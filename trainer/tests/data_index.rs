@@ -6,12 +6,14 @@
 mod common;
 use common::shared_path;
 
-use cannon_trainer::data::dataset::{DataSet, SampleSettings};
-use cannon_trainer::data::image::{header_size, load_and_process, processed_size, ImageConfig};
-use cannon_trainer::data::index::{index_file, index_key, IndexUse};
-use cannon_trainer::data::info::DatasetSpec;
-use cannon_trainer::data::shuffle::{Position, Shuffler};
-use cannon_trainer::data::{synth, Batch, DataConfig, DataError, Loader, Tekken};
+use cannon_trainer::train::data::dataset::{DataSet, SampleSettings};
+use cannon_trainer::train::data::image::{
+    header_size, load_and_process, processed_size, ImageConfig,
+};
+use cannon_trainer::train::data::index::{index_file, index_key, IndexUse};
+use cannon_trainer::train::data::info::DatasetSpec;
+use cannon_trainer::train::data::shuffle::{Position, Shuffler};
+use cannon_trainer::train::data::{synth, Batch, DataConfig, DataError, Loader, Tekken};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 

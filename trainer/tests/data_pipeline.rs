@@ -5,14 +5,14 @@ mod common;
 use common::shared_path;
 
 use cannon_kernels::cross_entropy::IGNORE_INDEX as IGNORE;
-use cannon_trainer::batch::BatchError;
-use cannon_trainer::data::batch::{pad_batch, RowBuilder, Sample};
-use cannon_trainer::data::dataset::{DataSet, SampleSettings};
-use cannon_trainer::data::image::{image_block, ImageConfig, PixtralImage};
-use cannon_trainer::data::shuffle::{epoch_order, Position, Shuffler};
-use cannon_trainer::data::template::{check_roles, encode_turns, Message, Role, SpecialIds};
-use cannon_trainer::data::truncate::{assemble, infer_seqlen, validate_input_ids};
-use cannon_trainer::data::{synth, Batch, DataConfig, DataError, Loader, Tekken};
+use cannon_trainer::model::batch::BatchError;
+use cannon_trainer::train::data::batch::{pad_batch, RowBuilder, Sample};
+use cannon_trainer::train::data::dataset::{DataSet, SampleSettings};
+use cannon_trainer::train::data::image::{image_block, ImageConfig, PixtralImage};
+use cannon_trainer::train::data::shuffle::{epoch_order, Position, Shuffler};
+use cannon_trainer::train::data::template::{check_roles, encode_turns, Message, Role, SpecialIds};
+use cannon_trainer::train::data::truncate::{assemble, infer_seqlen, validate_input_ids};
+use cannon_trainer::train::data::{synth, Batch, DataConfig, DataError, Loader, Tekken};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 

@@ -5,8 +5,8 @@
 mod common;
 use common::shared_path;
 
-use cannon_trainer::data::pretok::{Pretokenizer, TEKKEN_PATTERN};
-use cannon_trainer::data::Tekken;
+use cannon_trainer::train::data::pretok::{Pretokenizer, TEKKEN_PATTERN};
+use cannon_trainer::train::data::Tekken;
 use proptest::prelude::*;
 use std::sync::OnceLock;
 

@@ -6,8 +6,8 @@
 mod fsdp_fixture;
 
 use cannon_runtime::alloc::round_size;
-use cannon_trainer::fsdp::{run_cpu_ranks, FsdpError, FsdpRank, ShardLayout};
 use cannon_trainer::model::{ParamLayout, Part};
+use cannon_trainer::parallel::fsdp::{run_cpu_ranks, FsdpError, FsdpRank, ShardLayout};
 use fsdp_fixture::*;
 use std::time::Duration;
 
@@ -220,7 +220,7 @@ fn a_bad_batch_on_one_rank_fails_every_rank_with_its_name() {
             comm,
             exec,
             cfg.clone(),
-            cannon_trainer::fsdp::ShardSource::Full(&host),
+            cannon_trainer::parallel::fsdp::ShardSource::Full(&host),
             s.clone(),
         )?;
         rank.step::<f32>(&batches[r..r + 1], 1e-3)
@@ -253,7 +253,7 @@ fn wrong_initial_groups_are_an_error() {
             comm,
             exec,
             cfg.clone(),
-            cannon_trainer::fsdp::ShardSource::Full(&host),
+            cannon_trainer::parallel::fsdp::ShardSource::Full(&host),
             s.clone(),
         )
         .map(|_| ())

@@ -4,9 +4,11 @@
 
 mod fsdp_fixture;
 
-use cannon_trainer::batch::Batch;
-use cannon_trainer::fsdp::{run_cpu_ranks, FsdpRank, FsdpSettings, ShardState, StepStats};
+use cannon_trainer::model::batch::Batch;
 use cannon_trainer::model::{Mistral3Config, ParamLayout, Part};
+use cannon_trainer::parallel::fsdp::{
+    run_cpu_ranks, FsdpRank, FsdpSettings, ShardState, StepStats,
+};
 use fsdp_fixture::*;
 use std::time::Duration;
 
@@ -27,7 +29,7 @@ fn run(
             comm,
             exec,
             cfg.clone(),
-            cannon_trainer::fsdp::ShardSource::Full(host),
+            cannon_trainer::parallel::fsdp::ShardSource::Full(host),
             s.clone(),
         )?;
         if let Some(states) = states {
@@ -101,7 +103,7 @@ fn a_state_of_another_world_is_an_error_naming_both() {
             comm,
             exec,
             cfg.clone(),
-            cannon_trainer::fsdp::ShardSource::Full(&host),
+            cannon_trainer::parallel::fsdp::ShardSource::Full(&host),
             s.clone(),
         )?;
         rank.load_state(&saved[0])

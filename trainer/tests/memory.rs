@@ -28,7 +28,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn batch(dir: &Path) -> Batch {
-    let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors"));
+    let r = cannon_trainer::app::verify::Reference::load(&dir.join("reference.safetensors"));
     r.unwrap().batch().unwrap()
 }
 

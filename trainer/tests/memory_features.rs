@@ -10,8 +10,7 @@ mod fsdp_fixture;
 use fsdp_fixture as fx;
 
 use cannon_runtime::{CachingAllocator, Stream};
-use cannon_trainer::batch::Batch;
-use cannon_trainer::fsdp::FsdpSettings;
+use cannon_trainer::model::batch::Batch;
 use cannon_trainer::model::memory::{plan_with, StepFeatures, StepShape};
 use cannon_trainer::model::offload::Stored;
 use cannon_trainer::model::optim::{clip_grad_norm, AdamW};
@@ -19,6 +18,7 @@ use cannon_trainer::model::{
     Act, Exec, Grads, LossMode, MemoryFeatures, Mistral3, Mistral3Config, ParamLayout, Params,
     Part, Recompute,
 };
+use cannon_trainer::parallel::fsdp::FsdpSettings;
 use std::sync::Arc;
 
 const ALL: [Part; 3] = [Part::Vision, Part::Projector, Part::Text];
@@ -314,9 +314,9 @@ fn optimizer_offload_is_bit_identical_and_moves_masters_and_moments_off_the_devi
 /// full gradients); the pool holds exactly the masters' blocks after the step.
 #[test]
 fn plan_equals_the_measured_peak_with_the_masters_on_the_host() {
-    use cannon_trainer::fsdp::ShardLayout;
     use cannon_trainer::model::source::PlanInputs;
     use cannon_trainer::model::PassPlan;
+    use cannon_trainer::parallel::fsdp::ShardLayout;
     let cfg = config();
     let b = batch();
     let layout = ParamLayout::new(&cfg);
@@ -345,7 +345,7 @@ fn plan_equals_the_measured_peak_with_the_masters_on_the_host() {
                 };
                 let pass = PassPlan::new(&cfg, &layout, inputs);
                 let shape = StepShape::of(&cfg, &b, m.exec.device()).unwrap();
-                let fetched = |at| cannon_trainer::plan::gathered(&pass, &one, at, 4, None);
+                let fetched = |at| cannon_trainer::app::plan::gathered(&pass, &one, at, 4, None);
                 let p = plan_with(
                     &cfg,
                     &shape,
@@ -378,7 +378,7 @@ fn plan_equals_the_measured_peak_with_the_masters_on_the_host() {
 /// exactly its shards' blocks less the staging buffer.
 #[test]
 fn fsdp_optimizer_offload_is_bit_identical_and_moves_the_shards_off_the_device() {
-    use cannon_trainer::fsdp::ShardLayout;
+    use cannon_trainer::parallel::fsdp::ShardLayout;
     let cfg = config();
     let host = fx::init(&cfg, 13);
     let batches = fx::global_batch(4, 6);
@@ -492,7 +492,7 @@ fn offload_without_a_host_pool_is_an_error() {
 /// recompute names and the offload flags map one to one; a bad value names its key.
 #[test]
 fn train_keys_select_the_features() {
-    use cannon_trainer::config::TrainConfig;
+    use cannon_trainer::train::config::TrainConfig;
     use cannon_trainer::train::memory_features;
     let cfg = TrainConfig::load(None, &[]).unwrap();
     assert_eq!(

@@ -10,12 +10,12 @@
 //! but it has every part (vision tower, projector, 3 text layers, a 1024-token vocabulary,
 //! GQA), so gathered groups, full gradients and the logits all weigh in the peak.
 
-use cannon_trainer::bench::{bench_batch, random_host};
-use cannon_trainer::cp::{CpAlgo, CpSettings};
-use cannon_trainer::fsdp::{rank_share, run_cpu_ranks, FsdpRank, FsdpSettings};
+use cannon_trainer::app::bench::{bench_batch, random_host};
+use cannon_trainer::app::plan::{self, measure, Plan, PlanSettings};
 use cannon_trainer::model::optim::AdamWConfig;
 use cannon_trainer::model::{Act, LossMode, MemoryFeatures, Mistral3Config, Part, Recompute};
-use cannon_trainer::plan::{self, measure, Plan, PlanSettings};
+use cannon_trainer::parallel::cp::{CpAlgo, CpSettings};
+use cannon_trainer::parallel::fsdp::{rank_share, run_cpu_ranks, FsdpRank, FsdpSettings};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -216,7 +216,7 @@ impl Case {
                 comm,
                 exec,
                 cfg.clone(),
-                cannon_trainer::fsdp::ShardSource::Full(&host),
+                cannon_trainer::parallel::fsdp::ShardSource::Full(&host),
                 settings.clone(),
             )?;
             let mut rank = rank.with_cp(self.cp)?;
@@ -553,8 +553,10 @@ fn planned_features_follow_their_formulas() {
     let opt = with(&["train.offload_optimizer=true"]);
     assert_eq!((opt.moments, opt.grads), (0, none.grads));
     assert_eq!(opt.host_optimizer, none.params + 2 * none.grads);
-    let cut =
-        cannon_trainer::fsdp::ShardLayout::new(&cannon_trainer::model::ParamLayout::new(&cfg), 4);
+    let cut = cannon_trainer::parallel::fsdp::ShardLayout::new(
+        &cannon_trainer::model::ParamLayout::new(&cfg),
+        4,
+    );
     let largest = cut.groups.iter().map(|g| g.shard).max().unwrap();
     assert_eq!(opt.params, round(4 * largest));
     assert!(opt.peak() < none.peak());
@@ -838,8 +840,8 @@ fn cp_with_data_parallel() {
 /// figures, for 1, 2 and 4 ranks, with and without the optimizer offload.
 #[test]
 fn start_up_and_export_device_bytes_are_planned_exactly() {
-    use cannon_trainer::fsdp::ShardSource;
     use cannon_trainer::model::init::Init;
+    use cannon_trainer::parallel::fsdp::ShardSource;
     for offload in [false, true] {
         for nproc in [1usize, 2, 4] {
             let name = format!("phases-{nproc}-{offload}");

@@ -7,11 +7,11 @@
 
 mod fsdp_fixture;
 
-use cannon_trainer::fsdp::{run_cpu_ranks, FsdpRank, ShardLayout, ShardSource};
 use cannon_trainer::model::init::{random_host, Init, INITIALIZER_RANGE};
 use cannon_trainer::model::save::write_hf;
 use cannon_trainer::model::weights::{load_host, HfWeights};
 use cannon_trainer::model::{ParamLayout, Part};
+use cannon_trainer::parallel::fsdp::{run_cpu_ranks, FsdpRank, ShardLayout, ShardSource};
 use fsdp_fixture::*;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -151,7 +151,7 @@ fn a_ranks_start_up_memory_is_its_share_of_the_state() {
 fn held_out_logits_on_any_number_of_ranks_are_the_one_process_model_s() {
     let cfg = config();
     let host = init(&cfg, 9);
-    let mut rng = cannon_trainer::data::shuffle::SplitMix64::new(3);
+    let mut rng = cannon_trainer::train::data::shuffle::SplitMix64::new(3);
     let batches = [
         micro_batch(&mut rng, true, false),
         micro_batch(&mut rng, false, true),

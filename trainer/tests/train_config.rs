@@ -1,8 +1,8 @@
 //! The `cannon train` config: defaults, file parsing, `--set` overrides, errors that name the
 //! key, the TOML round trip; and the LR schedule against values computed by hand.
 
-use cannon_trainer::config::{Dtype, Resume, Schedule, TrainConfig};
 use cannon_trainer::model::Part;
+use cannon_trainer::train::config::{Dtype, Resume, Schedule, TrainConfig};
 use cannon_trainer::train::LrSchedule;
 use std::path::PathBuf;
 
@@ -239,7 +239,7 @@ fn lr_schedule_matches_hand_computed_values() {
 fn parallel_device_is_cpu_or_npu_and_npu_needs_the_feature() {
     let load = |sets: &[&str]| {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        cannon_trainer::config::TrainConfig::load(None, &sets)
+        cannon_trainer::train::config::TrainConfig::load(None, &sets)
     };
     let e = load(&["parallel.device=gpu"]).unwrap_err().to_string();
     assert!(e.contains("parallel.device"), "{e}");

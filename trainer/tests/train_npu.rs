@@ -10,7 +10,7 @@
 
 mod common;
 
-use cannon_trainer::data::synth;
+use cannon_trainer::train::data::synth;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -5,11 +5,11 @@
 
 mod common;
 
-use cannon_trainer::checkpoint::Kind;
-use cannon_trainer::checkpoint::{export, Checkpoint, ExportDtype, ExportOptions};
-use cannon_trainer::config::TrainConfig;
-use cannon_trainer::data::synth;
 use cannon_trainer::model::{Exec, Mistral3};
+use cannon_trainer::train::checkpoint::Kind;
+use cannon_trainer::train::checkpoint::{export, Checkpoint, ExportDtype, ExportOptions};
+use cannon_trainer::train::config::TrainConfig;
+use cannon_trainer::train::data::synth;
 use cannon_trainer::train::metrics::StepRecord;
 use cannon_trainer::train::resume;
 use cannon_trainer::train::sharded::{run_sharded, run_sharded_on, Ranks};

@@ -6,14 +6,14 @@
 mod common;
 
 use cannon_runtime::comm::Communicator;
-use cannon_trainer::config::preset::{self, PresetSizes};
-use cannon_trainer::data::batch::pad_batch;
-use cannon_trainer::data::shuffle::Position;
-use cannon_trainer::data::{synth, DataConfig, Loader, Tekken};
-use cannon_trainer::fsdp::{FsdpRank, FsdpSettings, ShardSource};
 use cannon_trainer::model::init::{self, Init};
 use cannon_trainer::model::optim::AdamWConfig;
 use cannon_trainer::model::{Exec, LossMode, Mistral3, ParamLayout, Part};
+use cannon_trainer::parallel::fsdp::{FsdpRank, FsdpSettings, ShardSource};
+use cannon_trainer::train::config::preset::{self, PresetSizes};
+use cannon_trainer::train::data::batch::pad_batch;
+use cannon_trainer::train::data::shuffle::Position;
+use cannon_trainer::train::data::{synth, DataConfig, Loader, Tekken};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -146,7 +146,7 @@ fn train_writes_metrics_identity_config_and_a_model_eval_reads() {
 
     // The saved config reads back, with the resolved paths written in.
     let saved = std::fs::read_to_string(out.join("config.toml")).unwrap();
-    let c = cannon_trainer::config::TrainConfig::from_toml(&saved).unwrap();
+    let c = cannon_trainer::train::config::TrainConfig::from_toml(&saved).unwrap();
     assert_eq!(c.train.steps, Some(3));
     assert_eq!(c.log.dir.as_deref(), Some(out.as_path()));
 
@@ -301,7 +301,10 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 /// The loss and the gradient of every group of one training step over `micro` (the
 /// trainer's step, a world of one): AdamW's first moment after its first step is
 /// `(1 - beta1) g` = `g / 10`, read back and scaled (no clipping, no learning rate).
-fn grads_of(model: &Mistral3, micro: &[cannon_trainer::data::Batch]) -> (f64, Vec<Vec<f32>>) {
+fn grads_of(
+    model: &Mistral3,
+    micro: &[cannon_trainer::train::data::Batch],
+) -> (f64, Vec<Vec<f32>>) {
     let st = model.exec.stream();
     let host = model.params.to_host(st).unwrap();
     let settings = FsdpSettings {
@@ -375,7 +378,7 @@ fn two_micro_batches_equal_one_batch_of_both() {
         dataset: Some(dataset().join("train.jsonl")),
         max_len: 256,
         batch_size: 1,
-        image: cannon_trainer::data::image::ImageConfig {
+        image: cannon_trainer::train::data::image::ImageConfig {
             longest_edge: 56,
             ..Default::default()
         },
@@ -383,7 +386,7 @@ fn two_micro_batches_equal_one_batch_of_both() {
     };
     let loader = Loader::open(&dc, &tok, Position::default()).unwrap();
     let samples: Vec<_> = (0..4).map(|i| loader.sample(i).unwrap()).collect();
-    let labels = |s: &[cannon_trainer::data::batch::Sample]| -> usize {
+    let labels = |s: &[cannon_trainer::train::data::batch::Sample]| -> usize {
         s.iter()
             .map(|s| s.labels.iter().filter(|&&l| l >= 0).count())
             .sum()
@@ -432,10 +435,10 @@ fn two_micro_batches_equal_one_batch_of_both() {
 /// the rank that holds its row, counted once).
 #[test]
 fn ranks_evaluating_their_own_rows_give_the_one_process_report() {
-    use cannon_trainer::data::dataset::{DataSet, SampleSettings};
-    use cannon_trainer::data::info::DatasetSpec;
-    use cannon_trainer::eval::{evaluate, sharded::evaluate_on};
-    use cannon_trainer::fsdp::run_cpu_ranks;
+    use cannon_trainer::parallel::fsdp::run_cpu_ranks;
+    use cannon_trainer::train::data::dataset::{DataSet, SampleSettings};
+    use cannon_trainer::train::data::info::DatasetSpec;
+    use cannon_trainer::train::eval::{evaluate, sharded::evaluate_on};
     use cannon_trainer::train::run_plan::image_config;
 
     let (tok, cfg) = tiny_model();
@@ -490,7 +493,7 @@ fn ranks_evaluating_their_own_rows_give_the_one_process_report() {
             let source = ShardSource::Full(&host);
             let mut rank = FsdpRank::new(comm, exec, cfg.clone(), source, frozen.clone())?;
             evaluate_on::<f32>(&mut rank, &data, &tok, &image_cfg, rows)
-                .map_err(|e| cannon_trainer::fsdp::FsdpError::Invalid(e.to_string()))
+                .map_err(|e| cannon_trainer::parallel::fsdp::FsdpError::Invalid(e.to_string()))
         })
         .unwrap();
         for (r, rep) in got.iter().enumerate() {

@@ -5,9 +5,9 @@
 
 mod common;
 
-use cannon_trainer::config::TrainConfig;
-use cannon_trainer::data::synth;
 use cannon_trainer::model::Exec;
+use cannon_trainer::train::config::TrainConfig;
+use cannon_trainer::train::data::synth;
 use cannon_trainer::train::sharded::run_sharded;
 use cannon_trainer::train::{RunPlan, RunSetup, RunSummary};
 use std::path::{Path, PathBuf};

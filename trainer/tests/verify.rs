@@ -9,8 +9,8 @@
 mod common;
 use common::shared_path;
 
+use cannon_trainer::app::verify::{verify, Reference, Report, Tolerances};
 use cannon_trainer::model::{Mistral3, Precision};
-use cannon_trainer::verify::{verify, Reference, Report, Tolerances};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

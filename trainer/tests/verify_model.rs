@@ -13,7 +13,7 @@ fn shared_fixture() -> PathBuf {
 
 fn shared_batch() -> Batch {
     let dir = shared_fixture();
-    let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors"));
+    let r = cannon_trainer::app::verify::Reference::load(&dir.join("reference.safetensors"));
     r.unwrap().batch().unwrap()
 }
 

@@ -12,8 +12,8 @@ mod common;
 use common::shared_path;
 
 use cannon_runtime::Device;
+use cannon_trainer::app::verify::{verify, Reference, Report};
 use cannon_trainer::model::{Exec, Mistral3, Precision};
-use cannon_trainer::verify::{verify, Reference, Report};
 use std::path::PathBuf;
 use std::process::Command;
 

@@ -225,7 +225,7 @@ fn no_checkpoint_is_an_error() {
 
 fn shared_batch() -> Batch {
     let dir = shared_fixture();
-    let r = cannon_trainer::verify::Reference::load(&dir.join("reference.safetensors"));
+    let r = cannon_trainer::app::verify::Reference::load(&dir.join("reference.safetensors"));
     r.unwrap().batch().unwrap()
 }
 

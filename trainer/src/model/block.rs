@@ -25,8 +25,8 @@ use super::gate::gated_forward;
 use super::grads::GroupGrad;
 use super::ops::{add_into, linear, store, Act};
 use super::ModelError;
-use crate::cp::attn::{AttnDims, AttnSaved, SeqAttention};
-use crate::cp::layout::CpShapes;
+use crate::parallel::cp::attn::{AttnDims, AttnSaved, SeqAttention};
+use crate::parallel::cp::layout::CpShapes;
 use cannon_kernels::exec::Exec;
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, KernelError, Tensor};
@@ -106,7 +106,7 @@ pub struct BlockActs<A: cannon_runtime::Element> {
     pub gate: Tensor<f32>,  // [T,I]
     pub up: Tensor<f32>,    // [T,I]
     pub h: Tensor<A>,       // [T,I]
-    /// Under context parallelism (`crate::cp`) q, k, v and lse hold the head-sharded layout
+    /// Under context parallelism (`crate::parallel::cp`) q, k, v and lse hold the head-sharded layout
     /// (`[2C, H/u, Hd]`, the ring rank's tokens) and this the attention output in it.
     pub att_cp: Option<Tensor<A>>,
 }
@@ -152,7 +152,7 @@ impl<A: Act> BlockActs<A> {
     }
 
     /// Tensors for the `tokens` tokens of a CP rank: q, k, v, lse in the head-sharded layout
-    /// of `shapes` (see [`crate::cp::attn`]), plus `att_cp`.
+    /// of `shapes` (see [`crate::parallel::cp::attn`]), plus `att_cp`.
     pub fn new_cp(exec: &Exec, dims: &BlockDims, tokens: usize, shapes: &CpShapes) -> Result<Self> {
         let hd = dims.head_dim;
         let mut acts = Self::new(exec, dims, tokens)?;
@@ -219,7 +219,7 @@ pub struct BlockCtx<'a> {
     pub rope: &'a RopeTable,
     /// `[T]` RoPE table slot of every token.
     pub pos: &'a [u32],
-    /// This rank's tokens only, or across its context-parallel group (`crate::cp`).
+    /// This rank's tokens only, or across its context-parallel group (`crate::parallel::cp`).
     pub attention: SeqAttention<'a>,
 }
 

@@ -9,7 +9,7 @@ use super::block::{
 use super::gate::gated_backward;
 use super::ops::{copy, linear_back, store, Act};
 use super::ModelError;
-use crate::cp::attn::AttnRefs;
+use crate::parallel::cp::attn::AttnRefs;
 use cannon_kernels::attention::QkvGradBuf;
 use cannon_kernels::exec::Exec;
 use cannon_kernels::{ops, KernelError, Tensor};

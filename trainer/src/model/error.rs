@@ -3,7 +3,7 @@
 //! parallelism) wrap or convert into these without importing the model itself.
 
 use super::config::ConfigError;
-use crate::batch::BatchError;
+use crate::model::batch::BatchError;
 use cannon_kernels::KernelError;
 use cannon_runtime::comm::CommError;
 use std::path::PathBuf;
@@ -33,9 +33,9 @@ pub enum ModelError {
     Plan(String),
 }
 
-impl From<crate::cp::CpError> for ModelError {
-    fn from(e: crate::cp::CpError) -> Self {
-        use crate::cp::CpError;
+impl From<crate::parallel::cp::CpError> for ModelError {
+    fn from(e: crate::parallel::cp::CpError) -> Self {
+        use crate::parallel::cp::CpError;
         match e {
             CpError::Input(m) => ModelError::Input(m),
             CpError::Kernel(e) => ModelError::Kernel(e),

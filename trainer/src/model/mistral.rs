@@ -12,7 +12,7 @@
 //! Packed sequences: a row may hold several sequences back to back. As transformers 5.x does
 //! for packed input without an attention mask, a new sequence starts at every row start and
 //! wherever `position_ids[t] != position_ids[t-1] + 1`; the attention's `cu_seqlens` are those
-//! sequences' ends (the batch's, [`crate::batch::Batch::sequence_ends`]), so no token sees
+//! sequences' ends (the batch's, [`crate::model::batch::Batch::sequence_ends`]), so no token sees
 //! another sequence.
 
 use super::block::{block_forward, BlockActs, BlockCtx, BlockDims, BlockParams, FwdScratch};
@@ -24,8 +24,8 @@ use super::params::{TextEmbed, TextHead, TextLayer};
 use super::saved::{Held, LayerSaved, MemoryFeatures};
 use super::source::{group_grad, GradSink, GroupWeights, ParamSource};
 use super::ModelError;
-use crate::cp::attn::{CpCtx, SeqAttention};
-use crate::cp::{CpGroup, CpLayout};
+use crate::parallel::cp::attn::{CpCtx, SeqAttention};
+use crate::parallel::cp::{CpGroup, CpLayout};
 use cannon_kernels::exec::Exec;
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, Tensor};
@@ -159,14 +159,14 @@ pub fn embed_backward(
 }
 
 /// Decoder forward from `x0 [T,D]` (tokens at position ids `pos`, packed sequences ending at
-/// `cu_seqlens`, see [`crate::batch::sequence_ends`]) to the final norm's output. Each layer's
+/// `cu_seqlens`, see [`crate::model::batch::sequence_ends`]) to the final norm's output. Each layer's
 /// group is fetched just before the layer runs and let go after it; the head group, fetched
 /// for the final norm, is handed back for the lm_head. `mem` says what each layer keeps and
 /// where ([`super::saved`]).
 ///
 /// A context-parallel rank (`cp` given) passes its tokens of the layout as `x0 [Tl,D]` and
 /// `pos [Tl]`, and the whole batch's sequence ends as `cu_seqlens`; attention exchanges with
-/// the CP group ([`crate::cp`]). Recompute and offload work per rank on its own tensors,
+/// the CP group ([`crate::parallel::cp`]). Recompute and offload work per rank on its own tensors,
 /// whatever their (head-sharded) shapes.
 #[allow(clippy::too_many_arguments)]
 pub fn forward<'p, A: Act>(

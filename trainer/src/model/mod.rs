@@ -33,8 +33,9 @@
 //! the point of use and hands each group's gradient to a [`GradSink`] when it is done with
 //! it, in the order of [`PassPlan`] ([`source`]). The model's own [`Params`] and [`Grads`]
 //! ([`grads`]) are the trivial source and sink (views, no copies); a sharded rank
-//! (`crate::fsdp`) gathers and reduce-scatters there.
+//! (`crate::parallel::fsdp`) gathers and reduce-scatters there.
 
+pub mod batch;
 pub mod block;
 pub mod block_backward;
 pub mod config;
@@ -58,7 +59,7 @@ pub mod source;
 pub mod streamer;
 pub mod weights;
 
-pub use crate::batch::{Batch, BatchError, Images};
+pub use crate::model::batch::{Batch, BatchError, Images};
 pub use cannon_kernels::exec::Exec;
 pub use config::{ConfigError, Mistral3Config};
 pub use error::{ModelError, WeightsError};

@@ -20,7 +20,7 @@
 //!                     update, with at most one group's state on the device
 //! ```
 //!
-//! An FSDP rank (`crate::fsdp`) keeps its `[shard]` masters and moments there the same way
+//! An FSDP rank (`crate::parallel::fsdp`) keeps its `[shard]` masters and moments there the same way
 //! and copies a shard into a staging buffer before each all-gather.
 
 use super::grads::Grads;

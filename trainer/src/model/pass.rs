@@ -11,8 +11,8 @@ use super::params::{self, Part};
 use super::saved::MemoryFeatures;
 use super::source::{self, group_grad, GradSink, ParamSource, PassPlan};
 use super::{mistral, pixtral, projector};
-use crate::batch::Batch;
-use crate::cp::{CpGroup, CpLayout};
+use crate::model::batch::Batch;
+use crate::parallel::cp::{CpGroup, CpLayout};
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
 use cannon_kernels::exec::Exec;
 use cannon_kernels::{ops as kops, Tensor};
@@ -65,7 +65,7 @@ pub struct Visited {
 
 /// One forward or backward over a [`ParamSource`]: the model as a pass sees it. The
 /// [`super::Mistral3`] methods are passes over the model's own [`super::Params`] and
-/// [`super::Grads`]; a sharded rank (`crate::fsdp`) runs the same passes over its gathering
+/// [`super::Grads`]; a sharded rank (`crate::parallel::fsdp`) runs the same passes over its gathering
 /// source and reduce-scattering sink, with the step's global target count as the loss
 /// divisor.
 #[derive(Clone, Copy)]
@@ -84,7 +84,7 @@ pub struct Pass<'a> {
     /// (training), the logits beside their gradient (verify), or the logits alone (the
     /// held-out evaluation); each `4·T·V` bytes.
     pub logits: Logits,
-    /// Context parallelism (`crate::cp`): the vision tower, projector and splice run on the
+    /// Context parallelism (`crate::parallel::cp`): the vision tower, projector and splice run on the
     /// whole batch, the decoder and the loss on this rank's token shard of the group. The
     /// head's `sum` and `targets` are then this rank's; with `LossNorm::Mean` the divisor is
     /// the group's target count (a sum over the group), so the ranks' gradients add up to

@@ -26,7 +26,7 @@ use super::ops::{patch_embed, patch_embed_back};
 use super::params::{ParamLayout, VisionEmbed, VisionLayer};
 use super::source::{group_grad, GradSink, ParamSource};
 use super::{Images, ModelError};
-use crate::cp::attn::SeqAttention;
+use crate::parallel::cp::attn::SeqAttention;
 use cannon_kernels::exec::Exec;
 use cannon_kernels::ops;
 use cannon_kernels::patch_embed::{PatchEmbedGradBufs, PatchGeom};

@@ -1,6 +1,6 @@
 //! Where a pass gets each layer group's parameters and puts each group's gradient: the two
 //! hooks that let the same forward and backward run on a model that holds all its groups
-//! ([`Params`], [`Grads`]) and on one rank of a sharded model (`crate::fsdp`), which gathers
+//! ([`Params`], [`Grads`]) and on one rank of a sharded model (`crate::parallel::fsdp`), which gathers
 //! a group just before it is used and reduce-scatters its gradient just after.
 //!
 //! The model asks for groups in a fixed order, the [`PassPlan`]:

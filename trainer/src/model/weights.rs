@@ -11,7 +11,7 @@
 
 use super::params::{ParamLayout, Params};
 use super::ModelError;
-use crate::checkpoint::st_read::StReader;
+use crate::train::checkpoint::st_read::StReader;
 use cannon_kernels::exec::Exec;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;

@@ -3,10 +3,10 @@
 //! using each other.
 
 use super::digest::DigestError;
-use crate::config::ConfigError;
-use crate::data::DataError;
-use crate::eval::EvalError;
 use crate::model::ModelError;
+use crate::train::config::ConfigError;
+use crate::train::data::DataError;
+use crate::train::eval::EvalError;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +20,7 @@ pub enum TrainError {
     #[error(transparent)]
     Eval(#[from] EvalError),
     #[error("checkpoint: {0}")]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    Checkpoint(#[from] crate::train::checkpoint::CheckpointError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -39,8 +39,8 @@ pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ 
 }
 
 /// A refused context-parallel layout is the model's bad input, as it reads.
-impl From<crate::cp::CpError> for TrainError {
-    fn from(e: crate::cp::CpError) -> Self {
+impl From<crate::parallel::cp::CpError> for TrainError {
+    fn from(e: crate::parallel::cp::CpError) -> Self {
         crate::model::ModelError::from(e).into()
     }
 }

@@ -15,9 +15,9 @@
 //! run's precision through the same `ops::gemm` entry point the model's layers use, so MFU
 //! compares the step with what this machine's GEMM reaches today, not with a datasheet.
 
-use crate::batch::Batch;
-use crate::data::loader::BatchShape;
+use crate::model::batch::Batch;
 use crate::model::{Exec, Mistral3Config, Part};
+use crate::train::data::loader::BatchShape;
 use cannon_kernels::gemm::{Dims, Trans};
 use cannon_kernels::{ops, KernelError, Precision, Tensor};
 use cannon_runtime::Float;

@@ -1,7 +1,7 @@
 //! What a run reports: one JSON line per logged step (for machines), and a progress bar on a
 //! terminal or plain log lines otherwise (for people).
 
-use crate::eval::EvalReport;
+use crate::train::eval::EvalReport;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::io::{IsTerminal, Write};

@@ -9,14 +9,23 @@
 //!   start from, each reading or drawing its own shards.
 //! - [`sharded`]: the one driver loop, for every world size: one process alone (a world of
 //!   one), N in-process CPU ranks, or this process's rank of a launched job; each step is
-//!   [`crate::fsdp::FsdpRank::step`].
+//!   [`crate::parallel::fsdp::FsdpRank::step`].
 //! - [`run`]: what a run reports ([`run::RunSummary`]) and the hook run after every step
 //!   ([`run::StepHook`]); [`error`]: how it fails ([`TrainError`]).
 //! - [`resume`]: every rank's part of a checkpoint, and resuming a run from one.
 //! - [`metrics`], [`flops`], [`identity`], [`digest`]: what a run reports and records.
+//! - [`config`]: the TOML run config of `cannon train` and the built-in model presets.
+//! - [`data`]: the data pipeline (Tekken tokenizer, chat template, Pixtral images, batches).
+//! - [`checkpoint`]: sharded checkpoints (one safetensors file per rank + a JSON manifest),
+//!   written atomically, resumed bit for bit, resharded, and exported as an HF checkpoint.
+//! - [`eval`]: held-out greedy accuracy per question type of the synthetic shapes set.
 
+pub mod checkpoint;
+pub mod config;
+pub mod data;
 pub mod digest;
 pub mod error;
+pub mod eval;
 pub mod flops;
 pub mod identity;
 pub mod metrics;

@@ -16,13 +16,13 @@ use super::error::TrainError;
 use super::run_plan::{RunPlan, FINAL_RUN_CONFIG};
 use super::schedule::LrSchedule;
 use super::setup::{Counters, RunSetup};
-use crate::checkpoint::manifest::{group_entries, OptimizerState};
-use crate::checkpoint::{
+use crate::parallel::fsdp::FsdpRank;
+use crate::train::checkpoint::manifest::{group_entries, OptimizerState};
+use crate::train::checkpoint::{
     padded_shards, save_distributed, Checkpoint, CheckpointDir, CheckpointError, DataState,
     Progress, RankShards, SaveMeta,
 };
-use crate::config::Resume;
-use crate::fsdp::FsdpRank;
+use crate::train::config::Resume;
 use std::path::PathBuf;
 
 /// The checkpoint progress record of a run at `c`.

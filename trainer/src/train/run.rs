@@ -13,7 +13,7 @@
 use super::error::TrainError;
 use super::metrics::StepRecord;
 use super::run_plan::RunPlan;
-use crate::eval::EvalReport;
+use crate::train::eval::EvalReport;
 use std::path::PathBuf;
 
 /// Runs on rank 0 after every optimizer step, with that step's record (the same line

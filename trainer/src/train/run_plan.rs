@@ -5,11 +5,11 @@
 //! step count of an epoch budget, and the weight files of an HF folder.
 
 use super::error::{io, TrainError};
-use crate::config::{self, preset, ConfigError, Resume, TrainConfig};
-use crate::data::image::ImageConfig;
-use crate::data::shuffle::{Position, Shuffler};
-use crate::data::{synth, DataConfig, Tekken};
 use crate::model::{weights, Mistral3Config, ModelError, Part};
+use crate::train::config::{self, preset, ConfigError, Resume, TrainConfig};
+use crate::train::data::image::ImageConfig;
+use crate::train::data::shuffle::{Position, Shuffler};
+use crate::train::data::{synth, DataConfig, Tekken};
 use std::path::{Path, PathBuf};
 
 /// Seed of the synthetic set the default run makes (fixed, so every machine trains on the

@@ -13,7 +13,7 @@
 //! at learning rate 0 still advances AdamW's moments and step count while changing nothing.
 //! The schedule is a pure function of the step, so the step alone is its checkpoint state.
 
-use crate::config::Schedule;
+use crate::train::config::Schedule;
 use serde::{Deserialize, Serialize};
 
 /// The schedule's settings (see the module docs for the formula).

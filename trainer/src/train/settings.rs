@@ -1,6 +1,6 @@
 //! What the training step is given besides the model and the batch: the optimizer's
 //! hyper-parameters, the clip, the freeze list ([`TrainSettings`]) and the memory features of
-//! `[train]`. The step itself is [`crate::fsdp::FsdpRank::step`], for every world size.
+//! `[train]`. The step itself is [`crate::parallel::fsdp::FsdpRank::step`], for every world size.
 
 use crate::model::optim::AdamWConfig;
 use crate::model::{LossMode, MemoryFeatures, Part, Recompute};
@@ -19,15 +19,15 @@ pub struct TrainSettings {
 
 /// The model's loss mode and memory features from `[train]` (`loss_chunk`, `recompute`,
 /// `offload_activations`, `offload_optimizer`).
-pub fn memory_features(t: &crate::config::TrainSection) -> (LossMode, MemoryFeatures) {
+pub fn memory_features(t: &crate::train::config::TrainSection) -> (LossMode, MemoryFeatures) {
     let loss = match t.loss_chunk {
         0 => LossMode::Full,
         n => LossMode::Chunked(n),
     };
     let recompute = match t.recompute {
-        crate::config::RecomputeMode::None => Recompute::None,
-        crate::config::RecomputeMode::Full => Recompute::Full,
-        crate::config::RecomputeMode::Selective => Recompute::Selective,
+        crate::train::config::RecomputeMode::None => Recompute::None,
+        crate::train::config::RecomputeMode::Full => Recompute::Full,
+        crate::train::config::RecomputeMode::Selective => Recompute::Selective,
     };
     let mem = MemoryFeatures {
         recompute,

@@ -1,7 +1,7 @@
 //! A run made ready without its model: data read, tokenizer, the model's config, the
 //! schedule, where the weights come from, the GEMM peak. The loop ([`super::sharded`])
 //! hands it to its ranks (one alone, or N), each of which reads or draws only its own shards
-//! ([`crate::fsdp::ShardSource`]): no process builds the whole model to cut it.
+//! ([`crate::parallel::fsdp::ShardSource`]): no process builds the whole model to cut it.
 
 use super::error::{io, TrainError};
 use super::flops::gemm_peak;
@@ -11,18 +11,18 @@ use super::run_plan::{image_config, make_synth, model_config, steps_for_epochs, 
 use super::run_plan::{ModelSource, RunPlan, FINAL_RUN_CONFIG};
 use super::schedule::LrSchedule;
 use super::settings::memory_features;
-use crate::config::{self, ConfigError};
-use crate::data::dataset::{DataSet, SampleSettings};
-use crate::data::image::ImageConfig;
-use crate::data::info::DatasetSpec;
-use crate::data::shuffle::Position;
-use crate::data::{Loader, Tekken};
-use crate::eval::EvalReport;
-use crate::fsdp::ShardSource;
 use crate::model::init::{self, Init};
 use crate::model::optim::AdamWConfig;
 use crate::model::weights::HfWeights;
 use crate::model::{Exec, LossMode, MemoryFeatures, Mistral3Config, ModelError, ParamLayout, Part};
+use crate::parallel::fsdp::ShardSource;
+use crate::train::config::{self, ConfigError};
+use crate::train::data::dataset::{DataSet, SampleSettings};
+use crate::train::data::image::ImageConfig;
+use crate::train::data::info::DatasetSpec;
+use crate::train::data::shuffle::Position;
+use crate::train::data::{Loader, Tekken};
+use crate::train::eval::EvalReport;
 use std::path::{Path, PathBuf};
 
 /// Where a run stands after a step: what a checkpoint's progress record is made of.

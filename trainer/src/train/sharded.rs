@@ -1,6 +1,6 @@
 //! The one training loop of `cannon train`, for every world size: one process alone
 //! ([`Ranks::Solo`], a world of one on the CPU or one NPU, whose shards are the whole groups);
-//! `parallel.nproc = N > 1` in-process CPU ranks of an FSDP (ZeRO-3) run ([`crate::fsdp`]),
+//! `parallel.nproc = N > 1` in-process CPU ranks of an FSDP (ZeRO-3) run ([`crate::parallel::fsdp`]),
 //! one thread and one caching allocator each; or, with `parallel.device = npu` in a job of
 //! `cannon launch` ([`Ranks::Hccl`]), this process's one rank on its NPU, the job's ranks
 //! joined by HCCL. Every step is [`FsdpRank::step`]. Rank 0's process alone writes the run's
@@ -16,7 +16,7 @@
 //!          the grad_accum micro batches of the global batch, of which it reads only its
 //!          rows' images (Loader::next_rows with fsdp::rank_rows over the dp = nproc /
 //!          cp_size replicas: the cp ranks of a replica take the same rows and split their
-//!          tokens, `crate::cp`); FsdpRank::step at the schedule's learning rate
+//!          tokens, `crate::parallel::cp`); FsdpRank::step at the schedule's learning rate
 //! rank 0   the metrics line and progress of every step (memory figures: rank 0's
 //!          allocator; tokens, samples, FLOPs: the whole global batch)
 //! ckpt     every `checkpoint.every` steps (and after the last) each rank writes its shards
@@ -38,11 +38,11 @@ use super::metrics::{JsonlWriter, Progress, StepRecord};
 use super::resume;
 use super::run::{RunSummary, StepHook, CACHE_SLACK};
 use super::setup::{Counters, RunSetup};
-use crate::config::Dtype;
-use crate::data::shuffle::Position;
-use crate::data::{DataError, Loader};
-use crate::fsdp::{rank_rows, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings};
 use crate::model::{Act, Exec};
+use crate::parallel::fsdp::{rank_rows, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings};
+use crate::train::config::Dtype;
+use crate::train::data::shuffle::Position;
+use crate::train::data::{DataError, Loader};
 use cannon_runtime::comm::Communicator;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -101,7 +101,7 @@ struct Rank0 {
     last: Option<StepRecord>,
     position: Position,
     checkpoint: Option<std::path::PathBuf>,
-    eval: Option<crate::eval::EvalReport>,
+    eval: Option<crate::train::eval::EvalReport>,
 }
 
 fn run_as<A: Act>(
@@ -287,7 +287,7 @@ fn run_as<A: Act>(
         // rows; every rank gets the report, rank 0 returns it.
         let eval = match &eval_data {
             Some(data) => Some(
-                crate::eval::sharded::evaluate_on::<A>(
+                crate::train::eval::sharded::evaluate_on::<A>(
                     &mut rank,
                     data,
                     &t.tok,

@@ -5,11 +5,13 @@
 
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
 use cannon_runtime::rng::SplitMix64;
-use cannon_trainer::batch::{Batch, Images};
-use cannon_trainer::fsdp::{run_cpu_ranks, FsdpRank, FsdpSettings, ShardState, StepStats};
+use cannon_trainer::model::batch::{Batch, Images};
 use cannon_trainer::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use cannon_trainer::model::{
     Act, Exec, Grads, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part, Pass,
+};
+use cannon_trainer::parallel::fsdp::{
+    run_cpu_ranks, FsdpRank, FsdpSettings, ShardState, StepStats,
 };
 use std::time::Duration;
 
@@ -159,7 +161,7 @@ pub fn run_sharded<A: Act>(
             comm,
             exec,
             cfg.clone(),
-            cannon_trainer::fsdp::ShardSource::Full(host),
+            cannon_trainer::parallel::fsdp::ShardSource::Full(host),
             s.clone(),
         )?;
         let resident = rank.exec().memory().allocated;

@@ -137,7 +137,7 @@ impl MemoryPlan {
 /// offload ([`MemoryFeatures`], as the model runs them; see the module docs for their
 /// terms) and context parallelism.
 ///
-/// Context parallelism (`crate::cp::attn`, `crate::cp::ring`; u Ulysses ranks, r ring
+/// Context parallelism (`crate::parallel::cp::attn`, `crate::parallel::cp::ring`; u Ulysses ranks, r ring
 /// ranks). With Tl the rank's tokens, rep = u / Hkv when Hkv < u (each kv head repeated),
 /// rep = 1 otherwise, and Hkv' = rep·Hkv, write `q4 = 4·Tl·Hq·Hd`, `k4 = 4·Tl·Hkv'·Hd` (f32) and `qa`, `ka`
 /// the same in activation storage, `kv = a·Tl·Hkv·Hd`, and `x = 1` when u > 1 (an
@@ -319,7 +319,7 @@ pub fn plan(
 /// [`plan`] under memory features `feat`, with `comm(at)` bytes of parameter and gradient
 /// buffers alive at each group step besides the resident ones (0 for a model that holds
 /// its groups on the device; a sharded rank's gathered groups, or the groups copied in from
-/// the host pool under the optimizer offload, see `crate::plan::gathered`). `s.tokens` is the
+/// the host pool under the optimizer offload, see `crate::app::plan::gathered`). `s.tokens` is the
 /// rank's text tokens (T/cp under context parallel); patches and merged tokens are whole.
 /// A phase that spans a tower's layers reports the layer where it is highest.
 #[allow(clippy::too_many_arguments)]

@@ -1,0 +1,352 @@
+//! Reading a safetensors file a piece at a time: the header parsed and checked up front,
+//! then positioned reads of only the bytes asked for, widened to f32 (the format and the
+//! writer are [`super::st_io`]).
+
+use super::error::{io, CheckpointError, Result};
+use super::st_io::{StDtype, MAX_HEADER};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// One tensor of a file being read: where its bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub dtype: StDtype,
+    pub shape: Vec<usize>,
+    /// Byte range in the file.
+    pub bytes: Range<u64>,
+}
+
+impl Entry {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// A safetensors file opened for reading pieces of its tensors. Reads are positioned
+/// (`pread`), so one reader serves several threads, and only the bytes asked for are read:
+/// not a memory map, whose pages would count in the process's resident memory.
+#[derive(Debug)]
+pub struct StReader {
+    path: PathBuf,
+    file: File,
+    tensors: HashMap<String, Entry>,
+    /// Tensors of a dtype this reader cannot widen: name -> the header's dtype.
+    unsupported: HashMap<String, String>,
+    metadata: HashMap<String, String>,
+    /// False: sizes only (see [`StReader::without_data`]).
+    data: bool,
+}
+
+impl StReader {
+    /// Reads and checks the header: every tensor must lie inside the file (a truncated file
+    /// is an error here, not a short read later).
+    pub fn open(path: &Path) -> Result<Self> {
+        let bad = |reason: String| CheckpointError::Shard {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let mut file = File::open(path).map_err(io(path))?;
+        let file_len = file.metadata().map_err(io(path))?.len();
+        let mut n = [0u8; 8];
+        file.read_exact(&mut n)
+            .map_err(|e| bad(format!("cannot read the header length: {e}")))?;
+        let n = u64::from_le_bytes(n);
+        if n > MAX_HEADER || 8 + n > file_len {
+            return Err(bad(format!(
+                "header of {n} bytes in a file of {file_len} bytes"
+            )));
+        }
+        let mut text = vec![0u8; n as usize];
+        file.read_exact(&mut text).map_err(io(path))?;
+        let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&text)
+            .map_err(|e| bad(format!("header is not a JSON object: {e}")))?;
+        let data_start = 8 + n;
+        let mut tensors = HashMap::new();
+        let mut unsupported = HashMap::new();
+        let mut metadata = HashMap::new();
+        for (name, v) in header {
+            if name == "__metadata__" {
+                metadata = serde_json::from_value(v)
+                    .map_err(|e| bad(format!("__metadata__ is not a string map: {e}")))?;
+                continue;
+            }
+            if let Some(d) = v.get("dtype").and_then(|d| d.as_str()) {
+                if StDtype::parse(d).is_none() {
+                    unsupported.insert(name, d.to_string());
+                    continue;
+                }
+            }
+            let (dtype, shape, offsets) =
+                parse_entry(&v).ok_or_else(|| bad(format!("bad header entry for {name}")))?;
+            let numel: usize = shape.iter().product();
+            let need = (numel * dtype.size()) as u64;
+            if offsets.1 < offsets.0 || offsets.1 - offsets.0 != need {
+                return Err(bad(format!(
+                    "{name}: offsets {offsets:?} do not hold {numel} {} elements",
+                    dtype.name()
+                )));
+            }
+            let bytes = data_start + offsets.0..data_start + offsets.1;
+            if bytes.end > file_len {
+                return Err(bad(format!(
+                    "{name} ends at byte {} of a {file_len}-byte file (truncated?)",
+                    bytes.end
+                )));
+            }
+            tensors.insert(
+                name,
+                Entry {
+                    dtype,
+                    shape,
+                    bytes,
+                },
+            );
+        }
+        Ok(StReader {
+            path: path.to_path_buf(),
+            file,
+            tensors,
+            unsupported,
+            metadata,
+            data: true,
+        })
+    }
+
+    /// A reader of sizes only, for the meta device: every read is checked and its piece
+    /// buffer allocated as when reading, but no byte is read and `dst` is left as it is.
+    pub fn without_data(mut self) -> Self {
+        self.data = false;
+        self
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, String> {
+        &self.metadata
+    }
+
+    pub fn entry(&self, name: &str) -> Option<&Entry> {
+        self.tensors.get(name)
+    }
+
+    /// Every tensor's name, those of unsupported dtypes included.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors
+            .keys()
+            .chain(self.unsupported.keys())
+            .map(String::as_str)
+    }
+
+    /// The header's dtype of tensor `name` when it is one this reader cannot widen.
+    pub fn unsupported(&self, name: &str) -> Option<&str> {
+        self.unsupported.get(name).map(String::as_str)
+    }
+
+    /// Elements `range` of the f32 tensor `name`, into `dst` (of the range's length).
+    pub fn read_f32_into(&self, name: &str, range: Range<usize>, dst: &mut [f32]) -> Result<()> {
+        match self.tensors.get(name) {
+            Some(e) if e.dtype != StDtype::F32 => Err(CheckpointError::Shard {
+                path: self.path.clone(),
+                reason: format!("{name} is {}, not F32", e.dtype.name()),
+            }),
+            _ => self.read_widened(name, range, dst),
+        }
+    }
+
+    /// Elements `range` of tensor `name` of any supported dtype, widened to f32 into `dst`
+    /// (of the range's length). An f32 tensor's bytes are read straight into `dst` (on a
+    /// little-endian host they are its values: no second copy through a buffer); other
+    /// dtypes are read in pieces of at most [`READ_PIECE`] bytes and widened, so a range of
+    /// any size costs no more than that beside `dst`.
+    pub fn read_widened(&self, name: &str, range: Range<usize>, dst: &mut [f32]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let bad = |reason: String| CheckpointError::Shard {
+            path: self.path.clone(),
+            reason,
+        };
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| bad(format!("no tensor {name}")))?;
+        if range.start > range.end || range.end > e.numel() || dst.len() != range.len() {
+            return Err(bad(format!(
+                "elements {range:?} of {name} ({} elements) into {} slots",
+                e.numel(),
+                dst.len()
+            )));
+        }
+        let size = e.dtype.size();
+        let per_piece = (READ_PIECE / size).max(1);
+        if self.data && e.dtype == StDtype::F32 && cfg!(target_endian = "little") {
+            let at = e.bytes.start + (size * range.start) as u64;
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+            return self.file.read_exact_at(bytes, at).map_err(io(&self.path));
+        }
+        // Sizes only (a meta rank) allocate the piece for every dtype: what a widened read
+        // holds, the plan's bound for a load whatever the files' dtype.
+        let mut raw = vec![0u8; size * per_piece.min(range.len())];
+        if !self.data {
+            return Ok(());
+        }
+        for (i, out) in dst.chunks_mut(per_piece).enumerate() {
+            let at = e.bytes.start + (size * (range.start + i * per_piece)) as u64;
+            let raw = &mut raw[..size * out.len()];
+            self.file.read_exact_at(raw, at).map_err(io(&self.path))?;
+            widen(e.dtype, raw, out);
+        }
+        Ok(())
+    }
+
+    /// The whole f32 tensor `name`.
+    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let n = self.entry(name).map_or(0, Entry::numel);
+        let mut v = vec![0.0; n];
+        self.read_f32_into(name, 0..n, &mut v)?;
+        Ok(v)
+    }
+}
+
+/// The most bytes [`StReader::read_widened`] reads at once.
+pub const READ_PIECE: usize = 16 << 20;
+
+/// Little-endian `dtype` elements of `raw` widened into `dst` (as many as `dst` holds).
+fn widen(dtype: StDtype, raw: &[u8], dst: &mut [f32]) {
+    match dtype {
+        StDtype::F32 => {
+            for (d, b) in dst.iter_mut().zip(raw.chunks_exact(4)) {
+                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        StDtype::Bf16 => {
+            for (d, b) in dst.iter_mut().zip(raw.chunks_exact(2)) {
+                *d = half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
+        StDtype::F16 => {
+            for (d, b) in dst.iter_mut().zip(raw.chunks_exact(2)) {
+                *d = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+            }
+        }
+    }
+}
+
+/// `{"dtype": "F32", "shape": [..], "data_offsets": [a, b]}`.
+fn parse_entry(v: &serde_json::Value) -> Option<(StDtype, Vec<usize>, (u64, u64))> {
+    let dtype = StDtype::parse(v.get("dtype")?.as_str()?)?;
+    let shape = v
+        .get("shape")?
+        .as_array()?
+        .iter()
+        .map(|d| d.as_u64().map(|d| d as usize))
+        .collect::<Option<Vec<_>>>()?;
+    let off = v.get("data_offsets")?.as_array()?;
+    if off.len() != 2 {
+        return None;
+    }
+    Some((dtype, shape, (off[0].as_u64()?, off[1].as_u64()?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::checkpoint::st_io::{StWriter, TensorSpec};
+    use std::collections::BTreeMap;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cannon-st-io-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d.join(name)
+    }
+
+    /// What the writer streams is what the `safetensors` crate parses, bit for bit, and what
+    /// the reader reads back in pieces.
+    #[test]
+    fn streamed_file_reads_back_with_the_crate_and_in_pieces() {
+        let path = tmp("a.safetensors");
+        let a: Vec<f32> = (0..10).map(|i| i as f32 * 0.37 - 1.0).collect();
+        let b: Vec<f32> = vec![f32::MIN_POSITIVE, -0.0, 1e30, 3.5];
+        let specs = vec![
+            TensorSpec {
+                name: "x.a".into(),
+                dtype: StDtype::F32,
+                shape: vec![2, 5],
+            },
+            TensorSpec {
+                name: "empty".into(),
+                dtype: StDtype::F32,
+                shape: vec![0],
+            },
+            TensorSpec {
+                name: "b16".into(),
+                dtype: StDtype::Bf16,
+                shape: vec![4],
+            },
+        ];
+        let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+        let mut w = StWriter::create(&path, specs, &meta).unwrap();
+        w.write_f32(&a[..3]).unwrap();
+        w.write_f32(&a[3..]).unwrap();
+        assert_eq!(w.current(), Some("b16"));
+        w.write_f32(&b).unwrap();
+        assert!(w.write_f32(&[1.0]).is_err());
+        let size = w.finish().unwrap();
+
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len() as u64, size);
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let x = st.tensor("x.a").unwrap();
+        assert_eq!(x.shape(), &[2, 5]);
+        let back: Vec<f32> = x
+            .data()
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            back.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        let h = st.tensor("b16").unwrap();
+        assert_eq!(h.dtype(), safetensors::Dtype::BF16);
+        let want: Vec<u8> = b
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+            .collect();
+        assert_eq!(h.data(), want.as_slice());
+
+        let r = StReader::open(&path).unwrap();
+        assert_eq!(r.metadata().get("format").map(String::as_str), Some("pt"));
+        let mut piece = vec![0.0; 4];
+        r.read_f32_into("x.a", 4..8, &mut piece).unwrap();
+        assert_eq!(piece, a[4..8]);
+        assert_eq!(r.read_f32("x.a").unwrap(), a);
+        assert!(r.read_f32("b16").is_err(), "bf16 is not read as f32");
+        assert!(r.read_f32_into("x.a", 8..11, &mut [0.0; 3]).is_err());
+    }
+
+    #[test]
+    fn unfinished_and_truncated_files_are_errors() {
+        let path = tmp("b.safetensors");
+        let specs = vec![TensorSpec {
+            name: "w".into(),
+            dtype: StDtype::F32,
+            shape: vec![1000],
+        }];
+        let mut w = StWriter::create(&path, specs.clone(), &BTreeMap::new()).unwrap();
+        w.write_f32(&[1.0; 10]).unwrap();
+        let err = w.finish().unwrap_err().to_string();
+        assert!(err.contains("40 of 4000 data bytes"), "{err}");
+
+        let mut w = StWriter::create(&path, specs, &BTreeMap::new()).unwrap();
+        w.write_f32(&[1.0; 1000]).unwrap();
+        let size = w.finish().unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(size - 1).unwrap();
+        let err = StReader::open(&path).unwrap_err().to_string();
+        assert!(err.contains("truncated"), "{err}");
+    }
+}
