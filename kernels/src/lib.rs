@@ -30,8 +30,8 @@
 //! D = hidden, H = heads, Hd = head_dim, V = vocab.
 
 pub mod backend;
+pub mod device_ctx;
 pub mod error;
-pub mod exec;
 pub mod ops;
 pub mod tensor;
 pub mod tolerance;

@@ -50,16 +50,16 @@ fn hold(stream: &Stream, on: bool) -> acl::aclError {
 
 /// A hold lifted on drop, so a failing assertion unwinds instead of hanging in the
 /// stream's drop (which drains the held queue).
-struct Held<'a>(&'a Stream);
+struct Restored<'a>(&'a Stream);
 
-impl<'a> Held<'a> {
+impl<'a> Restored<'a> {
     fn new(stream: &'a Stream) -> Self {
         assert_eq!(hold(stream, true), 0);
-        Held(stream)
+        Restored(stream)
     }
 }
 
-impl Drop for Held<'_> {
+impl Drop for Restored<'_> {
     fn drop(&mut self) {
         // No assertion here: this may run while a failed assertion unwinds.
         let _ = hold(self.0, false);
@@ -89,7 +89,7 @@ fn a_block_freed_on_one_stream_serves_another_only_after_that_streams_work() {
     a.synchronize().unwrap();
     let addr = src.as_raw_ptr() as usize;
 
-    let held = Held::new(&a);
+    let held = Restored::new(&a);
     dst.memcpy_dtod(&a, &src.view()).unwrap(); // queued on a; reads src when a runs
     drop(src); // freed while a's copy of it is still queued
     let before = alloc.stats();
@@ -131,7 +131,7 @@ fn control_without_a_stream_the_block_is_handed_on_at_once_and_the_held_copy_rea
     a.synchronize().unwrap();
     let addr = src.as_raw_ptr() as usize;
 
-    let held = Held::new(&a);
+    let held = Restored::new(&a);
     dst.memcpy_dtod(&a, &src.view()).unwrap();
     drop(src);
     // No stream named on either side: the allocator cannot know about a's queued copy.
@@ -158,7 +158,7 @@ fn a_block_is_reused_on_its_own_stream_at_once_and_stream_order_keeps_it_correct
     a.synchronize().unwrap();
     let addr = src.as_raw_ptr() as usize;
 
-    let held = Held::new(&a);
+    let held = Restored::new(&a);
     dst.memcpy_dtod(&a, &src.view()).unwrap();
     drop(src);
     let before = alloc.stats();
@@ -188,7 +188,7 @@ fn record_stream_keeps_a_block_from_its_own_stream_until_the_other_streams_work_
         b.synchronize().unwrap();
         let addr = src.as_raw_ptr() as usize;
 
-        let held = Held::new(&b);
+        let held = Restored::new(&b);
         dst.memcpy_dtod(&b, &src.view()).unwrap(); // src, owned by a, read on b
         if record {
             src.record_stream(&b).unwrap();
@@ -223,7 +223,7 @@ fn empty_cache_waits_for_queued_work_before_returning_memory_to_the_device() {
     let src = DeviceBuffer::clone_htod(&a, &host).unwrap();
     let mut dst = DeviceBuffer::<f32>::alloc_zeros(&a, N).unwrap();
     a.synchronize().unwrap();
-    let held = Held::new(&a);
+    let held = Restored::new(&a);
     dst.memcpy_dtod(&a, &src.view()).unwrap();
     drop(src);
     let reserved = alloc.stats().reserved;

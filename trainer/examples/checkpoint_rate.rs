@@ -9,7 +9,9 @@
 
 use cannon_runtime::rng::SplitMix64;
 use cannon_trainer::model::optim::{AdamW, AdamWConfig};
-use cannon_trainer::model::{Exec, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
+use cannon_trainer::model::{
+    DeviceCtx, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part,
+};
 use cannon_trainer::train::checkpoint::{
     export, hf_config_json, Checkpoint, CheckpointDir, DataState, ExportOptions, Progress, Snapshot,
 };
@@ -29,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::remove_dir_all(&scratch).ok();
     let cfg = Mistral3Config::from_file(&PathBuf::from(&config).join("config.json"))?;
     let layout = ParamLayout::new(&cfg);
-    let exec = Exec::cpu();
+    let exec = DeviceCtx::cpu();
     let mut rng = SplitMix64::new(1);
     let host: Vec<Vec<f32>> = layout
         .groups
@@ -77,7 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let t = Instant::now();
     let mut ckpt = Checkpoint::open(&path)?;
-    let back = Snapshot::load(&mut ckpt, Exec::cpu())?;
+    let back = Snapshot::load(&mut ckpt, DeviceCtx::cpu())?;
     let load_s = t.elapsed().as_secs_f64();
     println!("load {load_s:.2} s ({:.0} MB/s)", mb / load_s);
     drop(back);

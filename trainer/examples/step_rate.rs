@@ -15,7 +15,9 @@
 
 use cannon_trainer::app::bench;
 use cannon_trainer::model::memory::{plan, StepShape};
-use cannon_trainer::model::{Act, Batch, Exec, Mistral3, Mistral3Config, Precision, StepMemory};
+use cannon_trainer::model::{
+    ActElem, Batch, DeviceCtx, Mistral3, Mistral3Config, Precision, StepMemory,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -52,7 +54,7 @@ fn parse() -> Args {
     a
 }
 
-fn time<A: Act>(model: &Mistral3, batch: &Batch, runs: usize) -> (Vec<f64>, f64, StepMemory) {
+fn time<A: ActElem>(model: &Mistral3, batch: &Batch, runs: usize) -> (Vec<f64>, f64, StepMemory) {
     let mut grads = model
         .grads(&[cannon_trainer::model::Part::Text])
         .expect("gradients");
@@ -78,7 +80,7 @@ fn time<A: Act>(model: &Mistral3, batch: &Batch, runs: usize) -> (Vec<f64>, f64,
 fn main() {
     let a = parse();
     let cfg = Mistral3Config::from_file(&a.config.join("config.json")).expect("config");
-    let model = bench::random_model(&cfg, Exec::cpu(), 0).expect("random weights");
+    let model = bench::random_model(&cfg, DeviceCtx::cpu(), 0).expect("random weights");
     let batch = bench::bench_batch(&cfg, a.batch, a.seq, a.img, 0).expect("bench batch");
     for dt in &a.dtypes {
         let (times, loss, mem) = match dt.as_str() {

@@ -8,8 +8,8 @@ use common::shared_path;
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_runtime::rng::SplitMix64;
 use cannon_trainer::model::{
-    BatchError, Exec, Grads, LossMode, Mistral3, Mistral3Config, ModelError, ParamLayout, Params,
-    Part, Visited,
+    BackwardSteps, BatchError, DeviceCtx, Grads, LossMode, Mistral3, Mistral3Config, ModelError,
+    ParamLayout, Params, Part,
 };
 use cannon_trainer::parallel::fsdp::{rank_rows, rank_share};
 use cannon_trainer::train::data::shuffle::Position;
@@ -59,7 +59,7 @@ fn tiny_model() -> Mistral3 {
                 .for_each(|x| *x = (rng.unit_f64() as f32 - 0.5) * 0.2);
         }
     }
-    let exec = Exec::cpu();
+    let exec = DeviceCtx::cpu();
     let params = Params::from_host(&exec, layout, &host).unwrap();
     Mistral3 {
         cfg,
@@ -123,9 +123,9 @@ fn check_batch_trains(model: &Mistral3, batch: &Batch, what: &str) {
     // The default: vision tower and projector frozen, no backward of theirs runs.
     let mut grads = model.grads(&[Part::Text]).unwrap();
     let visited = model.backward(batch, &acts, &mut grads, None).unwrap();
-    let text_only = Visited {
+    let text_only = BackwardSteps {
         text_layers: lt,
-        ..Visited::default()
+        ..BackwardSteps::default()
     };
     assert_eq!(visited, text_only, "{what}");
     assert_grads(model, &grads, &[Part::Text], what);
@@ -135,7 +135,7 @@ fn check_batch_trains(model: &Mistral3, batch: &Batch, what: &str) {
     let trained = [Part::Vision, Part::Text];
     let mut grads = model.grads(&trained).unwrap();
     let visited = model.backward(batch, &acts, &mut grads, None).unwrap();
-    let everything = Visited {
+    let everything = BackwardSteps {
         text_layers: lt,
         projector: true,
         vision_layers: lv,

@@ -7,7 +7,9 @@
 
 use cannon_kernels::Tensor;
 use cannon_trainer::model::optim::{AdamW, AdamWConfig};
-use cannon_trainer::model::{Exec, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
+use cannon_trainer::model::{
+    DeviceCtx, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part,
+};
 use cannon_trainer::train::checkpoint::{
     hf_config_json, Checkpoint, CheckpointDir, DataState, Kind, Progress, Snapshot,
 };
@@ -56,7 +58,7 @@ fn filled(step: u64, kind: u32, g: usize, len: usize) -> Vec<f32> {
 fn state_at(step: u64) -> Snapshot {
     let cfg = wide_config();
     let layout = ParamLayout::new(&cfg);
-    let exec = Exec::cpu();
+    let exec = DeviceCtx::cpu();
     let host: Vec<Vec<f32>> = layout
         .groups
         .iter()
@@ -205,7 +207,7 @@ fn killed_save_leaves_the_previous_checkpoint_loadable() {
             );
         }
     }
-    let state = Snapshot::load(&mut ckpt, Exec::cpu()).unwrap();
+    let state = Snapshot::load(&mut ckpt, DeviceCtx::cpu()).unwrap();
     assert_eq!((state.progress.step, state.opt.step), (latest, latest));
 
     // The leftovers of the killed save go with the next prune.

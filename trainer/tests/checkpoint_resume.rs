@@ -7,7 +7,9 @@ mod common;
 
 use cannon_runtime::rng::SplitMix64;
 use cannon_trainer::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use cannon_trainer::model::{Exec, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
+use cannon_trainer::model::{
+    DeviceCtx, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part,
+};
 use cannon_trainer::train::checkpoint::{
     hf_config_json, Checkpoint, CheckpointDir, DataState, Progress, Snapshot,
 };
@@ -68,7 +70,7 @@ fn fresh_state() -> Snapshot {
                 .for_each(|x| *x = (rng.unit_f64() as f32 - 0.5) * 0.2);
         }
     }
-    let exec = Exec::cpu();
+    let exec = DeviceCtx::cpu();
     let params = Params::from_host(&exec, layout, &host).unwrap();
     let model_config = hf_config_json(&cfg);
     let model = Mistral3 {
@@ -192,7 +194,7 @@ fn saved_at_step_k_and_resumed_gives_the_uninterrupted_run_bit_for_bit() {
     // ... and continued from nothing but the checkpoint, on a new allocator.
     let mut ckpt = Checkpoint::open(&root).unwrap();
     assert_eq!(ckpt.step(), SAVE_AT);
-    let mut state = Snapshot::load(&mut ckpt, Exec::cpu()).unwrap();
+    let mut state = Snapshot::load(&mut ckpt, DeviceCtx::cpu()).unwrap();
     let mut loader = loader_at(state.progress.data.position);
     resumed_losses.extend(train(&mut state, &mut loader, STEPS));
 

@@ -22,7 +22,8 @@ mod fsdp_fixture;
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
 use cannon_trainer::model::batch::Batch;
 use cannon_trainer::model::{
-    Act, Exec, MemoryFeatures, Mistral3, Mistral3Config, ParamLayout, Params, Part, Pass, Recompute,
+    ActElem, DeviceCtx, MemoryFeatures, Mistral3, Mistral3Config, ModelPass, ParamLayout, Params,
+    Part, Recompute,
 };
 use cannon_trainer::parallel::cp::{CpAlgo, CpGroup, CpSettings};
 use cannon_trainer::parallel::fsdp::{run_cpu_ranks, FsdpRank};
@@ -60,8 +61,12 @@ fn one_rank(cfg: &Mistral3Config, host: &[Vec<f32>], batch: &Batch) -> (f64, Hos
 }
 
 /// [`one_rank`] with activations stored as `A` (bf16: the trainer's `train.dtype = bf16`).
-fn one_rank_as<A: Act>(cfg: &Mistral3Config, host: &[Vec<f32>], batch: &Batch) -> (f64, HostGrads) {
-    let exec = Exec::cpu();
+fn one_rank_as<A: ActElem>(
+    cfg: &Mistral3Config,
+    host: &[Vec<f32>],
+    batch: &Batch,
+) -> (f64, HostGrads) {
+    let exec = DeviceCtx::cpu();
     let params = Params::from_host(&exec, ParamLayout::new(cfg), host).unwrap();
     let mut grads = cannon_trainer::model::Grads::new(&exec, &params.layout, &ALL).unwrap();
     let pass = pass(cfg, &exec, &params, MemoryFeatures::default());
@@ -72,11 +77,11 @@ fn one_rank_as<A: Act>(cfg: &Mistral3Config, host: &[Vec<f32>], batch: &Batch) -
 
 fn pass<'a>(
     cfg: &'a Mistral3Config,
-    exec: &'a Exec,
+    exec: &'a DeviceCtx,
     params: &'a Params,
     memory: MemoryFeatures,
-) -> Pass<'a> {
-    Pass {
+) -> ModelPass<'a> {
+    ModelPass {
         cfg,
         exec,
         loss_mode: cannon_trainer::model::LossMode::Full,
@@ -116,7 +121,7 @@ fn cp_ranks_with(
 }
 
 /// [`cp_ranks_with`] with activations stored as `A`.
-fn cp_ranks_as<A: Act>(
+fn cp_ranks_as<A: ActElem>(
     cfg: &Mistral3Config,
     host: &[Vec<f32>],
     batch: &Batch,
@@ -132,7 +137,7 @@ fn cp_ranks_as<A: Act>(
         let group = CpGroup::whole(comm, s, st)?;
         let params = Params::from_host(&exec, ParamLayout::new(cfg), host)?;
         let mut grads = cannon_trainer::model::Grads::new(&exec, &params.layout, &ALL)?;
-        let pass = Pass {
+        let pass = ModelPass {
             cp: Some(&group),
             ..pass(cfg, &exec, &params, memory)
         };

@@ -15,7 +15,9 @@ use cannon_kernels::Tensor;
 use cannon_runtime::{CachingAllocator, Stream};
 use cannon_trainer::model::config::HiddenAct;
 use cannon_trainer::model::memory::{plan, MemoryPlan, StepShape};
-use cannon_trainer::model::{Act, Batch, Exec, LossMode, Mistral3, Part, Precision, StepMemory};
+use cannon_trainer::model::{
+    ActElem, Batch, DeviceCtx, LossMode, Mistral3, Part, Precision, StepMemory,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -34,7 +36,7 @@ fn batch(dir: &Path) -> Batch {
 
 /// The fixture's model on a private host allocator.
 fn model(dir: &Path) -> Mistral3 {
-    let exec = Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu());
+    let exec = DeviceCtx::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu());
     Mistral3::load_on(dir, exec.unwrap()).unwrap()
 }
 
@@ -43,7 +45,7 @@ const ALL: [Part; 3] = [Part::Vision, Part::Projector, Part::Text];
 /// One measured step (after a warm-up step: the figures must not depend on the cache), with
 /// gradients for `trainable` and the pixel gradient if asked; checks the plan and returns the
 /// figures.
-fn check<A: Act>(
+fn check<A: ActElem>(
     model: &Mistral3,
     batch: &Batch,
     trainable: &[Part],
@@ -161,7 +163,7 @@ fn bf16_activations_lower_the_peak() {
     assert!(ph.saved.vision_layer < pf.saved.vision_layer);
     assert_eq!(ph.saved.text_embed, pf.saved.text_embed);
     assert_eq!((ph.params, ph.grads), (pf.params, pf.grads));
-    assert_eq!(Precision::Bf16, <half::bf16 as Act>::PRECISION);
+    assert_eq!(Precision::Bf16, <half::bf16 as ActElem>::PRECISION);
 }
 
 /// On an NPU the attention saves aclnn's softmax max and sum (16 f32 per token and head)
@@ -177,7 +179,7 @@ fn on_an_npu_the_step_peak_equals_the_npu_plan() {
     let d = Device::Npu(0);
     let dir = fixture("shared");
     let stream = Arc::new(Stream::new(d).unwrap());
-    let exec = Exec::with_allocator(stream, d.private_allocator().unwrap()).unwrap();
+    let exec = DeviceCtx::with_allocator(stream, d.private_allocator().unwrap()).unwrap();
     let m = Mistral3::load_on(&dir, exec).unwrap();
     let b = batch(&dir);
     let (_, npu) = check::<f32>(&m, &b, &ALL, true, "npu f32");

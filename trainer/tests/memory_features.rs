@@ -15,8 +15,8 @@ use cannon_trainer::model::memory::{plan_with, StepFeatures, StepShape};
 use cannon_trainer::model::offload::Stored;
 use cannon_trainer::model::optim::{clip_grad_norm, AdamW};
 use cannon_trainer::model::{
-    Act, Exec, Grads, LossMode, MemoryFeatures, Mistral3, Mistral3Config, ParamLayout, Params,
-    Part, Recompute,
+    ActElem, DeviceCtx, Grads, LossMode, MemoryFeatures, Mistral3, Mistral3Config, ParamLayout,
+    Params, Part, Recompute,
 };
 use cannon_trainer::parallel::fsdp::FsdpSettings;
 use std::sync::Arc;
@@ -30,8 +30,8 @@ fn config() -> Mistral3Config {
 }
 
 /// A private allocator (the figures are this model's alone) with a host pool.
-fn exec() -> Exec {
-    Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu())
+fn exec() -> DeviceCtx {
+    DeviceCtx::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu())
         .unwrap()
         .with_host_pool()
         .unwrap()
@@ -76,7 +76,7 @@ fn features(recompute: Recompute, offload: bool) -> MemoryFeatures {
 }
 
 /// Loss, every gradient group on the host, and the measured step (after a warm-up step).
-fn step<A: Act>(m: &Mistral3, b: &Batch) -> (f64, Vec<Option<Vec<f32>>>, usize) {
+fn step<A: ActElem>(m: &Mistral3, b: &Batch) -> (f64, Vec<Option<Vec<f32>>>, usize) {
     let mut grads = m.grads(&ALL).unwrap();
     m.measure_step::<A>(b, &mut grads, None).unwrap();
     grads.zero(m.exec.stream()).unwrap();
@@ -85,7 +85,7 @@ fn step<A: Act>(m: &Mistral3, b: &Batch) -> (f64, Vec<Option<Vec<f32>>>, usize) 
     (loss, host, mem.max_allocated - mem.start_allocated)
 }
 
-fn host_grads(g: &Grads, exec: &Exec) -> Vec<Option<Vec<f32>>> {
+fn host_grads(g: &Grads, exec: &DeviceCtx) -> Vec<Option<Vec<f32>>> {
     g.data
         .iter()
         .map(|t| t.as_ref().map(|t| t.to_host(exec.stream()).unwrap()))
@@ -315,7 +315,7 @@ fn optimizer_offload_is_bit_identical_and_moves_masters_and_moments_off_the_devi
 #[test]
 fn plan_equals_the_measured_peak_with_the_masters_on_the_host() {
     use cannon_trainer::model::source::PlanInputs;
-    use cannon_trainer::model::PassPlan;
+    use cannon_trainer::model::GroupOrder;
     use cannon_trainer::parallel::fsdp::ShardLayout;
     let cfg = config();
     let b = batch();
@@ -343,7 +343,7 @@ fn plan_equals_the_measured_peak_with_the_masters_on_the_host() {
                     images: true,
                     dpixels: false,
                 };
-                let pass = PassPlan::new(&cfg, &layout, inputs);
+                let pass = GroupOrder::new(&cfg, &layout, inputs);
                 let shape = StepShape::of(&cfg, &b, m.exec.device()).unwrap();
                 let fetched = |at| cannon_trainer::app::plan::gathered(&pass, &one, at, 4, None);
                 let p = plan_with(
@@ -474,7 +474,8 @@ fn fsdp_ranks_with_the_memory_features_train_bit_for_bit_alike() {
 #[test]
 fn offload_without_a_host_pool_is_an_error() {
     let cfg = config();
-    let exec = Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu()).unwrap();
+    let exec =
+        DeviceCtx::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu()).unwrap();
     let host = fx::init(&cfg, 7);
     let params = Params::from_host(&exec, ParamLayout::new(&cfg), &host).unwrap();
     let m = Mistral3 {

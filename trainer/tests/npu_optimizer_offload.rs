@@ -14,7 +14,7 @@ use fsdp_fixture as fx;
 
 use cannon_runtime::Device;
 use cannon_trainer::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use cannon_trainer::model::{Exec, LossMode, Mistral3, ParamLayout, Params, Part};
+use cannon_trainer::model::{DeviceCtx, LossMode, Mistral3, ParamLayout, Params, Part};
 
 #[test]
 fn optimizer_offload_on_the_npu_trains_bit_for_bit_from_pinned_host_memory() {
@@ -33,7 +33,10 @@ fn optimizer_offload_on_the_npu_trains_bit_for_bit_from_pinned_host_memory() {
         .map(|g| round(4 * g.len))
         .sum::<usize>();
     let run = |offload: bool| {
-        let exec = Exec::new(Device::Npu(0)).unwrap().with_host_pool().unwrap();
+        let exec = DeviceCtx::new(Device::Npu(0))
+            .unwrap()
+            .with_host_pool()
+            .unwrap();
         let params = Params::from_host(&exec, layout.clone(), &host).unwrap();
         let mut m = Mistral3 {
             cfg: cfg.clone(),

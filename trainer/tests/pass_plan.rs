@@ -1,4 +1,4 @@
-//! The model's passes fetch and release groups exactly in the order `PassPlan` states (the
+//! The model's passes fetch and release groups exactly in the order `GroupOrder` states (the
 //! order a sharded rank's collectives follow), for every freezing, with and without images
 //! and with the pixel gradient asked for: a recording source and sink around the model's own
 //! parameters and gradients compare the calls with the plan.
@@ -8,9 +8,9 @@ mod fsdp_fixture;
 use cannon_runtime::BufferViewMut;
 use cannon_trainer::model::source::{BackwardStep, PlanInputs};
 use cannon_trainer::model::{
-    GradSink, GroupWeights, ModelError, ParamLayout, ParamSource, Params, Part, PassPlan,
+    GradSink, GroupOrder, GroupWeights, ModelError, ParamLayout, ParamSource, Params, Part,
 };
-use cannon_trainer::model::{Grads, Pass};
+use cannon_trainer::model::{Grads, ModelPass};
 use fsdp_fixture::*;
 use std::cell::RefCell;
 
@@ -81,12 +81,12 @@ fn passes_fetch_and_release_in_plan_order() {
                     images,
                     dpixels,
                 };
-                let plan = PassPlan::new(&cfg, layout, inputs);
+                let plan = GroupOrder::new(&cfg, layout, inputs);
                 let rec = Recorder {
                     params: &m.params,
                     fetched: RefCell::new(Vec::new()),
                 };
-                let pass = Pass {
+                let pass = ModelPass {
                     params: &rec,
                     ..m.pass()
                 };

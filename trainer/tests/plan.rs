@@ -13,7 +13,7 @@
 use cannon_trainer::app::bench::{bench_batch, random_host};
 use cannon_trainer::app::plan::{self, measure, Plan, PlanSettings};
 use cannon_trainer::model::optim::AdamWConfig;
-use cannon_trainer::model::{Act, LossMode, MemoryFeatures, Mistral3Config, Part, Recompute};
+use cannon_trainer::model::{ActElem, LossMode, MemoryFeatures, Mistral3Config, Part, Recompute};
 use cannon_trainer::parallel::cp::{CpAlgo, CpSettings};
 use cannon_trainer::parallel::fsdp::{rank_share, run_cpu_ranks, FsdpRank, FsdpSettings};
 use std::path::PathBuf;
@@ -192,7 +192,7 @@ impl Case {
         }
     }
 
-    fn measure_as<A: Act>(&self, cfg: &Mistral3Config) -> Vec<(usize, usize)> {
+    fn measure_as<A: ActElem>(&self, cfg: &Mistral3Config) -> Vec<(usize, usize)> {
         let micro: Vec<_> = (0..self.accum)
             .map(|i| bench_batch(cfg, self.rows, self.seq, self.img, i as u64).unwrap())
             .collect();

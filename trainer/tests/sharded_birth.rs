@@ -7,8 +7,8 @@
 
 mod fsdp_fixture;
 
+use cannon_trainer::model::hf_write::write_hf;
 use cannon_trainer::model::init::{random_host, Init, INITIALIZER_RANGE};
-use cannon_trainer::model::save::write_hf;
 use cannon_trainer::model::weights::{load_host, HfWeights};
 use cannon_trainer::model::{ParamLayout, Part};
 use cannon_trainer::parallel::fsdp::{run_cpu_ranks, FsdpRank, ShardLayout, ShardSource};

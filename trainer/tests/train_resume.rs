@@ -5,7 +5,7 @@
 
 mod common;
 
-use cannon_trainer::model::{Exec, Mistral3};
+use cannon_trainer::model::{DeviceCtx, Mistral3};
 use cannon_trainer::train::checkpoint::Kind;
 use cannon_trainer::train::checkpoint::{export, Checkpoint, ExportDtype, ExportOptions};
 use cannon_trainer::train::config::TrainConfig;
@@ -13,7 +13,7 @@ use cannon_trainer::train::data::synth;
 use cannon_trainer::train::metrics::StepRecord;
 use cannon_trainer::train::resume;
 use cannon_trainer::train::sharded::{run_sharded, run_sharded_on, Ranks};
-use cannon_trainer::train::{RunPlan, RunSetup, RunSummary, StepHook, TrainError};
+use cannon_trainer::train::{ResolvedRun, RunSetup, RunSummary, StepHook, TrainError};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -26,7 +26,7 @@ fn scratch(test: &str) -> PathBuf {
     d
 }
 
-fn plan(root: &Path, run: &str, extra: &[&str]) -> RunPlan {
+fn plan(root: &Path, run: &str, extra: &[&str]) -> ResolvedRun {
     let tok = common::shared_path("tokenizers/tekken_240911.json");
     let mut sets: Vec<String> = vec![
         format!(
@@ -45,14 +45,14 @@ fn plan(root: &Path, run: &str, extra: &[&str]) -> RunPlan {
     ];
     sets.extend(extra.iter().map(|s| s.to_string()));
     let cfg = TrainConfig::load(None, &sets).unwrap();
-    RunPlan::resolve(cfg, None).unwrap()
+    ResolvedRun::resolve(cfg, None).unwrap()
 }
 
 /// Stops the run after step `at` (its update done, its checkpoint not due): a crash.
 struct CrashAfter(usize);
 
 impl StepHook for CrashAfter {
-    fn after_step(&mut self, _: &RunPlan, rec: &StepRecord) -> Result<(), TrainError> {
+    fn after_step(&mut self, _: &ResolvedRun, rec: &StepRecord) -> Result<(), TrainError> {
         if rec.step == self.0 {
             return Err(TrainError::Input("simulated crash".into()));
         }
@@ -63,16 +63,16 @@ impl StepHook for CrashAfter {
 /// `plan` run by `cannon train`'s loop (one process alone, or its `parallel.nproc` CPU
 /// ranks), resumed from the checkpoint `checkpoint.resume` names if there is one.
 fn train(
-    plan: RunPlan,
+    plan: ResolvedRun,
     hooks: &mut [&mut (dyn StepHook + Send)],
 ) -> Result<RunSummary, TrainError> {
     let ckpt = resume::resume_from(&plan).unwrap();
-    let mut setup = RunSetup::new(plan, &Exec::cpu()).unwrap();
+    let mut setup = RunSetup::new(plan, &DeviceCtx::cpu()).unwrap();
     if let Some(c) = &ckpt {
         resume::resume_setup(&mut setup, c).unwrap();
     }
     let ranks = match setup.plan.cfg.parallel.nproc {
-        1 => Ranks::Solo(Exec::cpu()),
+        1 => Ranks::Solo(DeviceCtx::cpu()),
         n => Ranks::Cpu(n),
     };
     run_sharded_on(&mut setup, ranks, hooks)
@@ -127,7 +127,7 @@ fn a_crashed_run_resumed_from_its_checkpoint_matches_the_uninterrupted_run() {
     let ckpt = resume::resume_from(&p)
         .unwrap()
         .expect("the step-3 checkpoint");
-    let mut probe = RunSetup::new(p.clone(), &Exec::cpu()).unwrap();
+    let mut probe = RunSetup::new(p.clone(), &DeviceCtx::cpu()).unwrap();
     let r = resume::resume_setup(&mut probe, &ckpt).unwrap();
     assert_eq!(
         (r.step, r.world_size, r.schedule_changed.clone()),
@@ -207,7 +207,7 @@ fn start_from_export(root: &Path, trained: &Path) {
             &format!("model.weights={dir}"),
         ],
     );
-    let setup = RunSetup::new(p, &Exec::cpu()).unwrap();
+    let setup = RunSetup::new(p, &DeviceCtx::cpu()).unwrap();
     let cannon_trainer::train::setup::Weights::Hf(w) = &setup.weights else {
         panic!("the run does not start from the exported weights");
     };
@@ -322,8 +322,8 @@ fn final_params(dir: &Path) -> Vec<Vec<u32>> {
 }
 
 /// A sharded run of `plan` (resumed from `ckpt` when given): its summary.
-fn sharded(plan: RunPlan, ckpt: Option<&Checkpoint>) -> cannon_trainer::train::RunSummary {
-    let mut setup = RunSetup::new(plan, &Exec::cpu()).unwrap();
+fn sharded(plan: ResolvedRun, ckpt: Option<&Checkpoint>) -> cannon_trainer::train::RunSummary {
+    let mut setup = RunSetup::new(plan, &DeviceCtx::cpu()).unwrap();
     if let Some(c) = ckpt {
         assert_eq!(resume::resume_setup(&mut setup, c).unwrap().step, 3);
     }

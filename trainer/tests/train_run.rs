@@ -8,7 +8,7 @@ mod common;
 use cannon_runtime::comm::Communicator;
 use cannon_trainer::model::init::{self, Init};
 use cannon_trainer::model::optim::AdamWConfig;
-use cannon_trainer::model::{Exec, LossMode, Mistral3, ParamLayout, Part};
+use cannon_trainer::model::{DeviceCtx, LossMode, Mistral3, ParamLayout, Part};
 use cannon_trainer::parallel::fsdp::{FsdpRank, FsdpSettings, ShardSource};
 use cannon_trainer::train::config::preset::{self, PresetSizes};
 use cannon_trainer::train::data::batch::pad_batch;
@@ -365,7 +365,7 @@ fn tiny_model() -> (Tekken, cannon_trainer::model::Mistral3Config) {
 #[test]
 fn two_micro_batches_equal_one_batch_of_both() {
     let (tok, cfg) = tiny_model();
-    let exec = Exec::cpu();
+    let exec = DeviceCtx::cpu();
     let params = init::random_params(&exec, ParamLayout::new(&cfg), 2, Init::FanIn).unwrap();
     let model = Mistral3 {
         cfg,
@@ -439,14 +439,14 @@ fn ranks_evaluating_their_own_rows_give_the_one_process_report() {
     use cannon_trainer::train::data::dataset::{DataSet, SampleSettings};
     use cannon_trainer::train::data::info::DatasetSpec;
     use cannon_trainer::train::eval::{evaluate, sharded::evaluate_on};
-    use cannon_trainer::train::run_plan::image_config;
+    use cannon_trainer::train::resolve::image_config;
 
     let (tok, cfg) = tiny_model();
     let layout = ParamLayout::new(&cfg);
     let host: Vec<Vec<f32>> = (0..layout.groups.len())
         .map(|g| init::random_range(&layout, g, 0..layout.groups[g].len, 4, Init::FanIn).unwrap())
         .collect();
-    let exec = Exec::cpu();
+    let exec = DeviceCtx::cpu();
     let model = Mistral3 {
         cfg: cfg.clone(),
         params: cannon_trainer::model::Params::from_host(&exec, layout.clone(), &host).unwrap(),

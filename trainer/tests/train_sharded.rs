@@ -5,11 +5,11 @@
 
 mod common;
 
-use cannon_trainer::model::Exec;
+use cannon_trainer::model::DeviceCtx;
 use cannon_trainer::train::config::TrainConfig;
 use cannon_trainer::train::data::synth;
 use cannon_trainer::train::sharded::run_sharded;
-use cannon_trainer::train::{RunPlan, RunSetup, RunSummary};
+use cannon_trainer::train::{ResolvedRun, RunSetup, RunSummary};
 use std::path::{Path, PathBuf};
 
 fn dataset(root: &Path) -> PathBuf {
@@ -32,8 +32,8 @@ fn train(root: &Path, data: &Path, nproc: usize) -> (RunSummary, Vec<String>) {
     ]
     .into();
     let cfg = TrainConfig::load(None, &sets).unwrap();
-    let plan = RunPlan::resolve(cfg, None).unwrap();
-    let mut setup = RunSetup::new(plan, &Exec::cpu()).unwrap();
+    let plan = ResolvedRun::resolve(cfg, None).unwrap();
+    let mut setup = RunSetup::new(plan, &DeviceCtx::cpu()).unwrap();
     let summary = run_sharded(&mut setup).unwrap();
     let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
     assert!(summary.final_model.join("model.safetensors").is_file());

@@ -4,7 +4,7 @@
 mod common;
 use common::shared_path;
 
-use cannon_trainer::model::{Act, Batch, LossMode, Mistral3, ModelError, Part};
+use cannon_trainer::model::{ActElem, Batch, LossMode, Mistral3, ModelError, Part};
 use std::path::PathBuf;
 
 fn shared_fixture() -> PathBuf {
@@ -34,7 +34,7 @@ const ALL: [Part; 3] = [Part::Vision, Part::Projector, Part::Text];
 type HostGrads = Vec<Option<Vec<f32>>>;
 
 /// Loss, every gradient group and the pixel gradient (read back to the host).
-fn loss_and_grads<A: Act>(model: &Mistral3, batch: &Batch) -> (f64, HostGrads, Vec<f32>) {
+fn loss_and_grads<A: ActElem>(model: &Mistral3, batch: &Batch) -> (f64, HostGrads, Vec<f32>) {
     let st = model.exec.stream();
     let acts = model.forward::<A>(batch).unwrap();
     let mut grads = model.grads(&ALL).unwrap();
@@ -56,7 +56,7 @@ fn loss_and_grads<A: Act>(model: &Mistral3, batch: &Batch) -> (f64, HostGrads, V
 /// backward chunk by chunk, so only the f32 summation order of `dW_lm += dl^T xf` over chunks
 /// (and of `dxf` rows, none) differs: 1e-6 relative covers that with margin (f32 eps 6e-8
 /// times a few chunk sums).
-fn chunked_matches_full<A: Act>() {
+fn chunked_matches_full<A: ActElem>() {
     let mut model = Mistral3::load(&shared_fixture()).unwrap();
     let batch = shared_batch();
     let (loss, grads, dpix) = loss_and_grads::<A>(&model, &batch);

@@ -13,7 +13,7 @@ use common::shared_path;
 
 use cannon_runtime::Device;
 use cannon_trainer::app::verify::{verify, Reference, Report};
-use cannon_trainer::model::{Exec, Mistral3, Precision};
+use cannon_trainer::model::{DeviceCtx, Mistral3, Precision};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -39,7 +39,7 @@ fn verify_on_npu(prec: Precision) -> Report {
     cann();
     let _g = NPU.lock().unwrap_or_else(|p| p.into_inner());
     let dir = fixture();
-    let model = Mistral3::load_on(&dir, Exec::new(Device::Npu(0)).unwrap()).unwrap();
+    let model = Mistral3::load_on(&dir, DeviceCtx::new(Device::Npu(0)).unwrap()).unwrap();
     assert_eq!(model.exec.device(), Device::Npu(0));
     let reference = Reference::load(&dir.join("reference.safetensors")).unwrap();
     verify(&model, &reference, prec, None).unwrap()

@@ -6,7 +6,8 @@ use common::shared_path;
 
 use cannon_trainer::model::weights::{legacy_name, load_host, load_params, HfWeights};
 use cannon_trainer::model::{
-    Batch, Exec, Mistral3, Mistral3Config, ModelError, ParamLayout, Part, Visited, WeightsError,
+    BackwardSteps, Batch, DeviceCtx, Mistral3, Mistral3Config, ModelError, ParamLayout, Part,
+    WeightsError,
 };
 use safetensors::{serialize, Dtype, View};
 use std::borrow::Cow;
@@ -215,7 +216,7 @@ fn missing_extra_misshaped_and_bad_dtype_tensors_are_named() {
 #[test]
 fn no_checkpoint_is_an_error() {
     let cfg = Mistral3Config::from_file(&shared_fixture().join("config.json")).unwrap();
-    let exec = Exec::cpu();
+    let exec = DeviceCtx::cpu();
     let err = load_params(&exec, Path::new("/nonexistent"), ParamLayout::new(&cfg)).unwrap_err();
     assert!(
         matches!(err, ModelError::Weights(WeightsError::NoWeights(_))),
@@ -257,7 +258,7 @@ fn frozen_parts_get_no_gradient_and_run_no_backward() {
         .unwrap();
     let visited = model.backward(&batch, &acts, &mut all, None).unwrap();
     let all = all.to_host(st).unwrap();
-    let everything = Visited {
+    let everything = BackwardSteps {
         text_layers: lt,
         projector: true,
         vision_layers: lv,
@@ -270,9 +271,9 @@ fn frozen_parts_get_no_gradient_and_run_no_backward() {
     let mut text = model.grads(&[Part::Text]).unwrap();
     let visited = model.backward(&batch, &acts, &mut text, None).unwrap();
     let text = text.to_host(st).unwrap();
-    let text_only = Visited {
+    let text_only = BackwardSteps {
         text_layers: lt,
-        ..Visited::default()
+        ..BackwardSteps::default()
     };
     assert_eq!(visited, text_only);
     for (g, group) in layout.groups.iter().enumerate() {
@@ -286,10 +287,10 @@ fn frozen_parts_get_no_gradient_and_run_no_backward() {
     let mut proj = model.grads(&[Part::Projector]).unwrap();
     let visited = model.backward(&batch, &acts, &mut proj, None).unwrap();
     let proj = proj.to_host(st).unwrap();
-    let to_projector = Visited {
+    let to_projector = BackwardSteps {
         text_layers: lt,
         projector: true,
-        ..Visited::default()
+        ..BackwardSteps::default()
     };
     assert_eq!(visited, to_projector);
     let g = layout.projector();
@@ -308,5 +309,5 @@ fn frozen_parts_get_no_gradient_and_run_no_backward() {
     // Nothing trains and no pixel gradient is asked for: no backward at all below the head.
     let mut none = model.grads(&[]).unwrap();
     let visited = model.backward(&batch, &acts, &mut none, None).unwrap();
-    assert_eq!(visited, Visited::default());
+    assert_eq!(visited, BackwardSteps::default());
 }

@@ -154,7 +154,7 @@ fn async_copies_run_on_the_stream_and_need_pinned_aligned_memory() {
                 aclrtMemcpyAsync(h.cast(), 4096, d, 4096, ACL_MEMCPY_DEVICE_TO_HOST, s),
                 0
             );
-            // Held: the copy has not run, the host still sees its own bytes.
+            // Restored: the copy has not run, the host still sees its own bytes.
             assert_eq!(*h.add(100), 3);
             assert_eq!(cannon_emu_stream_hold(s, 0), 0);
             assert_eq!(aclrtSynchronizeStream(s), 0);

@@ -76,7 +76,7 @@ fn dropped_member_fails_only_its_subgroup() {
 
 #[test]
 fn ring_exchange() {
-    // Pass every rank's block around the ring: after n-1 steps each rank has seen all blocks,
+    // ModelPass every rank's block around the ring: after n-1 steps each rank has seen all blocks,
     // once with send/recv (eager sends cannot deadlock the ring) and once with send_recv.
     for world in WORLDS {
         let out = run_world(world, GENEROUS, |c| {

@@ -23,11 +23,11 @@
 use super::config::HiddenAct;
 use super::gate::gated_forward;
 use super::grads::GroupGrad;
-use super::ops::{add_into, linear, store, Act};
+use super::ops::{add_into, linear, store, ActElem};
 use super::ModelError;
 use crate::parallel::cp::attn::{AttnDims, AttnSaved, SeqAttention};
 use crate::parallel::cp::layout::CpShapes;
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
@@ -111,10 +111,10 @@ pub struct BlockActs<A: cannon_runtime::Element> {
     pub att_cp: Option<Tensor<A>>,
 }
 
-impl<A: Act> BlockActs<A> {
+impl<A: ActElem> BlockActs<A> {
     /// Tensors for `tokens` tokens, planned from the sizes (the forward overwrites all of
     /// them).
-    pub fn new(exec: &Exec, dims: &BlockDims, tokens: usize) -> Result<Self> {
+    pub fn new(exec: &DeviceCtx, dims: &BlockDims, tokens: usize) -> Result<Self> {
         let (d, dq, dkv, i) = (dims.d, dims.dq(), dims.dkv(), dims.inter);
         Ok(BlockActs {
             rstd1: exec.empty(&[tokens])?,
@@ -141,7 +141,7 @@ impl<A: Act> BlockActs<A> {
 
     /// Tensors for `tokens` tokens of a block run in `ctx`: [`Self::new`], or under context
     /// parallelism [`Self::new_cp`] (the same shapes as the forward's on every recompute).
-    pub fn for_ctx(exec: &Exec, ctx: &BlockCtx, tokens: usize) -> Result<Self> {
+    pub fn for_ctx(exec: &DeviceCtx, ctx: &BlockCtx, tokens: usize) -> Result<Self> {
         match ctx.attention {
             SeqAttention::Group(cx) => {
                 let sh = cx.layout.shapes(ctx.dims.q_heads, ctx.dims.kv_heads);
@@ -153,7 +153,12 @@ impl<A: Act> BlockActs<A> {
 
     /// Tensors for the `tokens` tokens of a CP rank: q, k, v, lse in the head-sharded layout
     /// of `shapes` (see [`crate::parallel::cp::attn`]), plus `att_cp`.
-    pub fn new_cp(exec: &Exec, dims: &BlockDims, tokens: usize, shapes: &CpShapes) -> Result<Self> {
+    pub fn new_cp(
+        exec: &DeviceCtx,
+        dims: &BlockDims,
+        tokens: usize,
+        shapes: &CpShapes,
+    ) -> Result<Self> {
         let hd = dims.head_dim;
         let mut acts = Self::new(exec, dims, tokens)?;
         acts.q = exec.empty(&[shapes.tokens, shapes.q_heads * hd])?;
@@ -190,7 +195,7 @@ pub struct BlockRefs<'a, A: cannon_runtime::Element> {
     pub att_cp: Option<&'a Tensor<A>>,
 }
 
-impl<A: Act> BlockActs<A> {
+impl<A: ActElem> BlockActs<A> {
     pub fn refs(&self) -> BlockRefs<'_, A> {
         BlockRefs {
             rstd1: &self.rstd1,
@@ -235,7 +240,7 @@ pub struct FwdScratch {
 }
 
 impl FwdScratch {
-    pub fn new(exec: &Exec, dims: &BlockDims, tokens: usize) -> Result<Self> {
+    pub fn new(exec: &DeviceCtx, dims: &BlockDims, tokens: usize) -> Result<Self> {
         let (d, dq, dkv, i) = (dims.d, dims.dq(), dims.dkv(), dims.inter);
         Ok(FwdScratch {
             n: exec.empty(&[tokens, d])?,
@@ -249,7 +254,7 @@ impl FwdScratch {
 }
 
 pub(super) fn gelu_tmp(
-    exec: &Exec,
+    exec: &DeviceCtx,
     dims: &BlockDims,
     tokens: usize,
 ) -> Result<Option<Tensor<f32>>> {
@@ -260,7 +265,7 @@ pub(super) fn gelu_tmp(
 }
 
 /// `out[T,D] = block(input[T,D])`, saving activations in `acts`.
-pub fn block_forward<A: Act>(
+pub fn block_forward<A: ActElem>(
     stream: &Stream,
     ctx: &BlockCtx,
     weights: &BlockWeights,
@@ -355,7 +360,7 @@ pub fn block_forward<A: Act>(
 
 /// `ln = rmsnorm(input) weight` in f32, stored as `A` (`rstd [T]`, `ln [T,D]`): the forward's
 /// two norms, and what selective recompute makes again bit for bit (same kernel, same input).
-pub fn norm_store<A: Act>(
+pub fn norm_store<A: ActElem>(
     stream: &Stream,
     dims: &BlockDims,
     scratch: &mut FwdScratch,
@@ -379,7 +384,7 @@ pub fn norm_store<A: Act>(
 
 /// `hidden [T,I] = act(gate) * up` in f32, stored as `A` (the forward's, and selective
 /// recompute's).
-pub fn gated_store<A: Act>(
+pub fn gated_store<A: ActElem>(
     stream: &Stream,
     dims: &BlockDims,
     scratch: &mut FwdScratch,

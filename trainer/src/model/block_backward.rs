@@ -7,11 +7,11 @@ use super::block::{
     gelu_tmp, BlockCtx, BlockDims, BlockGrads, BlockParams, BlockRefs, BlockWeights,
 };
 use super::gate::gated_backward;
-use super::ops::{copy, linear_back, store, Act};
+use super::ops::{copy, linear_back, store, ActElem};
 use super::ModelError;
 use crate::parallel::cp::attn::AttnRefs;
 use cannon_kernels::attention::QkvGradBuf;
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use std::ops::Range;
@@ -38,8 +38,8 @@ pub struct BwdScratch<A: cannon_runtime::Element> {
     pub dw_sink: Tensor<f32>,
 }
 
-impl<A: Act> BwdScratch<A> {
-    pub fn new(exec: &Exec, dims: &BlockDims, tokens: usize) -> Result<Self> {
+impl<A: ActElem> BwdScratch<A> {
+    pub fn new(exec: &DeviceCtx, dims: &BlockDims, tokens: usize) -> Result<Self> {
         let (d, dq, dkv, i) = (dims.d, dims.dq(), dims.dkv(), dims.inter);
         Ok(BwdScratch {
             dn: exec.empty(&[tokens, d])?,
@@ -82,7 +82,7 @@ fn weight_grad<'a>(
 /// `dinput[T,D]` and accumulates the weight gradients into `grads` (None: a frozen block,
 /// only `dinput` is computed).
 #[allow(clippy::too_many_arguments)]
-pub fn block_backward<A: Act>(
+pub fn block_backward<A: ActElem>(
     stream: &Stream,
     ctx: &BlockCtx,
     weights: &BlockWeights,

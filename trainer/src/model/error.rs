@@ -28,7 +28,7 @@ pub enum ModelError {
     /// A collective of a sharded pass (gathering a group, reduce-scattering its gradient).
     #[error("collective failed: {0}")]
     Comm(#[from] CommError),
-    /// A pass asked a sharded source or sink for a group out of its [`super::PassPlan`].
+    /// A pass asked a sharded source or sink for a group out of its [`super::GroupOrder`].
     #[error("the pass left its plan: {0}")]
     Plan(String),
 }

@@ -76,14 +76,14 @@ fn missing_tmp() -> KernelError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cannon_kernels::exec::Exec;
+    use cannon_kernels::device_ctx::DeviceCtx;
 
     /// The gated activations' backward against central differences of their forward, for both
     /// gates (the fixtures only exercise SiLU; Pixtral's class default is GELU). f32 central
     /// differences with step 1e-2 on O(1) inputs are good to ~1e-4 relative; the bar is 1e-3.
     #[test]
     fn gated_backward_matches_finite_differences() {
-        let exec = Exec::cpu();
+        let exec = DeviceCtx::cpu();
         let st = exec.stream();
         let n = 64;
         let val = |i: usize, k: f32| (i as f32 * k).sin() * 2.5;

@@ -4,7 +4,7 @@
 
 use super::error::ModelError;
 use super::params::{ParamLayout, Part};
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use std::ops::Range;
@@ -27,7 +27,11 @@ impl<'a> IntoIterator for &'a mut Grads {
 
 impl Grads {
     /// Zeroed tensors for the groups whose part is in `trainable`.
-    pub fn new(exec: &Exec, layout: &ParamLayout, trainable: &[Part]) -> Result<Self, ModelError> {
+    pub fn new(
+        exec: &DeviceCtx,
+        layout: &ParamLayout,
+        trainable: &[Part],
+    ) -> Result<Self, ModelError> {
         let data = layout
             .groups
             .iter()

@@ -25,11 +25,11 @@
 //! `num_items_in_batch`), so that K micro batches give the gradient of one batch of all their
 //! rows, not the mean of K means.
 
-use super::ops::{linear, linear_back, Act};
+use super::ops::{linear, linear_back, ActElem};
 use super::params::{ParamLayout, TextHead};
 use super::source::GroupWeights;
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::BufferView;
 use std::ops::Range;
@@ -104,8 +104,8 @@ pub enum Logits {
 /// Logits and loss of `xf [T,D]` against `targets [T]` (`IGNORE_INDEX` = ignored), the summed
 /// loss divided as `norm` says; with the full loss, `out` says what is left of the logits.
 #[allow(clippy::too_many_arguments)]
-pub fn forward<A: Act>(
-    exec: &Exec,
+pub fn forward<A: ActElem>(
+    exec: &DeviceCtx,
     mode: LossMode,
     xf: &Tensor<A>,
     w: &BufferView<'_, f32>,
@@ -178,8 +178,8 @@ pub fn forward<A: Act>(
 /// Backward of the loss through the lm_head: `dxf [T,D] += d loss / d xf` and, if given,
 /// `dw [V,D] += d loss / d lm_head`.
 #[allow(clippy::too_many_arguments)]
-pub fn backward<A: Act>(
-    exec: &Exec,
+pub fn backward<A: ActElem>(
+    exec: &DeviceCtx,
     mode: LossMode,
     h: &HeadActs,
     xf: &Tensor<A>,

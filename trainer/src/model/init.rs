@@ -10,7 +10,7 @@
 
 use super::params::{ParamLayout, Params};
 use super::ModelError;
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_runtime::rng::SplitMix64;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -138,7 +138,7 @@ pub fn random_host(layout: &ParamLayout, seed: u64, init: Init) -> Vec<Vec<f32>>
 
 /// Random parameters (see the module docs) uploaded to `exec`'s device.
 pub fn random_params(
-    exec: &Exec,
+    exec: &DeviceCtx,
     layout: ParamLayout,
     seed: u64,
     init: Init,

@@ -19,14 +19,14 @@ use super::block::{block_forward, BlockActs, BlockCtx, BlockDims, BlockParams, F
 use super::block_backward::{block_backward, BwdScratch};
 use super::config::{HiddenAct, Mistral3Config};
 use super::head::head_view;
-use super::ops::{store, Act};
+use super::ops::{store, ActElem};
 use super::params::{TextEmbed, TextHead, TextLayer};
-use super::saved::{Held, LayerSaved, MemoryFeatures};
+use super::saved::{LayerSaved, MemoryFeatures, Restored};
 use super::source::{group_grad, GradSink, GroupWeights, ParamSource};
 use super::ModelError;
 use crate::parallel::cp::attn::{CpCtx, SeqAttention};
 use crate::parallel::cp::{CpGroup, CpLayout};
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::BufferViewMut;
@@ -106,7 +106,7 @@ pub fn image_slots(cfg: &Mistral3Config, ids: &[u32]) -> Vec<usize> {
 /// `x0 [T,D]`: token embeddings with the image features `[M,D]` spliced into the `[IMG]`
 /// positions (a row scatter on the device).
 pub fn embed(
-    exec: &Exec,
+    exec: &DeviceCtx,
     cfg: &Mistral3Config,
     params: &dyn ParamSource,
     ids: &[u32],
@@ -138,7 +138,7 @@ pub fn embed(
 /// features `[M,D]` (returned, in `[IMG]` order), zeroes them, and if the embedding trains
 /// (`dembed` given) scatter-adds the text rows into its gradient.
 pub fn embed_backward(
-    exec: &Exec,
+    exec: &DeviceCtx,
     cfg: &Mistral3Config,
     ids: &[u32],
     dx0: &mut Tensor<f32>,
@@ -169,8 +169,8 @@ pub fn embed_backward(
 /// the CP group ([`crate::parallel::cp`]). Recompute and offload work per rank on its own tensors,
 /// whatever their (head-sharded) shapes.
 #[allow(clippy::too_many_arguments)]
-pub fn forward<'p, A: Act>(
-    exec: &Exec,
+pub fn forward<'p, A: ActElem>(
+    exec: &DeviceCtx,
     cfg: &Mistral3Config,
     params: &'p dyn ParamSource,
     x0: Tensor<f32>,
@@ -228,7 +228,8 @@ pub fn forward<'p, A: Act>(
         (true, Some(p)) => Some(p.clone()),
         (true, None) => {
             return Err(ModelError::Input(
-                "activation offload needs an exec with a host pool (Exec::with_host_pool)".into(),
+                "activation offload needs an exec with a host pool (DeviceCtx::with_host_pool)"
+                    .into(),
             ))
         }
     };
@@ -303,7 +304,7 @@ pub fn forward<'p, A: Act>(
 /// How the decoder's attention sees the sequence: every token here (sequences ending at
 /// `cu_seqlens`), or across the CP group.
 fn seq_attention<'a>(
-    exec: &'a Exec,
+    exec: &'a DeviceCtx,
     cp: Option<(&'a CpGroup, &'a CpLayout)>,
     cu_seqlens: &'a [usize],
 ) -> SeqAttention<'a> {
@@ -331,8 +332,8 @@ pub struct TextVisit {
 /// the lowest trained one are not visited when `x0` needs no gradient.
 /// Under context parallelism `cp` is the group the forward ran with.
 #[allow(clippy::too_many_arguments)]
-pub fn backward<A: Act>(
-    exec: &Exec,
+pub fn backward<A: ActElem>(
+    exec: &DeviceCtx,
     cfg: &Mistral3Config,
     params: &dyn ParamSource,
     head_w: GroupWeights<'_>,
@@ -387,7 +388,7 @@ pub fn backward<A: Act>(
         .transpose()?;
     let pool = exec.host_pool();
     // Layer l's reload, queued while layer l+1's backward ran, and its copy mark.
-    let mut next: Option<(Held<A>, Option<CopyMark>)> = None;
+    let mut next: Option<(Restored<A>, Option<CopyMark>)> = None;
     for l in (0..a.layers.len()).rev() {
         let below_trains = (0..=l).any(|k| grads.trains(layout.text_layer(k)));
         if !below_trains && !want_dx0 {
@@ -444,10 +445,10 @@ pub fn backward<A: Act>(
 }
 
 /// Queues the reload of what `saved` offloaded, and marks it (None when nothing was).
-fn reload<A: Act>(
-    exec: &Exec,
+fn reload<A: ActElem>(
+    exec: &DeviceCtx,
     saved: &LayerSaved<A>,
-) -> Result<(Held<A>, Option<CopyMark>), ModelError> {
+) -> Result<(Restored<A>, Option<CopyMark>), ModelError> {
     let held = saved.reload(exec)?;
     let mark = match exec.host_pool().filter(|_| saved.offloaded()) {
         Some(p) => Some(p.mark()?),

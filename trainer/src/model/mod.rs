@@ -12,7 +12,7 @@
 //! head::forward      xf -> logits, loss         head::backward      (full or chunked loss)
 //! ```
 //!
-//! The model lives on a device ([`Exec`]: a stream and the caching allocator its tensors come
+//! The model lives on a device ([`DeviceCtx`]: a stream and the caching allocator its tensors come
 //! from): parameters (one flat f32 tensor per layer group, the master weights), gradients,
 //! AdamW moments and every activation the forward saves are `cannon_kernels::Tensor`s, and
 //! every op is a `cannon_kernels` device-level op on the model's stream. The host only
@@ -20,18 +20,18 @@
 //! as host slices: RoPE tables and slots, cu_seqlens, splice and merge row indices) and reads
 //! back the loss. [`memory`] gives the bytes each part saves and the peak of a step, which a
 //! test checks against the allocator's figures. [`ops`] holds the precision policy (`f32`,
-//! or bf16 mixed precision with the activations stored as bf16: the type parameter `A: Act`).
+//! or bf16 mixed precision with the activations stored as bf16: the type parameter `A: ActElem`).
 //! Frozen parts (by default the vision tower and the projector, [`Part`]) have no gradient
 //! buffer, and their backward is not run at all unless something below them needs it
-//! ([`Visited`] reports what ran).
+//! ([`BackwardSteps`] reports what ran).
 //!
 //! What each decoder layer keeps for its backward, and where, is the run's
 //! [`MemoryFeatures`] ([`saved`]: recompute, activation offload to a [`cannon_runtime::HostPool`]);
 //! [`LossMode`] says whether the logits exist whole or in chunks ([`head`]).
 //!
-//! A pass ([`Pass`], [`pass`]) takes each layer group's parameters from a [`ParamSource`] at
+//! A pass ([`ModelPass`], [`pass`]) takes each layer group's parameters from a [`ParamSource`] at
 //! the point of use and hands each group's gradient to a [`GradSink`] when it is done with
-//! it, in the order of [`PassPlan`] ([`source`]). The model's own [`Params`] and [`Grads`]
+//! it, in the order of [`GroupOrder`] ([`source`]). The model's own [`Params`] and [`Grads`]
 //! ([`grads`]) are the trivial source and sink (views, no copies); a sharded rank
 //! (`crate::parallel::fsdp`) gathers and reduce-scatters there.
 
@@ -43,6 +43,7 @@ pub mod error;
 mod gate;
 pub mod grads;
 pub mod head;
+pub mod hf_write;
 pub mod init;
 pub mod memory;
 pub mod mistral;
@@ -53,23 +54,22 @@ pub mod params;
 pub mod pass;
 pub mod pixtral;
 pub mod projector;
-pub mod save;
 pub mod saved;
 pub mod source;
 pub mod streamer;
 pub mod weights;
 
 pub use crate::model::batch::{Batch, BatchError, Images};
-pub use cannon_kernels::exec::Exec;
+pub use cannon_kernels::device_ctx::DeviceCtx;
 pub use config::{ConfigError, Mistral3Config};
 pub use error::{ModelError, WeightsError};
 pub use grads::Grads;
 pub use head::{Logits, LossMode};
-pub use ops::{Act, Precision};
+pub use ops::{ActElem, Precision};
 pub use params::{ParamLayout, Params, Part};
-pub use pass::{check_batch, ForwardActs, Pass, Visited};
+pub use pass::{check_batch, BackwardSteps, ForwardActs, ModelPass};
 pub use saved::{MemoryFeatures, Recompute};
-pub use source::{GradSink, GroupWeights, ParamSource, PassPlan};
+pub use source::{GradSink, GroupOrder, GroupWeights, ParamSource};
 
 use cannon_kernels::cross_entropy::LossNorm;
 use cannon_kernels::Tensor;
@@ -85,7 +85,7 @@ pub struct Mistral3 {
     pub loss_mode: LossMode,
     /// What the decoder layers keep for the backward, and where ([`saved`]).
     pub memory: MemoryFeatures,
-    pub exec: Exec,
+    pub exec: DeviceCtx,
 }
 
 /// The allocator's figures over one forward + backward (see [`Mistral3::measure_step`]).
@@ -101,11 +101,11 @@ pub struct StepMemory {
 impl Mistral3 {
     /// Reads `dir/config.json` and the checkpoint in `dir` onto the host device.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
-        Self::load_on(dir, Exec::cpu())
+        Self::load_on(dir, DeviceCtx::cpu())
     }
 
     /// Reads `dir/config.json` and the checkpoint in `dir` onto `exec`'s device.
-    pub fn load_on(dir: &Path, exec: Exec) -> Result<Self, ModelError> {
+    pub fn load_on(dir: &Path, exec: DeviceCtx) -> Result<Self, ModelError> {
         let cfg = Mistral3Config::from_file(&dir.join("config.json"))?;
         let params = weights::load_params(&exec, dir, ParamLayout::new(&cfg))?;
         Ok(Mistral3 {
@@ -135,7 +135,7 @@ impl Mistral3 {
 
     /// Forward + backward of `batch` into `grads` between a reset of the allocator's peaks and
     /// their reading: the step's `max_allocated` / `max_reserved`. Returns the loss too.
-    pub fn measure_step<A: Act>(
+    pub fn measure_step<A: ActElem>(
         &self,
         batch: &Batch,
         grads: &mut Grads,
@@ -166,8 +166,8 @@ impl Mistral3 {
     }
 
     /// The pass over this model's own parameters (the mean loss over the batch's targets).
-    pub fn pass(&self) -> Pass<'_> {
-        Pass {
+    pub fn pass(&self) -> ModelPass<'_> {
+        ModelPass {
             cfg: &self.cfg,
             exec: &self.exec,
             loss_mode: self.loss_mode,
@@ -181,7 +181,7 @@ impl Mistral3 {
 
     /// Forward through vision, projector, splice, decoder, lm_head and the mean loss, keeping
     /// the full loss's logits ([`ForwardActs::logits`]).
-    pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
+    pub fn forward<A: ActElem>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
         self.pass().forward(batch)
     }
 
@@ -190,12 +190,12 @@ impl Mistral3 {
     /// backward of each micro batch its share of that step's mean-loss gradient: gradient
     /// accumulation), and the full loss's logits overwritten by their gradient (one `[T, V]`
     /// tensor instead of two; [`ForwardActs::logits`] is None).
-    pub fn forward_train<A: Act>(
+    pub fn forward_train<A: ActElem>(
         &self,
         batch: &Batch,
         norm: LossNorm,
     ) -> Result<ForwardActs<A>, ModelError> {
-        Pass {
+        ModelPass {
             loss_norm: norm,
             logits: Logits::Grad,
             ..self.pass()
@@ -206,19 +206,19 @@ impl Mistral3 {
     /// Backward of the mean loss: accumulates into the groups of `grads` that exist and, if
     /// `dpixels` (laid out like `Images::pixel_values`) is given, into its gradient. Parts that
     /// neither train nor lead to something that needs a gradient are not visited.
-    pub fn backward<A: Act>(
+    pub fn backward<A: ActElem>(
         &self,
         batch: &Batch,
         a: &ForwardActs<A>,
         grads: &mut Grads,
         dpixels: Option<&mut Tensor<f32>>,
-    ) -> Result<Visited, ModelError> {
+    ) -> Result<BackwardSteps, ModelError> {
         self.pass().backward(batch, a, grads, dpixels)
     }
 
     /// Projector + vision backward from the gradient of the image features `[M, D]`
     /// (consumed).
-    pub fn backward_images<A: Act>(
+    pub fn backward_images<A: ActElem>(
         &self,
         batch: &Batch,
         v: &pixtral::PixtralActs<A>,
@@ -226,7 +226,7 @@ impl Mistral3 {
         dfeat: Tensor<f32>,
         grads: &mut Grads,
         dpixels: Option<&mut Tensor<f32>>,
-    ) -> Result<Visited, ModelError> {
+    ) -> Result<BackwardSteps, ModelError> {
         self.pass()
             .backward_images(batch, v, p, dfeat, grads, dpixels)
     }

@@ -49,16 +49,16 @@ pub use cannon_kernels::Precision;
 
 /// The storage type of the activations that feed GEMMs and the attention: `f32` for an f32
 /// run, `bf16` for mixed precision. GEMMs always read f32 master weights and write f32; their
-/// products are taken in [`Act::PRECISION`].
-pub trait Act: Float {
+/// products are taken in [`ActElem::PRECISION`].
+pub trait ActElem: Float {
     const PRECISION: Precision;
 }
 
-impl Act for f32 {
+impl ActElem for f32 {
     const PRECISION: Precision = Precision::F32;
 }
 
-impl Act for bf16 {
+impl ActElem for bf16 {
     const PRECISION: Precision = Precision::Bf16;
 }
 
@@ -72,7 +72,7 @@ pub fn dims(x_len: usize, din: usize, dout: usize) -> LinearDims {
 }
 
 /// `y[T,dout] = x[T,din] w^T` in the run's precision (overwrites y).
-pub fn linear<A: Act>(
+pub fn linear<A: ActElem>(
     s: &Stream,
     y: &mut BufferViewMut<'_, f32>,
     x: &BufferView<'_, A>,
@@ -86,7 +86,7 @@ pub fn linear<A: Act>(
 /// `dx += dy w`, `dw += dy^T x` (each if given) in the run's precision; `dy` is f32, or the
 /// activation storage type (the attention's q/k/v gradients).
 #[allow(clippy::too_many_arguments)]
-pub fn linear_back<A: Act, G: Float>(
+pub fn linear_back<A: ActElem, G: Float>(
     s: &Stream,
     dx: Option<BufferViewMut<'_, f32>>,
     dw: Option<BufferViewMut<'_, f32>>,
@@ -101,7 +101,7 @@ pub fn linear_back<A: Act, G: Float>(
 }
 
 /// Pixtral's patch conv on one image in the run's precision: `out[Np,D] = im2col(pixels) w^T`.
-pub fn patch_embed<A: Act>(
+pub fn patch_embed<A: ActElem>(
     s: &Stream,
     out: &mut BufferViewMut<'_, f32>,
     pixels: &BufferView<'_, f32>,
@@ -114,7 +114,7 @@ pub fn patch_embed<A: Act>(
 
 /// Its backward: `dw += dout^T im2col(pixels)`, `dpixels += col2im(dout w)`.
 #[allow(clippy::too_many_arguments)]
-pub fn patch_embed_back<A: Act>(
+pub fn patch_embed_back<A: ActElem>(
     s: &Stream,
     grads: PatchEmbedGradBufs<'_>,
     dout: &BufferView<'_, f32>,
@@ -127,7 +127,7 @@ pub fn patch_embed_back<A: Act>(
 }
 
 /// Stores f32 values as activations (rounding to bf16 in a bf16 run; a copy in f32).
-pub fn store<A: Act>(
+pub fn store<A: ActElem>(
     s: &Stream,
     src: &BufferView<'_, f32>,
     dst: &mut BufferViewMut<'_, A>,

@@ -27,7 +27,7 @@ use super::grads::Grads;
 use super::offload::Stored;
 use super::params::Params;
 use super::ModelError;
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::HostPool;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
@@ -71,7 +71,7 @@ pub struct AdamW {
 
 impl AdamW {
     /// Zero moments on `exec`'s device for the groups `grads` holds.
-    pub fn new(exec: &Exec, cfg: AdamWConfig, grads: &Grads) -> Result<Self, ModelError> {
+    pub fn new(exec: &DeviceCtx, cfg: AdamWConfig, grads: &Grads) -> Result<Self, ModelError> {
         let zeros = |g: &Tensor<f32>| Ok(Stored::Device(exec.zeros(g.shape())?));
         Self::with_zero_moments(cfg, grads, zeros, None)
     }
@@ -102,13 +102,14 @@ impl AdamW {
     /// [`AdamW::new`] with the moments made in `exec`'s host pool (the optimizer offload),
     /// never on the device; the parameters are offloaded separately ([`Params::offload`]).
     pub fn new_in_host_pool(
-        exec: &Exec,
+        exec: &DeviceCtx,
         cfg: AdamWConfig,
         grads: &Grads,
     ) -> Result<Self, ModelError> {
         let pool = exec.host_pool().ok_or_else(|| {
             ModelError::Input(
-                "optimizer offload needs an exec with a host pool (Exec::with_host_pool)".into(),
+                "optimizer offload needs an exec with a host pool (DeviceCtx::with_host_pool)"
+                    .into(),
             )
         })?;
         let zeros = |g: &Tensor<f32>| {
@@ -167,10 +168,11 @@ impl AdamW {
     /// (`train.offload_optimizer`, see the module docs): from then on a pass fetches each
     /// group and [`AdamW::update`] streams each group's state through the device. What is
     /// there already stays (a resumed run calls it again).
-    pub fn offload(&mut self, exec: &Exec, params: &mut Params) -> Result<(), ModelError> {
+    pub fn offload(&mut self, exec: &DeviceCtx, params: &mut Params) -> Result<(), ModelError> {
         let pool = exec.host_pool().ok_or_else(|| {
             ModelError::Input(
-                "optimizer offload needs an exec with a host pool (Exec::with_host_pool)".into(),
+                "optimizer offload needs an exec with a host pool (DeviceCtx::with_host_pool)"
+                    .into(),
             )
         })?;
         params.offload(exec)?;

@@ -24,7 +24,7 @@ use super::config::Mistral3Config;
 use super::offload::Stored;
 use super::streamer::Streamer;
 use super::ModelError;
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{BufferView, Stream};
 use std::ops::Range;
@@ -54,7 +54,7 @@ macro_rules! flat_group {
             /// Each tensor's element range in a group laid out by `g`.
             pub fn ranges(g: &GroupLayout) -> Self {
                 let mut slots = g.slots.iter();
-                $(let $field = slots.next().map(Slot::range).unwrap_or(0..0);)*
+                $(let $field = slots.next().map(ParamSlot::range).unwrap_or(0..0);)*
                 $name { $($field),* }
             }
         }
@@ -142,14 +142,14 @@ pub enum Part {
 
 /// One tensor of a group.
 #[derive(Clone, Debug)]
-pub struct Slot {
+pub struct ParamSlot {
     /// Full transformers 5.x parameter name.
     pub name: String,
     pub shape: Vec<usize>,
     pub offset: usize,
 }
 
-impl Slot {
+impl ParamSlot {
     pub fn len(&self) -> usize {
         self.shape.iter().product()
     }
@@ -167,7 +167,7 @@ impl Slot {
 #[derive(Clone, Debug)]
 pub struct GroupLayout {
     pub part: Part,
-    pub slots: Vec<Slot>,
+    pub slots: Vec<ParamSlot>,
     /// Elements in the buffer.
     pub len: usize,
 }
@@ -179,7 +179,7 @@ impl GroupLayout {
             .iter()
             .zip(shapes)
             .map(|(n, shape)| {
-                let slot = Slot {
+                let slot = ParamSlot {
                     name: format!("{prefix}{n}"),
                     shape,
                     offset,
@@ -317,7 +317,7 @@ impl ParamLayout {
         })
     }
 
-    pub fn slots(&self) -> impl Iterator<Item = (usize, &Slot)> {
+    pub fn slots(&self) -> impl Iterator<Item = (usize, &ParamSlot)> {
         self.groups
             .iter()
             .enumerate()
@@ -365,7 +365,7 @@ impl Params {
     }
 
     /// Zeroed groups on `exec`'s device.
-    pub fn zeros(exec: &Exec, layout: ParamLayout) -> Result<Self, ModelError> {
+    pub fn zeros(exec: &DeviceCtx, layout: ParamLayout) -> Result<Self, ModelError> {
         let data = layout
             .groups
             .iter()
@@ -376,7 +376,7 @@ impl Params {
 
     /// Uploads host groups (one `Vec` per group, each of the group's length).
     pub fn from_host(
-        exec: &Exec,
+        exec: &DeviceCtx,
         layout: ParamLayout,
         host: &[Vec<f32>],
     ) -> Result<Self, ModelError> {
@@ -400,10 +400,11 @@ impl Params {
     /// pass copies each group to `exec`'s device at its point of use, the next one ahead
     /// ([`super::source`]), and the optimizer streams each group through the device for its
     /// update. Groups already there stay.
-    pub fn offload(&mut self, exec: &Exec) -> Result<(), ModelError> {
+    pub fn offload(&mut self, exec: &DeviceCtx) -> Result<(), ModelError> {
         let pool = exec.host_pool().ok_or_else(|| {
             ModelError::Input(
-                "optimizer offload needs an exec with a host pool (Exec::with_host_pool)".into(),
+                "optimizer offload needs an exec with a host pool (DeviceCtx::with_host_pool)"
+                    .into(),
             )
         })?;
         for t in &mut self.data {

@@ -1,20 +1,20 @@
-//! A forward or backward pass of the whole model over a parameter source ([`Pass`]), what
-//! its forward saves ([`ForwardActs`]) and what its backward visited ([`Visited`]): the
+//! A forward or backward pass of the whole model over a parameter source ([`ModelPass`]), what
+//! its forward saves ([`ForwardActs`]) and what its backward visited ([`BackwardSteps`]): the
 //! steps of the module docs of [`super`], in order, for the model's own parameters and for
 //! a sharded rank's alike.
 
 use super::config::Mistral3Config;
 use super::error::ModelError;
 use super::head::{self, head_view, Logits, LossMode};
-use super::ops::Act;
+use super::ops::ActElem;
 use super::params::{self, Part};
 use super::saved::MemoryFeatures;
-use super::source::{self, group_grad, GradSink, ParamSource, PassPlan};
+use super::source::{self, group_grad, GradSink, GroupOrder, ParamSource};
 use super::{mistral, pixtral, projector};
 use crate::model::batch::Batch;
 use crate::parallel::cp::{CpGroup, CpLayout};
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::{ops as kops, Tensor};
 
 /// What the whole forward saves (activations stored as `A`), on the model's device.
@@ -44,7 +44,7 @@ impl<A: cannon_runtime::Element> ForwardActs<A> {
         self.head.loss
     }
 
-    /// `[T, V]` logits: full loss mode, from a forward that keeps them ([`Pass::logits`];
+    /// `[T, V]` logits: full loss mode, from a forward that keeps them ([`ModelPass::logits`];
     /// [`super::Mistral3::forward`] does, a training forward does not).
     pub fn logits(&self) -> Option<&Tensor<f32>> {
         self.head.logits.as_ref()
@@ -53,7 +53,7 @@ impl<A: cannon_runtime::Element> ForwardActs<A> {
 
 /// Which backward steps ran: frozen parts with nothing trainable below them run none.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Visited {
+pub struct BackwardSteps {
     pub text_layers: usize,
     pub projector: bool,
     pub vision_layers: usize,
@@ -69,9 +69,9 @@ pub struct Visited {
 /// source and reduce-scattering sink, with the step's global target count as the loss
 /// divisor.
 #[derive(Clone, Copy)]
-pub struct Pass<'a> {
+pub struct ModelPass<'a> {
     pub cfg: &'a Mistral3Config,
-    pub exec: &'a Exec,
+    pub exec: &'a DeviceCtx,
     pub loss_mode: LossMode,
     /// What the decoder layers keep for the backward, and where ([`super::saved`]).
     pub memory: MemoryFeatures,
@@ -93,7 +93,7 @@ pub struct Pass<'a> {
     pub cp: Option<&'a CpGroup>,
 }
 
-impl Pass<'_> {
+impl ModelPass<'_> {
     /// What the batch alone cannot check: labels inside the vocabulary and as many `[IMG]`
     /// tokens as the images make (before any vision compute is spent on a bad batch).
     pub fn check_batch(&self, batch: &Batch) -> Result<(), ModelError> {
@@ -101,9 +101,9 @@ impl Pass<'_> {
     }
 
     /// Forward through vision, projector, splice, decoder, lm_head and the loss, fetching
-    /// each group in the order of [`PassPlan::forward`] (on this rank's token shard under
-    /// context parallelism: [`Pass::cp`]).
-    pub fn forward<A: Act>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
+    /// each group in the order of [`GroupOrder::forward`] (on this rank's token shard under
+    /// context parallelism: [`ModelPass::cp`]).
+    pub fn forward<A: ActElem>(&self, batch: &Batch) -> Result<ForwardActs<A>, ModelError> {
         let cp = self.cp;
         let cfg = self.cfg;
         let ex = self.exec;
@@ -114,7 +114,7 @@ impl Pass<'_> {
             return Err(ModelError::Input("loss chunk size must be > 0".into()));
         }
         // The groups this forward fetches, in order (a source copying them in goes ahead).
-        let plan = PassPlan::new(
+        let plan = GroupOrder::new(
             cfg,
             params.layout(),
             source::PlanInputs {
@@ -184,16 +184,16 @@ impl Pass<'_> {
 
     /// Backward of the loss: accumulates into the groups `grads` trains and, if `dpixels`
     /// (laid out like `Images::pixel_values`) is given, into its gradient, visiting the groups
-    /// in the order of [`PassPlan::backward`]. Parts that neither train nor lead to something
-    /// that needs a gradient are not visited. Under context parallelism ([`Pass::cp`], the
+    /// in the order of [`GroupOrder::backward`]. Parts that neither train nor lead to something
+    /// that needs a gradient are not visited. Under context parallelism ([`ModelPass::cp`], the
     /// group the forward ran with) this rank's share of every gradient.
-    pub fn backward<A: Act>(
+    pub fn backward<A: ActElem>(
         &self,
         batch: &Batch,
         a: &ForwardActs<A>,
         grads: &mut dyn GradSink,
         dpixels: Option<&mut Tensor<f32>>,
-    ) -> Result<Visited, ModelError> {
+    ) -> Result<BackwardSteps, ModelError> {
         let cp = self.cp;
         let cfg = self.cfg;
         let ex = self.exec;
@@ -209,7 +209,7 @@ impl Pass<'_> {
         let embed_trains = grads.trains(layout.text_embed());
         let want_dx0 = embed_trains || image_needed;
         if !want_dx0 && !(0..layout.groups.len()).any(|g| grads.trains(g)) {
-            return Ok(Visited::default());
+            return Ok(BackwardSteps::default());
         }
 
         // The groups this backward fetches, in order (a source copying them in goes ahead).
@@ -220,7 +220,7 @@ impl Pass<'_> {
                 images: a.projector.is_some(),
                 dpixels: dpixels.is_some(),
             };
-            let plan = PassPlan::new(cfg, layout, inputs);
+            let plan = GroupOrder::new(cfg, layout, inputs);
             plan.backward
                 .iter()
                 .filter(|s| s.fetch)
@@ -254,9 +254,9 @@ impl Pass<'_> {
         }
         let (dx0, text) =
             mistral::backward(ex, cfg, params, head_w, &a.text, dxf, grads, want_dx0, cp)?;
-        let mut visited = Visited {
+        let mut visited = BackwardSteps {
             text_layers: text.layers,
-            ..Visited::default()
+            ..BackwardSteps::default()
         };
         let Some(dx0) = dx0 else {
             return Ok(visited);
@@ -294,7 +294,7 @@ impl Pass<'_> {
 
     /// Projector + vision backward from the gradient of the image features `[M, D]`
     /// (consumed).
-    pub fn backward_images<A: Act>(
+    pub fn backward_images<A: ActElem>(
         &self,
         batch: &Batch,
         v: &pixtral::PixtralActs<A>,
@@ -302,7 +302,7 @@ impl Pass<'_> {
         dfeat: Tensor<f32>,
         grads: &mut dyn GradSink,
         dpixels: Option<&mut Tensor<f32>>,
-    ) -> Result<Visited, ModelError> {
+    ) -> Result<BackwardSteps, ModelError> {
         let cfg = self.cfg;
         let ex = self.exec;
         let params = self.params;
@@ -315,9 +315,9 @@ impl Pass<'_> {
         let (xv, dfv) = (x.view(), dfeat.view());
         projector::backward(ex, cfg, params, p, &xv, &dfv, grads, dvis_view)?;
         drop(dfeat);
-        let mut visited = Visited {
+        let mut visited = BackwardSteps {
             projector: true,
-            ..Visited::default()
+            ..BackwardSteps::default()
         };
         if let Some(dvis) = dvis {
             let images = &batch.images;
@@ -331,7 +331,7 @@ impl Pass<'_> {
 
 /// `[Tl, D]` rows of this CP rank from the batch's `x [T, D]` (padding rows zero).
 fn cp_shard_rows(
-    ex: &Exec,
+    ex: &DeviceCtx,
     layout: &CpLayout,
     x: &Tensor<f32>,
     d: usize,
@@ -348,7 +348,7 @@ fn cp_shard_rows(
 /// Adjoint of [`cp_shard_rows`]: this rank's `dx [Tl, D]` in the batch's `[T, D]` rows,
 /// zero in the rows of other ranks' tokens.
 fn cp_unshard_rows(
-    ex: &Exec,
+    ex: &DeviceCtx,
     layout: &CpLayout,
     dx: &Tensor<f32>,
     d: usize,

@@ -21,13 +21,13 @@ use super::block::{
 };
 use super::block_backward::{block_backward, BwdScratch};
 use super::config::{Mistral3Config, VISION_RMS_EPS};
-use super::ops::Act;
+use super::ops::ActElem;
 use super::ops::{patch_embed, patch_embed_back};
 use super::params::{ParamLayout, VisionEmbed, VisionLayer};
 use super::source::{group_grad, GradSink, ParamSource};
 use super::{Images, ModelError};
 use crate::parallel::cp::attn::SeqAttention;
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::ops;
 use cannon_kernels::patch_embed::{PatchEmbedGradBufs, PatchGeom};
 use cannon_kernels::rope::RopeTable;
@@ -180,8 +180,8 @@ impl<T> VisionLayer<T> {
 }
 
 /// Pixtral forward over all images of the batch.
-pub fn forward<A: Act>(
-    exec: &Exec,
+pub fn forward<A: ActElem>(
+    exec: &DeviceCtx,
     cfg: &Mistral3Config,
     params: &dyn ParamSource,
     img: &Images,
@@ -269,8 +269,8 @@ pub struct VisionVisit {
 /// accumulates into the vision groups of `grads` that exist (frozen ones are skipped) and,
 /// when `dpixels` is given, into the pixel gradient (laid out like `Images::pixel_values`).
 #[allow(clippy::too_many_arguments)]
-pub fn backward<A: Act>(
-    exec: &Exec,
+pub fn backward<A: ActElem>(
+    exec: &DeviceCtx,
     cfg: &Mistral3Config,
     params: &dyn ParamSource,
     a: &PixtralActs<A>,

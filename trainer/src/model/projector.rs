@@ -17,12 +17,12 @@
 //! row scatter-add (dropped odd rows/cols get 0).
 
 use super::config::Mistral3Config;
-use super::ops::{linear, linear_back, store, Act};
+use super::ops::{linear, linear_back, store, ActElem};
 use super::params::Projector;
 use super::pixtral::PatchGrid;
 use super::source::{group_grad, GradSink, ParamSource};
 use super::ModelError;
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::index::TransposeDims;
 use cannon_kernels::{ops, KernelError, Tensor};
 use cannon_runtime::{BufferView, BufferViewMut};
@@ -74,8 +74,8 @@ fn merge_dims(tokens: usize, dv: usize, mm: usize) -> TransposeDims {
 }
 
 /// Projector forward from the vision output `x [P, Dv]`.
-pub fn forward<A: Act>(
-    exec: &Exec,
+pub fn forward<A: ActElem>(
+    exec: &DeviceCtx,
     cfg: &Mistral3Config,
     params: &dyn ParamSource,
     grid: &PatchGrid,
@@ -143,8 +143,8 @@ pub fn forward<A: Act>(
 /// group trains, and when `dx` is given accumulates the gradient of the vision output
 /// `x [P, Dv]` into it.
 #[allow(clippy::too_many_arguments)]
-pub fn backward<A: Act>(
-    exec: &Exec,
+pub fn backward<A: ActElem>(
+    exec: &DeviceCtx,
     cfg: &Mistral3Config,
     params: &dyn ParamSource,
     a: &ProjectorActs<A>,

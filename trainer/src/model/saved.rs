@@ -21,7 +21,7 @@
 //! ([`block_forward`], [`norm_store`], [`gated_store`]), so the gradients are bit-identical
 //! to keeping everything.
 //!
-//! Offload ([`Slot::Host`]): after layer `l`'s forward, what it keeps (its input included) is
+//! Offload ([`SavedSlot::Host`]): after layer `l`'s forward, what it keeps (its input included) is
 //! queued for the host pool ([`super::offload`]); the device copies are freed after layer
 //! `l+1`'s forward (when the copy has surely finished: on an NPU it overlapped that layer).
 //! The last layer is not offloaded (its backward comes first). In the backward, layer `l-1`'s
@@ -33,9 +33,9 @@ use super::block::{
     block_forward, gated_store, norm_store, BlockActs, BlockCtx, BlockRefs, BlockWeights,
     FwdScratch,
 };
-use super::ops::Act;
+use super::ops::ActElem;
 use super::ModelError;
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::{CachingAllocator, Element, Stream};
 use cannon_runtime::{HostPool, HostTensor};
@@ -73,19 +73,19 @@ impl MemoryFeatures {
 
 /// One saved tensor: on the device, offloaded to the host, or not kept (recomputed).
 #[derive(Debug)]
-pub enum Slot<T: Element> {
+pub enum SavedSlot<T: Element> {
     Device(Tensor<T>),
     // Boxed: a host tensor (with its copy event under `npu`) is several times a device one.
     Host(Box<HostTensor<T>>),
     Dropped,
 }
 
-impl<T: Element> Slot<T> {
+impl<T: Element> SavedSlot<T> {
     fn offload(&mut self, pool: &HostPool, st: &Stream) -> Result<()> {
-        if let Slot::Device(_) = self {
-            if let Slot::Device(t) = std::mem::replace(self, Slot::Dropped) {
+        if let SavedSlot::Device(_) = self {
+            if let SavedSlot::Device(t) = std::mem::replace(self, SavedSlot::Dropped) {
                 let shape = t.shape().to_vec();
-                *self = Slot::Host(Box::new(pool.offload(st, t.into_buffer(), &shape)?));
+                *self = SavedSlot::Host(Box::new(pool.offload(st, t.into_buffer(), &shape)?));
             }
         }
         Ok(())
@@ -93,7 +93,7 @@ impl<T: Element> Slot<T> {
 
     fn settle(&mut self) -> Result<()> {
         match self {
-            Slot::Host(h) => Ok(h.settle()?),
+            SavedSlot::Host(h) => Ok(h.settle()?),
             _ => Ok(()),
         }
     }
@@ -105,7 +105,7 @@ impl<T: Element> Slot<T> {
         st: &Stream,
     ) -> Result<Option<Tensor<T>>> {
         match self {
-            Slot::Host(h) => {
+            SavedSlot::Host(h) => {
                 let buf = pool.reload(alloc, st, h)?;
                 Ok(Some(Tensor::from_buffer(buf, h.shape())?))
             }
@@ -114,37 +114,37 @@ impl<T: Element> Slot<T> {
     }
 
     fn is_dropped(&self) -> bool {
-        matches!(self, Slot::Dropped)
+        matches!(self, SavedSlot::Dropped)
     }
 }
 
-/// What one decoder layer keeps: its input and the [`BlockActs`] tensors, each a [`Slot`].
+/// What one decoder layer keeps: its input and the [`BlockActs`] tensors, each a [`SavedSlot`].
 #[derive(Debug)]
 pub struct LayerSaved<A: Element> {
     /// `[T,D]` the layer's input.
-    pub x: Slot<f32>,
-    pub rstd1: Slot<f32>,
-    pub ln1: Slot<A>,
-    pub q: Slot<A>,
-    pub k: Slot<A>,
-    pub v: Slot<A>,
-    pub att: Slot<A>,
-    pub lse: Slot<f32>,
-    pub mid: Slot<f32>,
-    pub rstd2: Slot<f32>,
-    pub ln2: Slot<A>,
-    pub gate: Slot<f32>,
-    pub up: Slot<f32>,
-    pub h: Slot<A>,
+    pub x: SavedSlot<f32>,
+    pub rstd1: SavedSlot<f32>,
+    pub ln1: SavedSlot<A>,
+    pub q: SavedSlot<A>,
+    pub k: SavedSlot<A>,
+    pub v: SavedSlot<A>,
+    pub att: SavedSlot<A>,
+    pub lse: SavedSlot<f32>,
+    pub mid: SavedSlot<f32>,
+    pub rstd2: SavedSlot<f32>,
+    pub ln2: SavedSlot<A>,
+    pub gate: SavedSlot<f32>,
+    pub up: SavedSlot<f32>,
+    pub h: SavedSlot<A>,
     /// Under context parallelism: the attention output in the head-sharded layout (kept,
     /// offloaded or dropped with `att`); None without CP.
-    pub att_cp: Option<Slot<A>>,
+    pub att_cp: Option<SavedSlot<A>>,
 }
 
 /// The device tensors of one layer's backward that are not in its [`LayerSaved`]'s device
 /// slots: reloaded from the host or recomputed. Freed when the layer's backward is done.
 #[derive(Debug)]
-pub struct Held<A: Element> {
+pub struct Restored<A: Element> {
     x: Option<Tensor<f32>>,
     rstd1: Option<Tensor<f32>>,
     ln1: Option<Tensor<A>>,
@@ -162,17 +162,17 @@ pub struct Held<A: Element> {
     att_cp: Option<Tensor<A>>,
 }
 
-fn dev<T: Element>(t: Tensor<T>) -> Slot<T> {
-    Slot::Device(t)
+fn dev<T: Element>(t: Tensor<T>) -> SavedSlot<T> {
+    SavedSlot::Device(t)
 }
 
 fn pick<'a, T: Element>(
     name: &'static str,
-    slot: &'a Slot<T>,
+    slot: &'a SavedSlot<T>,
     held: &'a Option<Tensor<T>>,
 ) -> Result<&'a Tensor<T>> {
     match (held, slot) {
-        (Some(t), _) | (None, Slot::Device(t)) => Ok(t),
+        (Some(t), _) | (None, SavedSlot::Device(t)) => Ok(t),
         _ => Err(KernelError::InvalidArgument {
             op: "decoder backward",
             detail: format!("the saved tensor {name} was neither reloaded nor recomputed"),
@@ -180,7 +180,7 @@ fn pick<'a, T: Element>(
     }
 }
 
-impl<A: Act> LayerSaved<A> {
+impl<A: ActElem> LayerSaved<A> {
     /// What the layer with input `x` and activations `a` keeps under `r`; the rest is freed.
     pub fn keep(x: Tensor<f32>, a: BlockActs<A>, r: Recompute) -> Self {
         let all = LayerSaved {
@@ -203,29 +203,29 @@ impl<A: Act> LayerSaved<A> {
         match r {
             Recompute::None => all,
             Recompute::Selective => LayerSaved {
-                rstd1: Slot::Dropped,
-                ln1: Slot::Dropped,
-                rstd2: Slot::Dropped,
-                ln2: Slot::Dropped,
-                h: Slot::Dropped,
+                rstd1: SavedSlot::Dropped,
+                ln1: SavedSlot::Dropped,
+                rstd2: SavedSlot::Dropped,
+                ln2: SavedSlot::Dropped,
+                h: SavedSlot::Dropped,
                 ..all
             },
             Recompute::Full => LayerSaved {
                 x: all.x,
-                rstd1: Slot::Dropped,
-                ln1: Slot::Dropped,
-                q: Slot::Dropped,
-                k: Slot::Dropped,
-                v: Slot::Dropped,
-                att: Slot::Dropped,
-                lse: Slot::Dropped,
-                mid: Slot::Dropped,
-                rstd2: Slot::Dropped,
-                ln2: Slot::Dropped,
-                gate: Slot::Dropped,
-                up: Slot::Dropped,
-                h: Slot::Dropped,
-                att_cp: all.att_cp.map(|_| Slot::Dropped),
+                rstd1: SavedSlot::Dropped,
+                ln1: SavedSlot::Dropped,
+                q: SavedSlot::Dropped,
+                k: SavedSlot::Dropped,
+                v: SavedSlot::Dropped,
+                att: SavedSlot::Dropped,
+                lse: SavedSlot::Dropped,
+                mid: SavedSlot::Dropped,
+                rstd2: SavedSlot::Dropped,
+                ln2: SavedSlot::Dropped,
+                gate: SavedSlot::Dropped,
+                up: SavedSlot::Dropped,
+                h: SavedSlot::Dropped,
+                att_cp: all.att_cp.map(|_| SavedSlot::Dropped),
             },
         }
     }
@@ -286,16 +286,16 @@ impl<A: Act> LayerSaved<A> {
 
     /// Whether any slot is on the host (the layer's backward needs a reload first).
     pub fn offloaded(&self) -> bool {
-        matches!(self.x, Slot::Host(_))
+        matches!(self.x, SavedSlot::Host(_))
     }
 
     /// Queues the reload of every host slot onto the device (`alloc`'s), in slot order.
-    pub fn reload(&self, exec: &Exec) -> Result<Held<A>> {
+    pub fn reload(&self, exec: &DeviceCtx) -> Result<Restored<A>> {
         let (st, alloc) = (exec.stream(), exec.allocator());
         let Some(pool) = exec.host_pool().filter(|_| self.offloaded()) else {
-            return Ok(Held::empty());
+            return Ok(Restored::empty());
         };
-        Ok(Held {
+        Ok(Restored {
             x: self.x.reload(pool, alloc, st)?,
             rstd1: self.rstd1.reload(pool, alloc, st)?,
             ln1: self.ln1.reload(pool, alloc, st)?,
@@ -318,7 +318,7 @@ impl<A: Act> LayerSaved<A> {
     }
 
     /// The layer's input on the device.
-    pub fn input<'a>(&'a self, held: &'a Held<A>) -> Result<&'a Tensor<f32>> {
+    pub fn input<'a>(&'a self, held: &'a Restored<A>) -> Result<&'a Tensor<f32>> {
         pick("x", &self.x, &held.x)
     }
 
@@ -328,8 +328,8 @@ impl<A: Act> LayerSaved<A> {
     #[allow(clippy::too_many_arguments)]
     pub fn recompute(
         &self,
-        exec: &Exec,
-        held: &mut Held<A>,
+        exec: &DeviceCtx,
+        held: &mut Restored<A>,
         c: &BlockCtx,
         w: &BlockWeights,
         s: &mut FwdScratch,
@@ -385,7 +385,7 @@ impl<A: Act> LayerSaved<A> {
     }
 
     /// The tensors the block backward reads, from the device slots and `held`.
-    pub fn refs<'a>(&'a self, held: &'a Held<A>) -> Result<BlockRefs<'a, A>> {
+    pub fn refs<'a>(&'a self, held: &'a Restored<A>) -> Result<BlockRefs<'a, A>> {
         Ok(BlockRefs {
             rstd1: pick("rstd1", &self.rstd1, &held.rstd1)?,
             ln1: pick("ln1", &self.ln1, &held.ln1)?,
@@ -408,10 +408,10 @@ impl<A: Act> LayerSaved<A> {
     }
 }
 
-impl<A: Element> Held<A> {
+impl<A: Element> Restored<A> {
     /// Nothing held.
     pub fn empty() -> Self {
-        Held {
+        Restored {
             x: None,
             rstd1: None,
             ln1: None,

@@ -3,7 +3,7 @@
 //! ([`Params`], [`Grads`]) and on one rank of a sharded model (`crate::parallel::fsdp`), which gathers
 //! a group just before it is used and reduce-scatters its gradient just after.
 //!
-//! The model asks for groups in a fixed order, the [`PassPlan`]:
+//! The model asks for groups in a fixed order, the [`GroupOrder`]:
 //!
 //! ```text
 //! forward    [vision embed, vision layer 0 .. used-1, projector]  (if the batch has images)
@@ -65,7 +65,7 @@ pub trait ParamSource {
     /// so that on an asynchronous backend it overlaps the compute of `g`.
     fn fetch(&self, g: usize) -> Result<GroupWeights<'_>, ModelError>;
 
-    /// The pass about to run fetches the groups `order` in that order (its [`PassPlan`]'s
+    /// The pass about to run fetches the groups `order` in that order (its [`GroupOrder`]'s
     /// forward, or the fetching steps of its backward): a source that copies groups in may
     /// issue each next copy ahead. A sharded source knows its plan already.
     fn begin(&self, _order: &[usize]) -> Result<(), ModelError> {
@@ -204,7 +204,7 @@ pub struct BackwardStep {
 
 /// The order in which a pass visits the groups (see the module docs).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PassPlan {
+pub struct GroupOrder {
     /// Groups the forward fetches, in order.
     pub forward: Vec<usize>,
     /// Steps of the backward, in order.
@@ -222,8 +222,8 @@ pub struct PlanInputs<'a> {
     pub dpixels: bool,
 }
 
-impl PassPlan {
-    /// The plan [`super::Pass::forward`] and [`super::Pass::backward`] follow (a test checks
+impl GroupOrder {
+    /// The plan [`super::ModelPass::forward`] and [`super::ModelPass::backward`] follow (a test checks
     /// that they do, call for call).
     pub fn new(cfg: &Mistral3Config, layout: &ParamLayout, x: PlanInputs<'_>) -> Self {
         let trains = x.trains;
@@ -273,6 +273,6 @@ impl PassPlan {
                 }
             }
         }
-        PassPlan { forward, backward }
+        GroupOrder { forward, backward }
     }
 }

@@ -4,7 +4,7 @@
 
 use super::offload::Stored;
 use super::ModelError;
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::Tensor;
 use cannon_runtime::CopyMark;
 use std::sync::Mutex;
@@ -14,7 +14,7 @@ use std::sync::Mutex;
 #[derive(Debug)]
 pub struct Streamer {
     /// The device (allocator, compute stream) and the host pool the groups are in.
-    exec: Exec,
+    exec: DeviceCtx,
     state: Mutex<StreamState>,
 }
 
@@ -30,7 +30,7 @@ struct StreamState {
 
 impl Streamer {
     /// A streamer copying groups to `exec`'s device from its host pool.
-    pub fn new(exec: Exec) -> Self {
+    pub fn new(exec: DeviceCtx) -> Self {
         Streamer {
             exec,
             state: Mutex::new(StreamState::default()),

@@ -12,7 +12,7 @@
 use super::params::{ParamLayout, Params};
 use super::ModelError;
 use crate::train::checkpoint::st_read::StReader;
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -102,7 +102,11 @@ fn checkpoint_files(dir: &Path) -> Result<FileList, WeightsError> {
 
 /// Loads the checkpoint in `dir` into groups laid out by `layout` on `exec`'s device (read
 /// and widened on the host, then uploaded group by group).
-pub fn load_params(exec: &Exec, dir: &Path, layout: ParamLayout) -> Result<Params, ModelError> {
+pub fn load_params(
+    exec: &DeviceCtx,
+    dir: &Path,
+    layout: ParamLayout,
+) -> Result<Params, ModelError> {
     let data = load_host(dir, &layout)?;
     Params::from_host(exec, layout, &data)
 }

@@ -16,7 +16,7 @@
 //! compares the step with what this machine's GEMM reaches today, not with a datasheet.
 
 use crate::model::batch::Batch;
-use crate::model::{Exec, Mistral3Config, Part};
+use crate::model::{DeviceCtx, Mistral3Config, Part};
 use crate::train::data::loader::BatchShape;
 use cannon_kernels::gemm::{Dims, Trans};
 use cannon_kernels::{ops, KernelError, Precision, Tensor};
@@ -125,7 +125,12 @@ fn flops_of(
 /// warm-up call first). At bf16 the operands are bf16, as the model's activations and cast
 /// weights are: the peak is the rate of the products the model runs, not of an f32 -> bf16
 /// rounding of the inputs that the model does once per tensor, elsewhere.
-pub fn gemm_peak(exec: &Exec, p: Precision, n: usize, reps: usize) -> Result<f64, KernelError> {
+pub fn gemm_peak(
+    exec: &DeviceCtx,
+    p: Precision,
+    n: usize,
+    reps: usize,
+) -> Result<f64, KernelError> {
     match p {
         Precision::F32 => gemm_peak_of::<f32>(exec, p, n, reps),
         Precision::Bf16 => gemm_peak_of::<half::bf16>(exec, p, n, reps),
@@ -133,7 +138,7 @@ pub fn gemm_peak(exec: &Exec, p: Precision, n: usize, reps: usize) -> Result<f64
 }
 
 fn gemm_peak_of<T: Float>(
-    exec: &Exec,
+    exec: &DeviceCtx,
     p: Precision,
     n: usize,
     reps: usize,
@@ -144,7 +149,7 @@ fn gemm_peak_of<T: Float>(
 /// The operands of an `n^3` GEMM at precision `p`, kept for repeated peak measurements
 /// (`bench step` probes beside every step) without allocating or uploading them again.
 pub struct GemmProbe<T: Float> {
-    exec: Exec,
+    exec: DeviceCtx,
     p: Precision,
     n: usize,
     a: Tensor<T>,
@@ -153,7 +158,7 @@ pub struct GemmProbe<T: Float> {
 }
 
 impl<T: Float> GemmProbe<T> {
-    pub fn new(exec: &Exec, p: Precision, n: usize) -> Result<Self, KernelError> {
+    pub fn new(exec: &DeviceCtx, p: Precision, n: usize) -> Result<Self, KernelError> {
         Ok(GemmProbe {
             exec: exec.clone(),
             p,

@@ -3,8 +3,8 @@
 //! - [`settings`]: what the step is given besides the model and the batch
 //!   ([`TrainSettings`], the memory features of `[train]`).
 //! - [`schedule`]: warm-up + cosine or constant learning rate.
-//! - [`run_plan`]: a config resolved into paths, a model source and a freeze list
-//!   ([`run_plan::RunPlan`]).
+//! - [`resolve`]: a config resolved into paths, a model source and a freeze list
+//!   ([`resolve::ResolvedRun`]).
 //! - [`setup`]: a run made ready without its model ([`setup::RunSetup`]): what the ranks
 //!   start from, each reading or drawing its own shards.
 //! - [`sharded`]: the one driver loop, for every world size: one process alone (a world of
@@ -29,17 +29,17 @@ pub mod eval;
 pub mod flops;
 pub mod identity;
 pub mod metrics;
+pub mod resolve;
 pub mod resume;
 pub mod run;
-pub mod run_plan;
 pub mod schedule;
 pub mod settings;
 pub mod setup;
 pub mod sharded;
 
 pub use error::TrainError;
+pub use resolve::ResolvedRun;
 pub use run::{RunSummary, StepHook};
-pub use run_plan::RunPlan;
 pub use schedule::LrSchedule;
 pub use settings::{memory_features, TrainSettings};
 pub use setup::RunSetup;

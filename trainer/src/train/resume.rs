@@ -13,7 +13,7 @@
 //! checkpoint like a run's `final/` folder.
 
 use super::error::TrainError;
-use super::run_plan::{RunPlan, FINAL_RUN_CONFIG};
+use super::resolve::{ResolvedRun, FINAL_RUN_CONFIG};
 use super::schedule::LrSchedule;
 use super::setup::{Counters, RunSetup};
 use crate::parallel::fsdp::FsdpRank;
@@ -26,7 +26,7 @@ use crate::train::config::Resume;
 use std::path::PathBuf;
 
 /// The checkpoint progress record of a run at `c`.
-pub fn progress_at(plan: &RunPlan, c: &Counters) -> Progress {
+pub fn progress_at(plan: &ResolvedRun, c: &Counters) -> Progress {
     Progress {
         step: c.step as u64,
         config: serde_json::to_value(plan.effective()).unwrap_or_default(),
@@ -48,7 +48,7 @@ pub fn progress_at(plan: &RunPlan, c: &Counters) -> Progress {
 }
 
 /// Whether a checkpoint is due after step `step` (1-based) of `total`.
-pub fn due(plan: &RunPlan, step: usize, total: usize) -> bool {
+pub fn due(plan: &ResolvedRun, step: usize, total: usize) -> bool {
     let every = plan.cfg.checkpoint.every;
     every > 0 && (step.is_multiple_of(every) || step == total)
 }
@@ -56,7 +56,7 @@ pub fn due(plan: &RunPlan, step: usize, total: usize) -> bool {
 /// Saves one FSDP rank's shards as its part of `plan`'s checkpoint at `c` (collective: every
 /// rank calls it after the same step).
 pub fn save_sharded(
-    plan: &RunPlan,
+    plan: &ResolvedRun,
     model_json: &serde_json::Value,
     rank: &FsdpRank,
     c: &Counters,
@@ -119,7 +119,7 @@ pub fn save_rank(
 /// The checkpoint `[checkpoint] resume` names: None for `false`, the newest complete one in
 /// the checkpoint folder for `true` (None if there is none yet: a fresh start), the given
 /// directory (or its newest) for a path.
-pub fn resume_from(plan: &RunPlan) -> Result<Option<Checkpoint>, CheckpointError> {
+pub fn resume_from(plan: &ResolvedRun) -> Result<Option<Checkpoint>, CheckpointError> {
     match &plan.cfg.checkpoint.resume {
         Resume::Latest(false) => Ok(None),
         Resume::Latest(true) => {

@@ -12,14 +12,14 @@
 
 use super::error::TrainError;
 use super::metrics::StepRecord;
-use super::run_plan::RunPlan;
+use super::resolve::ResolvedRun;
 use crate::train::eval::EvalReport;
 use std::path::PathBuf;
 
 /// Runs on rank 0 after every optimizer step, with that step's record (the same line
 /// `metrics.jsonl` gets). An error stops the run.
 pub trait StepHook {
-    fn after_step(&mut self, plan: &RunPlan, step: &StepRecord) -> Result<(), TrainError>;
+    fn after_step(&mut self, plan: &ResolvedRun, step: &StepRecord) -> Result<(), TrainError>;
 }
 
 /// What a finished run reports.

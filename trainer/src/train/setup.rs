@@ -7,14 +7,16 @@ use super::error::{io, TrainError};
 use super::flops::gemm_peak;
 use super::identity::{digest_files_beside, RunIdentity};
 use super::metrics::{EvalRecord, JsonlWriter};
-use super::run_plan::{image_config, make_synth, model_config, steps_for_epochs, weight_files};
-use super::run_plan::{ModelSource, RunPlan, FINAL_RUN_CONFIG};
+use super::resolve::{image_config, make_synth, model_config, steps_for_epochs, weight_files};
+use super::resolve::{ModelSource, ResolvedRun, FINAL_RUN_CONFIG};
 use super::schedule::LrSchedule;
 use super::settings::memory_features;
 use crate::model::init::{self, Init};
 use crate::model::optim::AdamWConfig;
 use crate::model::weights::HfWeights;
-use crate::model::{Exec, LossMode, MemoryFeatures, Mistral3Config, ModelError, ParamLayout, Part};
+use crate::model::{
+    DeviceCtx, LossMode, MemoryFeatures, Mistral3Config, ModelError, ParamLayout, Part,
+};
 use crate::parallel::fsdp::ShardSource;
 use crate::train::config::{self, ConfigError};
 use crate::train::data::dataset::{DataSet, SampleSettings};
@@ -48,7 +50,7 @@ pub enum Weights {
 
 /// A run ready to train but for its model (see the module docs).
 pub struct RunSetup {
-    pub plan: RunPlan,
+    pub plan: ResolvedRun,
     pub tok: Tekken,
     pub loader: Loader,
     pub image: ImageConfig,
@@ -89,7 +91,7 @@ impl RunSetup {
     /// Makes the default synthetic set if needed, reads tokenizer and data, decides the model
     /// config and where its weights come from (an HF checkpoint's headers are checked here),
     /// measures the GEMM peak on `exec`'s device. Writes nothing in the run folder yet.
-    pub fn new(plan: RunPlan, exec: &Exec) -> Result<Self, TrainError> {
+    pub fn new(plan: ResolvedRun, exec: &DeviceCtx) -> Result<Self, TrainError> {
         if let Some(s) = &plan.synth {
             eprintln!(
                 "making the synthetic shapes set ({} samples) in {}",

@@ -38,7 +38,7 @@ use super::metrics::{JsonlWriter, Progress, StepRecord};
 use super::resume;
 use super::run::{RunSummary, StepHook, CACHE_SLACK};
 use super::setup::{Counters, RunSetup};
-use crate::model::{Act, Exec};
+use crate::model::{ActElem, DeviceCtx};
 use crate::parallel::fsdp::{rank_rows, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings};
 use crate::train::config::Dtype;
 use crate::train::data::shuffle::Position;
@@ -64,7 +64,7 @@ const RANK_TIMEOUT: Duration = Duration::from_secs(600);
 pub enum Ranks {
     /// One process alone, on this exec's device (the CPU or one NPU): a world of one
     /// ([`Communicator::solo`]), run on the calling thread.
-    Solo(Exec),
+    Solo(DeviceCtx),
     /// This many in-process CPU ranks (threads).
     Cpu(usize),
     /// This process's rank of a multi-process job (one per NPU), on the communicator's device.
@@ -75,7 +75,7 @@ pub enum Ranks {
 /// from its step to the last, then writes the final model and evaluates it.
 pub fn run_sharded(setup: &mut RunSetup) -> Result<RunSummary, TrainError> {
     let ranks = match setup.plan.cfg.parallel.nproc {
-        0 | 1 => Ranks::Solo(Exec::cpu()),
+        0 | 1 => Ranks::Solo(DeviceCtx::cpu()),
         n => Ranks::Cpu(n),
     };
     run_sharded_on(setup, ranks, &mut [])
@@ -104,7 +104,7 @@ struct Rank0 {
     eval: Option<crate::train::eval::EvalReport>,
 }
 
-fn run_as<A: Act>(
+fn run_as<A: ActElem>(
     setup: &mut RunSetup,
     ranks: Ranks,
     hooks: &mut [&mut (dyn StepHook + Send)],
@@ -150,7 +150,7 @@ fn run_as<A: Act>(
     cp.check(cfg)?;
     let eval_data = t.eval_data()?;
 
-    let body = |comm: Communicator, exec: Exec| {
+    let body = |comm: Communicator, exec: DeviceCtx| {
         let r = comm.rank();
         // An NPU rank's cache is bounded as the CPU ranks' are (`fsdp::cpu_rank_exec`):
         // its device then reserves about what the plan says, not every shape a step freed.
@@ -314,7 +314,7 @@ fn run_as<A: Act>(
                 body(Communicator::solo(exec.device(), RANK_TIMEOUT), exec).map(|r| vec![r])
             }
             Ranks::Cpu(_) => run_cpu_ranks(world, RANK_TIMEOUT, body),
-            Ranks::Hccl(comm) => Exec::new(comm.device())
+            Ranks::Hccl(comm) => DeviceCtx::new(comm.device())
                 .map_err(FsdpError::from)
                 .and_then(|exec| body(comm, exec))
                 .map(|r| vec![r]),
@@ -376,7 +376,7 @@ fn run_as<A: Act>(
 
 /// Gives the rank's cached blocks back to its device once its stream's work is done: blocks
 /// allocated without a stream carry no fence, so only the finished stream makes them free.
-fn give_back_cache(exec: &Exec) -> Result<(), FsdpError> {
+fn give_back_cache(exec: &DeviceCtx) -> Result<(), FsdpError> {
     exec.stream().synchronize()?;
     exec.allocator().empty_cache();
     Ok(())

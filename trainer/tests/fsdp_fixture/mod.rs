@@ -8,7 +8,8 @@ use cannon_runtime::rng::SplitMix64;
 use cannon_trainer::model::batch::{Batch, Images};
 use cannon_trainer::model::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use cannon_trainer::model::{
-    Act, Exec, Grads, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part, Pass,
+    ActElem, DeviceCtx, Grads, LossMode, Mistral3, Mistral3Config, ModelPass, ParamLayout, Params,
+    Part,
 };
 use cannon_trainer::parallel::fsdp::{
     run_cpu_ranks, FsdpRank, FsdpSettings, ShardState, StepStats,
@@ -147,7 +148,7 @@ pub struct Run {
 
 /// `steps` sharded steps on `world` CPU ranks: micro batch i of `batches` goes to rank
 /// `i % world`.
-pub fn run_sharded<A: Act>(
+pub fn run_sharded<A: ActElem>(
     world: usize,
     cfg: &Mistral3Config,
     host: &[Vec<f32>],
@@ -208,7 +209,7 @@ pub fn run_unsharded(
     s: &FsdpSettings,
     steps: usize,
 ) -> (Vec<f64>, Vec<f64>, Vec<Vec<f32>>) {
-    let exec = Exec::cpu();
+    let exec = DeviceCtx::cpu();
     let layout = ParamLayout::new(cfg);
     let mut params = Params::from_host(&exec, layout.clone(), host).unwrap();
     let trainable: Vec<Part> = [Part::Vision, Part::Projector, Part::Text]
@@ -227,7 +228,7 @@ pub fn run_unsharded(
         grads.zero(st).unwrap();
         let mut sum = 0.0;
         for b in batches {
-            let pass = Pass {
+            let pass = ModelPass {
                 cfg,
                 exec: &exec,
                 loss_mode: s.loss_mode,
@@ -266,7 +267,7 @@ pub fn rel_l2(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 
 /// The model of `host` (for the plain `Mistral3` path).
 pub fn model(cfg: &Mistral3Config, host: &[Vec<f32>]) -> Mistral3 {
-    let exec = Exec::cpu();
+    let exec = DeviceCtx::cpu();
     let params = Params::from_host(&exec, ParamLayout::new(cfg), host).unwrap();
     Mistral3 {
         cfg: cfg.clone(),

@@ -27,10 +27,10 @@
 //! change of the largest per-step `max_allocated` and `max_reserved` (the runtime
 //! allocator's, rank 0's for several ranks) and of the mean step time, each as on vs off.
 
-use crate::model::Exec;
+use crate::model::DeviceCtx;
 use crate::train::config::TrainConfig;
 use crate::train::sharded::Ranks;
-use crate::train::{RunPlan, RunSetup, TrainError};
+use crate::train::{ResolvedRun, RunSetup, TrainError};
 use cannon_runtime::{CachingAllocator, Stream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -252,9 +252,9 @@ pub fn run_one(mut cfg: TrainConfig, dir: &Path) -> Result<RunTrace, TrainError>
     cfg.log.jsonl = Some(dir.join("metrics.jsonl"));
     cfg.log.every = 1;
     cfg.validate()?;
-    let mut plan = RunPlan::resolve(cfg, None)?;
+    let mut plan = ResolvedRun::resolve(cfg, None)?;
     plan.eval_dataset = None;
-    let exec = Exec::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu())
+    let exec = DeviceCtx::with_allocator(Arc::new(Stream::cpu()), CachingAllocator::new_cpu())
         .map_err(crate::model::ModelError::from)?;
     let mut setup = RunSetup::new(plan, &exec)?;
     let jsonl = setup.plan.jsonl.clone();

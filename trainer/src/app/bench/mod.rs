@@ -17,7 +17,9 @@
 use crate::model::batch::{Batch, Images};
 use crate::model::init::{Init, INITIALIZER_RANGE};
 use crate::model::optim::AdamWConfig;
-use crate::model::{Act, Exec, LossMode, Mistral3, Mistral3Config, ModelError, ParamLayout, Part};
+use crate::model::{
+    ActElem, DeviceCtx, LossMode, Mistral3, Mistral3Config, ModelError, ParamLayout, Part,
+};
 use crate::parallel::fsdp::{FsdpError, FsdpRank, FsdpSettings, ShardSource};
 use crate::train::flops::{step_flops, GemmProbe};
 use cannon_kernels::cross_entropy::IGNORE_INDEX;
@@ -174,7 +176,11 @@ pub fn random_host(cfg: &Mistral3Config, seed: u64) -> Vec<Vec<f32>> {
 
 /// A model of `cfg` with [`random_host`] weights on `exec`, made on the host and uploaded
 /// once.
-pub fn random_model(cfg: &Mistral3Config, exec: Exec, seed: u64) -> Result<Mistral3, ModelError> {
+pub fn random_model(
+    cfg: &Mistral3Config,
+    exec: DeviceCtx,
+    seed: u64,
+) -> Result<Mistral3, ModelError> {
     let layout = crate::model::ParamLayout::new(cfg);
     let host = random_host(cfg, seed);
     let params = crate::model::Params::from_host(&exec, layout, &host)?;
@@ -289,13 +295,13 @@ pub(crate) fn bench_settings() -> FsdpSettings {
     }
 }
 
-fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, FsdpError> {
+fn run_as<A: ActElem>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, FsdpError> {
     if b.steps == 0 {
         return Err(ModelError::Input("--steps must be > 0".into()).into());
     }
     // A private allocator: the figures (peaks, blocks taken per step) are the model's own,
     // untouched by anything else the process runs (tests run benches side by side).
-    let exec = Exec::with_allocator(
+    let exec = DeviceCtx::with_allocator(
         std::sync::Arc::new(cannon_runtime::Stream::cpu()),
         cannon_runtime::CachingAllocator::new_cpu(),
     )?;
@@ -318,7 +324,7 @@ fn run_as<A: Act>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport, Fsd
     // The GEMM peaks (at start-up, and beside every step: `StepReport::step_over_floor`) run
     // on operands allocated once from their own allocator, so they are in neither the model's
     // allocator figures nor its cache.
-    let probe_exec = Exec::with_allocator(
+    let probe_exec = DeviceCtx::with_allocator(
         std::sync::Arc::new(cannon_runtime::Stream::cpu()),
         cannon_runtime::CachingAllocator::new_cpu(),
     )?;

@@ -7,7 +7,7 @@
 
 use super::{bench_batch, peak_rss_mib, random_host, StepBench, StepReport, GEMM_PEAK_N};
 use crate::model::optim::AdamWConfig;
-use crate::model::{Act, Exec, LossMode, Mistral3Config, ModelError, ParamLayout, Part};
+use crate::model::{ActElem, DeviceCtx, LossMode, Mistral3Config, ModelError, ParamLayout, Part};
 use crate::parallel::fsdp::{run_cpu_ranks, split_rows, FsdpError, FsdpRank, FsdpSettings};
 use crate::train::flops::{gemm_peak, step_flops};
 use cannon_kernels::Precision;
@@ -25,7 +25,7 @@ pub fn run_sharded(
     }
 }
 
-fn run_as<A: Act>(
+fn run_as<A: ActElem>(
     cfg: &Mistral3Config,
     b: &StepBench,
     nproc: usize,
@@ -44,7 +44,7 @@ fn run_as<A: Act>(
     let per = b.batch / nproc;
     // Measured before the ranks start, so it has the whole machine as each step does.
     let gemm_peak_flops =
-        gemm_peak(&Exec::cpu(), b.precision, GEMM_PEAK_N, 4).map_err(ModelError::from)?;
+        gemm_peak(&DeviceCtx::cpu(), b.precision, GEMM_PEAK_N, 4).map_err(ModelError::from)?;
     let settings = FsdpSettings {
         adamw: AdamWConfig {
             lr: 1e-4,
@@ -89,7 +89,7 @@ fn run_as<A: Act>(
     // And after they end: probing between steps would stall every rank's collectives, so
     // the steps are held against the machine's speed just before and just after them.
     let peak_after =
-        gemm_peak(&Exec::cpu(), b.precision, GEMM_PEAK_N, 2).map_err(ModelError::from)?;
+        gemm_peak(&DeviceCtx::cpu(), b.precision, GEMM_PEAK_N, 2).map_err(ModelError::from)?;
     let mut times = per_rank[0].0.clone();
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];

@@ -15,7 +15,7 @@
 
 use crate::model::optim::AdamWConfig;
 use crate::model::weights::HfWeights;
-use crate::model::{Exec, LossMode, ModelError, ParamLayout, Part};
+use crate::model::{DeviceCtx, LossMode, ModelError, ParamLayout, Part};
 use crate::parallel::fsdp::{run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings, ShardSource};
 use crate::train::checkpoint::manifest::MANIFEST_FILE;
 use crate::train::checkpoint::{resolve, Checkpoint, CheckpointDir};
@@ -24,7 +24,7 @@ use crate::train::data::dataset::{DataSet, SampleSettings};
 use crate::train::data::info::DatasetSpec;
 use crate::train::data::Tekken;
 use crate::train::eval::sharded::evaluate_on;
-use crate::train::run_plan::{image_config, model_config, RunPlan, FINAL_RUN_CONFIG};
+use crate::train::resolve::{image_config, model_config, ResolvedRun, FINAL_RUN_CONFIG};
 use crate::train::settings::memory_features;
 use crate::train::TrainError;
 use cannon_runtime::comm::Communicator;
@@ -82,7 +82,7 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
     // The model comes from the checkpoint, not from the run config's preset or directory.
     sets.push(format!("model.config={:?}", dir.display().to_string()));
     let cfg = TrainConfig::load(file, &sets)?;
-    let plan = RunPlan::resolve(cfg, file)?;
+    let plan = ResolvedRun::resolve(cfg, file)?;
     let dataset = args
         .dataset
         .clone()
@@ -132,7 +132,7 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
         memory,
     };
     let rows = plan.cfg.train.eval_batch;
-    let body = |comm: Communicator, exec: Exec| {
+    let body = |comm: Communicator, exec: DeviceCtx| {
         let mut rank = FsdpRank::new(comm, exec, cfg.clone(), source, settings.clone())?;
         let rep = match plan.cfg.train.dtype {
             Dtype::F32 => evaluate_on::<f32>(&mut rank, &data, &tok, &image, rows),
@@ -146,13 +146,13 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
     let nproc = plan.cfg.parallel.nproc;
     let reports = match (job, plan.cfg.parallel.device) {
         (Some(comm), _) => {
-            let exec = Exec::new(comm.device()).map_err(ModelError::from)?;
+            let exec = DeviceCtx::new(comm.device()).map_err(ModelError::from)?;
             vec![body(comm, exec).map_err(ranks_err)?]
         }
         (None, DeviceKind::Npu) => {
             let device = Device::Npu(super::train::local_rank());
             let exec =
-                Exec::new(device).map_err(|e| TrainError::Input(format!("{device}: {e}")))?;
+                DeviceCtx::new(device).map_err(|e| TrainError::Input(format!("{device}: {e}")))?;
             vec![body(Communicator::solo(device, RANK_TIMEOUT), exec).map_err(ranks_err)?]
         }
         (None, DeviceKind::Cpu) if nproc > 1 => {
@@ -160,10 +160,11 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
             run_cpu_ranks(nproc, RANK_TIMEOUT, body).map_err(ranks_err)?
         }
         (None, DeviceKind::Cpu) => {
-            vec![
-                body(Communicator::solo(Device::Cpu, RANK_TIMEOUT), Exec::cpu())
-                    .map_err(ranks_err)?,
-            ]
+            vec![body(
+                Communicator::solo(Device::Cpu, RANK_TIMEOUT),
+                DeviceCtx::cpu(),
+            )
+            .map_err(ranks_err)?]
         }
     };
     // Every rank holds the same report; the job's rank 0 prints it.

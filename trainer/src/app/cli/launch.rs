@@ -130,7 +130,7 @@ impl Plan {
     /// checks arguments: this looks at the file system.
     pub fn name_run(&mut self, root: &Path) {
         if self.world_size == self.nproc {
-            self.run_id = Some(crate::train::run_plan::run_id_now(root));
+            self.run_id = Some(crate::train::resolve::run_id_now(root));
         }
     }
 
@@ -146,7 +146,7 @@ impl Plan {
             ("MASTER_PORT", self.master_port.to_string()),
         ];
         if let Some(id) = &self.run_id {
-            env.push((crate::train::run_plan::RUN_ID_ENV, id.clone()));
+            env.push((crate::train::resolve::RUN_ID_ENV, id.clone()));
         }
         env
     }

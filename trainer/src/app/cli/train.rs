@@ -10,13 +10,13 @@
 //! of `cannon launch` (`WORLD_SIZE` > 1 in the environment), this process's NPU `LOCAL_RANK`
 //! as one FSDP rank of the job, the ranks joined by HCCL (`crate::train::sharded`).
 
-use crate::model::{weights, Exec, ParamLayout};
+use crate::model::{weights, DeviceCtx, ParamLayout};
 use crate::train::config::{DeviceKind, Resume, TrainConfig};
 use crate::train::data::dataset::DataSet;
 use crate::train::data::info::DatasetSpec;
 use crate::train::data::Tekken;
+use crate::train::resolve::{self, image_config, model_config, ModelSource, ResolvedRun};
 use crate::train::resume;
-use crate::train::run_plan::{self, image_config, model_config, ModelSource, RunPlan};
 use crate::train::sharded::Ranks;
 use crate::train::{RunSetup, TrainError};
 use cannon_runtime::comm::Communicator;
@@ -79,7 +79,7 @@ pub fn run(args: TrainArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let plan = match RunPlan::resolve(cfg, args.config.as_deref()) {
+    let plan = match ResolvedRun::resolve(cfg, args.config.as_deref()) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("cannon train: {e}");
@@ -104,12 +104,12 @@ pub fn run(args: TrainArgs) -> ExitCode {
     }
 }
 
-fn print_config(plan: &RunPlan) {
+fn print_config(plan: &ResolvedRun) {
     println!("# effective config");
     print!("{}", plan.effective().to_toml());
 }
 
-fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
+fn train(plan: ResolvedRun) -> Result<ExitCode, TrainError> {
     let default_run = plan.cfg.data.dataset.is_none() && plan.cfg.is_preset();
     print_config(&plan);
     println!("# command: {}", command_line());
@@ -124,13 +124,13 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
         (DeviceKind::Npu, None) => {
             let device = Device::Npu(local_rank());
             eprintln!("device: {device}");
-            Exec::new(device).map_err(|e| TrainError::Input(format!("{device}: {e}")))?
+            DeviceCtx::new(device).map_err(|e| TrainError::Input(format!("{device}: {e}")))?
         }
-        _ => Exec::cpu(),
+        _ => DeviceCtx::cpu(),
     };
     let mut setup = RunSetup::new(plan, &exec)?;
     let ckpt = resume::resume_from(&setup.plan)?;
-    if ckpt.is_none() && run_plan::wants_resume(&setup.plan.cfg) {
+    if ckpt.is_none() && resolve::wants_resume(&setup.plan.cfg) {
         eprintln!(
             "no checkpoint in {} yet: starting at step 0",
             setup.plan.checkpoint_dir.display()
@@ -245,7 +245,7 @@ fn train(plan: RunPlan) -> Result<ExitCode, TrainError> {
 }
 
 /// Checks what a run would read, prints the resolved config and the command.
-fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
+fn dry_run(plan: &ResolvedRun) -> Result<(), TrainError> {
     let cfg = &plan.cfg;
     let tok = Tekken::from_file(&plan.tokenizer, cfg.data.vocab_size)?;
     println!(
@@ -325,7 +325,7 @@ fn dry_run(plan: &RunPlan) -> Result<(), TrainError> {
                 ckpt.manifest().world_size
             );
         }
-        None if run_plan::wants_resume(cfg) => println!(
+        None if resolve::wants_resume(cfg) => println!(
             "# resume: no checkpoint in {} yet, the run starts at step 0",
             plan.checkpoint_dir.display()
         ),
@@ -347,7 +347,7 @@ pub(super) fn local_rank() -> u32 {
 /// With `parallel.device = npu` in a job of several processes (`WORLD_SIZE` > 1, as `cannon
 /// launch` or torchrun set it): this process's rank, joined to the job's HCCL communicator
 /// (root info through the TCP store at MASTER_ADDR:MASTER_PORT).
-pub(super) fn npu_job(plan: &RunPlan) -> Result<Option<Communicator>, TrainError> {
+pub(super) fn npu_job(plan: &ResolvedRun) -> Result<Option<Communicator>, TrainError> {
     let world: usize = std::env::var("WORLD_SIZE")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -7,7 +7,7 @@
 //! comparisons read results back, through device-to-host copies.
 
 use crate::app::verify::{verify, Reference, VerifyError};
-use crate::model::{Exec, LossMode, Mistral3};
+use crate::model::{DeviceCtx, LossMode, Mistral3};
 use crate::train::config::{DeviceKind, Dtype};
 use cannon_runtime::Device;
 use clap::Args;
@@ -35,7 +35,7 @@ pub struct VerifyArgs {
 /// `cannon verify`: exit 0 all pass, 1 a failed comparison, 2 unusable input.
 pub fn run(args: VerifyArgs) -> ExitCode {
     let exec = match args.device {
-        DeviceKind::Cpu => Exec::cpu(),
+        DeviceKind::Cpu => DeviceCtx::cpu(),
         DeviceKind::Npu if !cfg!(feature = "npu") => {
             eprintln!(
                 "cannon verify: --device npu needs a build with `--features npu` (this build \
@@ -47,7 +47,7 @@ pub fn run(args: VerifyArgs) -> ExitCode {
             // Which CANN runs the model (an installed one, or the emulator that
             // CANNON_CANN_EMULATOR names), before anything touches it.
             eprintln!("{}", super::doctor::cann_line());
-            match Exec::new(Device::Npu(0)) {
+            match DeviceCtx::new(Device::Npu(0)) {
                 Ok(e) => e,
                 Err(e) => {
                     eprintln!("cannon verify: npu:0: {e}");

@@ -16,7 +16,7 @@ use super::PlanSettings;
 use crate::app::bench::bench_batch;
 use crate::model::init::Init;
 use crate::model::weights::HfWeights;
-use crate::model::{Act, Exec, MemoryFeatures, Precision};
+use crate::model::{ActElem, DeviceCtx, MemoryFeatures, Precision};
 use crate::parallel::cp::{CpAlgo, CpSettings};
 use crate::parallel::fsdp::{
     rank_share, run_meta_ranks, FsdpError, FsdpRank, FsdpSettings, ShardSource,
@@ -99,7 +99,7 @@ pub fn measure(s: &PlanSettings, steps: usize) -> Result<Vec<MetaRank>, FsdpErro
     }
 }
 
-fn measure_as<A: Act>(s: &PlanSettings, steps: usize) -> Result<Vec<MetaRank>, FsdpError> {
+fn measure_as<A: ActElem>(s: &PlanSettings, steps: usize) -> Result<Vec<MetaRank>, FsdpError> {
     let cfg = &s.model;
     let img = image_side(s);
     // bench_batch wants an image; a text-only plan is not measured this way (yet).
@@ -250,7 +250,7 @@ struct Phase {
 }
 
 impl Phase {
-    fn begin(exec: &Exec) -> Self {
+    fn begin(exec: &DeviceCtx) -> Self {
         exec.allocator().reset_peak();
         if let Some(p) = exec.host_pool() {
             p.allocator().reset_peak();
@@ -261,7 +261,7 @@ impl Phase {
         }
     }
 
-    fn end(self, exec: &Exec, name: &'static str) -> MetaPhase {
+    fn end(self, exec: &DeviceCtx, name: &'static str) -> MetaPhase {
         let pool = exec
             .host_pool()
             .map_or(0, |p| p.allocator().stats().peak_allocated);

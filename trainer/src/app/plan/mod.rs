@@ -48,9 +48,9 @@ pub mod settings;
 pub use run_phases::{run_peaks, RunPeaks, RunPhase};
 pub use settings::{PlanError, PlanSettings};
 
-use crate::model::memory::{plan_with, At, MemoryPlan, Phase, StepFeatures, StepShape};
+use crate::model::memory::{plan_with, MemoryPlan, PassPoint, Phase, StepFeatures, StepShape};
 use crate::model::source::PlanInputs;
-use crate::model::{LossMode, ParamLayout, PassPlan};
+use crate::model::{GroupOrder, LossMode, ParamLayout};
 use crate::parallel::fsdp::ShardLayout;
 use crate::train::data::image::ImageConfig;
 use cannon_runtime::alloc::round_size;
@@ -262,7 +262,7 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
         };
         let shape = shape_of(rows, tokens, true);
         let patches = shape.patches;
-        let pass = PassPlan::new(
+        let pass = GroupOrder::new(
             cfg,
             &layout,
             PlanInputs {
@@ -271,7 +271,7 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
                 dpixels: false,
             },
         );
-        let comm = |at: At| -> usize {
+        let comm = |at: PassPoint| -> usize {
             match (sharded, s.offload_optimizer) {
                 (true, _) => gathered(&pass, &cut, at, pa, Some(s.grad_accum > 1)),
                 // One rank with its groups in the host pool: the copied-in groups.
@@ -314,7 +314,7 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
         let shape = shape_of(rows, rows * s.max_len, false);
         let patches = shape.patches;
         let none = |_: usize| false;
-        let pass = PassPlan::new(
+        let pass = GroupOrder::new(
             cfg,
             &layout,
             PlanInputs {
@@ -323,7 +323,7 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
                 dpixels: false,
             },
         );
-        let comm = |at: At| -> usize {
+        let comm = |at: PassPoint| -> usize {
             match (sharded, s.offload_optimizer) {
                 (true, _) => gathered(&pass, &cut, at, pa, Some(false)),
                 (false, true) => gathered(&pass, &cut, at, pa, None),
@@ -362,22 +362,22 @@ pub fn plan(s: &PlanSettings) -> Result<Plan, PlanError> {
 /// are copied in from the host pool (`cut` over one rank), which has the same groups alive
 /// and no full gradients (its gradients are resident).
 pub fn gathered(
-    pass: &PassPlan,
+    pass: &GroupOrder,
     cut: &ShardLayout,
-    at: At,
+    at: PassPoint,
     elem: usize,
     sharded_grads: Option<bool>,
 ) -> usize {
     let full = |g: usize| cut.groups[g].padded(cut.world);
     let g_bytes = |g: usize| round_size(elem * full(g));
     match at {
-        At::Fwd(g) => {
+        PassPoint::Fwd(g) => {
             let Some(i) = pass.forward.iter().position(|&x| x == g) else {
                 return 0;
             };
             g_bytes(g) + pass.forward.get(i + 1).map_or(0, |&n| g_bytes(n))
         }
-        At::Bwd(g) | At::Recompute(g) => {
+        PassPoint::Bwd(g) | PassPoint::Recompute(g) => {
             let Some(i) = pass.backward.iter().position(|x| x.group == g) else {
                 return 0;
             };
@@ -399,7 +399,7 @@ pub fn gathered(
             } else {
                 0
             };
-            let grad = if step.release && matches!(at, At::Bwd(_)) {
+            let grad = if step.release && matches!(at, PassPoint::Bwd(_)) {
                 round_size(4 * full(g)) + part
             } else {
                 0

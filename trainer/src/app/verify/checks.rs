@@ -4,7 +4,7 @@
 use super::measure::nan_max;
 use super::report::Report;
 use super::VerifyError;
-use crate::model::{Act, Batch, Images, Mistral3, ModelError, Precision};
+use crate::model::{ActElem, Batch, Images, Mistral3, ModelError, Precision};
 use cannon_kernels::Tensor;
 
 /// The relative-L2 bars, one table for the whole project (kept in cannon-kernels, whose tests
@@ -23,7 +23,7 @@ pub fn tolerances_for(p: Precision) -> Tolerances {
 /// image's vision output and image features bit-identical, and the gradient of image j's
 /// features reaches no other image's pixels. Adds three exact rows (or a note with fewer
 /// than two images).
-pub fn independence<A: Act>(
+pub fn independence<A: ActElem>(
     model: &Mistral3,
     batch: &Batch,
     report: &mut Report,

@@ -23,7 +23,7 @@ pub use fixture::Reference;
 pub use measure::{distance, Distance};
 pub use report::{Report, Row};
 
-use crate::model::{Act, Mistral3, ModelError, ParamLayout, Part, Precision, StepMemory};
+use crate::model::{ActElem, Mistral3, ModelError, ParamLayout, Part, Precision, StepMemory};
 use crate::parallel::fsdp::{FsdpError, FsdpRank, FsdpSettings, ShardSource};
 use cannon_kernels::{KernelError, Tensor};
 use cannon_runtime::comm::Communicator;
@@ -62,7 +62,7 @@ pub fn verify(
     }
 }
 
-fn verify_as<A: Act>(
+fn verify_as<A: ActElem>(
     model: &Mistral3,
     r: &Reference,
     steps: Option<usize>,

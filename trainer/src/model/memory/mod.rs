@@ -160,7 +160,7 @@ impl MemoryPlan {
 ///
 /// Under the full recompute a layer's backward first runs its forward again, collectives
 /// included, beside the same tensors but before the layer's gradient buffer exists
-/// ([`At::Recompute`]: a sharded rank's full gradient of the group comes after).
+/// ([`PassPoint::Recompute`]: a sharded rank's full gradient of the group comes after).
 /// The whole batch's spliced embeddings `[T, D]` exist on every CP rank until its rows are
 /// split off, and again as the gradient flowing into them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -194,7 +194,7 @@ impl From<MemoryFeatures> for StepFeatures {
 /// Where in the pass a phase's high point is: the forward or backward step of a parameter
 /// group (`ParamLayout` indices). A sharded rank holds that step's gathered groups then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum At {
+pub enum PassPoint {
     Fwd(usize),
     Bwd(usize),
     /// A decoder layer's forward run again by the full recompute, at the start of the
@@ -331,7 +331,7 @@ pub fn plan_with(
     trainable: &[Part],
     dpixels: bool,
     feat: &StepFeatures,
-    comm: &dyn Fn(At) -> usize,
+    comm: &dyn Fn(PassPoint) -> usize,
 ) -> MemoryPlan {
     let a = match prec {
         Precision::F32 => 4,
@@ -410,7 +410,7 @@ pub fn plan_with(
             "vision embed forward",
             saved.vision_embed,
             0,
-            comm(At::Fwd(ve)),
+            comm(PassPoint::Fwd(ve)),
             0,
         ));
         let scratch = vd.fwd_scratch(p);
@@ -418,7 +418,7 @@ pub fn plan_with(
         phases.push(highest(
             (0..lv).map(|i| {
                 let kept = saved.vision_embed + (i + 1) * saved.vision_layer;
-                let c = comm(At::Fwd(layout.vision_layer(i)));
+                let c = comm(PassPoint::Fwd(layout.vision_layer(i)));
                 ph("vision forward", kept, 0, c, scratch)
             }),
             fallback,
@@ -431,11 +431,11 @@ pub fn plan_with(
             4 * m * dv,
             4 * m * d,
         ]);
-        let c = comm(At::Fwd(layout.projector()));
+        let c = comm(PassPoint::Fwd(layout.projector()));
         phases.push(ph("projector forward", live, 0, c, scratch));
     }
     // The spliced embeddings are layer 0's input (`O` of the text terms).
-    let c = comm(At::Fwd(layout.text_embed()));
+    let c = comm(PassPoint::Fwd(layout.text_embed()));
     phases.push(ph("text embed forward", live + saved.text_embed, 0, c, 0));
     if tw > t {
         // A CP rank copies its rows out of the whole batch's (its shard and the real rows
@@ -447,7 +447,7 @@ pub fn plan_with(
     let dropped = tl.all - tl.kept;
     phases.push(highest(
         (0..lt).map(|l| {
-            let c = comm(At::Fwd(layout.text_layer(l)));
+            let c = comm(PassPoint::Fwd(layout.text_layer(l)));
             ph(
                 "text forward",
                 live + tl.at_forward(l),
@@ -459,7 +459,7 @@ pub fn plan_with(
         ph("text forward", live + tl.o, 0, 0, scratch),
     ));
     live += tl.after_forward() + saved.final_norm;
-    let head_fwd = comm(At::Fwd(layout.text_head()));
+    let head_fwd = comm(PassPoint::Fwd(layout.text_head()));
     phases.push(ph("final norm forward", live, 0, head_fwd, f(t * d)));
     phases.push(ph("head forward", live, saved.head + chunk, head_fwd, 0));
     let host_activations = tl.host();
@@ -480,7 +480,7 @@ pub fn plan_with(
         return done(phases);
     }
     let logits = saved.head + chunk;
-    let head_bwd = comm(At::Bwd(layout.text_head()));
+    let head_bwd = comm(PassPoint::Bwd(layout.text_head()));
     phases.push(ph("head backward", live, logits, head_bwd, f(t * d)));
     // The final norm's backward runs with the decoder backward's buffers, the head group
     // still held; each layer's with its own group.
@@ -493,13 +493,13 @@ pub fn plan_with(
             "text backward",
             live,
             saved.head,
-            comm(At::Bwd(g)),
+            comm(PassPoint::Bwd(g)),
             scratch + cp_bwd,
         );
         // A full recompute runs the layer's forward exchange first, beside the same
         // tensors but before the layer's gradient buffer is made.
         let again = (feat.recompute == Recompute::Full).then(|| {
-            let c = comm(At::Recompute(g));
+            let c = comm(PassPoint::Recompute(g));
             ph("text backward", live, saved.head, c, scratch + cp_fwd)
         });
         std::iter::once(bwd).chain(again)
@@ -510,7 +510,7 @@ pub fn plan_with(
         // in, zero elsewhere). That copy's transient, about 2·T·D with the rank's rows, is
         // not a phase of its own: it comes before the embedding's gradient (V·D) exists,
         // which is larger unless a batch holds more than half a vocabulary of tokens.
-        let c = comm(At::Bwd(layout.text_embed()));
+        let c = comm(PassPoint::Bwd(layout.text_embed()));
         phases.push(ph(
             "splice backward",
             live,
@@ -531,7 +531,7 @@ pub fn plan_with(
             4 * p * dv,
             4 * dv,
         ]) + sink;
-        let c = comm(At::Bwd(layout.projector()));
+        let c = comm(PassPoint::Bwd(layout.projector()));
         let at = ph(
             "projector backward",
             live,
@@ -544,10 +544,10 @@ pub fn plan_with(
             let scratch = 2 * f(p * dv) + vd.bwd_scratch(p, a);
             // The patch embedding's step is counted with the layers' working set (it holds
             // less: an upper bound for a sharded rank, nothing for one that holds its groups).
-            let embed = comm(At::Bwd(ParamLayout::VISION_EMBED));
+            let embed = comm(PassPoint::Bwd(ParamLayout::VISION_EMBED));
             let embed = ph("vision backward", live, saved.head, embed, scratch);
             let layers = (0..lv).map(|i| {
-                let c = comm(At::Bwd(layout.vision_layer(i)));
+                let c = comm(PassPoint::Bwd(layout.vision_layer(i)));
                 ph("vision backward", live, saved.head, c, scratch)
             });
             phases.push(highest(layers.chain([embed]), embed));

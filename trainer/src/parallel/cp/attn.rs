@@ -25,7 +25,7 @@
 use super::error::{CpError, Result};
 use super::{ring, CpGroup, CpLayout};
 use cannon_kernels::attention::{QkvBuf, QkvGradBuf, VarlenAttention};
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::comm::Communicator;
 use cannon_runtime::{BufferView, BufferViewMut, Float, Stream};
@@ -146,7 +146,7 @@ fn varlen<'a>(
 /// What a block needs under CP: where to allocate, the group, and the batch's layout.
 #[derive(Clone, Copy, Debug)]
 pub struct CpCtx<'a> {
-    pub exec: &'a Exec,
+    pub exec: &'a DeviceCtx,
     pub group: &'a CpGroup,
     pub layout: &'a CpLayout,
 }
@@ -154,7 +154,7 @@ pub struct CpCtx<'a> {
 /// `[Tl, h, d]` (this rank's tokens, every head; each head repeated `rep` times) to
 /// `[u Tl, h rep / u, d]` (the Ulysses group's tokens, this rank's heads).
 fn to_heads<T: Float>(
-    exec: &Exec,
+    exec: &DeviceCtx,
     comm: Option<&Communicator>,
     x: &BufferView<'_, T>,
     (tl, h, d, rep): (usize, usize, usize, usize),
@@ -179,7 +179,7 @@ fn to_heads<T: Float>(
 /// Inverse (adjoint) of [`to_heads`]: `[u Tl, h rep / u, d]` back to `[Tl, h, d]`, the
 /// `rep` copies of a head summed.
 fn from_heads<T: Float>(
-    exec: &Exec,
+    exec: &DeviceCtx,
     comm: Option<&Communicator>,
     y: &BufferView<'_, T>,
     (tl, h, d, rep): (usize, usize, usize, usize),

@@ -22,13 +22,13 @@ use super::error::Result;
 use super::layout::CpShapes;
 use super::CpLayout;
 use cannon_kernels::attention::{self, BlockAttention, QkvBuf, QkvGradBuf};
-use cannon_kernels::exec::Exec;
+use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::comm::Communicator;
 use cannon_runtime::{BufferView, Element, Float};
 
 /// Sends `cur` to the next ring rank and replaces it with the previous rank's.
-fn pass_on<T: Element>(exec: &Exec, ring: &Communicator, cur: &mut Tensor<T>) -> Result<()> {
+fn pass_on<T: Element>(exec: &DeviceCtx, ring: &Communicator, cur: &mut Tensor<T>) -> Result<()> {
     let r = ring.world_size();
     let me = ring.rank();
     let mut next = exec.empty::<T>(cur.shape())?;
@@ -61,7 +61,7 @@ fn block<'p>(
 
 /// Ring forward: returns the f32 output `[2C, Hq'*Hd]` and writes the log-sum-exp into `lse`.
 pub fn forward<A: Float>(
-    exec: &Exec,
+    exec: &DeviceCtx,
     ring: &Communicator,
     layout: &CpLayout,
     sh: &CpShapes,
@@ -99,7 +99,7 @@ pub fn forward<A: Float>(
 /// Ring backward: f32 `(dq, dk, dv)` of this rank's q and of its own K/V block, from the
 /// final `out`, `lse` and `dout` of its queries.
 pub fn backward<A: Float>(
-    exec: &Exec,
+    exec: &DeviceCtx,
     ring: &Communicator,
     layout: &CpLayout,
     sh: &CpShapes,

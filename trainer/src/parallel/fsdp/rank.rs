@@ -33,7 +33,7 @@ use crate::model::offload::Stored;
 use crate::model::optim::AdamWConfig;
 use crate::model::source::Streamer;
 use crate::model::{
-    Exec, Grads, LossMode, MemoryFeatures, Mistral3Config, ParamLayout, Part, StepMemory,
+    DeviceCtx, Grads, LossMode, MemoryFeatures, Mistral3Config, ParamLayout, Part, StepMemory,
 };
 use crate::parallel::cp::{CpGroup, CpSettings};
 use crate::train::checkpoint::Kind;
@@ -95,7 +95,7 @@ pub struct StepStats {
 pub struct FsdpRank {
     cfg: Mistral3Config,
     layout: ParamLayout,
-    exec: Exec,
+    exec: DeviceCtx,
     comm: Communicator,
     cut: ShardLayout,
     /// `[shard]` f32 master weights of every group (in the host pool under the optimizer
@@ -123,7 +123,7 @@ impl FsdpRank {
     /// source also gives the AdamW moments and step. Local: no collective.
     pub fn new(
         comm: Communicator,
-        exec: Exec,
+        exec: DeviceCtx,
         cfg: Mistral3Config,
         source: ShardSource<'_>,
         settings: FsdpSettings,
@@ -295,7 +295,7 @@ impl FsdpRank {
         &self.cut
     }
 
-    pub fn exec(&self) -> &Exec {
+    pub fn exec(&self) -> &DeviceCtx {
         &self.exec
     }
 

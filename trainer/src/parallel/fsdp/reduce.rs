@@ -4,13 +4,13 @@
 
 use super::schedule::Schedule;
 use super::shard::ShardLayout;
-use crate::model::{Exec, GradSink, ModelError};
+use crate::model::{DeviceCtx, GradSink, ModelError};
 use cannon_kernels::Tensor;
 use cannon_runtime::BufferViewMut;
 
 /// One pass's reduce-scattering sink.
 pub struct Reducer<'s, 'a> {
-    exec: &'a Exec,
+    exec: &'a DeviceCtx,
     cut: &'a ShardLayout,
     sched: &'s Schedule<'a>,
     /// Full `[padded]` gradients the pass is computing.
@@ -19,7 +19,7 @@ pub struct Reducer<'s, 'a> {
 }
 
 impl<'s, 'a> Reducer<'s, 'a> {
-    pub fn new(exec: &'a Exec, cut: &'a ShardLayout, sched: &'s Schedule<'a>) -> Self {
+    pub fn new(exec: &'a DeviceCtx, cut: &'a ShardLayout, sched: &'s Schedule<'a>) -> Self {
         let n = cut.groups.len();
         Reducer {
             exec,

@@ -3,7 +3,7 @@
 //!
 //! On the CPU a collective blocks its rank until every rank has joined it, so all of a rank's
 //! collectives form one sequence that must be the same on every rank (HCCL needs the same).
-//! A pass's plan (`PassPlan`) is a list of steps, one per group; each step runs
+//! A pass's plan (`GroupOrder`) is a list of steps, one per group; each step runs
 //!
 //! ```text
 //! enter   gather the group (unless its gather was prefetched), then issue the gather of the
@@ -36,7 +36,7 @@
 use super::shard::ShardLayout;
 use crate::model::offload::Stored;
 use crate::model::source::BackwardStep;
-use crate::model::{Exec, GroupWeights, ModelError, ParamLayout, ParamSource};
+use crate::model::{DeviceCtx, GroupWeights, ModelError, ParamLayout, ParamSource};
 use cannon_kernels::{ops, Tensor};
 use cannon_runtime::comm::{Communicator, ReduceOp};
 use cannon_runtime::CopyMark;
@@ -44,7 +44,7 @@ use std::cell::RefCell;
 
 /// One pass's collectives (see the module docs); the pass's parameter source.
 pub struct Schedule<'a> {
-    exec: &'a Exec,
+    exec: &'a DeviceCtx,
     comm: &'a Communicator,
     layout: &'a ParamLayout,
     cut: &'a ShardLayout,
@@ -87,7 +87,7 @@ impl<'a> Schedule<'a> {
     /// A schedule of `steps` gathering from `shards`, reduce-scattering into `grads` (None:
     /// a pass that releases nothing, the forward).
     pub fn new(
-        exec: &'a Exec,
+        exec: &'a DeviceCtx,
         comm: &'a Communicator,
         layout: &'a ParamLayout,
         cut: &'a ShardLayout,

@@ -20,7 +20,7 @@ use super::shard::{GroupShard, ShardLayout};
 use super::FsdpError;
 use crate::model::init::{self, Init};
 use crate::model::weights::HfWeights;
-use crate::model::{Exec, ParamLayout};
+use crate::model::{DeviceCtx, ParamLayout};
 use crate::train::checkpoint::{Checkpoint, Kind};
 use cannon_kernels::Tensor;
 use cannon_runtime::DeviceBuffer;
@@ -219,7 +219,7 @@ pub(super) struct HostBirth {
 /// The second thread allocates nothing: no memory figure moves between threads.
 pub(super) fn born_on_host(
     reader: &mut Reader<'_>,
-    exec: &Exec,
+    exec: &DeviceCtx,
     layout: &ParamLayout,
     cut: &ShardLayout,
     rank: usize,

@@ -5,7 +5,7 @@
 //! allocators count what the layout would hold.
 
 use super::FsdpError;
-use crate::model::Exec;
+use crate::model::DeviceCtx;
 use cannon_runtime::comm::{Communicator, CpuWorld};
 use cannon_runtime::{CachingAllocator, Device, Stream};
 use std::sync::Arc;
@@ -14,10 +14,10 @@ use std::time::Duration;
 /// A stream and a private allocator on the host: one CPU rank's device. Its cache is
 /// bounded (`CachingAllocator::bound_cache`): the ranks of a process share its memory,
 /// and each rank's cache of every shape its steps freed would add up over the ranks.
-pub fn cpu_rank_exec() -> Result<Exec, FsdpError> {
+pub fn cpu_rank_exec() -> Result<DeviceCtx, FsdpError> {
     let alloc = CachingAllocator::new_cpu();
     alloc.bound_cache(cannon_runtime::alloc::HOST_RESERVE_SLACK);
-    let exec = Exec::with_allocator(Arc::new(Stream::cpu()), alloc)?;
+    let exec = DeviceCtx::with_allocator(Arc::new(Stream::cpu()), alloc)?;
     Ok(exec)
 }
 
@@ -39,15 +39,15 @@ fn rank_pool(threads: usize) -> Result<rayon::ThreadPool, FsdpError> {
 pub fn run_cpu_ranks<R, F>(world: usize, timeout: Duration, f: F) -> Result<Vec<R>, FsdpError>
 where
     R: Send,
-    F: Fn(Communicator, Exec) -> Result<R, FsdpError> + Sync,
+    F: Fn(Communicator, DeviceCtx) -> Result<R, FsdpError> + Sync,
 {
     run_ranks(Device::Cpu, world, timeout, f)
 }
 
 /// A stream and a private allocator on the meta device: one meta rank's device.
-pub fn meta_rank_exec() -> Result<Exec, FsdpError> {
+pub fn meta_rank_exec() -> Result<DeviceCtx, FsdpError> {
     let stream = Stream::new(Device::Meta)?;
-    Ok(Exec::with_allocator(
+    Ok(DeviceCtx::with_allocator(
         Arc::new(stream),
         CachingAllocator::new_meta(),
     )?)
@@ -57,7 +57,7 @@ pub fn meta_rank_exec() -> Result<Exec, FsdpError> {
 pub fn run_meta_ranks<R, F>(world: usize, timeout: Duration, f: F) -> Result<Vec<R>, FsdpError>
 where
     R: Send,
-    F: Fn(Communicator, Exec) -> Result<R, FsdpError> + Sync,
+    F: Fn(Communicator, DeviceCtx) -> Result<R, FsdpError> + Sync,
 {
     run_ranks(Device::Meta, world, timeout, f)
 }
@@ -70,9 +70,9 @@ fn run_ranks<R, F>(
 ) -> Result<Vec<R>, FsdpError>
 where
     R: Send,
-    F: Fn(Communicator, Exec) -> Result<R, FsdpError> + Sync,
+    F: Fn(Communicator, DeviceCtx) -> Result<R, FsdpError> + Sync,
 {
-    let (comms, exec): (_, fn() -> Result<Exec, FsdpError>) = match device {
+    let (comms, exec): (_, fn() -> Result<DeviceCtx, FsdpError>) = match device {
         Device::Meta => (CpuWorld::meta(world, timeout)?, meta_rank_exec),
         _ => (CpuWorld::new(world, timeout)?, cpu_rank_exec),
     };

@@ -13,7 +13,7 @@ use super::manifest::{group_entries, padded_shards, DataState, OptimizerState};
 use super::save::{save_local, RankShards, SaveMeta};
 use super::CheckpointDir;
 use crate::model::optim::AdamW;
-use crate::model::{Exec, LossMode, Mistral3, ParamLayout, Params};
+use crate::model::{DeviceCtx, LossMode, Mistral3, ParamLayout, Params};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -150,7 +150,7 @@ impl Snapshot {
 
     /// The state saved in `ckpt`, on `exec`'s device: the model from the checkpoint's config
     /// and weights, the moments of the groups that trained.
-    pub fn load(ckpt: &mut Checkpoint, exec: Exec) -> Result<Self> {
+    pub fn load(ckpt: &mut Checkpoint, exec: DeviceCtx) -> Result<Self> {
         let cfg = ckpt.model_config()?;
         let model_config = ckpt.model_config_json()?;
         let layout = ParamLayout::new(&cfg);

@@ -6,7 +6,7 @@ use super::manifest::group_entries;
 use super::*;
 use crate::model::offload::Stored;
 use crate::model::optim::{AdamW, AdamWConfig};
-use crate::model::{Exec, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
+use crate::model::{DeviceCtx, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
 use cannon_kernels::Tensor;
 use cannon_runtime::comm::CpuWorld;
 use cannon_runtime::rng::SplitMix64;
@@ -47,7 +47,7 @@ fn random_vec(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
 fn random_state(seed: u64, step: u64) -> Snapshot {
     let cfg = tiny_config();
     let layout = ParamLayout::new(&cfg);
-    let exec = Exec::cpu();
+    let exec = DeviceCtx::cpu();
     let mut rng = SplitMix64::new(seed);
     let host: Vec<Vec<f32>> = layout
         .groups
@@ -150,7 +150,7 @@ fn one_rank_state_round_trips_bit_for_bit() {
     assert_eq!(m.groups[5].name, "text.layers.0");
     assert_eq!(m.groups[7].name, "text.head");
     assert!(!m.groups[3].trained && m.groups[7].trained);
-    let back = Snapshot::load(&mut ckpt, Exec::cpu()).unwrap();
+    let back = Snapshot::load(&mut ckpt, DeviceCtx::cpu()).unwrap();
     assert_same(&state, &back);
 
     // Restoring into a live state of the same shape overwrites everything.
@@ -186,7 +186,10 @@ fn a_save_stopped_half_way_leaves_the_previous_checkpoint_the_latest() {
     assert_eq!(dir.latest().unwrap().unwrap().0, 1);
     let mut ckpt = Checkpoint::open(&root).unwrap();
     assert_eq!(ckpt.step(), 1);
-    assert_same(&first, &Snapshot::load(&mut ckpt, Exec::cpu()).unwrap());
+    assert_same(
+        &first,
+        &Snapshot::load(&mut ckpt, DeviceCtx::cpu()).unwrap(),
+    );
 
     // A crash after every file is written but before the manifest.
     let mut pending = dir.begin(2, 1).unwrap();
@@ -202,7 +205,10 @@ fn a_save_stopped_half_way_leaves_the_previous_checkpoint_the_latest() {
     assert!(dir.unfinished().unwrap().is_empty());
     let mut ckpt = Checkpoint::open(&root).unwrap();
     assert_eq!(ckpt.step(), 2);
-    assert_same(&second, &Snapshot::load(&mut ckpt, Exec::cpu()).unwrap());
+    assert_same(
+        &second,
+        &Snapshot::load(&mut ckpt, DeviceCtx::cpu()).unwrap(),
+    );
 }
 
 #[test]
@@ -217,7 +223,10 @@ fn keep_last_prunes_older_checkpoints_and_a_step_saved_twice_is_replaced() {
     let again = random_state(99, 5);
     again.save(&dir, 2).unwrap();
     let mut ckpt = Checkpoint::open(&dir.path(5)).unwrap();
-    assert_same(&again, &Snapshot::load(&mut ckpt, Exec::cpu()).unwrap());
+    assert_same(
+        &again,
+        &Snapshot::load(&mut ckpt, DeviceCtx::cpu()).unwrap(),
+    );
     assert!(!root.join("step-000005.old").exists());
 }
 
@@ -323,7 +332,7 @@ fn a_checkpoint_of_three_ranks_reshards_to_any_world_size() {
         }
     }
     // Consolidated on one rank it is the state it was cut from.
-    let mut back = Snapshot::load(&mut ckpt, Exec::cpu()).unwrap();
+    let mut back = Snapshot::load(&mut ckpt, DeviceCtx::cpu()).unwrap();
     back.progress.rng = state.progress.rng;
     assert_same(&state, &back);
 }
@@ -387,7 +396,7 @@ fn ranks_save_their_shards_together_over_the_communicator() {
     let mut ckpt = Checkpoint::open(&root).unwrap();
     assert_eq!(ckpt.manifest().world_size, 2);
     assert_eq!(ckpt.manifest().rng, vec![0, 7]);
-    let mut back = Snapshot::load(&mut ckpt, Exec::cpu()).unwrap();
+    let mut back = Snapshot::load(&mut ckpt, DeviceCtx::cpu()).unwrap();
     back.progress.rng = state.progress.rng;
     assert_same(&state, &back);
 }

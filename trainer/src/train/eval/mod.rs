@@ -17,7 +17,7 @@ pub mod score;
 pub mod sharded;
 
 use crate::model::batch::Batch;
-use crate::model::{Act, Mistral3, ModelError};
+use crate::model::{ActElem, Mistral3, ModelError};
 use crate::train::data::dataset::DataSet;
 use crate::train::data::image::ImageConfig;
 use crate::train::data::{DataError, Tekken};
@@ -182,7 +182,7 @@ impl EvalReport {
 /// `data` (read with `tok`), `rows` samples per forward pass, images processed with
 /// `image_cfg`. Activations at precision `A`. The ranks of a run score on their shards
 /// instead ([`sharded::evaluate_on`]).
-pub fn evaluate<A: Act>(
+pub fn evaluate<A: ActElem>(
     model: &Mistral3,
     data: &DataSet,
     tok: &Tekken,
@@ -195,7 +195,7 @@ pub fn evaluate<A: Act>(
             return Ok(None);
         };
         // The logits alone: no backward follows, so no gradient of them.
-        let pass = crate::model::Pass {
+        let pass = crate::model::ModelPass {
             logits: crate::model::Logits::Kept,
             ..model.pass()
         };

@@ -4,7 +4,7 @@
 
 use super::score::{evaluate_chunks, greedy_ids, score_rows, Shared};
 use super::{EvalError, EvalReport};
-use crate::model::Act;
+use crate::model::ActElem;
 use crate::parallel::fsdp::{rank_rows, FsdpRank};
 use crate::train::data::dataset::DataSet;
 use crate::train::data::image::ImageConfig;
@@ -15,7 +15,7 @@ use cannon_runtime::Stream;
 /// Scores `data` (read with `tok`, images processed with `image_cfg`) in chunks of `rows`
 /// samples on `rank` and its peers. Collective: every rank calls it with the same set; each
 /// returns the same report.
-pub fn evaluate_on<A: Act>(
+pub fn evaluate_on<A: ActElem>(
     rank: &mut FsdpRank,
     data: &DataSet,
     tok: &Tekken,

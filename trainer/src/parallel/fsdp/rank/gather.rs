@@ -70,7 +70,7 @@ impl FsdpRank {
         let meta = self.exec.device().is_meta();
         let mut writer = match out {
             Some((dir, json)) => Some(
-                crate::model::save::HfWriter::create(dir, &self.layout, json)
+                crate::model::hf_write::HfWriter::create(dir, &self.layout, json)
                     .map(|w| if meta { w.without_data() } else { w })
                     .map_err(crate::model::ModelError::from)?,
             ),

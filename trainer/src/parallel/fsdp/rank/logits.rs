@@ -4,7 +4,7 @@
 
 use super::FsdpRank;
 use crate::model::source::{PlanInputs, Resident};
-use crate::model::{Act, Batch, LossMode, Pass, PassPlan};
+use crate::model::{ActElem, Batch, GroupOrder, LossMode, ModelPass};
 use crate::parallel::fsdp::schedule::Schedule;
 use crate::parallel::fsdp::FsdpError;
 use cannon_kernels::cross_entropy::LossNorm;
@@ -23,7 +23,7 @@ impl FsdpRank {
     /// gathered by every rank). A rank holds its shards plus the gathered groups and its own
     /// rows' activations, as in a step's forward; context parallelism is not used. The memory
     /// features of the run's step apply.
-    pub fn forward_logits<A: Act, R>(
+    pub fn forward_logits<A: ActElem, R>(
         &mut self,
         batch: Option<&Batch>,
         read: impl FnOnce(&Tensor<f32>, &Stream) -> Result<R, KernelError>,
@@ -62,7 +62,7 @@ impl FsdpRank {
             images,
             dpixels: false,
         };
-        let plan = PassPlan::new(&self.cfg, &self.layout, inputs);
+        let plan = GroupOrder::new(&self.cfg, &self.layout, inputs);
         let steps = Schedule::forward_steps(&plan.forward);
         let (comm, shards) = (&self.comm, &self.params[..]);
         let fwd = Schedule::new(exec, comm, &self.layout, &self.cut, shards, steps, None)
@@ -99,11 +99,11 @@ impl FsdpRank {
 /// is not used).
 fn eval_pass<'a>(
     cfg: &'a crate::model::Mistral3Config,
-    exec: &'a crate::model::Exec,
+    exec: &'a crate::model::DeviceCtx,
     memory: crate::model::MemoryFeatures,
     params: &'a dyn crate::model::ParamSource,
-) -> Pass<'a> {
-    Pass {
+) -> ModelPass<'a> {
+    ModelPass {
         cfg,
         exec,
         loss_mode: LossMode::Full,

@@ -16,7 +16,7 @@
 use super::{FsdpRank, StepStats};
 use crate::model::optim::{adamw_group, AdamWConfig};
 use crate::model::source::{PlanInputs, Resident};
-use crate::model::{Act, Batch, Pass, PassPlan, StepMemory};
+use crate::model::{ActElem, Batch, GroupOrder, ModelPass, StepMemory};
 use crate::parallel::fsdp::reduce::Reducer;
 use crate::parallel::fsdp::schedule::{GradShards, Schedule};
 use crate::parallel::fsdp::FsdpError;
@@ -30,7 +30,7 @@ impl FsdpRank {
     /// rank's micro batches): forward and backward of each, gradient shards summed over
     /// micro batches and ranks, clipped by the global norm, AdamW at `lr` on the shards.
     /// Collective: every rank calls it, with its own batches (possibly none).
-    pub fn step<A: Act>(&mut self, micro: &[Batch], lr: f64) -> Result<StepStats, FsdpError> {
+    pub fn step<A: ActElem>(&mut self, micro: &[Batch], lr: f64) -> Result<StepStats, FsdpError> {
         let alloc = self.exec.allocator().clone();
         alloc.reset_peak();
         let start_allocated = alloc.stats().allocated;
@@ -199,7 +199,7 @@ impl FsdpRank {
 
     /// Forward + backward of one micro batch (None: this rank has none left and only takes
     /// part in the collectives). Returns the summed loss and the collectives made for peers.
-    fn pass<A: Act>(
+    fn pass<A: ActElem>(
         &mut self,
         batch: Option<&Batch>,
         images: bool,
@@ -219,7 +219,7 @@ impl FsdpRank {
             images,
             dpixels: false,
         };
-        let plan = PassPlan::new(&self.cfg, &self.layout, inputs);
+        let plan = GroupOrder::new(&self.cfg, &self.layout, inputs);
         let (exec, layout, cut) = (&self.exec, &self.layout, &self.cut);
         let (cfg, loss_mode) = (&self.cfg, self.settings.loss_mode);
         let memory = self.settings.memory;
@@ -231,7 +231,7 @@ impl FsdpRank {
             .with_staging(staging.as_mut());
         let acts = match batch {
             Some(b) => {
-                let pass = Pass {
+                let pass = ModelPass {
                     cfg,
                     exec,
                     loss_mode,
@@ -256,7 +256,7 @@ impl FsdpRank {
         let mut sink = Reducer::new(exec, cut, &bwd);
         let mut sum = 0.0;
         if let (Some(b), Some(a)) = (batch, &acts) {
-            let pass = Pass {
+            let pass = ModelPass {
                 cfg,
                 exec,
                 loss_mode,
@@ -282,9 +282,9 @@ impl FsdpRank {
 
     /// [`Self::pass`] in a world of one: the groups lent where they are, the gradients
     /// accumulated in place (zeroed at the step's start). Returns the summed loss.
-    fn pass_local<A: Act>(&mut self, b: &Batch, loss_norm: LossNorm) -> Result<f64, FsdpError> {
+    fn pass_local<A: ActElem>(&mut self, b: &Batch, loss_norm: LossNorm) -> Result<f64, FsdpError> {
         let params = Resident::new(&self.layout, &self.params, self.streamer.as_ref());
-        let pass = Pass {
+        let pass = ModelPass {
             cfg: &self.cfg,
             exec: &self.exec,
             loss_mode: self.settings.loss_mode,

@@ -1,5 +1,5 @@
 //! A run's plan: a [`TrainConfig`] resolved against the machine into paths, a model source
-//! and the parts it freezes ([`RunPlan`]), with what deciding them needs: the default run
+//! and the parts it freezes ([`ResolvedRun`]), with what deciding them needs: the default run
 //! folder (a job's shared one under `cannon launch`), the built-in synthetic set (made into
 //! the cache under a temporary name), the model's config for a preset or an HF folder, the
 //! step count of an epoch budget, and the weight files of an HF folder.
@@ -34,7 +34,7 @@ pub struct SynthPlan {
 
 /// A config resolved against the machine: every path decided, nothing written.
 #[derive(Debug, Clone)]
-pub struct RunPlan {
+pub struct ResolvedRun {
     /// The config as given (defaults filled in).
     pub cfg: TrainConfig,
     /// The file given with `--config`, if any.
@@ -53,7 +53,7 @@ pub struct RunPlan {
     pub frozen: Vec<Part>,
 }
 
-impl RunPlan {
+impl ResolvedRun {
     /// Resolves `cfg` (already validated): the default dataset and tokenizer, the run folder.
     pub fn resolve(cfg: TrainConfig, config_file: Option<&Path>) -> Result<Self, TrainError> {
         let tokenizer = match &cfg.data.tokenizer {
@@ -121,7 +121,7 @@ impl RunPlan {
             .cache_dir
             .clone()
             .unwrap_or_else(|| config::cache_dir().join("index"));
-        Ok(RunPlan {
+        Ok(ResolvedRun {
             cfg,
             config_file: config_file.map(Path::to_path_buf),
             out_dir,
@@ -335,7 +335,7 @@ pub fn model_config(
 /// Optimizer steps of `epochs` passes over `lengths` (sample lengths in tokens): whole
 /// batches until at least `epochs x samples` samples were consumed. Packed rows are filled
 /// exactly as the loader fills them (in the shuffled stream order), so the count is exact.
-pub fn steps_for_epochs(lengths: &[usize], epochs: f64, plan: &RunPlan) -> usize {
+pub fn steps_for_epochs(lengths: &[usize], epochs: f64, plan: &ResolvedRun) -> usize {
     let n = lengths.len();
     let t = &plan.cfg.train;
     let per_step = t.micro_batch * t.grad_accum;

@@ -4,7 +4,7 @@
 //! By default that is the device's process-wide allocator
 //! ([`Device::allocator`]), so the figures a step reports are the device's. A
 //! trainer (or a test) that wants the model's own figures, untouched by other work in the
-//! process, gives it a private allocator with [`Exec::with_allocator`].
+//! process, gives it a private allocator with [`DeviceCtx::with_allocator`].
 
 use crate::error::KernelError;
 use crate::tensor::Tensor;
@@ -13,20 +13,20 @@ use std::sync::Arc;
 
 /// A stream and the allocator the model's tensors come from (same device).
 #[derive(Clone, Debug)]
-pub struct Exec {
+pub struct DeviceCtx {
     stream: Arc<Stream>,
     alloc: Arc<CachingAllocator>,
     /// Where offloaded activations and optimizer state go (None: nothing is offloaded).
     host: Option<Arc<HostPool>>,
 }
 
-impl Exec {
+impl DeviceCtx {
     /// The host, with the process-wide CPU allocator.
     pub fn cpu() -> Self {
         let alloc = Device::Cpu
             .allocator()
             .unwrap_or_else(|_| CachingAllocator::new_cpu());
-        Exec {
+        DeviceCtx {
             stream: Arc::new(Stream::cpu()),
             alloc,
             host: None,
@@ -35,7 +35,7 @@ impl Exec {
 
     /// A new stream on `device` with the device's allocator.
     pub fn new(device: Device) -> Result<Self, KernelError> {
-        Ok(Exec {
+        Ok(DeviceCtx {
             stream: Arc::new(Stream::new(device)?),
             alloc: device.allocator()?,
             host: None,
@@ -50,13 +50,13 @@ impl Exec {
         if stream.device() != alloc.device() {
             return Err(KernelError::Runtime(
                 cannon_runtime::Error::DeviceMismatch {
-                    what: "Exec::with_allocator",
+                    what: "DeviceCtx::with_allocator",
                     expected: stream.device(),
                     found: alloc.device(),
                 },
             ));
         }
-        Ok(Exec {
+        Ok(DeviceCtx {
             stream,
             alloc,
             host: None,
@@ -67,7 +67,7 @@ impl Exec {
     /// or cache (measurements beside a model: the GEMM peak at start-up).
     pub fn with_private_allocator(&self) -> Result<Self, KernelError> {
         let alloc = self.device().private_allocator()?;
-        Exec::with_allocator(self.stream.clone(), alloc)
+        DeviceCtx::with_allocator(self.stream.clone(), alloc)
     }
 
     /// The same stream and allocator with a fresh [`HostPool`] for offloading (the memory
