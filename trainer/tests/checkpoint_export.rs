@@ -6,9 +6,9 @@
 mod common;
 
 use cannon_trainer::model::optim::{AdamW, AdamWConfig};
-use cannon_trainer::model::{Mistral3, Part};
+use cannon_trainer::model::{Mistral3, Part, Precision};
 use cannon_trainer::train::checkpoint::{
-    export, Checkpoint, CheckpointDir, DataState, ExportDtype, ExportOptions, Progress, Snapshot,
+    export, Checkpoint, CheckpointDir, DataState, ExportOptions, Progress, Snapshot,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -167,7 +167,7 @@ fn bf16_export_rounds_to_nearest_even() {
     let out = root.join("hf");
     let mut ckpt = Checkpoint::open(&root.join("ckpt")).unwrap();
     let opts = ExportOptions {
-        dtype: ExportDtype::Bf16,
+        dtype: Precision::Bf16,
         ..ExportOptions::default()
     };
     let report = export(&mut ckpt, &out, &opts).unwrap();

@@ -1,8 +1,8 @@
 //! The `cannon train` config: defaults, file parsing, `--set` overrides, errors that name the
 //! key, the TOML round trip; and the LR schedule against values computed by hand.
 
-use cannon_trainer::model::Part;
-use cannon_trainer::train::config::{Dtype, Resume, Schedule, TrainConfig};
+use cannon_trainer::model::{Part, Precision};
+use cannon_trainer::train::config::{Resume, Schedule, TrainConfig};
 use cannon_trainer::train::LrSchedule;
 use std::path::PathBuf;
 
@@ -35,7 +35,7 @@ fn defaults_are_the_tiny_run() {
     assert!(c.is_preset());
     // A preset starts from random weights: every part trains.
     assert!(c.frozen().is_empty());
-    assert_eq!(c.train.dtype, Dtype::F32);
+    assert_eq!(c.train.dtype, Precision::F32);
     assert_eq!(c.train.schedule, Schedule::Cosine);
     assert_eq!(c.parallel.nproc, 1);
     assert_eq!(c.checkpoint.resume, Resume::Latest(false));
@@ -79,7 +79,7 @@ resume = "ckpt/step-100"
     assert_eq!(c.train.lr, 5e-4, "the later --set wins over the file");
     assert_eq!(c.train.micro_batch, 4);
     assert_eq!(c.train.betas, [0.8, 0.9]);
-    assert_eq!(c.train.dtype, Dtype::Bf16);
+    assert_eq!(c.train.dtype, Precision::Bf16);
     assert_eq!(c.train.epochs, Some(2.5));
     assert_eq!(c.train.schedule, Schedule::Constant);
     assert!(c.data.packing);

@@ -5,9 +5,9 @@
 
 mod common;
 
-use cannon_trainer::model::{DeviceCtx, Mistral3};
+use cannon_trainer::model::{DeviceCtx, Mistral3, Precision};
 use cannon_trainer::train::checkpoint::Kind;
-use cannon_trainer::train::checkpoint::{export, Checkpoint, ExportDtype, ExportOptions};
+use cannon_trainer::train::checkpoint::{export, Checkpoint, ExportOptions};
 use cannon_trainer::train::config::TrainConfig;
 use cannon_trainer::train::data::synth;
 use cannon_trainer::train::metrics::StepRecord;
@@ -193,7 +193,7 @@ fn start_from_export(root: &Path, trained: &Path) {
     let mut ckpt = Checkpoint::open(&root.join("a/checkpoints")).unwrap();
     let opts = ExportOptions {
         max_shard_size: 200_000,
-        dtype: ExportDtype::Bf16,
+        dtype: Precision::Bf16,
         force: false,
     };
     let report = export(&mut ckpt, &hf, &opts).unwrap();

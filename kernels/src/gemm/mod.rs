@@ -89,11 +89,32 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// Every precision's [`name`](Precision::name), in declaration order.
+    pub const NAMES: [&'static str; 2] = ["f32", "bf16"];
+
     /// `"f32"` or `"bf16"`.
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+/// A name that is none of [`Precision::NAMES`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown precision `{0}` (expected f32 or bf16)")]
+pub struct UnknownPrecision(pub String);
+
+impl std::str::FromStr for Precision {
+    type Err = UnknownPrecision;
+
+    /// The inverse of [`Precision::name`].
+    fn from_str(s: &str) -> std::result::Result<Self, UnknownPrecision> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "bf16" => Ok(Precision::Bf16),
+            _ => Err(UnknownPrecision(s.to_string())),
         }
     }
 }

@@ -590,3 +590,15 @@ fn portable_bf16_in_blocks_matches_the_whole_product() {
         }
     }
 }
+
+#[test]
+fn precision_names_parse_back() {
+    for name in Precision::NAMES {
+        let p: Precision = name.parse().unwrap();
+        assert_eq!(p.name(), name);
+    }
+    assert_eq!(
+        "f16".parse::<Precision>(),
+        Err(UnknownPrecision("f16".into()))
+    );
+}

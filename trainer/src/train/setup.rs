@@ -157,7 +157,7 @@ impl RunSetup {
             eps: t.eps,
             weight_decay: t.weight_decay,
         };
-        let precision = t.dtype.precision();
+        let precision = t.dtype;
         // On operands of their own allocator: the run's memory figures are the model's.
         let probe = exec.with_private_allocator().map_err(ModelError::from)?;
         let gemm_peak = gemm_peak(&probe, precision, 512, 4).map_err(ModelError::from)?;

@@ -38,9 +38,9 @@ use super::metrics::{JsonlWriter, Progress, StepRecord};
 use super::resume;
 use super::run::{RunSummary, StepHook, CACHE_SLACK};
 use super::setup::{Counters, RunSetup};
+use crate::model::Precision;
 use crate::model::{ActElem, DeviceCtx};
 use crate::parallel::fsdp::{rank_rows, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings};
-use crate::train::config::Dtype;
 use crate::train::data::shuffle::Position;
 use crate::train::data::{DataError, Loader};
 use cannon_runtime::comm::Communicator;
@@ -90,8 +90,8 @@ pub fn run_sharded_on(
     hooks: &mut [&mut (dyn StepHook + Send)],
 ) -> Result<RunSummary, TrainError> {
     match setup.plan.cfg.train.dtype {
-        Dtype::F32 => run_as::<f32>(setup, ranks, hooks),
-        Dtype::Bf16 => run_as::<half::bf16>(setup, ranks, hooks),
+        Precision::F32 => run_as::<f32>(setup, ranks, hooks),
+        Precision::Bf16 => run_as::<half::bf16>(setup, ranks, hooks),
     }
 }
 

@@ -5,7 +5,7 @@
 
 use crate::app::bench::{self, StepBench};
 use crate::model::Mistral3Config;
-use crate::train::config::Dtype;
+use crate::model::Precision;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,8 +60,8 @@ pub struct StepArgs {
     pub steps: usize,
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
-    #[arg(long, value_enum, default_value_t = Dtype::F32)]
-    pub dtype: Dtype,
+    #[arg(long, value_parser = super::precision_arg(), default_value = "f32")]
+    pub dtype: Precision,
     /// In-process CPU ranks of a sharded (FSDP) run; the batch's rows are split evenly.
     #[arg(long, default_value_t = 1)]
     pub nproc: usize,
@@ -128,7 +128,7 @@ fn step(a: &StepArgs) -> Result<(), String> {
         img: a.img,
         steps: a.steps,
         warmup: a.warmup,
-        precision: a.dtype.precision(),
+        precision: a.dtype,
         seed: a.seed,
     };
     let report = if a.nproc == 1 {

@@ -15,11 +15,12 @@
 
 use crate::model::optim::AdamWConfig;
 use crate::model::weights::HfWeights;
+use crate::model::Precision;
 use crate::model::{DeviceCtx, LossMode, ModelError, ParamLayout, Part};
 use crate::parallel::fsdp::{run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings, ShardSource};
 use crate::train::checkpoint::manifest::MANIFEST_FILE;
 use crate::train::checkpoint::{resolve, Checkpoint, CheckpointDir};
-use crate::train::config::{DeviceKind, Dtype, TrainConfig};
+use crate::train::config::{DeviceKind, TrainConfig};
 use crate::train::data::dataset::{DataSet, SampleSettings};
 use crate::train::data::info::DatasetSpec;
 use crate::train::data::Tekken;
@@ -135,8 +136,8 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
     let body = |comm: Communicator, exec: DeviceCtx| {
         let mut rank = FsdpRank::new(comm, exec, cfg.clone(), source, settings.clone())?;
         let rep = match plan.cfg.train.dtype {
-            Dtype::F32 => evaluate_on::<f32>(&mut rank, &data, &tok, &image, rows),
-            Dtype::Bf16 => evaluate_on::<half::bf16>(&mut rank, &data, &tok, &image, rows),
+            Precision::F32 => evaluate_on::<f32>(&mut rank, &data, &tok, &image, rows),
+            Precision::Bf16 => evaluate_on::<half::bf16>(&mut rank, &data, &tok, &image, rows),
         };
         rep.map_err(|e| FsdpError::Invalid(e.to_string()))
     };

@@ -2,8 +2,8 @@
 //! checkpoint (`config.json` + safetensors, sharded with `model.safetensors.index.json` past
 //! `--max-shard-size`) that transformers' `Mistral3ForConditionalGeneration` loads.
 
-use crate::train::checkpoint::{export, parse_size_arg, Checkpoint, ExportDtype, ExportOptions};
-use crate::train::config::Dtype;
+use crate::model::Precision;
+use crate::train::checkpoint::{export, parse_size_arg, Checkpoint, ExportOptions};
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,8 +21,8 @@ pub struct ExportArgs {
     #[arg(long, default_value = "5GB", value_parser = parse_size_arg)]
     pub max_shard_size: u64,
     /// Stored dtype: the f32 master weights, or rounded to bf16.
-    #[arg(long, value_enum, default_value_t = Dtype::F32)]
-    pub dtype: Dtype,
+    #[arg(long, value_parser = super::precision_arg(), default_value = "f32")]
+    pub dtype: Precision,
     /// Replace a non-empty --out.
     #[arg(long)]
     pub force: bool,
@@ -32,10 +32,7 @@ pub struct ExportArgs {
 pub fn run(args: ExportArgs) -> ExitCode {
     let opts = ExportOptions {
         max_shard_size: args.max_shard_size,
-        dtype: match args.dtype {
-            Dtype::F32 => ExportDtype::F32,
-            Dtype::Bf16 => ExportDtype::Bf16,
-        },
+        dtype: args.dtype,
         force: args.force,
     };
     let result = Checkpoint::open(&args.checkpoint).and_then(|mut ckpt| {

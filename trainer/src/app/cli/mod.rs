@@ -11,6 +11,7 @@ pub mod plan;
 pub mod train;
 pub mod verify;
 
+use crate::model::Precision;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -87,4 +88,11 @@ fn run(cli: Cli) -> ExitCode {
         Command::Launch(args) => launch::run(args),
         Command::Plan(args) => plan::run(args),
     }
+}
+
+/// The `--dtype` of `verify`, `bench step` and `export`: a [`Precision`] by its name, the
+/// names listed in `--help`.
+fn precision_arg() -> impl clap::builder::TypedValueParser<Value = Precision> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Precision::NAMES).try_map(|s| s.parse::<Precision>())
 }

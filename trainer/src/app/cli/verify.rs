@@ -7,8 +7,9 @@
 //! comparisons read results back, through device-to-host copies.
 
 use crate::app::verify::{verify, Reference, VerifyError};
+use crate::model::Precision;
 use crate::model::{DeviceCtx, LossMode, Mistral3};
-use crate::train::config::{DeviceKind, Dtype};
+use crate::train::config::DeviceKind;
 use cannon_runtime::Device;
 use clap::Args;
 use std::path::PathBuf;
@@ -21,8 +22,8 @@ pub struct VerifyArgs {
     pub reference: PathBuf,
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,
-    #[arg(long, value_enum, default_value_t = Dtype::F32)]
-    pub dtype: Dtype,
+    #[arg(long, value_parser = super::precision_arg(), default_value = "f32")]
+    pub dtype: Precision,
     /// AdamW steps to run (default: the fixture's `train.steps`; at most that many).
     #[arg(long)]
     pub steps: Option<usize>,
@@ -56,7 +57,7 @@ pub fn run(args: VerifyArgs) -> ExitCode {
             }
         }
     };
-    let prec = args.dtype.precision();
+    let prec = args.dtype;
     let chunk = args.loss_chunk_size;
     let result = Mistral3::load_on(&args.reference, exec)
         .map_err(VerifyError::from)

@@ -120,7 +120,7 @@ impl PlanSettings {
             max_len: cfg.data.max_len,
             longest_edge: cfg.data.longest_edge,
             images_per_row,
-            precision: cfg.train.dtype.precision(),
+            precision: cfg.train.dtype,
             nproc: cfg.parallel.nproc,
             fsdp: cfg.parallel.fsdp,
             frozen: cfg.frozen(),

@@ -14,7 +14,7 @@ use super::error::{io, CheckpointError, Result};
 use super::hf_config::export_config;
 use super::load::{Checkpoint, Kind};
 use super::st_io::{StDtype, StWriter, TensorSpec};
-use crate::model::ParamLayout;
+use crate::model::{ParamLayout, Precision};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -24,29 +24,20 @@ pub const SINGLE_FILE: &str = "model.safetensors";
 /// transformers' default `max_shard_size` ("5GB", decimal).
 pub const DEFAULT_MAX_SHARD_SIZE: u64 = 5_000_000_000;
 
-/// The dtype of the exported tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExportDtype {
-    /// The f32 master weights as they are.
-    F32,
-    /// Rounded to bf16 (nearest even), half the size.
-    Bf16,
+/// The safetensors dtype of tensors exported in `p`: the f32 master weights as they are, or
+/// rounded to bf16 (nearest even), half the size.
+fn st_dtype(p: Precision) -> StDtype {
+    match p {
+        Precision::F32 => StDtype::F32,
+        Precision::Bf16 => StDtype::Bf16,
+    }
 }
 
-impl ExportDtype {
-    fn st(self) -> StDtype {
-        match self {
-            ExportDtype::F32 => StDtype::F32,
-            ExportDtype::Bf16 => StDtype::Bf16,
-        }
-    }
-
-    /// transformers' name (config.json's `dtype`).
-    pub fn torch_name(self) -> &'static str {
-        match self {
-            ExportDtype::F32 => "float32",
-            ExportDtype::Bf16 => "bfloat16",
-        }
+/// transformers' name of `p` (config.json's `dtype`).
+pub fn torch_dtype_name(p: Precision) -> &'static str {
+    match p {
+        Precision::F32 => "float32",
+        Precision::Bf16 => "bfloat16",
     }
 }
 
@@ -54,7 +45,8 @@ impl ExportDtype {
 pub struct ExportOptions {
     /// Largest shard in bytes (a single tensor larger than this gets a shard of its own).
     pub max_shard_size: u64,
-    pub dtype: ExportDtype,
+    /// The exported tensors' precision.
+    pub dtype: Precision,
     /// Replace a non-empty `out`.
     pub force: bool,
 }
@@ -63,7 +55,7 @@ impl Default for ExportOptions {
     fn default() -> Self {
         ExportOptions {
             max_shard_size: DEFAULT_MAX_SHARD_SIZE,
-            dtype: ExportDtype::F32,
+            dtype: Precision::F32,
             force: false,
         }
     }
@@ -171,7 +163,7 @@ pub fn export(ckpt: &mut Checkpoint, out: &Path, opts: &ExportOptions) -> Result
     let cfg = ckpt.model_config()?;
     let layout = ParamLayout::new(&cfg);
     ckpt.manifest().check_layout(&layout)?;
-    let config = export_config(&ckpt.model_config_json()?, opts.dtype.torch_name());
+    let config = export_config(&ckpt.model_config_json()?, torch_dtype_name(opts.dtype));
 
     let mut tmp = out.as_os_str().to_owned();
     tmp.push(".tmp");
@@ -181,7 +173,7 @@ pub fn export(ckpt: &mut Checkpoint, out: &Path, opts: &ExportOptions) -> Result
     }
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
 
-    let files = plan(&layout, opts.dtype.st(), opts.max_shard_size);
+    let files = plan(&layout, st_dtype(opts.dtype), opts.max_shard_size);
     let n = files.len();
     let names: Vec<String> = (0..n)
         .map(|i| {

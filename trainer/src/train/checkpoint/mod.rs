@@ -29,7 +29,9 @@ pub mod state;
 
 pub use dir::{resolve, CheckpointDir};
 pub use error::{CheckpointError, Result};
-pub use export::{export, parse_size, parse_size_arg, ExportDtype, ExportOptions, ExportReport};
+pub use export::{
+    export, parse_size, parse_size_arg, torch_dtype_name, ExportOptions, ExportReport,
+};
 pub use hf_config::hf_config_json;
 pub use load::{Checkpoint, Kind};
 pub use manifest::{padded_shards, DataState, Manifest, ShardRange};

@@ -71,6 +71,7 @@ mod validate;
 
 pub use paths::{cache_dir, default_tokenizer, shared_candidates, SHARED_TOKENIZER};
 
+use crate::model::Precision;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -206,29 +207,19 @@ pub enum Schedule {
     Constant,
 }
 
-/// Precision of the activations: f32, or bf16 autocast (f32 master weights and gradients).
-/// Also the `--dtype` of `cannon verify`, `bench step` and `export`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Dtype {
-    F32,
-    Bf16,
-}
+/// `[train] dtype` as TOML spells it (`"f32"` or `"bf16"`): the [`Precision`] of the run.
+mod precision_name {
+    use super::Precision;
+    use serde::{de, Deserialize, Deserializer, Serializer};
 
-impl Dtype {
-    pub fn name(self) -> &'static str {
-        match self {
-            Dtype::F32 => "f32",
-            Dtype::Bf16 => "bf16",
-        }
+    pub fn serialize<S: Serializer>(p: &Precision, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(p.name())
     }
 
-    /// The products' precision of a run in this dtype.
-    pub fn precision(self) -> crate::model::Precision {
-        match self {
-            Dtype::F32 => crate::model::Precision::F32,
-            Dtype::Bf16 => crate::model::Precision::Bf16,
-        }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Precision, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse()
+            .map_err(|_| de::Error::unknown_variant(&name, &Precision::NAMES))
     }
 }
 
@@ -258,7 +249,10 @@ pub struct TrainSection {
     pub max_grad_norm: f64,
     /// Seed of the data order.
     pub seed: u64,
-    pub dtype: Dtype,
+    /// Precision of the activations: f32, or bf16 autocast (f32 master weights and
+    /// gradients).
+    #[serde(with = "precision_name")]
+    pub dtype: Precision,
     /// Rows per forward pass of the final evaluation.
     pub eval_batch: usize,
     /// Tokens per chunk of the lm_head + cross-entropy (the `[T,V]` logits never exist
@@ -307,7 +301,7 @@ impl Default for TrainSection {
             eps: 1e-8,
             max_grad_norm: 1.0,
             seed: 42,
-            dtype: Dtype::F32,
+            dtype: Precision::F32,
             eval_batch: 32,
             loss_chunk: 0,
             recompute: RecomputeMode::None,
