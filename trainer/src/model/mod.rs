@@ -1,5 +1,5 @@
 //! Mistral3 (Pixtral vision tower + patch-merging projector + Mistral LM), written out by hand
-//! in the style of llm.c: parameters in one flat buffer per layer ([`params`]), activations
+//! in the style of llm.c: parameters in one flat buffer per layer (`params`), activations
 //! planned per layer and saved by the forward, and one backward that walks the same steps in
 //! reverse.
 //!
@@ -19,44 +19,44 @@
 //! uploads the batch (ids, labels, positions, pixels, and the index-like data the kernels take
 //! as host slices: RoPE tables and slots, cu_seqlens, splice and merge row indices) and reads
 //! back the loss. [`memory`] gives the bytes each part saves and the peak of a step, which a
-//! test checks against the allocator's figures. [`ops`] holds the precision policy (`f32`,
+//! test checks against the allocator's figures. `ops` holds the precision policy (`f32`,
 //! or bf16 mixed precision with the activations stored as bf16: the type parameter `A: ActElem`).
 //! Frozen parts (by default the vision tower and the projector, [`Part`]) have no gradient
 //! buffer, and their backward is not run at all unless something below them needs it
 //! ([`BackwardSteps`] reports what ran).
 //!
 //! What each decoder layer keeps for its backward, and where, is the run's
-//! [`MemoryFeatures`] ([`saved`]: recompute, activation offload to a [`cannon_runtime::HostPool`]);
-//! [`LossMode`] says whether the logits exist whole or in chunks ([`head`]).
+//! [`MemoryFeatures`] (`saved`: recompute, activation offload to a [`cannon_runtime::HostPool`]);
+//! [`LossMode`] says whether the logits exist whole or in chunks (`head`).
 //!
-//! A pass ([`ModelPass`], [`pass`]) takes each layer group's parameters from a [`ParamSource`] at
+//! A pass ([`ModelPass`], `pass`) takes each layer group's parameters from a [`ParamSource`] at
 //! the point of use and hands each group's gradient to a [`GradSink`] when it is done with
 //! it, in the order of [`GroupOrder`] ([`source`]). The model's own [`Params`] and [`Grads`]
-//! ([`grads`]) are the trivial source and sink (views, no copies); a sharded rank
+//! (`grads`) are the trivial source and sink (views, no copies); a sharded rank
 //! (`crate::parallel::fsdp`) gathers and reduce-scatters there.
 
 pub mod batch;
-pub mod block;
-pub mod block_backward;
+pub(crate) mod block;
+pub(crate) mod block_backward;
 pub mod config;
-pub mod error;
+pub(crate) mod error;
 mod gate;
-pub mod grads;
-pub mod head;
+pub(crate) mod grads;
+pub(crate) mod head;
 pub mod hf_write;
 pub mod init;
 pub mod memory;
-pub mod mistral;
+pub(crate) mod mistral;
 pub mod offload;
-pub mod ops;
+pub(crate) mod ops;
 pub mod optim;
-pub mod params;
-pub mod pass;
-pub mod pixtral;
-pub mod projector;
-pub mod saved;
+pub(crate) mod params;
+pub(crate) mod pass;
+pub(crate) mod pixtral;
+pub(crate) mod projector;
+pub(crate) mod saved;
 pub mod source;
-pub mod streamer;
+pub(crate) mod streamer;
 pub mod weights;
 
 pub use crate::model::batch::{Batch, BatchError, Images};
@@ -83,7 +83,7 @@ pub struct Mistral3 {
     pub cfg: Mistral3Config,
     pub params: Params,
     pub loss_mode: LossMode,
-    /// What the decoder layers keep for the backward, and where ([`saved`]).
+    /// What the decoder layers keep for the backward, and where (`saved`).
     pub memory: MemoryFeatures,
     pub exec: DeviceCtx,
 }

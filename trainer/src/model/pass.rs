@@ -73,7 +73,7 @@ pub struct ModelPass<'a> {
     pub cfg: &'a Mistral3Config,
     pub exec: &'a DeviceCtx,
     pub loss_mode: LossMode,
-    /// What the decoder layers keep for the backward, and where ([`super::saved`]).
+    /// What the decoder layers keep for the backward, and where (`super::saved`).
     pub memory: MemoryFeatures,
     pub params: &'a dyn ParamSource,
     /// What the summed loss is divided by: `Mean`, the batch's own trained targets;

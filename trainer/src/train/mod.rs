@@ -1,8 +1,8 @@
 //! Training: the loop of `cannon train` and the steps it is made of.
 //!
-//! - [`settings`]: what the step is given besides the model and the batch
+//! - `settings`: what the step is given besides the model and the batch
 //!   ([`TrainSettings`], the memory features of `[train]`).
-//! - [`schedule`]: warm-up + cosine or constant learning rate.
+//! - `schedule`: warm-up + cosine or constant learning rate.
 //! - [`resolve`]: a config resolved into paths, a model source and a freeze list
 //!   ([`resolve::ResolvedRun`]).
 //! - [`setup`]: a run made ready without its model ([`setup::RunSetup`]): what the ranks
@@ -10,8 +10,8 @@
 //! - [`sharded`]: the one driver loop, for every world size: one process alone (a world of
 //!   one), N in-process CPU ranks, or this process's rank of a launched job; each step is
 //!   [`crate::parallel::fsdp::FsdpRank::step`].
-//! - [`run`]: what a run reports ([`run::RunSummary`]) and the hook run after every step
-//!   ([`run::StepHook`]); [`error`]: how it fails ([`TrainError`]).
+//! - `run`: what a run reports ([`run::RunSummary`]) and the hook run after every step
+//!   ([`run::StepHook`]); `error`: how it fails ([`TrainError`]).
 //! - [`resume`]: every rank's part of a checkpoint, and resuming a run from one.
 //! - [`metrics`], [`flops`], [`identity`], [`digest`]: what a run reports and records.
 //! - [`config`]: the TOML run config of `cannon train` and the built-in model presets.
@@ -24,16 +24,16 @@ pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod digest;
-pub mod error;
+pub(crate) mod error;
 pub mod eval;
 pub mod flops;
 pub mod identity;
 pub mod metrics;
 pub mod resolve;
 pub mod resume;
-pub mod run;
-pub mod schedule;
-pub mod settings;
+pub(crate) mod run;
+pub(crate) mod schedule;
+pub(crate) mod settings;
 pub mod setup;
 pub mod sharded;
 

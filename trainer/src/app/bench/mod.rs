@@ -12,7 +12,7 @@
 //! ```
 //!
 //! The step is the one every run takes (`FsdpRank::step`): on a world of one here, on N
-//! in-process ranks with `--nproc N` ([`sharded`]).
+//! in-process ranks with `--nproc N` (`sharded`).
 
 use crate::model::batch::{Batch, Images};
 use crate::model::init::{Init, INITIALIZER_RANGE};
@@ -384,7 +384,7 @@ fn run_as<A: ActElem>(cfg: &Mistral3Config, b: &StepBench) -> Result<StepReport,
     })
 }
 
-pub mod features;
-pub mod sharded;
+pub(crate) mod features;
+pub(crate) mod sharded;
 #[cfg(test)]
 mod tests;

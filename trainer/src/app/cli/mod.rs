@@ -1,15 +1,15 @@
 //! The `cannon` command line. Each subcommand lives in its own module with its own args struct.
 
-pub mod bench;
-pub mod compare;
-pub mod data;
-pub mod doctor;
-pub mod eval;
-pub mod export;
-pub mod launch;
-pub mod plan;
-pub mod train;
-pub mod verify;
+pub(crate) mod bench;
+pub(crate) mod compare;
+pub(crate) mod data;
+pub(crate) mod doctor;
+pub(crate) mod eval;
+pub(crate) mod export;
+pub(crate) mod launch;
+pub(crate) mod plan;
+pub(crate) mod train;
+pub(crate) mod verify;
 
 use crate::model::Precision;
 use clap::{Parser, Subcommand};

@@ -33,7 +33,7 @@ use std::time::Duration;
 /// What one meta rank measured in one phase of a run besides its step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MetaPhase {
-    /// The phase's name, as [`super::run_phases`] names it.
+    /// The phase's name, as `super::run_phases` names it.
     pub name: &'static str,
     /// The device allocator's `max_allocated` over the phase.
     pub device: usize,

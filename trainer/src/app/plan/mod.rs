@@ -1,7 +1,7 @@
 //! `cannon plan`: the device memory of a training step, per rank, before anything runs, from
 //! an HF config and the run's settings, and whether it fits in a given device memory; and
 //! every other phase of the run, on the device and the host, per rank, process and node
-//! ([`run_phases`]).
+//! (`run_phases`).
 //!
 //! The activation terms are the model's own ([`crate::model::memory`], which a test checks
 //! to the byte against the caching allocator); this module adds what a run holds around a
@@ -41,9 +41,9 @@
 //! see `model::memory`), so a plan within a few percent of the device memory is tight.
 
 pub mod measure;
-pub mod report;
-pub mod run_phases;
-pub mod settings;
+pub(crate) mod report;
+pub(crate) mod run_phases;
+pub(crate) mod settings;
 
 pub use run_phases::{run_peaks, RunPeaks, RunPhase};
 pub use settings::{PlanError, PlanSettings};

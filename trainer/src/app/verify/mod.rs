@@ -3,20 +3,20 @@
 //! gradient, K AdamW steps, and the multi-image independence property, one [`Row`] per
 //! compared tensor.
 //!
-//! - [`fixture`]: reading `reference.safetensors` (tensors and metadata) into a [`Reference`].
-//! - [`measure`]: the measure (relative L2 `||a - r|| / max(||r||, 1e-10)` per tensor, NaN
+//! - `fixture`: reading `reference.safetensors` (tensors and metadata) into a [`Reference`].
+//! - `measure`: the measure (relative L2 `||a - r|| / max(||r||, 1e-10)` per tensor, NaN
 //!   kept).
-//! - [`checks`]: the [`Tolerances`] table and the independence check.
-//! - [`report`]: the rows and the printed table.
+//! - `checks`: the [`Tolerances`] table and the independence check.
+//! - `report`: the rows and the printed table.
 //!
 //! The tolerances are DESIGN.md's per dtype ([`Tolerances::F32`], [`Tolerances::BF16`]):
 //! forward outputs are held to `forward`, gradients and grad norms to `grad`, the training
 //! losses and trained parameters to `trained`. Independence is exact.
 
-pub mod checks;
-pub mod fixture;
-pub mod measure;
-pub mod report;
+pub(crate) mod checks;
+pub(crate) mod fixture;
+pub(crate) mod measure;
+pub(crate) mod report;
 
 pub use checks::{tolerances_for, Tolerances};
 pub use fixture::Reference;

@@ -31,10 +31,10 @@
 //! dropped: the `Tp - T` padding tokens form one sequence of their own at the end, their
 //! embeddings are zero, their targets ignored, and no real token attends to them.
 
-pub mod attn;
+pub(crate) mod attn;
 mod error;
-pub mod layout;
-pub mod ring;
+pub(crate) mod layout;
+pub(crate) mod ring;
 
 pub use error::CpError;
 pub use layout::CpLayout;

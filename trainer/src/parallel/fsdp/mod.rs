@@ -1,11 +1,11 @@
 //! FSDP (ZeRO-3) data parallelism over the runtime's [`Communicator`](cannon_runtime::comm::Communicator): every layer group's
-//! flat parameter buffer is sharded over the ranks ([`shard`]: padded, never dropped), a
+//! flat parameter buffer is sharded over the ranks (`shard`: padded, never dropped), a
 //! group is all-gathered just before the model uses it with the next group's gather issued
 //! first, freed after use, and gathered again in the backward; its full gradient is
-//! reduce-scattered into the rank's gradient shard and freed ([`reduce`]); [`schedule`] keeps
+//! reduce-scattered into the rank's gradient shard and freed (`reduce`); `schedule` keeps
 //! every rank's collectives in the same order. AdamW, the f32
 //! master weights and the moments exist only for the local shard; the gradient norm is taken
-//! from the shards and all-reduced ([`rank`]).
+//! from the shards and all-reduced (`rank`).
 //!
 //! Data parallel: a step's global batch is every rank's micro batches; each rank's loss is
 //! divided by the global count of trained targets (all-reduced), so the summed gradient is the
@@ -29,14 +29,14 @@
 //! # Ok(()) }
 //! ```
 
-pub mod rank;
-pub mod reduce;
-pub mod schedule;
-pub mod shard;
-pub mod source;
-pub mod split;
-pub mod state;
-pub mod world;
+pub(crate) mod rank;
+pub(crate) mod reduce;
+pub(crate) mod schedule;
+pub(crate) mod shard;
+pub(crate) mod source;
+pub(crate) mod split;
+pub(crate) mod state;
+pub(crate) mod world;
 
 pub use rank::{FsdpRank, FsdpSettings, StepStats};
 pub use shard::{GroupShard, ShardLayout};

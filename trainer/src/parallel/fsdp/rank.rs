@@ -119,7 +119,7 @@ pub struct FsdpRank {
 impl FsdpRank {
     /// This rank of `comm`'s group, on `exec` (whose allocator holds the rank's memory),
     /// with its shard of every group read or drawn from `source` (one group at a time: the
-    /// rank never holds more of the model than its shards, [`super::source`]). A checkpoint
+    /// rank never holds more of the model than its shards, `super::source`). A checkpoint
     /// source also gives the AdamW moments and step. Local: no collective.
     pub fn new(
         comm: Communicator,

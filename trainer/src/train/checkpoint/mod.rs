@@ -7,7 +7,7 @@
 //! and padding, optimizer and scheduler state, RNG states, data position, consumed and dropped
 //! samples, format version). One rank is the N = 1 case of the same format.
 //!
-//! - Saving ([`save`]) writes `step-<N>.tmp/` and renames it when complete, manifest last and
+//! - Saving (`save`) writes `step-<N>.tmp/` and renames it when complete, manifest last and
 //!   fsynced: a crash mid-save leaves the previous checkpoint the latest ([`CheckpointDir`]),
 //!   and `keep_last` prunes older ones.
 //! - Loading ([`Checkpoint`]) reads any element range of any group from whichever rank files
@@ -16,16 +16,16 @@
 //! - [`Snapshot`] is a one-rank run's whole state; restoring it continues the run bit for bit.
 //! - [`export()`] writes the consolidated weights as an HF checkpoint.
 
-pub mod dir;
-pub mod error;
-pub mod export;
-pub mod hf_config;
-pub mod load;
-pub mod manifest;
-pub mod save;
+pub(crate) mod dir;
+pub(crate) mod error;
+pub(crate) mod export;
+pub(crate) mod hf_config;
+pub(crate) mod load;
+pub(crate) mod manifest;
+pub(crate) mod save;
 pub mod st_io;
 pub mod st_read;
-pub mod state;
+pub(crate) mod state;
 
 pub use dir::{resolve, CheckpointDir};
 pub use error::{CheckpointError, Result};

@@ -41,7 +41,7 @@ pub struct SaveMeta {
     pub config: serde_json::Value,
     /// The model's HF `config.json` (see [`super::hf_config_json`] for a preset's).
     pub model_config: serde_json::Value,
-    /// Groups with their per-rank ranges ([`super::manifest::group_entries`]).
+    /// Groups with their per-rank ranges (`super::manifest::group_entries`).
     pub groups: Vec<GroupEntry>,
     pub optimizer: OptimizerState,
     pub scheduler: serde_json::Value,

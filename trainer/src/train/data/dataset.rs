@@ -1,6 +1,6 @@
 //! Reading a conversation dataset (LLaMA-Factory / MindSpeed-MM layouts) into tokenized
 //! samples: a JSONL file or one JSON array ([`super::records`]), each record read through the
-//! dataset's schema ([`super::schema`]: `messages` or ShareGPT `conversations`, or the columns
+//! dataset's schema (`super::schema`: `messages` or ShareGPT `conversations`, or the columns
 //! a `dataset_info.json` entry maps, see [`super::info`]), image paths relative to the dataset's
 //! media folder. Every record is turned into a tokenized sample or reported as bad (with its
 //! line number) and skipped; a bad record never stops the reading of the rest.

@@ -205,7 +205,7 @@ impl Loader {
     }
 
     /// Rows `pick(rows)` of the next batch, at the whole batch's length, and the whole
-    /// batch's [`BatchShape`]: a rank of a sharded run reads only its own rows' images yet
+    /// batch's `BatchShape`: a rank of a sharded run reads only its own rows' images yet
     /// reports the step's tokens, samples and FLOPs. The rows are the ones
     /// [`Loader::next_batch`] makes (the same sequences, positions and images), and the
     /// stream moves by the whole batch. A picked sample whose image does not decode is

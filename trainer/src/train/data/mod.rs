@@ -11,18 +11,18 @@
 
 pub mod batch;
 pub mod dataset;
-pub mod error;
-pub mod hash;
+pub(crate) mod error;
+pub(crate) mod hash;
 pub mod image;
 pub mod index;
 pub mod info;
-pub mod loader;
+pub(crate) mod loader;
 pub mod pretok;
 pub mod records;
-pub mod schema;
+pub(crate) mod schema;
 pub mod shuffle;
 pub mod synth;
-pub mod tekken;
+pub(crate) mod tekken;
 pub mod template;
 pub mod truncate;
 

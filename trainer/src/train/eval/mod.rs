@@ -13,7 +13,7 @@
 //! A prompt whose question is not one of the synthetic set's counts under [`Kind::Other`],
 //! which has no chance figure.
 
-pub mod score;
+pub(crate) mod score;
 pub mod sharded;
 
 use crate::model::batch::Batch;

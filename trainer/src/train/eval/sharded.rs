@@ -1,6 +1,6 @@
 //! The held-out evaluation on the ranks of a run, each on its shards and its own rows: the
 //! end of `cannon train` and `cannon eval` on one rank or N. No process reads the model back
-//! whole, and every row's forward runs once, on the rank that holds it (see [`super::score`]).
+//! whole, and every row's forward runs once, on the rank that holds it (see `super::score`).
 
 use super::score::{evaluate_chunks, greedy_ids, score_rows, Shared};
 use super::{EvalError, EvalReport};
