@@ -7,9 +7,9 @@
 //! | crate | what exists |
 //! |---|---|
 //! | [`sys`] | raw FFI to AscendCL / aclnn / HCCL, dlopened at run time |
-//! | [`runtime`] | devices (CPU, NPU, and the storage-less meta device), streams, events, buffers, the caching allocator with its statistics, communicators (in-process CPU ranks, HCCL) |
-//! | [`kernels`] | every op's forward and backward, with a CPU kernel and an aclnn body each, behind the one dispatch point `kernels::ops` |
-//! | [`trainer`] | the Mistral3 model, HF config and weight loading, the data pipeline, `cannon train` with FSDP-style sharding, context parallelism (Ulysses, Ring, hybrid) and the memory features, sharded checkpoints with resume and HF export, `cannon plan`, and the `cannon` binary |
+//! | [`runtime`] | devices (CPU, NPU, and the storage-less meta device), streams, events, buffers, the caching allocator with its statistics, the host pool offloading goes through, communicators (in-process CPU ranks, HCCL) |
+//! | [`kernels`] | every op's forward and backward, one folder per op with its CPU kernel, its aclnn body and its entry point (the op's checks, then one match on the selected backend), all re-exported by `kernels::ops`; `Tensor` and `DeviceCtx` (a stream, an allocator, a host pool) |
+//! | [`trainer`] | in four tiers: `model` (Mistral3, HF config and weights, the memory features), `parallel` (FSDP-style sharding, context parallelism: Ulysses, Ring, hybrid), `train` (`cannon train`: config, data pipeline, sharded checkpoints with resume and HF export, evaluation) and `app` (the `cannon` binary's commands, `cannon plan`, `bench`, `verify`) |
 //!
 //! The `npu` feature turns on the NPU paths of every layer; CANN's libraries are opened at run
 //! time, so an `npu` build links on any machine. `cannon doctor` reports whether the running
