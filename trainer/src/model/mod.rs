@@ -56,6 +56,7 @@ pub mod pixtral;
 pub mod projector;
 pub mod saved;
 pub mod source;
+pub mod st;
 pub mod streamer;
 pub mod weights;
 

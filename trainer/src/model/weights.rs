@@ -11,7 +11,7 @@
 
 use super::params::{ParamLayout, Params};
 use super::ModelError;
-use crate::train::checkpoint::st_read::StReader;
+use crate::model::st::StReader;
 use cannon_kernels::device_ctx::DeviceCtx;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;

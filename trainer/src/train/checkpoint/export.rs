@@ -13,7 +13,7 @@
 use super::error::{io, CheckpointError, Result};
 use super::hf_config::export_config;
 use super::load::{Checkpoint, Kind};
-use super::st_io::{StDtype, StWriter, TensorSpec};
+use crate::model::st::{StDtype, StWriter, TensorSpec};
 use crate::model::{ParamLayout, Precision};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

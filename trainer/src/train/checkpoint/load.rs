@@ -7,7 +7,7 @@ use super::error::{io, CheckpointError, Result};
 use super::manifest::{
     exp_avg_sq_tensor, exp_avg_tensor, param_tensor, Manifest, ShardRange, CONFIG_FILE,
 };
-use super::st_read::StReader;
+use crate::model::st::StReader;
 use crate::model::Mistral3Config;
 use std::ops::Range;
 use std::path::{Path, PathBuf};

@@ -23,8 +23,6 @@ pub mod hf_config;
 pub mod load;
 pub mod manifest;
 pub mod save;
-pub mod st_io;
-pub mod st_read;
 pub mod state;
 
 pub use dir::{resolve, CheckpointDir};

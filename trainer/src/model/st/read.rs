@@ -1,9 +1,8 @@
 //! Reading a safetensors file a piece at a time: the header parsed and checked up front,
-//! then positioned reads of only the bytes asked for, widened to f32 (the format and the
-//! writer are [`super::st_io`]).
+//! then positioned reads of only the bytes asked for, widened to f32 (the format is
+//! [`super::format`], the writer [`super::write`]).
 
-use super::error::{io, CheckpointError, Result};
-use super::st_io::{StDtype, MAX_HEADER};
+use super::format::{io, Result, StDtype, StError, MAX_HEADER};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
@@ -44,7 +43,7 @@ impl StReader {
     /// Reads and checks the header: every tensor must lie inside the file (a truncated file
     /// is an error here, not a short read later).
     pub fn open(path: &Path) -> Result<Self> {
-        let bad = |reason: String| CheckpointError::Shard {
+        let bad = |reason: String| StError::Shard {
             path: path.to_path_buf(),
             reason,
         };
@@ -150,7 +149,7 @@ impl StReader {
     /// Elements `range` of the f32 tensor `name`, into `dst` (of the range's length).
     pub fn read_f32_into(&self, name: &str, range: Range<usize>, dst: &mut [f32]) -> Result<()> {
         match self.tensors.get(name) {
-            Some(e) if e.dtype != StDtype::F32 => Err(CheckpointError::Shard {
+            Some(e) if e.dtype != StDtype::F32 => Err(StError::Shard {
                 path: self.path.clone(),
                 reason: format!("{name} is {}, not F32", e.dtype.name()),
             }),
@@ -165,7 +164,7 @@ impl StReader {
     /// any size costs no more than that beside `dst`.
     pub fn read_widened(&self, name: &str, range: Range<usize>, dst: &mut [f32]) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        let bad = |reason: String| CheckpointError::Shard {
+        let bad = |reason: String| StError::Shard {
             path: self.path.clone(),
             reason,
         };
@@ -254,7 +253,8 @@ fn parse_entry(v: &serde_json::Value) -> Option<(StDtype, Vec<usize>, (u64, u64)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::checkpoint::st_io::{StWriter, TensorSpec};
+    use crate::model::st::format::TensorSpec;
+    use crate::model::st::write::StWriter;
     use std::collections::BTreeMap;
 
     fn tmp(name: &str) -> PathBuf {
