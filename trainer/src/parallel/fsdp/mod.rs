@@ -31,7 +31,9 @@
 
 pub mod rank;
 pub mod reduce;
+pub mod saved;
 pub mod schedule;
+pub mod settings;
 pub mod shard;
 pub mod source;
 pub mod split;
@@ -39,6 +41,8 @@ pub mod state;
 pub mod world;
 
 pub use rank::{FsdpRank, FsdpSettings, StepStats};
+pub use saved::{Kind, SavedRun, SavedShards};
+pub use settings::TrainSettings;
 pub use shard::{GroupShard, ShardLayout};
 pub use source::ShardSource;
 pub use split::{rank_rows, rank_share, split_rows};

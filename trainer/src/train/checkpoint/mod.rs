@@ -22,16 +22,18 @@ pub mod export;
 pub mod hf_config;
 pub mod load;
 pub mod manifest;
+pub mod rank_start;
 pub mod save;
 pub mod state;
 
+pub use crate::parallel::fsdp::Kind;
 pub use dir::{resolve, CheckpointDir};
 pub use error::{CheckpointError, Result};
 pub use export::{
     export, parse_size, parse_size_arg, torch_dtype_name, ExportOptions, ExportReport,
 };
 pub use hf_config::hf_config_json;
-pub use load::{Checkpoint, Kind};
+pub use load::Checkpoint;
 pub use manifest::{padded_shards, DataState, Manifest, ShardRange};
 pub use save::{
     save_distributed, save_local, GroupShards, PendingSave, RankShards, SaveMeta, ShardData,
