@@ -243,7 +243,10 @@ impl FsdpRank {
         if cp.size <= 1 {
             return Ok(self);
         }
-        cp.check(&self.cfg)?;
+        cp.check(
+            self.cfg.text_config.num_attention_heads,
+            self.cfg.text_config.num_key_value_heads,
+        )?;
         let (group, replica) = CpGroup::split(&self.comm, cp, self.exec.stream())?;
         self.cp = Some(group);
         self.replica = replica;
