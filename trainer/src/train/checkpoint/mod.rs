@@ -41,4 +41,4 @@ pub use save::{
 pub use state::{one_rank_meta, restore_one_rank, save_one_rank, Progress, Snapshot};
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
