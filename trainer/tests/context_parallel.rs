@@ -288,7 +288,10 @@ fn dropping_one_token_is_caught() {
 fn head_counts_the_layout_cannot_split_are_errors_naming_the_key() {
     let cfg = config(); // 4 q heads, 2 kv heads
     let e = settings(8, CpAlgo::Ulysses, 1)
-        .check(&cfg)
+        .check(
+            cfg.text_config.num_attention_heads,
+            cfg.text_config.num_key_value_heads,
+        )
         .unwrap_err()
         .to_string();
     assert!(
@@ -296,14 +299,27 @@ fn head_counts_the_layout_cannot_split_are_errors_naming_the_key() {
         "{e}"
     );
     let e = settings(6, CpAlgo::Hybrid, 4)
-        .check(&cfg)
+        .check(
+            cfg.text_config.num_attention_heads,
+            cfg.text_config.num_key_value_heads,
+        )
         .unwrap_err()
         .to_string();
     assert!(e.contains("parallel.ulysses_size"), "{e}");
     // Ring splits tokens, not heads: any size goes.
-    settings(8, CpAlgo::Ring, 1).check(&cfg).unwrap();
+    settings(8, CpAlgo::Ring, 1)
+        .check(
+            cfg.text_config.num_attention_heads,
+            cfg.text_config.num_key_value_heads,
+        )
+        .unwrap();
     // Ulysses over 4 with 2 kv heads repeats each kv head twice.
-    settings(4, CpAlgo::Ulysses, 1).check(&cfg).unwrap();
+    settings(4, CpAlgo::Ulysses, 1)
+        .check(
+            cfg.text_config.num_attention_heads,
+            cfg.text_config.num_key_value_heads,
+        )
+        .unwrap();
 }
 
 /// dp 2 x cp 2 (Ulysses, Ring) with FSDP over the 4 ranks, and dp 2 x hybrid 2 x 2 over 8,

@@ -1,4 +1,4 @@
-//! The one training batch: what the data loader produces ([`crate::train::data::Loader`]) and what
+//! The one training batch: what the train tier's data loader (`train::data::Loader`) produces and what
 //! the model consumes ([`crate::model::Mistral3::forward`]), with no conversion in between.
 //!
 //! ```text

@@ -12,7 +12,7 @@
 use super::params::ParamLayout;
 use super::weights::WeightsError;
 use super::{Mistral3, ModelError};
-use crate::train::checkpoint::st_io::{StDtype, StWriter, TensorSpec};
+use crate::model::st::{StDtype, StError, StWriter, TensorSpec};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -56,7 +56,7 @@ impl HfWriter {
                 shape: s.shape.clone(),
             })
             .collect();
-        let format = |e: crate::train::checkpoint::CheckpointError| WeightsError::Format {
+        let format = |e: StError| WeightsError::Format {
             path: tmp.clone(),
             reason: e.to_string(),
         };
@@ -77,7 +77,7 @@ impl HfWriter {
     }
 
     /// A writer of sizes only, for a meta device's model: the file gets its header and
-    /// size but no data ([`StWriter::without_data`]).
+    /// size but no data (`StWriter::without_data`).
     pub fn without_data(mut self) -> Self {
         self.out = self.out.without_data();
         self

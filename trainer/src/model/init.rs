@@ -178,7 +178,7 @@ mod tests {
     /// model's draw, whatever the world size cutting the groups.
     #[test]
     fn ranges_are_the_whole_draw_cut_for_any_world_size() {
-        let layout = ParamLayout::new(&crate::train::checkpoint::tests::tiny_config());
+        let layout = ParamLayout::new(&crate::model::config::tiny_config());
         for init in [Init::FanIn, Init::Normal(INITIALIZER_RANGE)] {
             let whole = random_host(&layout, 7, init);
             for world in [1usize, 2, 3, 4, 8] {

@@ -56,6 +56,7 @@ pub(crate) mod pixtral;
 pub(crate) mod projector;
 pub(crate) mod saved;
 pub mod source;
+pub(crate) mod st;
 pub(crate) mod streamer;
 pub mod weights;
 

@@ -11,7 +11,7 @@
 
 use super::params::{ParamLayout, Params};
 use super::ModelError;
-use crate::train::checkpoint::st_read::StReader;
+use crate::model::st::StReader;
 use cannon_kernels::device_ctx::DeviceCtx;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -135,7 +135,7 @@ pub struct HfWeights {
 
 impl HfWeights {
     /// The checkpoint read for sizes only, by a meta device's ranks: every range is checked
-    /// and its pieces allocated as usual, no byte is read ([`StReader::without_data`]).
+    /// and its pieces allocated as usual, no byte is read (`StReader::without_data`).
     pub fn without_data(mut self) -> Self {
         self.files = self.files.into_iter().map(StReader::without_data).collect();
         self

@@ -1,21 +1,9 @@
-//! What the training step is given besides the model and the batch: the optimizer's
-//! hyper-parameters, the clip, the freeze list ([`TrainSettings`]) and the memory features of
-//! `[train]`. The step itself is [`crate::parallel::fsdp::FsdpRank::step`], for every world size.
+//! What the training step is given besides the model and the batch: [`TrainSettings`]
+//! (defined beside the step, [`crate::parallel::fsdp::settings`]) and the memory features of
+//! `[train]`.
 
-use crate::model::optim::AdamWConfig;
-use crate::model::{LossMode, MemoryFeatures, Part, Recompute};
-
-/// What the optimizer steps need besides the model and the batch (constant learning rate).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TrainSettings {
-    /// torch.optim.AdamW's hyper-parameters; `adamw.lr` is the (constant) learning rate.
-    pub adamw: AdamWConfig,
-    /// Global L2 norm the gradients are clipped to before each update (`<= 0` or infinite
-    /// only measures the norm).
-    pub max_grad_norm: f64,
-    /// Parts that get neither gradients nor optimizer state.
-    pub frozen: Vec<Part>,
-}
+use crate::model::{LossMode, MemoryFeatures, Recompute};
+pub use crate::parallel::fsdp::TrainSettings;
 
 /// The model's loss mode and memory features from `[train]` (`loss_chunk`, `recompute`,
 /// `offload_activations`, `offload_optimizer`).

@@ -104,7 +104,10 @@ impl RunSetup {
         let tok = Tekken::from_file(&plan.tokenizer, cfg.data.vocab_size)?;
         let (mcfg, model_json) = model_config(&plan.model, &tok)?;
         // The CP layout against the model's heads, before any data or weights are read.
-        cfg.parallel.cp().check(&mcfg)?;
+        cfg.parallel.cp().check(
+            mcfg.text_config.num_attention_heads,
+            mcfg.text_config.num_key_value_heads,
+        )?;
         let image = image_config(&mcfg, cfg.data.longest_edge);
         let loader = Loader::open(&plan.data_config(image.clone()), &tok, Position::default())?;
         if let Some(used) = loader.index() {

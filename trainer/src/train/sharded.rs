@@ -147,7 +147,10 @@ fn run_as<A: ActElem>(
     let data_cfg = t.plan.data_config(t.image.clone());
     let (accum, every) = (t.plan.cfg.train.grad_accum, t.plan.cfg.log.every);
     let cp = t.plan.cfg.parallel.cp();
-    cp.check(cfg)?;
+    cp.check(
+        cfg.text_config.num_attention_heads,
+        cfg.text_config.num_key_value_heads,
+    )?;
     let eval_data = t.eval_data()?;
 
     let body = |comm: Communicator, exec: DeviceCtx| {

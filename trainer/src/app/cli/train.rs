@@ -254,7 +254,10 @@ fn dry_run(plan: &ResolvedRun) -> Result<(), TrainError> {
         tok.vocab_size()
     );
     let (mcfg, _) = model_config(&plan.model, &tok)?;
-    cfg.parallel.cp().check(&mcfg)?;
+    cfg.parallel.cp().check(
+        mcfg.text_config.num_attention_heads,
+        mcfg.text_config.num_key_value_heads,
+    )?;
     let layout = ParamLayout::new(&mcfg);
     println!("# model: {} parameters", layout.num_params());
     match &cfg.model.weights {

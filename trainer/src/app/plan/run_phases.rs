@@ -7,7 +7,7 @@
 //!             gradient and moment shards) on the device; host-pool shards under the
 //!             optimizer offload (RankPlan::host_optimizer) on the host
 //! start-up    held, plus on the host one group's shard being read or drawn (4·max s) and a
-//!             raw read piece of an HF or checkpoint file (st_read::READ_PIECE, or the shard
+//!             raw read piece of an HF or checkpoint file (st::READ_PIECE, or the shard
 //!             when it is smaller)
 //! step        the step's planned peak on the device (RankPlan::peak); held host bytes plus
 //!             offloaded activations
@@ -29,9 +29,9 @@
 //! process. A node holds `nproc_per_node` ranks.
 
 use super::{Plan, RankPlan};
+use crate::model::st::READ_PIECE;
 use crate::model::ParamLayout;
 use crate::parallel::fsdp::ShardLayout;
-use crate::train::checkpoint::st_read::READ_PIECE;
 use crate::train::eval::score::GREEDY_PIECE;
 use cannon_runtime::alloc::round_size;
 

@@ -319,7 +319,7 @@ pub fn plan(
 /// [`plan`] under memory features `feat`, with `comm(at)` bytes of parameter and gradient
 /// buffers alive at each group step besides the resident ones (0 for a model that holds
 /// its groups on the device; a sharded rank's gathered groups, or the groups copied in from
-/// the host pool under the optimizer offload, see `crate::app::plan::gathered`). `s.tokens` is the
+/// the host pool under the optimizer offload, see the plan's `gathered` in the app tier). `s.tokens` is the
 /// rank's text tokens (T/cp under context parallel); patches and merged tokens are whole.
 /// A phase that spans a tower's layers reports the layer where it is highest.
 #[allow(clippy::too_many_arguments)]

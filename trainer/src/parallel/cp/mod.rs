@@ -39,7 +39,6 @@ pub(crate) mod ring;
 pub use error::CpError;
 pub use layout::CpLayout;
 
-use crate::model::config::Mistral3Config;
 use cannon_kernels::Tensor;
 use cannon_runtime::comm::{Communicator, ReduceOp};
 use cannon_runtime::{DeviceBuffer, Stream};
@@ -101,10 +100,11 @@ impl CpSettings {
         }
     }
 
-    /// What the model's head counts allow: the Ulysses degree must divide the query heads,
+    /// What the model's head counts allow (the text model's `heads` query heads and
+    /// `kv_heads` key-value heads): the Ulysses degree must divide the query heads,
     /// and divide the key-value heads or be a multiple of them (each kv head is then repeated
     /// `u / Hkv` times before the exchange, so every rank gets one). Errors name the key.
-    pub fn check(&self, cfg: &Mistral3Config) -> Result<(), CpError> {
+    pub fn check(&self, heads: usize, kv_heads: usize) -> Result<(), CpError> {
         let bad = |m: String| Err(CpError::Input(m));
         if self.size == 0 {
             return bad("parallel.cp_size must be > 0".into());
@@ -119,8 +119,7 @@ impl CpSettings {
             ));
         }
         let (u, _) = self.degrees();
-        let t = &cfg.text_config;
-        let (hq, hkv) = (t.num_attention_heads, t.num_key_value_heads);
+        let (hq, hkv) = (heads, kv_heads);
         let key = match self.algo {
             CpAlgo::Hybrid => "parallel.ulysses_size",
             _ => "parallel.cp_size",

@@ -31,7 +31,9 @@
 
 pub(crate) mod rank;
 pub(crate) mod reduce;
+pub(crate) mod saved;
 pub(crate) mod schedule;
+pub(crate) mod settings;
 pub(crate) mod shard;
 pub(crate) mod source;
 pub(crate) mod split;
@@ -39,6 +41,8 @@ pub(crate) mod state;
 pub(crate) mod world;
 
 pub use rank::{FsdpRank, FsdpSettings, StepStats};
+pub use saved::{Kind, SavedRun, SavedShards};
+pub use settings::TrainSettings;
 pub use shard::{GroupShard, ShardLayout};
 pub use source::ShardSource;
 pub use split::{rank_rows, rank_share, split_rows};

@@ -25,6 +25,8 @@ mod gather;
 mod logits;
 mod step;
 
+use super::saved::Kind;
+use super::settings::TrainSettings;
 use super::shard::ShardLayout;
 use super::source::{born_on_host, Reader, ShardSource};
 use super::state::{GroupState, ShardState};
@@ -36,8 +38,6 @@ use crate::model::{
     DeviceCtx, Grads, LossMode, MemoryFeatures, Mistral3Config, ParamLayout, Part, StepMemory,
 };
 use crate::parallel::cp::{CpGroup, CpSettings};
-use crate::train::checkpoint::Kind;
-use crate::train::TrainSettings;
 use cannon_kernels::Tensor;
 use cannon_runtime::comm::Communicator;
 
@@ -243,7 +243,10 @@ impl FsdpRank {
         if cp.size <= 1 {
             return Ok(self);
         }
-        cp.check(&self.cfg)?;
+        cp.check(
+            self.cfg.text_config.num_attention_heads,
+            self.cfg.text_config.num_key_value_heads,
+        )?;
         let (group, replica) = CpGroup::split(&self.comm, cp, self.exec.stream())?;
         self.cp = Some(group);
         self.replica = replica;

@@ -6,8 +6,9 @@
 //! Random      drawn per element from the seed and the global index (model::init): any world
 //!             size gives the same weights
 //! Weights     an HF checkpoint: the bytes of the rank's ranges only (model::weights)
-//! Checkpoint  a cannon checkpoint saved over any world size: the rank's slices of the
-//!             weights, and of the AdamW moments of the groups it trains, with AdamW's step
+//! Checkpoint  a saved run (a cannon checkpoint saved over any world size, [`super::saved`]):
+//!             the rank's slices of the weights, and of the AdamW moments of the groups it
+//!             trains, with AdamW's step
 //! ```
 //!
 //! A shard is read into host memory one group at a time (the rank's `[shard]` of that group,
@@ -16,16 +17,15 @@
 //! reads each straight into the tensor that keeps it, and writes its zeros on a second
 //! thread meanwhile (`born_on_host`).
 
+use super::saved::{Kind, SavedRun, SavedShards};
 use super::shard::{GroupShard, ShardLayout};
 use super::FsdpError;
 use crate::model::init::{self, Init};
 use crate::model::weights::HfWeights;
 use crate::model::{DeviceCtx, ParamLayout};
-use crate::train::checkpoint::{Checkpoint, Kind};
 use cannon_kernels::Tensor;
 use cannon_runtime::DeviceBuffer;
 use std::ops::Range;
-use std::path::Path;
 use std::sync::mpsc::sync_channel;
 use std::sync::Mutex;
 
@@ -38,15 +38,16 @@ pub enum ShardSource<'a> {
     Random { seed: u64, init: Init },
     /// An opened HF checkpoint.
     Weights(&'a HfWeights),
-    /// A cannon checkpoint directory (or a folder of them: its latest).
-    Checkpoint(&'a Path),
+    /// A saved run: a cannon checkpoint directory (or a folder of them: its latest), which
+    /// the train tier opens.
+    Checkpoint(&'a dyn SavedRun),
 }
 
 /// A source opened by one rank: [`ShardSource::Checkpoint`] opens its files per rank (their
 /// readers are the rank's own).
 pub(super) enum Reader<'a> {
     Source(ShardSource<'a>),
-    Checkpoint(Box<Checkpoint>),
+    Checkpoint(Box<dyn SavedShards>),
     /// For a meta rank, whose shards have sizes and no values: random values are not
     /// drawn, a checkpoint is read for sizes only (its manifest, files
     /// and ranges checked, no byte read), and HF weights are read as the caller opened
@@ -64,7 +65,6 @@ impl<'a> Reader<'a> {
         trains: &dyn Fn(usize) -> bool,
         values: bool,
     ) -> Result<Self, FsdpError> {
-        let bad = |e: crate::train::checkpoint::CheckpointError| FsdpError::Invalid(e.to_string());
         match source {
             ShardSource::Full(full) => {
                 if full.len() != layout.groups.len() {
@@ -76,34 +76,8 @@ impl<'a> Reader<'a> {
                 }
                 Ok(Reader::Source(source))
             }
-            ShardSource::Checkpoint(path) => {
-                let ckpt = Checkpoint::open(path).map_err(bad)?;
-                ckpt.manifest().check_layout(layout).map_err(bad)?;
-                // A rank that trains nothing (an evaluation) reads the weights alone, whatever
-                // the checkpoint trained; a training rank must train what it trained.
-                let training = (0..layout.groups.len()).any(trains);
-                for (g, entry) in ckpt.manifest().groups.iter().enumerate() {
-                    if !training {
-                        break;
-                    }
-                    let now = trains(g);
-                    if entry.trained != now {
-                        return Err(FsdpError::Invalid(format!(
-                            "{}: group {} {} in the checkpoint but {} now (the freeze list \
-                             changed?)",
-                            ckpt.dir().display(),
-                            entry.name,
-                            if entry.trained {
-                                "trained"
-                            } else {
-                                "was frozen"
-                            },
-                            if now { "trains" } else { "is frozen" },
-                        )));
-                    }
-                }
-                let ckpt = if values { ckpt } else { ckpt.without_data() };
-                Ok(Reader::Checkpoint(Box::new(ckpt)))
+            ShardSource::Checkpoint(saved) => {
+                Ok(Reader::Checkpoint(saved.open(layout, trains, values)?))
             }
             ShardSource::Random { .. } if !values => Ok(Reader::Sizes),
             _ => Ok(Reader::Source(source)),
@@ -113,7 +87,7 @@ impl<'a> Reader<'a> {
     /// AdamW's step count the source holds (0: none, training starts).
     pub(super) fn adam_step(&self) -> u64 {
         match self {
-            Reader::Checkpoint(c) => c.manifest().optimizer.step,
+            Reader::Checkpoint(c) => c.adam_step(),
             Reader::Source(_) | Reader::Sizes => 0,
         }
     }
@@ -149,9 +123,7 @@ impl<'a> Reader<'a> {
         let (dst, pad) = dst.split_at_mut(valid.len());
         pad.fill(0.0);
         match (self, kind) {
-            (Reader::Checkpoint(c), _) => c
-                .read_into(kind, g, valid, dst)
-                .map_err(|e| FsdpError::Invalid(e.to_string()))?,
+            (Reader::Checkpoint(c), _) => c.read_into(kind, g, valid, dst)?,
             // Sizes only: the values are never read (a meta rank has none to hold).
             (Reader::Sizes, _) => {}
             (Reader::Source(s), _) => read_param(*s, layout, g, valid, dst)?,

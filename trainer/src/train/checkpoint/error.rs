@@ -1,6 +1,7 @@
 //! What can go wrong saving, finding, loading and exporting checkpoints.
 
 use crate::model::error::ModelError;
+use crate::model::st::StError;
 use cannon_kernels::KernelError;
 use cannon_runtime::comm::CommError;
 use std::path::PathBuf;
@@ -39,6 +40,9 @@ pub enum CheckpointError {
     Exists { path: PathBuf },
     #[error("another rank failed while saving step {step}; the checkpoint was not committed")]
     PeerFailed { step: u64 },
+    /// A shard file's own read or write (same messages as the variants above).
+    #[error(transparent)]
+    St(#[from] StError),
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]

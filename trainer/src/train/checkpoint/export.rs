@@ -12,9 +12,10 @@
 
 use super::error::{io, CheckpointError, Result};
 use super::hf_config::export_config;
-use super::load::{Checkpoint, Kind};
-use super::st_io::{StDtype, StWriter, TensorSpec};
+use super::load::Checkpoint;
+use crate::model::st::{StDtype, StWriter, TensorSpec};
 use crate::model::{ParamLayout, Precision};
+use crate::parallel::fsdp::Kind;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

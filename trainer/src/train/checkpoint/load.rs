@@ -7,29 +7,18 @@ use super::error::{io, CheckpointError, Result};
 use super::manifest::{
     exp_avg_sq_tensor, exp_avg_tensor, param_tensor, Manifest, ShardRange, CONFIG_FILE,
 };
-use super::st_read::StReader;
+use crate::model::st::StReader;
 use crate::model::Mistral3Config;
+use crate::parallel::fsdp::Kind;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-/// Which of a group's saved tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// The f32 master weights.
-    Param,
-    /// AdamW's first moment.
-    ExpAvg,
-    /// AdamW's second moment.
-    ExpAvgSq,
-}
-
-impl Kind {
-    fn tensor(self, group: &str) -> String {
-        match self {
-            Kind::Param => param_tensor(group),
-            Kind::ExpAvg => exp_avg_tensor(group),
-            Kind::ExpAvgSq => exp_avg_sq_tensor(group),
-        }
+/// The name in a rank file of group `group`'s `kind` tensor.
+fn tensor_name(kind: Kind, group: &str) -> String {
+    match kind {
+        Kind::Param => param_tensor(group),
+        Kind::ExpAvg => exp_avg_tensor(group),
+        Kind::ExpAvgSq => exp_avg_sq_tensor(group),
     }
 }
 
@@ -73,7 +62,7 @@ impl Checkpoint {
     }
 
     /// The checkpoint read for sizes only, by a meta device's ranks: every read is checked
-    /// as usual and reads nothing ([`StReader::without_data`]).
+    /// as usual and reads nothing (`StReader::without_data`).
     pub fn without_data(mut self) -> Self {
         self.data = false;
         self.files = self
@@ -169,7 +158,7 @@ impl Checkpoint {
                 entry.name
             )));
         }
-        let name = kind.tensor(&entry.name);
+        let name = tensor_name(kind, &entry.name);
         let shards: Vec<ShardRange> = entry.shards.clone();
         for (rank, s) in shards.iter().enumerate() {
             let (a, b) = (range.start.max(s.start), range.end.min(s.end));

@@ -22,18 +22,18 @@ pub(crate) mod export;
 pub(crate) mod hf_config;
 pub(crate) mod load;
 pub(crate) mod manifest;
+pub(crate) mod rank_start;
 pub(crate) mod save;
-pub mod st_io;
-pub mod st_read;
 pub(crate) mod state;
 
+pub use crate::parallel::fsdp::Kind;
 pub use dir::{resolve, CheckpointDir};
 pub use error::{CheckpointError, Result};
 pub use export::{
     export, parse_size, parse_size_arg, torch_dtype_name, ExportOptions, ExportReport,
 };
 pub use hf_config::hf_config_json;
-pub use load::{Checkpoint, Kind};
+pub use load::Checkpoint;
 pub use manifest::{padded_shards, DataState, Manifest, ShardRange};
 pub use save::{
     save_distributed, save_local, GroupShards, PendingSave, RankShards, SaveMeta, ShardData,
@@ -41,4 +41,4 @@ pub use save::{
 pub use state::{one_rank_meta, restore_one_rank, save_one_rank, Progress, Snapshot};
 
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

@@ -18,10 +18,10 @@ use super::manifest::{
     exp_avg_sq_tensor, exp_avg_tensor, param_tensor, rank_file, DataState, FileEntry, GroupEntry,
     Manifest, OptimizerState, CONFIG_FILE, FORMAT, MANIFEST_FILE, VERSION,
 };
-use super::st_io::{StDtype, StWriter, TensorSpec};
-use super::st_read::StReader;
 use super::CheckpointDir;
 use crate::model::offload::Stored;
+use crate::model::st::StReader;
+use crate::model::st::{StDtype, StWriter, TensorSpec};
 use cannon_kernels::Tensor;
 use cannon_runtime::comm::{Communicator, ReduceOp};
 use cannon_runtime::{DeviceBuffer, Stream};

@@ -8,12 +8,13 @@
 //! tools, tests).
 
 use super::error::{CheckpointError, Result};
-use super::load::{Checkpoint, Kind};
+use super::load::Checkpoint;
 use super::manifest::{group_entries, padded_shards, DataState, OptimizerState};
 use super::save::{save_local, RankShards, SaveMeta};
 use super::CheckpointDir;
 use crate::model::optim::AdamW;
 use crate::model::{DeviceCtx, LossMode, Mistral3, ParamLayout, Params};
+use crate::parallel::fsdp::Kind;
 use serde_json::Value;
 use std::path::PathBuf;
 

@@ -4,6 +4,7 @@
 
 use super::manifest::group_entries;
 use super::*;
+use crate::model::config::tiny_config;
 use crate::model::offload::Stored;
 use crate::model::optim::{AdamW, AdamWConfig};
 use crate::model::{DeviceCtx, LossMode, Mistral3, Mistral3Config, ParamLayout, Params, Part};
@@ -14,29 +15,6 @@ use cannon_runtime::Stream;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// A small mistral3 config (no file needed): 2 vision layers, 2 text layers, vocab 64.
-pub(crate) fn tiny_config() -> Mistral3Config {
-    Mistral3Config::from_json(
-        r#"{
-        "model_type": "mistral3", "image_token_index": 10, "spatial_merge_size": 2,
-        "projector_hidden_act": "gelu", "multimodal_projector_bias": false,
-        "vision_feature_layer": -1,
-        "text_config": {
-            "model_type": "mistral", "vocab_size": 64, "hidden_size": 16,
-            "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 4, "max_position_embeddings": 128,
-            "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": null
-        },
-        "vision_config": {
-            "model_type": "pixtral", "hidden_size": 8, "intermediate_size": 16,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 4,
-            "num_channels": 3, "patch_size": 2, "image_size": 16, "rope_theta": 10000.0
-        }
-    }"#,
-    )
-    .unwrap()
-}
 
 fn random_vec(rng: &mut SplitMix64, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.unit_f64() as f32 - 0.5).collect()

@@ -1,77 +1,10 @@
-//! safetensors files written and read one tensor (or one piece of a tensor) at a time: the
-//! format's dtypes and the writer here, the reader in [`super::st_read`].
-//!
-//! The `safetensors` crate serialises from, and parses into, one buffer holding the whole
-//! file. A checkpoint shard or an exported shard can be many GiB, and a resharded load needs a
-//! few ranges out of several files, so here the header is written first (every tensor's name,
-//! dtype, shape and offsets are known up front) and the data streamed behind it, and a reader
-//! parses only the header and then seeks to the bytes it wants. The layout is the standard one
-//! (8-byte little-endian header length, JSON header padded with spaces to a multiple of 8,
-//! then the data), so the `safetensors` crate, transformers and `Mistral3::load` read these
-//! files, and the tests check that they do.
+//! Writing a safetensors file: the header first, then the data streamed behind it.
 
-use super::error::{io, CheckpointError, Result};
+use super::format::{io, Result, StDtype, StError, TensorSpec};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Seek, Write};
 use std::path::{Path, PathBuf};
-
-/// The element types written here: f32 (checkpoints, f32 exports) and bf16 (bf16 exports);
-/// f16 too, which HF checkpoints may hold (read and widened like bf16).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StDtype {
-    F32,
-    Bf16,
-    F16,
-}
-
-impl StDtype {
-    pub fn size(self) -> usize {
-        match self {
-            StDtype::F32 => 4,
-            StDtype::Bf16 | StDtype::F16 => 2,
-        }
-    }
-
-    /// The header's spelling.
-    pub fn name(self) -> &'static str {
-        match self {
-            StDtype::F32 => "F32",
-            StDtype::Bf16 => "BF16",
-            StDtype::F16 => "F16",
-        }
-    }
-
-    pub(super) fn parse(s: &str) -> Option<Self> {
-        match s {
-            "F32" => Some(StDtype::F32),
-            "BF16" => Some(StDtype::Bf16),
-            "F16" => Some(StDtype::F16),
-            _ => None,
-        }
-    }
-}
-
-/// One tensor of a file being written.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorSpec {
-    pub name: String,
-    pub dtype: StDtype,
-    pub shape: Vec<usize>,
-}
-
-impl TensorSpec {
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    pub fn bytes(&self) -> u64 {
-        (self.numel() * self.dtype.size()) as u64
-    }
-}
-
-/// Headers larger than this are not safetensors headers (the crate's own limit is 100 MB).
-pub(super) const MAX_HEADER: u64 = 100_000_000;
 
 /// Writes a safetensors file: the header at creation, then the tensors' data in the order of
 /// the specs, in pieces of any size that do not straddle two tensors.
@@ -108,7 +41,7 @@ impl StWriter {
         let mut offset = 0u64;
         for s in &specs {
             if s.name == "__metadata__" || header.contains_key(&s.name) {
-                return Err(CheckpointError::Argument(format!(
+                return Err(StError::Argument(format!(
                     "{}: tensor name {} is reserved or repeated",
                     path.display(),
                     s.name
@@ -218,7 +151,7 @@ impl StWriter {
         }
     }
 
-    fn overrun(&self, n: usize) -> CheckpointError {
+    fn overrun(&self, n: usize) -> StError {
         let what = match self.specs.get(self.cur) {
             Some(s) => format!(
                 "{n} elements written to {} which has {} left",
@@ -227,7 +160,7 @@ impl StWriter {
             ),
             None => format!("{n} elements written after the last tensor"),
         };
-        CheckpointError::Shard {
+        StError::Shard {
             path: self.path.clone(),
             reason: what,
         }
@@ -238,15 +171,10 @@ impl StWriter {
         self.specs.get(self.cur).map(|s| s.name.as_str())
     }
 
-    /// Bytes of tensor data written so far.
-    pub fn written(&self) -> u64 {
-        self.written
-    }
-
     /// Checks that every tensor is complete, flushes and fsyncs; returns the file's size.
     pub fn finish(self) -> Result<u64> {
         if self.written != self.total {
-            return Err(CheckpointError::Shard {
+            return Err(StError::Shard {
                 path: self.path.clone(),
                 reason: format!(
                     "{} of {} data bytes written (next tensor: {})",
@@ -257,7 +185,7 @@ impl StWriter {
             });
         }
         let path = self.path;
-        let file = self.out.into_inner().map_err(|e| CheckpointError::Io {
+        let file = self.out.into_inner().map_err(|e| StError::Io {
             path: path.clone(),
             source: e.into_error(),
         })?;

@@ -1,9 +1,8 @@
 //! Reading a safetensors file a piece at a time: the header parsed and checked up front,
-//! then positioned reads of only the bytes asked for, widened to f32 (the format and the
-//! writer are [`super::st_io`]).
+//! then positioned reads of only the bytes asked for, widened to f32 (the format is
+//! [`super::format`], the writer [`super::write`]).
 
-use super::error::{io, CheckpointError, Result};
-use super::st_io::{StDtype, MAX_HEADER};
+use super::format::{io, Result, StDtype, StError, MAX_HEADER};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
@@ -44,7 +43,7 @@ impl StReader {
     /// Reads and checks the header: every tensor must lie inside the file (a truncated file
     /// is an error here, not a short read later).
     pub fn open(path: &Path) -> Result<Self> {
-        let bad = |reason: String| CheckpointError::Shard {
+        let bad = |reason: String| StError::Shard {
             path: path.to_path_buf(),
             reason,
         };
@@ -150,7 +149,7 @@ impl StReader {
     /// Elements `range` of the f32 tensor `name`, into `dst` (of the range's length).
     pub fn read_f32_into(&self, name: &str, range: Range<usize>, dst: &mut [f32]) -> Result<()> {
         match self.tensors.get(name) {
-            Some(e) if e.dtype != StDtype::F32 => Err(CheckpointError::Shard {
+            Some(e) if e.dtype != StDtype::F32 => Err(StError::Shard {
                 path: self.path.clone(),
                 reason: format!("{name} is {}, not F32", e.dtype.name()),
             }),
@@ -165,7 +164,7 @@ impl StReader {
     /// any size costs no more than that beside `dst`.
     pub fn read_widened(&self, name: &str, range: Range<usize>, dst: &mut [f32]) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        let bad = |reason: String| CheckpointError::Shard {
+        let bad = |reason: String| StError::Shard {
             path: self.path.clone(),
             reason,
         };
@@ -200,14 +199,6 @@ impl StReader {
             widen(e.dtype, raw, out);
         }
         Ok(())
-    }
-
-    /// The whole f32 tensor `name`.
-    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let n = self.entry(name).map_or(0, Entry::numel);
-        let mut v = vec![0.0; n];
-        self.read_f32_into(name, 0..n, &mut v)?;
-        Ok(v)
     }
 }
 
@@ -254,7 +245,8 @@ fn parse_entry(v: &serde_json::Value) -> Option<(StDtype, Vec<usize>, (u64, u64)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::checkpoint::st_io::{StWriter, TensorSpec};
+    use crate::model::st::format::TensorSpec;
+    use crate::model::st::write::StWriter;
     use std::collections::BTreeMap;
 
     fn tmp(name: &str) -> PathBuf {
@@ -323,8 +315,15 @@ mod tests {
         let mut piece = vec![0.0; 4];
         r.read_f32_into("x.a", 4..8, &mut piece).unwrap();
         assert_eq!(piece, a[4..8]);
-        assert_eq!(r.read_f32("x.a").unwrap(), a);
-        assert!(r.read_f32("b16").is_err(), "bf16 is not read as f32");
+        let mut whole = vec![0.0; a.len()];
+        r.read_f32_into("x.a", 0..a.len(), &mut whole).unwrap();
+        assert_eq!(whole, a);
+        let n = r.entry("b16").map_or(0, Entry::numel);
+        let mut b16 = vec![0.0; n];
+        assert!(
+            r.read_f32_into("b16", 0..n, &mut b16).is_err(),
+            "bf16 is not read as f32"
+        );
         assert!(r.read_f32_into("x.a", 8..11, &mut [0.0; 3]).is_err());
     }
 
