@@ -1,5 +1,6 @@
 //! cannon-trainer: the Mistral3 model, its parallel training and the `cannon` binary, in four
-//! tiers:
+//! tiers, each importing only the ones below it (the model also calls [`parallel::cp`], its
+//! attention seam, which imports nothing above it):
 //!
 //! - [`model`]: Mistral3 (Pixtral + projector + Mistral) forward and backward on the runtime:
 //!   parameters, gradients, AdamW state and saved activations are device buffers from the
