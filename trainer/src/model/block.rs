@@ -23,7 +23,7 @@
 use super::config::HiddenAct;
 use super::gate::gated_forward;
 use super::grads::GroupGrad;
-use super::ops::{add_into, linear, store, ActElem};
+use super::precision::{add_into, linear, store, ActElem};
 use super::ModelError;
 use crate::parallel::cp::attn::{AttnDims, AttnSaved, SeqAttention};
 use crate::parallel::cp::layout::CpShapes;

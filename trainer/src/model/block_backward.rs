@@ -7,7 +7,7 @@ use super::block::{
     gelu_tmp, BlockCtx, BlockDims, BlockGrads, BlockParams, BlockRefs, BlockWeights,
 };
 use super::gate::gated_backward;
-use super::ops::{copy, linear_back, store, ActElem};
+use super::precision::{copy, linear_back, store, ActElem};
 use super::ModelError;
 use crate::parallel::cp::attn::AttnRefs;
 use cannon_kernels::attention::QkvGradBuf;

@@ -25,8 +25,8 @@
 //! `num_items_in_batch`), so that K micro batches give the gradient of one batch of all their
 //! rows, not the mean of K means.
 
-use super::ops::{linear, linear_back, ActElem};
 use super::params::{ParamLayout, TextHead};
+use super::precision::{linear, linear_back, ActElem};
 use super::source::GroupWeights;
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
 use cannon_kernels::device_ctx::DeviceCtx;

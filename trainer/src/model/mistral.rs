@@ -19,8 +19,8 @@ use super::block::{block_forward, BlockActs, BlockCtx, BlockDims, BlockParams, F
 use super::block_backward::{block_backward, BwdScratch};
 use super::config::{HiddenAct, Mistral3Config};
 use super::head::head_view;
-use super::ops::{store, ActElem};
 use super::params::{TextEmbed, TextHead, TextLayer};
+use super::precision::{store, ActElem};
 use super::saved::{LayerSaved, MemoryFeatures, Restored};
 use super::source::{group_grad, GradSink, GroupWeights, ParamSource};
 use super::ModelError;

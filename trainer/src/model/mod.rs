@@ -19,7 +19,7 @@
 //! uploads the batch (ids, labels, positions, pixels, and the index-like data the kernels take
 //! as host slices: RoPE tables and slots, cu_seqlens, splice and merge row indices) and reads
 //! back the loss. [`memory`] gives the bytes each part saves and the peak of a step, which a
-//! test checks against the allocator's figures. `ops` holds the precision policy (`f32`,
+//! test checks against the allocator's figures. `precision` holds the precision policy (`f32`,
 //! or bf16 mixed precision with the activations stored as bf16: the type parameter `A: ActElem`).
 //! Frozen parts (by default the vision tower and the projector, [`Part`]) have no gradient
 //! buffer, and their backward is not run at all unless something below them needs it
@@ -48,11 +48,11 @@ pub mod init;
 pub mod memory;
 pub(crate) mod mistral;
 pub mod offload;
-pub(crate) mod ops;
 pub mod optim;
 pub(crate) mod params;
 pub(crate) mod pass;
 pub(crate) mod pixtral;
+pub(crate) mod precision;
 pub(crate) mod projector;
 pub(crate) mod saved;
 pub mod source;
@@ -66,9 +66,9 @@ pub use config::{ConfigError, Mistral3Config};
 pub use error::{ModelError, WeightsError};
 pub use grads::Grads;
 pub use head::{Logits, LossMode};
-pub use ops::{ActElem, Precision};
 pub use params::{ParamLayout, Params, Part};
 pub use pass::{check_batch, BackwardSteps, ForwardActs, ModelPass};
+pub use precision::{ActElem, Precision};
 pub use saved::{MemoryFeatures, Recompute};
 pub use source::{GradSink, GroupOrder, GroupWeights, ParamSource};
 

@@ -4,7 +4,7 @@
 //! Optimizer state (m, v) lives per group on the model's device, beside the group's gradient,
 //! and only for groups that train (frozen groups have no gradient and so no state). The f32
 //! parameters are the master weights: AdamW updates them in place. There is no separate
-//! compute copy (even in bf16 the GEMMs round the f32 weights on the fly: `super::ops`),
+//! compute copy (even in bf16 the GEMMs round the f32 weights on the fly: `super::precision`),
 //! so the master weights are also what every forward reads.
 //!
 //! With `train.offload_optimizer` ([`AdamW::offload`]) the master weights and the moments

@@ -6,8 +6,8 @@
 use super::config::Mistral3Config;
 use super::error::ModelError;
 use super::head::{self, head_view, Logits, LossMode};
-use super::ops::ActElem;
 use super::params::{self, Part};
+use super::precision::ActElem;
 use super::saved::MemoryFeatures;
 use super::source::{self, group_grad, GradSink, GroupOrder, ParamSource};
 use super::{mistral, pixtral, projector};

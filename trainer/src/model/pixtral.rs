@@ -21,9 +21,9 @@ use super::block::{
 };
 use super::block_backward::{block_backward, BwdScratch};
 use super::config::{Mistral3Config, VISION_RMS_EPS};
-use super::ops::ActElem;
-use super::ops::{patch_embed, patch_embed_back};
 use super::params::{ParamLayout, VisionEmbed, VisionLayer};
+use super::precision::ActElem;
+use super::precision::{patch_embed, patch_embed_back};
 use super::source::{group_grad, GradSink, ParamSource};
 use super::{Images, ModelError};
 use crate::parallel::cp::attn::SeqAttention;

@@ -17,9 +17,9 @@
 //! row scatter-add (dropped odd rows/cols get 0).
 
 use super::config::Mistral3Config;
-use super::ops::{linear, linear_back, store, ActElem};
 use super::params::Projector;
 use super::pixtral::PatchGrid;
+use super::precision::{linear, linear_back, store, ActElem};
 use super::source::{group_grad, GradSink, ParamSource};
 use super::ModelError;
 use cannon_kernels::device_ctx::DeviceCtx;

@@ -33,7 +33,7 @@ use super::block::{
     block_forward, gated_store, norm_store, BlockActs, BlockCtx, BlockRefs, BlockWeights,
     FwdScratch,
 };
-use super::ops::ActElem;
+use super::precision::ActElem;
 use super::ModelError;
 use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::{KernelError, Tensor};

@@ -48,7 +48,7 @@ pub enum VerifyError {
 }
 
 /// Runs every comparison of `model` (f32 master weights) against `r` at precision `prec`
-/// (see `model::ops` for what a bf16 run rounds), with `steps` AdamW steps (default: the
+/// (see `model::precision` for what a bf16 run rounds), with `steps` AdamW steps (default: the
 /// fixture's; more than the fixture holds is unusable).
 pub fn verify(
     model: &Mistral3,
