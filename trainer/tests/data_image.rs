@@ -121,7 +121,7 @@ fn image_block_layout_and_counts() {
 }
 
 #[test]
-fn gray_and_alpha_images_become_rgb() {
+fn gray_images_become_rgb_and_transparency_goes_over_white() {
     let dir = std::env::temp_dir().join(format!("cannon-data-image-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let gray = image::GrayImage::from_fn(30, 20, |x, y| image::Luma([(x * 7 + y * 3) as u8]));
@@ -134,9 +134,27 @@ fn gray_and_alpha_images_become_rgb() {
     let cfg = reference_config();
     let g = load_and_process(&dir.join("g.png"), &cfg).unwrap();
     let a = load_and_process(&dir.join("a.png"), &cfg).unwrap();
-    // Alpha is dropped (as PIL's convert("RGB") does), so both give the same pixels.
-    assert_eq!(g, a);
     assert_eq!((g.height, g.width), (28, 42));
+    assert_eq!((a.height, a.width), (28, 42));
+    // Transparency is composited over white (transformers' convert_to_rgb): each channel is
+    // g * alpha/255 + 255 * (1 - alpha/255), within the integer rounding (1 grey level).
+    let over = load_rgb(&dir.join("a.png")).unwrap();
+    for (x, y, p) in over.enumerate_pixels() {
+        let (g, alpha) = (f64::from((x * 7 + y * 3) as u8), f64::from(x * 8) / 255.0);
+        let want = g * alpha + 255.0 * (1.0 - alpha);
+        for c in p.0 {
+            assert!(
+                (f64::from(c) - want).abs() <= 1.0,
+                "({x},{y}): {c} vs {want}"
+            );
+        }
+    }
+    assert_eq!(
+        over.get_pixel(0, 5).0,
+        [255, 255, 255],
+        "fully transparent is white"
+    );
+    assert_eq!(process(&over, &cfg), a);
     let rgb = load_rgb(&dir.join("g.png")).unwrap();
     assert_eq!(rgb.get_pixel(3, 2).0, [27, 27, 27]);
     assert_eq!(process(&rgb, &cfg), g);

@@ -1,7 +1,7 @@
 //! The Pixtral image processor (HF `PixtralImageProcessor`, as MindSpeed-MM / LLaMA-Factory call
 //! it) and the image token block of an image.
 //!
-//! decode -> RGB (alpha dropped, gray replicated) -> resize so the longest edge <= longest_edge
+//! decode -> RGB (transparency composited over white, gray replicated) -> resize so the longest edge <= longest_edge
 //! (aspect kept, floor), each side rounded UP to a multiple of the patch size -> bicubic ->
 //! x/255 -> (x - mean)/std -> channels first.
 //!
@@ -97,7 +97,8 @@ pub struct PixtralImage {
     pub pixels: Vec<f32>,
 }
 
-/// Decodes a PNG/JPEG file to 8-bit RGB. A truncated or corrupt file is an error naming it.
+/// Decodes a PNG/JPEG file to 8-bit RGB (transparency composited over white). A truncated or
+/// corrupt file is an error naming it.
 pub fn load_rgb(path: &Path) -> Result<image::RgbImage> {
     let err = |source| DataError::Image {
         path: path.to_path_buf(),
@@ -107,7 +108,31 @@ pub fn load_rgb(path: &Path) -> Result<image::RgbImage> {
         .map_err(|e| DataError::io(path, e))?
         .with_guessed_format()
         .map_err(|e| DataError::io(path, e))?;
-    Ok(reader.decode().map_err(err)?.to_rgb8())
+    let img = reader.decode().map_err(err)?;
+    Ok(if img.color().has_alpha() {
+        over_white(&img.to_rgba8())
+    } else {
+        img.to_rgb8()
+    })
+}
+
+/// An RGBA image composited over opaque white, as transformers' `convert_to_rgb` does
+/// (`Image.alpha_composite` onto a white RGBA background, then RGB) and mistral-common too:
+/// dropping the alpha channel instead would show whatever colour the transparent pixels
+/// happen to store. The arithmetic is PIL's (7-bit coefficients, division by 255 by shifts),
+/// which for an opaque white background reduces to the expression below.
+fn over_white(rgba: &image::RgbaImage) -> image::RgbImage {
+    const BITS: u32 = 7;
+    image::RgbImage::from_fn(rgba.width(), rgba.height(), |x, y| {
+        let [r, g, b, a] = rgba.get_pixel(x, y).0;
+        let c1 = u32::from(a) << BITS;
+        let c2 = (255 << BITS) - c1;
+        let mix = |v: u8| {
+            let t = u32::from(v) * c1 + 255 * c2 + (0x80 << BITS);
+            ((((t >> 8) + t) >> 8) >> BITS) as u8
+        };
+        image::Rgb([mix(r), mix(g), mix(b)])
+    })
 }
 
 /// LLaMA-Factory `_preprocess_image`: scales by sqrt(limit / (w*h)) (sides truncated) with PIL
