@@ -109,7 +109,9 @@ pub fn load_rgb(path: &Path) -> Result<image::RgbImage> {
         .with_guessed_format()
         .map_err(|e| DataError::io(path, e))?;
     let img = reader.decode().map_err(err)?;
-    Ok(if img.color().has_alpha() {
+    Ok(if let Some(rgba) = img.as_rgba8() {
+        over_white(rgba)
+    } else if img.color().has_alpha() {
         over_white(&img.to_rgba8())
     } else {
         img.to_rgb8()
