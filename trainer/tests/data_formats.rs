@@ -39,6 +39,7 @@ fn settings(cfg: &ImageConfig) -> SampleSettings<'_> {
         max_len: 4096,
         system_prompt: None,
         image: cfg,
+        labels: Default::default(),
     }
 }
 

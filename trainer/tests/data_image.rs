@@ -1,6 +1,8 @@
-//! Pixtral image processor against transformers' PixtralImageProcessor outputs
-//! (shared/images/pixtral_processor.reference.safetensors, longest_edge 224, patch 14), the
-//! image token block, and the errors for unreadable files.
+//! Pixtral image processor against transformers' PixtralImageProcessor outputs: as Magistral's
+//! processor calls it (shared/images/pixtral_processor.merge2.le{224,1540}.*: sides in
+//! multiples of 28 px, a transparent and a palette image among them) and on its own
+//! (pixtral_processor.reference.safetensors, multiples of 14); the image token block, and the
+//! errors for unreadable files.
 
 mod common;
 use common::shared_path;
@@ -12,10 +14,13 @@ use cannon_trainer::train::data::image::{
 use cannon_trainer::train::data::DataError;
 use safetensors::SafeTensors;
 
+/// The settings `pixtral_processor.reference.safetensors` was made with: the image processor on
+/// its own, sides rounded to the patch (14), not to the merged patch.
 fn reference_config() -> ImageConfig {
     ImageConfig {
         longest_edge: 224,
         patch_size: 14,
+        round_to_merged_patch: false,
         ..ImageConfig::default()
     }
 }
@@ -27,25 +32,28 @@ fn f32s(t: &safetensors::tensor::TensorView<'_>) -> Vec<f32> {
         .collect()
 }
 
-/// Sizes must be exact; pixel values within a mean absolute error of 0.02 (the figure:
-/// about 1.4 grey levels after CLIP std). The resize is PIL's integer bicubic, so the residual
-/// is the reference backend's own rounding; the figure reached is printed.
-#[test]
-fn image_processor_matches_transformers_reference() {
-    let raw = std::fs::read(shared_path(
-        "images/pixtral_processor.reference.safetensors",
-    ))
-    .unwrap();
+/// Compares every image of a reference file with `cfg`'s processing of the same PNG.
+/// Sizes must be exact; pixel values within a mean absolute error of 0.02 (about 1.4 grey
+/// levels after CLIP std) and no pixel off by more than one grey level: the resize is PIL's
+/// integer bicubic, so the residual is the reference backend's own rounding (printed).
+fn check_against_reference(file: &str, cfg: &ImageConfig, want_files: usize) {
+    let raw = std::fs::read(shared_path(&format!("images/{file}"))).unwrap();
     let st = SafeTensors::deserialize(&raw).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&raw).unwrap();
     let meta = meta.metadata().as_ref().unwrap();
     let files: Vec<String> = serde_json::from_str(&meta["files"]).unwrap();
-    assert_eq!(meta["longest_edge"], "224");
-    assert_eq!(meta["patch_size"], "14");
-    let cfg = reference_config();
-    assert_eq!(files.len(), 3);
+    assert_eq!(meta["longest_edge"], cfg.longest_edge.to_string(), "{file}");
+    assert_eq!(meta["patch_size"], cfg.patch_size.to_string(), "{file}");
+    let merge = meta.get("spatial_merge_size").map_or("1", String::as_str);
+    let rounding = if cfg.round_to_merged_patch {
+        cfg.merge_size
+    } else {
+        1
+    };
+    assert_eq!(merge, rounding.to_string(), "{file}");
+    assert_eq!(files.len(), want_files, "{file}");
     for (i, f) in files.iter().enumerate() {
-        let got = load_and_process(&shared_path(&format!("images/{f}")), &cfg).unwrap();
+        let got = load_and_process(&shared_path(&format!("images/{f}")), cfg).unwrap();
         let size = st.tensor(&format!("img{i}.image_size")).unwrap();
         let size: Vec<i64> = size
             .data()
@@ -55,10 +63,10 @@ fn image_processor_matches_transformers_reference() {
         assert_eq!(
             [got.height as i64, got.width as i64],
             [size[0], size[1]],
-            "{f}"
+            "{file}: {f}"
         );
         let want = f32s(&st.tensor(&format!("img{i}.pixel_values")).unwrap());
-        assert_eq!(got.pixels.len(), want.len(), "{f}");
+        assert_eq!(got.pixels.len(), want.len(), "{file}: {f}");
         let n = want.len() as f64;
         let mae = got
             .pixels
@@ -74,28 +82,104 @@ fn image_processor_matches_transformers_reference() {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         println!(
-            "{f}: {}x{} mean abs error {mae:.3e}, max {max:.3e}",
+            "{file}: {f}: {}x{} mean abs error {mae:.3e}, max {max:.3e}",
             got.height, got.width
         );
-        assert!(mae < 0.02, "{f}: mean abs error {mae}");
-        // Integer bicubic like the reference's: no pixel is off by more than one grey level.
+        assert!(mae < 0.02, "{file}: {f}: mean abs error {mae}");
         let one_level = 1.0 / (255.0 * cfg.std.iter().cloned().fold(f32::MAX, f32::min));
-        assert!(max <= one_level * 1.001, "{f}: max error {max}");
+        assert!(max <= one_level * 1.001, "{file}: {f}: max error {max}");
     }
 }
 
 #[test]
-fn image_output_sizes_follow_the_hf_rule() {
+fn image_processor_matches_transformers_reference() {
+    check_against_reference(
+        "pixtral_processor.reference.safetensors",
+        &reference_config(),
+        3,
+    );
+}
+
+/// Magistral's processor (`PixtralProcessor`: patch 14 x spatial merge 2), the default: at a
+/// small longest edge (every image scaled down) and at Mistral3's 1540 (none is), over an
+/// RGBA image and a palette image with a transparent index (both composited over white).
+#[test]
+fn merged_patch_images_match_magistral_processor_reference() {
+    for (file, longest_edge) in [
+        ("pixtral_processor.merge2.le224.reference.safetensors", 224),
+        (
+            "pixtral_processor.merge2.le1540.reference.safetensors",
+            1540,
+        ),
+    ] {
+        let cfg = ImageConfig {
+            longest_edge,
+            ..ImageConfig::default()
+        };
+        assert!(cfg.round_to_merged_patch, "the default is Magistral's");
+        check_against_reference(file, &cfg, 5);
+    }
+}
+
+/// Any image of at least one pixel gives at least one token: sides round up to 28 (the issue's
+/// examples, mistral-common's and the processor's grids).
+#[test]
+fn tiny_and_odd_images_round_up_to_the_merged_patch() {
     let cfg = ImageConfig::default();
-    // mistral3-facts.md §2.3 worked example: 626x418 -> 630x420 with P = 14.
-    assert_eq!(cfg.output_size(418, 626), (420, 630));
-    let merged = ImageConfig {
-        round_to_merged_patch: true,
+    for ((w, h), (ow, oh)) in [
+        ((640, 480), (644, 504)),
+        ((100, 60), (112, 84)),
+        ((29, 29), (56, 56)),
+        ((13, 9), (28, 28)),
+        ((1, 1), (28, 28)),
+        ((1, 5000), (28, 1540)),
+    ] {
+        assert_eq!(cfg.output_size(h, w), (oh, ow), "{w}x{h}");
+        let t = ImageTokens {
+            img: 10,
+            img_break: 12,
+            img_end: 13,
+        };
+        assert!(!image_block(oh, ow, &cfg, t).is_empty(), "{w}x{h}");
+    }
+    let dir = std::env::temp_dir().join(format!("cannon-data-tiny-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    image::RgbImage::from_pixel(1, 1, image::Rgb([200, 10, 10]))
+        .save(dir.join("one.png"))
+        .unwrap();
+    let one = load_and_process(&dir.join("one.png"), &cfg).unwrap();
+    assert_eq!((one.height, one.width), (28, 28));
+    // One pixel stretched: every output pixel is that colour.
+    let red = (200.0 / 255.0 - cfg.mean[0]) / cfg.std[0];
+    assert!(one.pixels[..28 * 28]
+        .iter()
+        .all(|&v| (v - red).abs() < 1e-5));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn image_output_sizes_follow_the_hf_rule() {
+    let cfg = ImageConfig {
+        round_to_merged_patch: false,
         ..ImageConfig::default()
     };
+    // mistral3-facts.md §2.3 worked example: 626x418 -> 630x420 with P = 14.
+    assert_eq!(cfg.output_size(418, 626), (420, 630));
+    let merged = ImageConfig::default();
     assert_eq!(merged.output_size(418, 626), (420, 644));
-    // Over the longest edge: scaled by floor, then rounded up.
+    // Over the longest edge: scaled, then rounded up.
     assert_eq!(cfg.output_size(3080, 1000), (1540, 504));
+    // A scaled side is rounded as Python's round() (mistral-common), halves to even: 3080 x
+    // 1001 scales by 2 to 500.5 -> 500 (floor would agree here), 3080 x 1003 to 501.5 -> 502
+    // (floor: 501); both then round up to 504 at P = 14.
+    let small = ImageConfig {
+        longest_edge: 1540,
+        patch_size: 1,
+        merge_size: 1,
+        ..ImageConfig::default()
+    };
+    assert_eq!(small.output_size(3080, 1001), (1540, 500));
+    assert_eq!(small.output_size(3080, 1003), (1540, 502));
 }
 
 #[test]
@@ -199,7 +283,7 @@ fn corrupt_and_missing_images_are_errors_naming_the_file() {
 }
 
 /// LLaMA-Factory's pixel limits: 640x427 with max 262144 -> sqrt factor, sides truncated
-/// (mistral3-facts.md §2.3: 626x418), then the processor rounds to 630x420.
+/// (mistral3-facts.md §2.3: 626x418), then the processor rounds to 644x420 (multiples of 28).
 #[test]
 fn pixel_limits_shrink_and_grow_like_llama_factory() {
     let cfg = ImageConfig {
@@ -214,7 +298,7 @@ fn pixel_limits_shrink_and_grow_like_llama_factory() {
     // the last column samples floor(625.5 * 640/626) = 639.
     assert_eq!(r.get_pixel(0, 0).0, [0, 0, 0]);
     assert_eq!(r.get_pixel(625, 0).0, [(639 % 256) as u8, 0, 0]);
-    assert_eq!(cfg.output_size(r.height(), r.width()), (420, 630));
+    assert_eq!(cfg.output_size(r.height(), r.width()), (420, 644));
     let tiny = image::RgbImage::new(20, 10);
     let r = regularize(tiny, &cfg);
     // sqrt(1024 / 200) = 2.2627: 45 x 22 (truncated).

@@ -13,6 +13,7 @@ use cannon_trainer::train::data::image::{
 use cannon_trainer::train::data::index::{index_file, index_key, IndexUse};
 use cannon_trainer::train::data::info::DatasetSpec;
 use cannon_trainer::train::data::shuffle::{Position, Shuffler};
+use cannon_trainer::train::data::truncate::LabelPolicy;
 use cannon_trainer::train::data::{synth, Batch, DataConfig, DataError, Loader, Tekken};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -31,6 +32,7 @@ fn settings(cfg: &ImageConfig, max_len: usize) -> SampleSettings<'_> {
         max_len,
         system_prompt: None,
         image: cfg,
+        labels: Default::default(),
     }
 }
 
@@ -251,9 +253,10 @@ fn mixed_set(d: &Path) -> PathBuf {
         {"role": "assistant", "content": "a"}], "images": ["images/000000_0.png"]})
     .to_string();
     text += "\n";
-    text += &serde_json::json!({"messages": [{"role": "user", "content": format!("{long}<image>")},
+    text +=
+        &serde_json::json!({"messages": [{"role": "user", "content": format!("{long}<image>?")},
         {"role": "assistant", "content": "a"}], "images": ["images/000000_0.png"]})
-    .to_string();
+        .to_string();
     text += "\n";
     let f = d.join("mixed.jsonl");
     std::fs::write(&f, text).unwrap();
@@ -323,6 +326,22 @@ fn the_key_changes_with_settings_tokenizer_and_dataset() {
         ..settings(&img, 128)
     };
     assert_ne!(base, key(tok(), &sys), "system prompt");
+    for labels in [
+        LabelPolicy {
+            train_on_prompt: true,
+            mask_history: false,
+        },
+        LabelPolicy {
+            train_on_prompt: false,
+            mask_history: true,
+        },
+    ] {
+        let other = SampleSettings {
+            labels,
+            ..settings(&img, 128)
+        };
+        assert_ne!(base, key(tok(), &other), "{labels:?}");
+    }
     let small = ImageConfig {
         longest_edge: 56,
         ..ImageConfig::default()

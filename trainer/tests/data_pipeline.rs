@@ -11,7 +11,9 @@ use cannon_trainer::train::data::dataset::{DataSet, SampleSettings};
 use cannon_trainer::train::data::image::{image_block, ImageConfig, PixtralImage};
 use cannon_trainer::train::data::shuffle::{epoch_order, Position, Shuffler};
 use cannon_trainer::train::data::template::{check_roles, encode_turns, Message, Role, SpecialIds};
-use cannon_trainer::train::data::truncate::{assemble, infer_seqlen, validate_input_ids};
+use cannon_trainer::train::data::truncate::{
+    assemble, infer_seqlen, validate_input_ids, LabelPolicy,
+};
 use cannon_trainer::train::data::{synth, Batch, DataConfig, DataError, Loader, Tekken};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -30,10 +32,7 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn msg(role: Role, content: &str) -> Message {
-    Message {
-        role,
-        content: content.into(),
-    }
+    Message::new(role, content)
 }
 
 fn settings(cfg: &ImageConfig, max_len: usize) -> SampleSettings<'_> {
@@ -41,6 +40,7 @@ fn settings(cfg: &ImageConfig, max_len: usize) -> SampleSettings<'_> {
         max_len,
         system_prompt: None,
         image: cfg,
+        labels: Default::default(),
     }
 }
 
@@ -84,7 +84,7 @@ fn template_layout_and_labels() {
     assert_eq!(turns.len(), 2);
     assert_eq!((&turns[0].source, &turns[0].target), (&src0, &tgt0));
     assert_eq!((&turns[1].source, &turns[1].target), (&src1, &tgt1));
-    let a = assemble(&turns, 4096);
+    let a = assemble(&turns, 4096, LabelPolicy::default());
     assert!(!a.truncated);
     assert_eq!(
         a.input_ids,
@@ -158,7 +158,7 @@ fn template_matches_mistral_common_v7() {
         let want: Vec<u32> = serde_json::from_value(c["ids"].clone()).unwrap();
         check_roles(&messages).unwrap();
         let turns = encode_turns(tok(), &ids(), &messages, None, &[]);
-        let a = assemble(&turns, 1 << 20);
+        let a = assemble(&turns, 1 << 20, LabelPolicy::default());
         assert_eq!(a.input_ids, want, "{messages:?}");
         let mut in_answer = false;
         let want_labels: Vec<i32> = want
@@ -295,22 +295,30 @@ fn truncation_drops_cut_image_blocks_and_keeps_whole_samples() {
     let long_q = "word ".repeat(40);
     let lines = [
         line(&format!("<image>{long_q}"), "yes", &["a.png"]), // image first: text gets cut
-        line(&format!("{long_q}<image>"), "yes", &["a.png"]), // image last: block gets cut
+        line(&format!("{long_q}<image>?"), "yes", &["a.png"]), // image late: block gets cut
         line("<image>short", "yes", &["a.png"]),              // fits: untouched
+        // Text then one image at its end: the image goes first (mistral-common), text is cut.
+        line(&format!("{long_q}<image>"), "yes", &["a.png"]),
     ];
     let f = d.join("t.jsonl");
     std::fs::write(&f, lines.join("\n")).unwrap();
     let cfg = ImageConfig::default();
     let full = DataSet::read(&f, tok(), &settings(&cfg, 100_000)).unwrap();
-    assert_eq!(full.stats.samples, 3);
+    assert_eq!(full.stats.samples, 4);
     let n0 = full.samples[0].input_ids.len();
     assert!(n0 > 40 && full.samples[2].input_ids.len() < 30);
     let ds = DataSet::read(&f, tok(), &settings(&cfg, 30)).unwrap();
     assert_eq!(ds.stats.dropped_truncated, 1);
     assert_eq!(ds.dropped, [2]);
-    assert_eq!(ds.stats.truncated, 1);
+    assert_eq!(ds.stats.truncated, 2);
     assert_eq!(ds.stats.bad_lines, 0);
-    assert_eq!(ds.samples.len(), 2);
+    assert_eq!(ds.samples.len(), 3);
+    let moved = &ds.samples[2].input_ids;
+    assert_eq!(
+        &moved[2..11],
+        image_block(84, 56, &cfg, ids().image),
+        "<s>[INST] then the image"
+    );
     assert!(ds.samples[0].input_ids.len() <= 30);
     assert_eq!(ds.samples[0].input_ids.len(), ds.samples[0].labels.len());
     // The complete sample is bit-identical to the one read without a limit.

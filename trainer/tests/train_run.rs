@@ -469,6 +469,7 @@ fn ranks_evaluating_their_own_rows_give_the_one_process_report() {
         max_len: 256,
         system_prompt: None,
         image: &image_cfg,
+        labels: Default::default(),
     };
     let data = DataSet::open(&DatasetSpec::file(&heldout), &tok, &settings).unwrap();
     let rows = 3;

@@ -5,6 +5,9 @@
 //! - `schedule`: warm-up + cosine or constant learning rate.
 //! - [`resolve`]: a config resolved into paths, a model source and a freeze list
 //!   ([`resolve::ResolvedRun`]).
+//! - [`samples`]: what a run's samples are made with ([`samples::SampleSetup`]: the tokenizer
+//!   and vocabulary, the image settings and the system prompt, from a preset or the model
+//!   folder).
 //! - [`setup`]: a run made ready without its model ([`setup::RunSetup`]): what the ranks
 //!   start from, each reading or drawing its own shards.
 //! - [`sharded`]: the one driver loop, for every world size: one process alone (a world of
@@ -32,6 +35,7 @@ pub mod metrics;
 pub mod resolve;
 pub mod resume;
 pub(crate) mod run;
+pub mod samples;
 pub(crate) mod schedule;
 pub(crate) mod settings;
 pub mod setup;

@@ -32,6 +32,39 @@ pub struct SynthPlan {
     pub seed: u64,
 }
 
+/// The file of a model folder `data.system = "model"` reads (Magistral ships its default
+/// system prompt there).
+pub const SYSTEM_PROMPT_FILE: &str = "SYSTEM_PROMPT.txt";
+/// The value of `data.system` that reads [`SYSTEM_PROMPT_FILE`].
+pub const SYSTEM_FROM_MODEL: &str = "model";
+
+/// The model folder's system prompt, as written (a missing file is an error naming it).
+pub fn read_system_prompt(dir: &Path) -> Result<String, TrainError> {
+    let path = dir.join(SYSTEM_PROMPT_FILE);
+    if !path.is_file() {
+        return Err(ConfigError::Invalid {
+            key: "data.system",
+            value: format!("{SYSTEM_FROM_MODEL:?}"),
+            reason: format!("reads {}, which does not exist", path.display()),
+        }
+        .into());
+    }
+    std::fs::read_to_string(&path).map_err(io(&path))
+}
+
+/// Where the run's tokenizer was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenizerFrom {
+    /// `data.tokenizer`.
+    Config,
+    /// The model folder's `tekken.json`.
+    ModelFolder,
+    /// The project's shared tokenizer (by default or named): a preset's, or a model folder's
+    /// without one. Its `image` section is Pixtral-12B's, which the presets do not follow, so
+    /// it is not checked against the model.
+    Shared,
+}
+
 /// A config resolved against the machine: every path decided, nothing written.
 #[derive(Debug, Clone)]
 pub struct ResolvedRun {
@@ -43,6 +76,10 @@ pub struct ResolvedRun {
     pub jsonl: PathBuf,
     pub checkpoint_dir: PathBuf,
     pub tokenizer: PathBuf,
+    pub tokenizer_from: TokenizerFrom,
+    /// The system prompt for samples that bring none: `data.system`, or with `"model"` the
+    /// text of the model folder's [`SYSTEM_PROMPT_FILE`].
+    pub system: Option<String>,
     pub dataset: PathBuf,
     pub eval_dataset: Option<PathBuf>,
     /// The dataset index cache (`data.cache_dir`, or `index` in the cache folder).
@@ -56,10 +93,6 @@ pub struct ResolvedRun {
 impl ResolvedRun {
     /// Resolves `cfg` (already validated): the default dataset and tokenizer, the run folder.
     pub fn resolve(cfg: TrainConfig, config_file: Option<&Path>) -> Result<Self, TrainError> {
-        let tokenizer = match &cfg.data.tokenizer {
-            Some(p) => p.clone(),
-            None => config::default_tokenizer()?,
-        };
         let (dataset, mut eval_dataset, synth) = match &cfg.data.dataset {
             Some(p) => (p.clone(), None, None),
             None => {
@@ -101,6 +134,20 @@ impl ResolvedRun {
                 ModelSource::Dir(dir)
             }
         };
+        let in_folder = match &model {
+            ModelSource::Dir(dir) => Some(dir.join("tekken.json")).filter(|p| p.is_file()),
+            ModelSource::Preset(..) => None,
+        };
+        let system = match (cfg.data.system.as_deref(), &model) {
+            (Some(SYSTEM_FROM_MODEL), ModelSource::Dir(dir)) => Some(read_system_prompt(dir)?),
+            (other, _) => other.map(str::to_string),
+        };
+        let (tokenizer, tokenizer_from) = match (&cfg.data.tokenizer, in_folder) {
+            (Some(p), _) if config::is_shared_tokenizer(p) => (p.clone(), TokenizerFrom::Shared),
+            (Some(p), _) => (p.clone(), TokenizerFrom::Config),
+            (None, Some(p)) => (p, TokenizerFrom::ModelFolder),
+            (None, None) => (config::default_tokenizer()?, TokenizerFrom::Shared),
+        };
         let out_dir = match &cfg.log.dir {
             Some(d) => d.clone(),
             None => default_run_dir(Path::new("runs"))?,
@@ -128,6 +175,8 @@ impl ResolvedRun {
             jsonl,
             checkpoint_dir,
             tokenizer,
+            tokenizer_from,
+            system,
             dataset,
             eval_dataset,
             cache_dir,
@@ -148,6 +197,18 @@ impl ResolvedRun {
         c.data.dataset = Some(self.dataset.clone());
         c.data.eval_dataset = self.eval_dataset.clone();
         c.data.tokenizer = Some(self.tokenizer.clone());
+        // The prompt itself: the run's folder keeps it even if the model folder changes.
+        c.data.system = self.system.clone();
+        if let ModelSource::Preset(..) = self.model {
+            // What the preset decided, written in: a run started again from this config, or
+            // evaluated from its checkpoint folder, reads its samples the same way.
+            c.data
+                .vocab_size
+                .get_or_insert(super::samples::PRESET_VOCAB);
+            c.data
+                .longest_edge
+                .get_or_insert(super::samples::PRESET_LONGEST_EDGE);
+        }
         c.data.cache_dir = Some(self.cache_dir.clone());
         c.log.dir = Some(self.out_dir.clone());
         c.log.jsonl = Some(self.jsonl.clone());
@@ -165,8 +226,9 @@ impl ResolvedRun {
         c
     }
 
-    /// The data settings of the loader.
-    pub fn data_config(&self, image: ImageConfig) -> DataConfig {
+    /// The data settings of the loader, with what [`super::samples::SampleSetup`] decided
+    /// (the image settings and the system prompt).
+    pub fn data_config(&self, image: ImageConfig, system: Option<String>) -> DataConfig {
         let d = &self.cfg.data;
         DataConfig {
             dataset: Some(self.dataset.clone()),
@@ -178,8 +240,9 @@ impl ResolvedRun {
             pack: d.packing,
             pad_to_multiple_of: 8,
             seed: self.cfg.train.seed,
-            system_prompt: d.system_prompt.clone(),
+            system_prompt: system,
             image,
+            labels: d.labels(),
             cache_dir: Some(self.cache_dir.clone()),
         }
     }
@@ -285,7 +348,7 @@ pub fn make_synth(p: &SynthPlan) -> Result<(), TrainError> {
 }
 
 /// The image processor settings a model needs: its patch and merge sizes, the run's longest
-/// edge.
+/// edge (a run's own, with its pixel limits, are [`super::samples::SampleSetup::image`]).
 pub fn image_config(cfg: &Mistral3Config, longest_edge: u32) -> ImageConfig {
     ImageConfig {
         longest_edge,

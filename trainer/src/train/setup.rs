@@ -7,8 +7,9 @@ use super::error::{io, TrainError};
 use super::flops::gemm_peak;
 use super::identity::{digest_files_beside, RunIdentity};
 use super::metrics::{EvalRecord, JsonlWriter};
-use super::resolve::{image_config, make_synth, model_config, steps_for_epochs, weight_files};
+use super::resolve::{make_synth, steps_for_epochs, weight_files};
 use super::resolve::{ModelSource, ResolvedRun, FINAL_RUN_CONFIG};
+use super::samples::SampleSetup;
 use super::schedule::LrSchedule;
 use super::settings::memory_features;
 use crate::model::init::{self, Init};
@@ -22,7 +23,9 @@ use crate::train::config::{self, ConfigError};
 use crate::train::data::dataset::{DataSet, SampleSettings};
 use crate::train::data::image::ImageConfig;
 use crate::train::data::info::DatasetSpec;
+use crate::train::data::show;
 use crate::train::data::shuffle::Position;
+use crate::train::data::template::SpecialIds;
 use crate::train::data::{Loader, Tekken};
 use crate::train::eval::EvalReport;
 use std::path::{Path, PathBuf};
@@ -54,6 +57,8 @@ pub struct RunSetup {
     pub tok: Tekken,
     pub loader: Loader,
     pub image: ImageConfig,
+    /// The system prompt for samples that bring none, as decided ([`SampleSetup::system`]).
+    pub system: Option<String>,
     /// The model's config.
     pub cfg: Mistral3Config,
     /// The model's `config.json` contents (written beside the final weights).
@@ -101,15 +106,25 @@ impl RunSetup {
             make_synth(s)?;
         }
         let cfg = &plan.cfg;
-        let tok = Tekken::from_file(&plan.tokenizer, cfg.data.vocab_size)?;
-        let (mcfg, model_json) = model_config(&plan.model, &tok)?;
+        let SampleSetup {
+            tok,
+            mcfg,
+            model_json,
+            image,
+            system,
+            warnings,
+            ..
+        } = SampleSetup::new(&plan)?;
+        for w in &warnings {
+            eprintln!("WARNING: {w}");
+        }
         // The CP layout against the model's heads, before any data or weights are read.
         cfg.parallel.cp().check(
             mcfg.text_config.num_attention_heads,
             mcfg.text_config.num_key_value_heads,
         )?;
-        let image = image_config(&mcfg, cfg.data.longest_edge);
-        let loader = Loader::open(&plan.data_config(image.clone()), &tok, Position::default())?;
+        let data_cfg = plan.data_config(image.clone(), system.clone());
+        let loader = Loader::open(&data_cfg, &tok, Position::default())?;
         if let Some(used) = loader.index() {
             eprintln!("dataset {}: {}", plan.dataset.display(), used.describe());
         }
@@ -203,6 +218,7 @@ impl RunSetup {
             tok,
             loader,
             image,
+            system,
             cfg: mcfg,
             model_json,
             gemm_peak,
@@ -304,11 +320,27 @@ impl RunSetup {
             .map_err(io(&self.plan.jsonl))
     }
 
+    /// The run's first sample as `cannon data show` prints it (None: an empty set).
+    pub fn first_sample(&self) -> Result<Option<String>, TrainError> {
+        let Some(p) = self.loader.dataset().samples.first() else {
+            return Ok(None);
+        };
+        let ids = SpecialIds::from_tekken(&self.tok)?;
+        let text = show::render(&self.tok, ids.image, &p.input_ids, &p.labels)?;
+        Ok(Some(format!(
+            "first sample ({}:{}): {} (trained between \u{ab} and \u{bb})\n{text}",
+            self.plan.dataset.display(),
+            p.line,
+            show::summary(p, ids.image)
+        )))
+    }
+
     fn sample_settings(&self) -> SampleSettings<'_> {
         SampleSettings {
             max_len: self.plan.cfg.data.max_len,
-            system_prompt: self.plan.cfg.data.system_prompt.as_deref(),
+            system_prompt: self.system.as_deref(),
             image: &self.image,
+            labels: self.plan.cfg.data.labels(),
         }
     }
 }

@@ -144,7 +144,7 @@ fn run_as<A: ActElem>(
     let t: &RunSetup = setup;
     let cfg = &t.cfg;
     let source = t.source();
-    let data_cfg = t.plan.data_config(t.image.clone());
+    let data_cfg = t.plan.data_config(t.image.clone(), t.system.clone());
     let (accum, every) = (t.plan.cfg.train.grad_accum, t.plan.cfg.log.every);
     let cp = t.plan.cfg.parallel.cp();
     cp.check(

@@ -21,11 +21,11 @@ use crate::parallel::fsdp::{run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings, Sh
 use crate::train::checkpoint::manifest::MANIFEST_FILE;
 use crate::train::checkpoint::{resolve, Checkpoint, CheckpointDir};
 use crate::train::config::{DeviceKind, TrainConfig};
-use crate::train::data::dataset::{DataSet, SampleSettings};
+use crate::train::data::dataset::DataSet;
 use crate::train::data::info::DatasetSpec;
-use crate::train::data::Tekken;
 use crate::train::eval::sharded::evaluate_on;
-use crate::train::resolve::{image_config, model_config, ResolvedRun, FINAL_RUN_CONFIG};
+use crate::train::resolve::{ResolvedRun, FINAL_RUN_CONFIG};
+use crate::train::samples::SampleSetup;
 use crate::train::settings::memory_features;
 use crate::train::TrainError;
 use cannon_runtime::comm::Communicator;
@@ -95,9 +95,9 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
                     .into(),
             )
         })?;
-    let tok = Tekken::from_file(&plan.tokenizer, plan.cfg.data.vocab_size)?;
-    let (cfg, _) = model_config(&plan.model, &tok)?;
-    let layout = ParamLayout::new(&cfg);
+    let samples_of = SampleSetup::new(&plan)?;
+    let (tok, cfg) = (&samples_of.tok, &samples_of.mcfg);
+    let layout = ParamLayout::new(cfg);
     // Every rank reads only its slices of the weights (as a run's ranks start).
     let weights;
     let source = match &ckpt {
@@ -115,14 +115,10 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
             ShardSource::Weights(&weights)
         }
     };
-    let image = image_config(&cfg, plan.cfg.data.longest_edge);
-    let samples = SampleSettings {
-        max_len: plan.cfg.data.max_len,
-        system_prompt: plan.cfg.data.system_prompt.as_deref(),
-        image: &image,
-    };
+    let image = &samples_of.image;
+    let samples = samples_of.settings(plan.cfg.data.max_len);
     let spec = DatasetSpec::resolve(&dataset, plan.cfg.data.dataset_dir.as_deref())?;
-    let (data, _) = DataSet::open_cached(&spec, &tok, &samples, &plan.cache_dir)?;
+    let (data, _) = DataSet::open_cached(&spec, tok, &samples, &plan.cache_dir)?;
     // Nothing trains: no gradient, no moment; the run's memory features apply.
     let (_, memory) = memory_features(&plan.cfg.train);
     let settings = FsdpSettings {
@@ -136,8 +132,8 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
     let body = |comm: Communicator, exec: DeviceCtx| {
         let mut rank = FsdpRank::new(comm, exec, cfg.clone(), source, settings.clone())?;
         let rep = match plan.cfg.train.dtype {
-            Precision::F32 => evaluate_on::<f32>(&mut rank, &data, &tok, &image, rows),
-            Precision::Bf16 => evaluate_on::<half::bf16>(&mut rank, &data, &tok, &image, rows),
+            Precision::F32 => evaluate_on::<f32>(&mut rank, &data, tok, image, rows),
+            Precision::Bf16 => evaluate_on::<half::bf16>(&mut rank, &data, tok, image, rows),
         };
         rep.map_err(|e| FsdpError::Invalid(e.to_string()))
     };

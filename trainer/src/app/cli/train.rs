@@ -14,9 +14,9 @@ use crate::model::{weights, DeviceCtx, ParamLayout};
 use crate::train::config::{DeviceKind, Resume, TrainConfig};
 use crate::train::data::dataset::DataSet;
 use crate::train::data::info::DatasetSpec;
-use crate::train::data::Tekken;
-use crate::train::resolve::{self, image_config, model_config, ModelSource, ResolvedRun};
+use crate::train::resolve::{self, ModelSource, ResolvedRun};
 use crate::train::resume;
+use crate::train::samples::SampleSetup;
 use crate::train::sharded::Ranks;
 use crate::train::{RunSetup, TrainError};
 use cannon_runtime::comm::Communicator;
@@ -162,6 +162,10 @@ fn train(plan: ResolvedRun) -> Result<ExitCode, TrainError> {
         setup.gemm_peak / 1e9,
         setup.plan.cfg.train.dtype.name(),
     );
+    // What the model is trained on, as LLaMA-Factory prints it: the first sample, readable.
+    if let Some(text) = setup.first_sample()? {
+        eprintln!("{text}");
+    }
     eprintln!("run folder: {}", setup.plan.out_dir.display());
     let resumed = |r: resume::Resumed| {
         eprintln!(
@@ -247,18 +251,34 @@ fn train(plan: ResolvedRun) -> Result<ExitCode, TrainError> {
 /// Checks what a run would read, prints the resolved config and the command.
 fn dry_run(plan: &ResolvedRun) -> Result<(), TrainError> {
     let cfg = &plan.cfg;
-    let tok = Tekken::from_file(&plan.tokenizer, cfg.data.vocab_size)?;
+    let samples = SampleSetup::new(plan)?;
+    for w in &samples.warnings {
+        println!("# WARNING: {w}");
+    }
+    let (tok, mcfg) = (&samples.tok, &samples.mcfg);
     println!(
         "# tokenizer {}: vocabulary {}",
         plan.tokenizer.display(),
         tok.vocab_size()
     );
-    let (mcfg, _) = model_config(&plan.model, &tok)?;
+    let i = &samples.image;
+    println!(
+        "# images: longest edge {}, sides in multiples of {} px{}",
+        i.longest_edge,
+        i.rounding(),
+        match (i.max_pixels, i.min_pixels) {
+            (None, None) => String::new(),
+            (max, min) => format!(", pixel limits {max:?} / {min:?}"),
+        }
+    );
+    if let Some(s) = &samples.system {
+        println!("# system prompt: {} chars", s.chars().count());
+    }
     cfg.parallel.cp().check(
         mcfg.text_config.num_attention_heads,
         mcfg.text_config.num_key_value_heads,
     )?;
-    let layout = ParamLayout::new(&mcfg);
+    let layout = ParamLayout::new(mcfg);
     println!("# model: {} parameters", layout.num_params());
     match &cfg.model.weights {
         Some(dir) => {
@@ -274,12 +294,7 @@ fn dry_run(plan: &ResolvedRun) -> Result<(), TrainError> {
             cfg.model.seed
         ),
     }
-    let image = image_config(&mcfg, cfg.data.longest_edge);
-    let settings = crate::train::data::dataset::SampleSettings {
-        max_len: cfg.data.max_len,
-        system_prompt: cfg.data.system_prompt.as_deref(),
-        image: &image,
-    };
+    let settings = samples.settings(cfg.data.max_len);
     let sets: Vec<(&str, &PathBuf)> = std::iter::once(("dataset", &plan.dataset))
         .chain(plan.eval_dataset.iter().map(|p| ("eval_dataset", p)))
         .collect();
@@ -296,7 +311,7 @@ fn dry_run(plan: &ResolvedRun) -> Result<(), TrainError> {
         let spec = DatasetSpec::resolve(path, cfg.data.dataset_dir.as_deref())?;
         // Through the index cache, as the run reads it: a dry run on each node leaves the
         // run's index there.
-        let (ds, used) = DataSet::open_cached(&spec, &tok, &settings, &plan.cache_dir)?;
+        let (ds, used) = DataSet::open_cached(&spec, tok, &settings, &plan.cache_dir)?;
         let st = &ds.stats;
         println!(
             "# {role} {}: {} samples, {} tokens, {} images, {} dropped by truncation, {} bad lines",

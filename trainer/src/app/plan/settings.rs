@@ -112,13 +112,15 @@ impl PlanSettings {
             }
         }
         let cfg = TrainConfig::load(None, &run)?;
+        let model_edge = model.vision_config.image_size as u32;
         let mut s = PlanSettings {
             dir: dir.to_path_buf(),
             model,
             micro_batch: cfg.train.micro_batch,
             grad_accum: cfg.train.grad_accum,
             max_len: cfg.data.max_len,
-            longest_edge: cfg.data.longest_edge,
+            // As a run of this folder would: the model's own image size unless set.
+            longest_edge: cfg.data.longest_edge.unwrap_or(model_edge),
             images_per_row,
             precision: cfg.train.dtype,
             nproc: cfg.parallel.nproc,

@@ -11,11 +11,16 @@
 //! [data]
 //! # dataset = "train.jsonl"  # absent: the synthetic shapes set, made in the cache folder
 //! # eval_dataset = "heldout.jsonl"
-//! # tokenizer = "tekken.json"
-//! vocab_size = 1280
+//! # tokenizer = "tekken.json"  # absent: the model folder's tekken.json (the project's for a preset)
+//! # vocab_size = 1280        # absent: the model's (1280 for the tiny preset)
 //! max_len = 512
 //! packing = false
-//! longest_edge = 112
+//! # longest_edge = 112       # absent: the model's image size (112 for the tiny preset)
+//! # image_max_pixels = 262144  # LLaMA-Factory's pixel limits, applied before the processor
+//! # image_min_pixels = 1024
+//! # system = "model"         # the model folder's SYSTEM_PROMPT.txt, or a literal prompt
+//! train_on_prompt = false
+//! mask_history = false
 //! # cache_dir = "idx"        # the dataset index cache; absent: <cache folder>/index
 //!
 //! [train]
@@ -69,7 +74,9 @@ mod paths;
 pub mod preset;
 mod validate;
 
-pub use paths::{cache_dir, default_tokenizer, shared_candidates, SHARED_TOKENIZER};
+pub use paths::{
+    cache_dir, default_tokenizer, is_shared_tokenizer, shared_candidates, SHARED_TOKENIZER,
+};
 
 use crate::model::Precision;
 use serde::{Deserialize, Serialize};
@@ -158,20 +165,34 @@ pub struct DataSection {
     /// Held-out set the final evaluation scores; absent: the synthetic set's `heldout.jsonl`
     /// when training on the default, no evaluation otherwise.
     pub eval_dataset: Option<PathBuf>,
-    /// `tekken.json`; absent: the project's `../shared/tokenizers/tekken_240911.json`.
+    /// `tekken.json`; absent: the model folder's `tekken.json` (the project's
+    /// `../shared/tokenizers/tekken_240911.json` for a preset, or for a folder without one).
     pub tokenizer: Option<PathBuf>,
-    /// Truncated vocabulary (the model's vocabulary for a preset); absent: the tokenizer's.
+    /// The tokenizer's vocabulary cut to this many ids; absent: the model's `vocab_size` (the
+    /// tokenizer's own when it is smaller; 1280 for a preset).
     pub vocab_size: Option<u32>,
     /// Longest sample (and packed row) in tokens.
     pub max_len: usize,
     /// Pack several samples per row instead of one padded sample per row.
     pub packing: bool,
-    /// Images are resized so that their longest edge is at most this many pixels.
-    pub longest_edge: u32,
+    /// Images are resized so that their longest edge is at most this many pixels; absent: the
+    /// model's `vision_config.image_size` (112 for a preset).
+    pub longest_edge: Option<u32>,
+    /// LLaMA-Factory's `image_max_pixels`: a larger image is first shrunk to about this many
+    /// pixels (nearest neighbour), before the processor (MindSpeed-MM's Magistral: 262144).
+    pub image_max_pixels: Option<u64>,
+    /// LLaMA-Factory's `image_min_pixels`: a smaller image is first enlarged likewise (1024).
+    pub image_min_pixels: Option<u64>,
     /// Samples of the synthetic set made for the default run (one in ten held out).
     pub synth_samples: usize,
-    /// System prompt for samples that bring none.
-    pub system_prompt: Option<String>,
+    /// System prompt for samples that bring none: `"model"` reads the model folder's
+    /// `SYSTEM_PROMPT.txt` (Magistral's default prompt), anything else is the prompt itself.
+    #[serde(alias = "system_prompt")]
+    pub system: Option<String>,
+    /// Train the prompts too (LLaMA-Factory `train_on_prompt`).
+    pub train_on_prompt: bool,
+    /// Train only the last answer of a conversation (LLaMA-Factory `mask_history`).
+    pub mask_history: bool,
     /// Where the index of a read dataset (token ids, labels, image sizes per sample) is kept,
     /// one file per dataset, tokenizer and data settings, written by the first process of a
     /// node to read the set and read by the others and by later runs (LLaMA-Factory's and
@@ -186,13 +207,27 @@ impl Default for DataSection {
             dataset_dir: None,
             eval_dataset: None,
             tokenizer: None,
-            vocab_size: Some(1280),
+            vocab_size: None,
             max_len: 512,
             packing: false,
-            longest_edge: 112,
+            longest_edge: None,
+            image_max_pixels: None,
+            image_min_pixels: None,
             synth_samples: 40_000,
-            system_prompt: None,
+            system: None,
+            train_on_prompt: false,
+            mask_history: false,
             cache_dir: None,
+        }
+    }
+}
+
+impl DataSection {
+    /// Which tokens are trained (`train_on_prompt`, `mask_history`).
+    pub fn labels(&self) -> crate::train::data::truncate::LabelPolicy {
+        crate::train::data::truncate::LabelPolicy {
+            train_on_prompt: self.train_on_prompt,
+            mask_history: self.mask_history,
         }
     }
 }

@@ -40,6 +40,18 @@ pub fn default_tokenizer() -> Result<PathBuf, ConfigError> {
     })
 }
 
+/// Whether `path` is the project's shared tokenizer (the same file as one of the
+/// [`shared_candidates`]' `tokenizers/tekken_240911.json`).
+pub fn is_shared_tokenizer(path: &Path) -> bool {
+    let Ok(p) = std::fs::canonicalize(path) else {
+        return false;
+    };
+    shared_candidates()
+        .into_iter()
+        .filter_map(|s| std::fs::canonicalize(s.join(SHARED_TOKENIZER)).ok())
+        .any(|s| s == p)
+}
+
 /// The cache folder of generated data: `$CANNON_CACHE`, else `$XDG_CACHE_HOME/cannon`, else
 /// `~/.cache/cannon`, else `./.cannon-cache`.
 pub fn cache_dir() -> PathBuf {

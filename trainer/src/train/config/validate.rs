@@ -2,7 +2,7 @@
 //! error naming its key: apart from the sections' declarations so that those read as the
 //! file's layout and defaults.
 
-use super::{ConfigError, DeviceKind, ParallelSection, Resume, TrainConfig};
+use super::{preset, ConfigError, DeviceKind, ParallelSection, Resume, TrainConfig};
 
 impl TrainConfig {
     /// Values out of range, inconsistent combinations and what is not wired yet, each error
@@ -26,7 +26,33 @@ impl TrainConfig {
         {
             return invalid("data.cache_dir", "\"\"", "must name a folder");
         }
-        positive("data.longest_edge", d.longest_edge as usize)?;
+        if let Some(e) = d.longest_edge {
+            positive("data.longest_edge", e as usize)?;
+        }
+        for (key, v) in [
+            ("data.image_max_pixels", d.image_max_pixels),
+            ("data.image_min_pixels", d.image_min_pixels),
+        ] {
+            if v == Some(0) {
+                return invalid(key, 0, "must be > 0");
+            }
+        }
+        if let (Some(max), Some(min)) = (d.image_max_pixels, d.image_min_pixels) {
+            if min > max {
+                return invalid(
+                    "data.image_min_pixels",
+                    min,
+                    format!("must be <= data.image_max_pixels ({max})"),
+                );
+            }
+        }
+        if d.system.as_deref() == Some("model") && preset::sizes(&m.config).is_some() {
+            return invalid(
+                "data.system",
+                "\"model\"",
+                "reads SYSTEM_PROMPT.txt from the model folder, and model.config is a preset",
+            );
+        }
         if d.synth_samples < 20 {
             return invalid(
                 "data.synth_samples",

@@ -10,7 +10,7 @@ use super::image::{self, ImageConfig};
 use super::info::DatasetSpec;
 use super::records::{self, Layout, Record};
 use super::template::{self, check_roles, count_placeholders, SpecialIds};
-use super::truncate::{assemble, validate_input_ids};
+use super::truncate::{assemble, validate_input_ids, LabelPolicy};
 use super::{DataError, Result, Tekken};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
@@ -96,8 +96,11 @@ pub struct DatasetStats {
 #[derive(Debug, Clone)]
 pub struct SampleSettings<'a> {
     pub max_len: usize,
+    /// The run's system prompt, for samples that bring none (see
+    /// [`template::encode_run_system`]).
     pub system_prompt: Option<&'a str>,
     pub image: &'a ImageConfig,
+    pub labels: LabelPolicy,
 }
 
 impl SampleSettings<'_> {
@@ -237,6 +240,56 @@ impl DataSet {
     }
 }
 
+/// One record of [`pick_records`]: its 1-based position and line, and the sample it makes (or
+/// why it makes none).
+#[derive(Debug)]
+pub struct PickedRecord {
+    pub index: usize,
+    pub line: usize,
+    pub sample: Result<Prepared>,
+}
+
+/// The records of `spec` whose 1-based position `want` accepts, read as a run reads them, one
+/// after the other (what `cannon data show` prints). A record that truncation drops is
+/// [`DataError::BadLine`] saying so.
+pub fn pick_records(
+    spec: &DatasetSpec,
+    tok: &Tekken,
+    s: &SampleSettings,
+    want: &dyn Fn(usize) -> bool,
+) -> Result<Vec<PickedRecord>> {
+    s.check()?;
+    let path = spec.file.as_path();
+    let raw = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+    let ids = SpecialIds::from_tekken(tok)?;
+    let layout = records::layout(&raw);
+    let mut out = Vec::new();
+    records::for_each(path, &raw, |r| {
+        if !want(r.index) {
+            return;
+        }
+        let (index, line) = (r.index, r.line);
+        let sample = match prepare(spec, layout, r, tok, &ids, s) {
+            Ok(Outcome::Kept(p, _)) => Ok(p),
+            Ok(Outcome::Dropped) => Err(DataError::BadLine {
+                path: spec.file.clone(),
+                line,
+                reason: format!(
+                    "dropped: truncation to {} tokens cuts an image's token block",
+                    s.max_len
+                ),
+            }),
+            Err(e) => Err(e),
+        };
+        out.push(PickedRecord {
+            index,
+            line,
+            sample,
+        });
+    })?;
+    Ok(out)
+}
+
 fn prepare(
     spec: &DatasetSpec,
     layout: Layout,
@@ -295,7 +348,7 @@ fn prepare(
     }
     let system = parsed.system.as_deref().or(s.system_prompt);
     let turns = template::encode_turns(tok, ids, &parsed.messages, system, &blocks);
-    let a = assemble(&turns, s.max_len);
+    let a = assemble(&turns, s.max_len, s.labels);
     if a.truncated && !validate_input_ids(&a.input_ids, &grids, ids.image) {
         return Ok(Outcome::Dropped);
     }

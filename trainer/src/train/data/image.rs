@@ -1,9 +1,12 @@
 //! The Pixtral image processor (HF `PixtralImageProcessor`, as MindSpeed-MM / LLaMA-Factory call
 //! it) and the image token block of an image.
 //!
-//! decode -> RGB (transparency composited over white, gray replicated) -> resize so the longest edge <= longest_edge
-//! (aspect kept, floor), each side rounded UP to a multiple of the patch size -> bicubic ->
-//! x/255 -> (x - mean)/std -> channels first.
+//! decode -> RGB (transparency composited over white, gray replicated) -> resize so the longest
+//! edge <= longest_edge (aspect kept; Python's `round`, as mistral-common), each side rounded UP
+//! to a multiple of `patch_size x merge_size` (28 px for Mistral3: what `PixtralProcessor` hands
+//! its image processor, and what mistral-common's image encoder does) -> bicubic -> x/255 ->
+//! (x - mean)/std -> channels first. So any image of at least one pixel makes at least one
+//! `[IMG]` token.
 //!
 //! The resize is PIL's `Image.resize(BICUBIC)` reproduced in integer arithmetic: separable
 //! convolution (horizontal pass then vertical), cubic kernel a = -0.5 widened by the scale when
@@ -31,8 +34,9 @@ pub struct ImageConfig {
     pub patch_size: u32,
     /// Patch merger factor (2): one `[IMG]` token per merge x merge patches.
     pub merge_size: u32,
-    /// Round sides up to patch_size x merge_size (`PixtralProcessor.__call__`, mistral-common)
-    /// instead of patch_size (the image processor called directly, as LLaMA-Factory does).
+    /// Round sides up to patch_size x merge_size (`PixtralProcessor.__call__`, mistral-common;
+    /// the default) instead of patch_size (the image processor called on its own, whose
+    /// multiple-of-14 images lose their odd patch row and column in the merger).
     pub round_to_merged_patch: bool,
     /// LLaMA-Factory `image_max_pixels` (MindSpeed-MM's Magistral recipe: 262144): larger
     /// images are first shrunk to about this many pixels with nearest-neighbour sampling.
@@ -49,7 +53,7 @@ impl Default for ImageConfig {
             longest_edge: 1540,
             patch_size: 14,
             merge_size: 2,
-            round_to_merged_patch: false,
+            round_to_merged_patch: true,
             max_pixels: None,
             min_pixels: None,
             mean: CLIP_MEAN,
@@ -68,15 +72,19 @@ impl ImageConfig {
         }
     }
 
-    /// (height, width) after resizing an image of `h` x `w` (HF `get_resize_output_image_size`).
+    /// (height, width) after resizing an image of `h` x `w` (mistral-common
+    /// `ImageEncoder._image_to_num_tokens`, which transformers' `get_resize_output_image_size`
+    /// follows but for flooring the scaled sides where mistral-common rounds: the two differ
+    /// only when a side scaled down to the longest edge lands within half a pixel above a
+    /// multiple of the rounding; the token stream follows mistral-common).
     pub fn output_size(&self, h: u32, w: u32) -> (u32, u32) {
         let (mut h, mut w) = (h.max(1), w.max(1));
         let le = self.longest_edge as f64;
         let ratio = (h as f64 / le).max(w as f64 / le);
         if ratio > 1.0 {
-            // Python's int() of a positive float: floor.
-            h = ((h as f64 / ratio) as u32).max(1);
-            w = ((w as f64 / ratio) as u32).max(1);
+            // Python's round(): halves to even.
+            h = ((h as f64 / ratio).round_ties_even() as u32).max(1);
+            w = ((w as f64 / ratio).round_ties_even() as u32).max(1);
         }
         let p = self.rounding().max(1);
         (h.div_ceil(p) * p, w.div_ceil(p) * p)

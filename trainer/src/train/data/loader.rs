@@ -7,6 +7,7 @@ use super::image::ImageConfig;
 use super::index::IndexUse;
 use super::info::DatasetSpec;
 use super::shuffle::{Position, Shuffler};
+use super::truncate::LabelPolicy;
 use super::{Batch, DataError, Result, Tekken};
 use serde::Deserialize;
 use std::ops::Range;
@@ -39,6 +40,8 @@ pub struct DataConfig {
     /// System prompt for samples that bring none (none for the synthetic set).
     pub system_prompt: Option<String>,
     pub image: ImageConfig,
+    /// Which tokens are trained.
+    pub labels: LabelPolicy,
     /// The index cache folder ([`super::index`]); None: the dataset is read every time.
     pub cache_dir: Option<PathBuf>,
 }
@@ -57,6 +60,7 @@ impl Default for DataConfig {
             seed: 42,
             system_prompt: None,
             image: ImageConfig::default(),
+            labels: LabelPolicy::default(),
             cache_dir: None,
         }
     }
@@ -68,6 +72,7 @@ impl DataConfig {
             max_len: self.max_len,
             system_prompt: self.system_prompt.as_deref(),
             image: &self.image,
+            labels: self.labels,
         }
     }
 }

@@ -20,6 +20,7 @@ pub(crate) mod loader;
 pub mod pretok;
 pub mod records;
 pub(crate) mod schema;
+pub mod show;
 pub mod shuffle;
 pub mod synth;
 pub(crate) mod tekken;

@@ -274,7 +274,27 @@ fn sharegpt_messages(
             }
             None => return Err(format!("{column}[{i}] has no `{content_tag}`")),
         };
-        out.push(Message { role: r, content });
+        // The OpenAI-style separate thinking of an answer (what reasoning datasets carry).
+        let reasoning = match m.get("reasoning_content") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if r == Role::Assistant => Some(s.clone()),
+            Some(Value::String(_)) => {
+                return Err(format!(
+                    "{column}[{i}]: only an assistant message can carry `reasoning_content`"
+                ))
+            }
+            Some(other) => {
+                return Err(format!(
+                    "{column}[{i}].reasoning_content must be a string, found {}",
+                    kind(other)
+                ))
+            }
+        };
+        out.push(Message {
+            role: r,
+            content,
+            reasoning,
+        });
     }
     Ok(out)
 }
@@ -298,14 +318,8 @@ fn alpaca_messages(obj: &Map<String, Value>, c: &Columns) -> Result<Vec<Message>
                     else {
                         return Err(bad());
                     };
-                    out.push(Message {
-                        role: Role::User,
-                        content: q.clone(),
-                    });
-                    out.push(Message {
-                        role: Role::Assistant,
-                        content: a.clone(),
-                    });
+                    out.push(Message::new(Role::User, q.clone()));
+                    out.push(Message::new(Role::Assistant, a.clone()));
                 }
             }
             _ => return Err(bad()),
@@ -319,15 +333,9 @@ fn alpaca_messages(obj: &Map<String, Value>, c: &Columns) -> Result<Vec<Message>
             }
         }
     }
-    out.push(Message {
-        role: Role::User,
-        content: query.join("\n"),
-    });
+    out.push(Message::new(Role::User, query.join("\n")));
     match text_column(obj, c.response.as_deref())? {
-        Some(a) => out.push(Message {
-            role: Role::Assistant,
-            content: a,
-        }),
+        Some(a) => out.push(Message::new(Role::Assistant, a)),
         None => {
             let col = c.response.as_deref().unwrap_or("response");
             return Err(format!("no `{col}` answer"));

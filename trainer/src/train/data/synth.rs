@@ -275,8 +275,8 @@ pub fn write_with(
         }
         let line = serde_json::json!({
             "messages": [
-                Message { role: Role::User, content: s.question },
-                Message { role: Role::Assistant, content: s.answer },
+                Message::new(Role::User, s.question),
+                Message::new(Role::Assistant, s.answer),
             ],
             "images": names,
         });

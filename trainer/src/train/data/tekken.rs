@@ -113,6 +113,19 @@ struct File<'a> {
     special_tokens: Option<Vec<FileSpecial>>,
     #[serde(default)]
     image: Option<TekkenImage>,
+    /// The image section's name up to v11 (mistral-common still reads it there).
+    #[serde(default)]
+    multimodal: Option<TekkenImage>,
+}
+
+/// The tekken versions this reader knows: mistral-common's `TokenizerVersion`s that tekken
+/// files carry. What changes between them for training data is read from the file itself
+/// (the special-token list, the image section), not from the number.
+pub const KNOWN_VERSIONS: [&str; 4] = ["v3", "v7", "v11", "v13"];
+
+/// The number of a `vN` version string.
+fn version_number(v: &str) -> Option<u32> {
+    v.strip_prefix('v')?.parse().ok()
 }
 
 enum Splitter {
@@ -158,8 +171,22 @@ impl Tekken {
         Self::from_slice(&raw, vocab_size, path)
     }
 
+    /// Loads `tekken.json` for a model of `model_vocab` ids: the file's default vocabulary,
+    /// cut to the model's when the model's is smaller (a model whose embedding has more rows
+    /// than the tokenizer has ids keeps the tokenizer whole).
+    pub fn for_model(path: impl AsRef<Path>, model_vocab: u32) -> Result<Self> {
+        let path = path.as_ref();
+        let raw = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+        Self::parse(&raw, path, |default| default.min(model_vocab))
+    }
+
     /// Parses the bytes of a tekken.json; `path` is only used in error messages.
     pub fn from_slice(raw: &[u8], vocab_size: Option<u32>, path: &Path) -> Result<Self> {
+        Self::parse(raw, path, |default| vocab_size.unwrap_or(default))
+    }
+
+    /// Parses a tekken.json; `pick` chooses the vocabulary size from the file's default.
+    fn parse(raw: &[u8], path: &Path, pick: impl FnOnce(u32) -> u32) -> Result<Self> {
         let bad = |reason: String| DataError::Tokenizer {
             path: PathBuf::from(path),
             reason,
@@ -168,8 +195,33 @@ impl Tekken {
             path: path.into(),
             source,
         })?;
+        // A file without a version predates them (the first tekken files were v3).
+        let version = file.config.version.as_deref().unwrap_or("v3");
+        if !KNOWN_VERSIONS.contains(&version) {
+            return Err(bad(format!(
+                "version {version:?} is not one this build reads ({}); a newer file may \
+                 encode conversations differently",
+                KNOWN_VERSIONS.join(", ")
+            )));
+        }
+        let number = version_number(version).unwrap_or(3);
+        if number > 7 && file.special_tokens.is_none() {
+            return Err(bad(format!(
+                "a {version} file must list its special_tokens (only files up to v7 may rely on \
+                 the 20 defaults)"
+            )));
+        }
+        let image = match (file.image, file.multimodal) {
+            (Some(i), _) => Some(i),
+            (None, Some(_)) if number > 11 => {
+                return Err(bad(format!(
+                    "a {version} file must call its image section `image`, not `multimodal`"
+                )))
+            }
+            (None, m) => m,
+        };
         let num_special = file.config.default_num_special_tokens;
-        let vocab_size = vocab_size.unwrap_or(file.config.default_vocab_size);
+        let vocab_size = pick(file.config.default_vocab_size);
         if vocab_size > file.vocab.len() as u32 + num_special {
             return Err(bad(format!(
                 "vocab_size {vocab_size} exceeds {} tokens + {num_special} specials",
@@ -253,7 +305,7 @@ impl Tekken {
             num_special,
             pattern,
             splitter,
-            image: file.image,
+            image,
             version: file.config.version,
             fingerprint: super::hash::hash64(raw),
         })

@@ -3,8 +3,14 @@
 //! encoded turn by turn as (source, target) pairs, the way LLaMA-Factory's supervised processor
 //! does: the source (BOS, system, user) is never trained, the target (answer + EOS) is.
 //!
-//! `<image>` placeholders are replaced, in order over the whole conversation, by the token blocks
-//! of the images. Text is always encoded as plain text: a literal `[INST]` typed by a user stays
+//! The ids are mistral-common's `InstructTokenizerV13.encode_instruct` of the same conversation
+//! (`../shared/reference/chat` holds its encodings; `tests/data_chat.rs` compares): `<image>`
+//! placeholders are replaced, in order over the whole conversation, by the token blocks of the
+//! images, each piece of text between them encoded on its own; a user turn of text followed by
+//! one image at its end puts the image first (mistral-common's `_maybe_put_image_first`); an
+//! answer that opens with `<think>...</think>` (LLaMA-Factory's convention) or carries a
+//! `reasoning_content` is `[THINK]thinking[/THINK]answer` when the tokenizer has those tokens.
+//! Text from a dataset is always encoded as plain text: a literal `[INST]` typed by a user stays
 //! text (as in mistral-common), so a dataset cannot inject control tokens.
 
 use super::image::ImageTokens;
@@ -26,6 +32,19 @@ pub enum Role {
 pub struct Message {
     pub role: Role,
     pub content: String,
+    /// An answer's thinking given apart from its text (the OpenAI-style `reasoning_content`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+}
+
+impl Message {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: content.into(),
+            reasoning: None,
+        }
+    }
 }
 
 /// Ids of the control tokens the template and the image blocks use.
@@ -39,6 +58,8 @@ pub struct SpecialIds {
     pub system: u32,
     pub system_end: u32,
     pub image: ImageTokens,
+    /// `[THINK]` and `[/THINK]`, when the tokenizer has them (v13 files).
+    pub think: Option<(u32, u32)>,
 }
 
 impl SpecialIds {
@@ -61,6 +82,7 @@ impl SpecialIds {
                 img_break: id("[IMG_BREAK]")?,
                 img_end: id("[IMG_END]")?,
             },
+            think: t.special_id("[THINK]").zip(t.special_id("[/THINK]")),
         })
     }
 }
@@ -120,14 +142,48 @@ pub struct Turn {
     pub target: Vec<u32>,
 }
 
+/// An answer's thinking and text: `reasoning` if given, else an opening `<think>...</think>`
+/// (mistral-common's reference split: `<think>(.*?)</think>(.*)` matched at the very start).
+pub fn split_thinking(m: &Message) -> Option<(&str, &str)> {
+    if let Some(r) = &m.reasoning {
+        return Some((r.as_str(), m.content.as_str()));
+    }
+    let rest = m.content.strip_prefix("<think>")?;
+    let end = rest.find("</think>")?;
+    Some((&rest[..end], &rest[end + "</think>".len()..]))
+}
+
+/// A system prompt set for the run (`data.system`, or the model folder's SYSTEM_PROMPT.txt):
+/// its text, with a `[THINK]...[/THINK]` span in it encoded as the think tokens (Magistral's
+/// prompt describes its answer format that way, and its model card loads the file as a
+/// text / thinking / text message). A system message of a dataset stays plain text.
+pub fn encode_run_system(tok: &Tekken, ids: &SpecialIds, text: &str, out: &mut Vec<u32>) {
+    let span = ids.think.and_then(|think| {
+        let a = text.find("[THINK]")?;
+        let b = a + text[a..].find("[/THINK]")?;
+        Some((think, a, b))
+    });
+    match span {
+        Some(((open, close), a, b)) => {
+            tok.encode_into(&text[..a], out);
+            out.push(open);
+            tok.encode_into(&text[a + "[THINK]".len()..b], out);
+            out.push(close);
+            tok.encode_into(&text[b + "[/THINK]".len()..], out);
+        }
+        None => tok.encode_into(text, out),
+    }
+}
+
 /// Encodes a conversation into turns (one per assistant answer; a trailing prompt becomes a last
-/// turn without target). Training data passes [`check_roles`] first. `system` is used when
-/// the conversation does not open with a system message; `image_blocks[k]` replaces the k-th
-/// placeholder.
+/// turn without target). Training data passes [`check_roles`] first. `system` (the run's, see
+/// [`encode_run_system`]) is used when the conversation does not open with a system message;
+/// `image_blocks[k]` replaces the k-th placeholder.
 ///
-/// As mistral-common's `InstructTokenizerV7`: every system message is
+/// As mistral-common's `InstructTokenizerV13`: every system message is
 /// `[SYSTEM_PROMPT]text[/SYSTEM_PROMPT]` in its place (so it belongs to the source of the turn
-/// it precedes), and an answer loses its trailing spaces (`content.rstrip(" ")`) before EOS.
+/// it precedes); a plain answer loses its trailing spaces (`content.rstrip(" ")`) before EOS,
+/// an answer with thinking (content chunks there) keeps them.
 pub fn encode_turns(
     tok: &Tekken,
     ids: &SpecialIds,
@@ -136,7 +192,18 @@ pub fn encode_turns(
     image_blocks: &[Vec<u32>],
 ) -> Vec<Turn> {
     let mut blocks = image_blocks.iter();
-    let mut encode = |text: &str, out: &mut Vec<u32>| {
+    let mut user = |text: &str, out: &mut Vec<u32>| {
+        // `[text, image]`: the image goes first (mistral-common, "img is always first when
+        // providing text/img chunk pair").
+        if let Some(head) = text.strip_suffix(IMAGE_PLACEHOLDER) {
+            if !head.is_empty() && !head.contains(IMAGE_PLACEHOLDER) {
+                if let Some(b) = blocks.next() {
+                    out.extend_from_slice(b);
+                }
+                tok.encode_into(head, out);
+                return;
+            }
+        }
         let mut parts = text.split(IMAGE_PLACEHOLDER);
         if let Some(first) = parts.next() {
             tok.encode_into(first, out);
@@ -154,23 +221,23 @@ pub fn encode_turns(
     t.source.push(ids.bos);
     if let (false, Some(s)) = (opens_with_system, system) {
         t.source.push(ids.system);
-        encode(s, &mut t.source);
+        encode_run_system(tok, ids, s, &mut t.source);
         t.source.push(ids.system_end);
     }
     for m in messages {
         match m.role {
             Role::System => {
                 t.source.push(ids.system);
-                encode(&m.content, &mut t.source);
+                tok.encode_into(&m.content, &mut t.source);
                 t.source.push(ids.system_end);
             }
             Role::User => {
                 t.source.push(ids.inst);
-                encode(&m.content, &mut t.source);
+                user(&m.content, &mut t.source);
                 t.source.push(ids.inst_end);
             }
             Role::Assistant => {
-                encode(m.content.trim_end_matches(' '), &mut t.target);
+                encode_answer(tok, ids, m, &mut t.target);
                 t.target.push(ids.eos);
                 turns.push(std::mem::take(&mut t));
             }
@@ -182,4 +249,23 @@ pub fn encode_turns(
         turns.push(t);
     }
     turns
+}
+
+/// An answer without its EOS: `[THINK]thinking[/THINK]text` when it has thinking and the
+/// tokenizer the think tokens; without those tokens the thinking stays text, written back as
+/// `<think>...</think>` before the answer (nothing the dataset holds is dropped).
+fn encode_answer(tok: &Tekken, ids: &SpecialIds, m: &Message, out: &mut Vec<u32>) {
+    match (split_thinking(m), ids.think) {
+        (Some((thinking, text)), Some((open, close))) => {
+            out.push(open);
+            tok.encode_into(thinking, out);
+            out.push(close);
+            tok.encode_into(text, out);
+        }
+        (Some((thinking, text)), None) if m.reasoning.is_some() => {
+            let whole = format!("<think>{thinking}</think>{text}");
+            tok.encode_into(whole.trim_end_matches(' '), out);
+        }
+        _ => tok.encode_into(m.content.trim_end_matches(' '), out),
+    }
 }

@@ -1,5 +1,6 @@
-//! Truncation to `max_len` (LLaMA-Factory's `infer_seqlen` per turn) and the check that drops
-//! samples whose image token blocks were cut.
+//! Truncation to `max_len` (LLaMA-Factory's `infer_seqlen` per turn), the labels of the turns
+//! (LLaMA-Factory's `train_on_prompt` and `mask_history`), and the check that drops samples
+//! whose image token blocks were cut.
 
 use super::image::ImageTokens;
 use super::template::Turn;
@@ -21,6 +22,16 @@ pub fn infer_seqlen(source: usize, target: usize, cutoff: usize) -> (usize, usiz
     (new_source, new_target)
 }
 
+/// Which tokens are trained, as LLaMA-Factory's data arguments of the same names define them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct LabelPolicy {
+    /// Train the prompts too (every source token is its own label, image tokens included).
+    pub train_on_prompt: bool,
+    /// Train the last answer only; truncation then spends the budget from the last turn back,
+    /// so that what is cut is the history.
+    pub mask_history: bool,
+}
+
 /// Input ids and labels of a sample, plus whether truncation changed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assembled {
@@ -29,27 +40,49 @@ pub struct Assembled {
     pub truncated: bool,
 }
 
-/// Concatenates the turns (source labels IGNORE_INDEX, target labels = ids). A sample that fits in
-/// `max_len` is never modified; a longer one is cut turn by turn as LLaMA-Factory does (each
-/// part keeps its head), which can cut an image block: see [`validate_input_ids`].
-pub fn assemble(turns: &[Turn], max_len: usize) -> Assembled {
+/// Concatenates the turns (source labels IGNORE_INDEX, target labels = ids, unless `policy`
+/// says otherwise). A sample that fits in `max_len` is never modified; a longer one is cut turn
+/// by turn as LLaMA-Factory does (each part keeps its head; first turn first, or last turn
+/// first under `mask_history`), which can cut an image block: see [`validate_input_ids`].
+pub fn assemble(turns: &[Turn], max_len: usize, policy: LabelPolicy) -> Assembled {
     let total: usize = turns.iter().map(|t| t.source.len() + t.target.len()).sum();
     let fits = total <= max_len;
-    let mut input_ids = Vec::with_capacity(total.min(max_len));
-    let mut labels = Vec::with_capacity(total.min(max_len));
-    for t in turns {
-        let (s, g) = if fits {
+    let n = turns.len();
+    // How much of each turn is kept, the budget spent in LLaMA-Factory's order.
+    let mut kept = vec![(0, 0); n];
+    let mut used = 0;
+    let order: Box<dyn Iterator<Item = usize>> = if policy.mask_history {
+        Box::new((0..n).rev())
+    } else {
+        Box::new(0..n)
+    };
+    for i in order {
+        let t = &turns[i];
+        kept[i] = if fits {
             (t.source.len(), t.target.len())
         } else {
-            if input_ids.len() >= max_len {
+            if used >= max_len {
                 break;
             }
-            infer_seqlen(t.source.len(), t.target.len(), max_len - input_ids.len())
+            infer_seqlen(t.source.len(), t.target.len(), max_len - used)
         };
+        used += kept[i].0 + kept[i].1;
+    }
+    let mut input_ids = Vec::with_capacity(used);
+    let mut labels = Vec::with_capacity(used);
+    for (i, (t, &(s, g))) in turns.iter().zip(&kept).enumerate() {
         input_ids.extend_from_slice(&t.source[..s]);
-        labels.extend(std::iter::repeat_n(IGNORE_INDEX, s));
+        if policy.train_on_prompt {
+            labels.extend(t.source[..s].iter().map(|&x| x as i32));
+        } else {
+            labels.extend(std::iter::repeat_n(IGNORE_INDEX, s));
+        }
         input_ids.extend_from_slice(&t.target[..g]);
-        labels.extend(t.target[..g].iter().map(|&x| x as i32));
+        if policy.mask_history && i + 1 != n {
+            labels.extend(std::iter::repeat_n(IGNORE_INDEX, g));
+        } else {
+            labels.extend(t.target[..g].iter().map(|&x| x as i32));
+        }
     }
     Assembled {
         input_ids,

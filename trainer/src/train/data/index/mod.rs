@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Bumped whenever reading a dataset gives other samples from the same inputs (template,
 /// truncation, schema, image size rules): part of every key, so that a build which reads
 /// datasets differently never takes an older build's index.
-pub const SAMPLES_VERSION: u32 = 1;
+pub const SAMPLES_VERSION: u32 = 2;
 
 /// How [`DataSet::open_cached`] got its dataset.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,6 +121,7 @@ pub fn index_key(spec: &DatasetSpec, tok: &Tekken, s: &SampleSettings) -> Result
     put("vocab_size", &tok.vocab_size().to_le_bytes());
     put("max_len", &(s.max_len as u64).to_le_bytes());
     put("system", format!("{:?}", s.system_prompt).as_bytes());
+    put("labels", format!("{:?}", s.labels).as_bytes());
     let i = s.image;
     put(
         "image",

@@ -1,8 +1,11 @@
 //! `cannon data ...`: make, inspect and check datasets.
 
+mod samples;
+mod show;
+
+pub use samples::{SampleArgs, Samples};
+
 use crate::train::data::dataset::DataSet;
-use crate::train::data::info::DatasetSpec;
-use crate::train::data::loader::DataConfig;
 use crate::train::data::records::Layout;
 use crate::train::data::{synth, Tekken};
 use clap::builder::RangedU64ValueParser;
@@ -51,29 +54,32 @@ pub enum DataCommand {
     /// truncation, or (--decode) some images do not decode; 2 unusable input (missing file, unreadable tokenizer, an array that is not
     /// JSON, or a dataset with no record at all).
     Check {
-        /// A JSONL or JSON array file, or the name of an entry of DATASET_DIR/dataset_info.json.
-        #[arg(long)]
-        dataset: PathBuf,
-        /// LLaMA-Factory's dataset_dir: holds dataset_info.json; relative image paths start
-        /// here (default: the dataset file's folder).
-        #[arg(long)]
-        dataset_dir: Option<PathBuf>,
-        #[arg(long)]
-        tokenizer: PathBuf,
-        #[arg(long)]
-        vocab_size: Option<u32>,
-        #[arg(long, default_value_t = 2048, value_parser = positive::<usize>())]
-        max_len: usize,
-        /// Image longest edge after resizing.
-        #[arg(long, default_value_t = 1540, value_parser = positive::<u32>())]
-        longest_edge: u32,
-        /// System prompt for samples that bring none.
-        #[arg(long)]
-        system: Option<String>,
+        #[command(flatten)]
+        samples: SampleArgs,
         /// Decode every image in full (a run decodes them only when their sample is used, and
         /// skips a sample whose image does not decode).
         #[arg(long)]
         decode: bool,
+    },
+    /// Print what records become: the text with its special tokens, each image's token grid
+    /// (`[IMG] x 4 x 3`: 4 wide, 3 high) and size, the trained tokens between « and ».
+    ///
+    /// --json writes one JSON object per record and line instead: `input_ids`, `labels`
+    /// (-100: not trained) and `image_sizes` (each image's resized [height, width]); a record
+    /// that makes no sample is `{"error": ...}` there. Exit codes: 0 every record shown makes
+    /// a sample; 1 some do not; 2 unusable input.
+    Show {
+        #[command(flatten)]
+        samples: SampleArgs,
+        /// The record to show, 1-based (default: the first).
+        #[arg(long, value_parser = positive::<usize>(), conflicts_with = "all")]
+        index: Option<usize>,
+        /// Show every record.
+        #[arg(long)]
+        all: bool,
+        /// One JSON object per record.
+        #[arg(long)]
+        json: bool,
     },
     /// Generate the synthetic shapes dataset (train.jsonl, heldout.jsonl, images/).
     ///
@@ -101,27 +107,20 @@ pub fn run(args: DataArgs) -> ExitCode {
             bos,
             eos,
         } => encode(&tokenizer, vocab_size, bos, eos),
-        DataCommand::Check {
-            dataset,
-            dataset_dir,
-            tokenizer,
-            vocab_size,
-            max_len,
-            longest_edge,
-            system,
-            decode,
-        } => {
-            let mut cfg = DataConfig {
-                dataset: Some(dataset),
-                dataset_dir,
-                vocab_size,
-                max_len,
-                system_prompt: system,
-                ..DataConfig::default()
-            };
-            cfg.image.longest_edge = longest_edge;
-            check(&cfg, &tokenizer, decode)
-        }
+        DataCommand::Check { samples, decode } => match samples.resolve() {
+            Ok(s) => check(&s, decode),
+            Err(e) => fail(e),
+        },
+        DataCommand::Show {
+            samples,
+            index,
+            all,
+            json,
+        } => show::run(
+            &samples,
+            if all { None } else { Some(index.unwrap_or(1)) },
+            json,
+        ),
         DataCommand::Synth {
             out,
             samples,
@@ -208,19 +207,12 @@ fn synth_cmd(out: &Path, samples: usize, seed: u64, force: bool) -> ExitCode {
     }
 }
 
-fn check(cfg: &DataConfig, tokenizer: &PathBuf, decode: bool) -> ExitCode {
-    let tok = match Tekken::from_file(tokenizer, cfg.vocab_size) {
-        Ok(t) => t,
-        Err(e) => return fail(e),
-    };
-    let Some(dataset) = cfg.dataset.as_ref() else {
-        return fail("no dataset");
-    };
-    let spec = match DatasetSpec::resolve(dataset, cfg.dataset_dir.as_deref()) {
-        Ok(s) => s,
-        Err(e) => return fail(e),
-    };
-    let ds = match DataSet::open(&spec, &tok, &cfg.sample_settings()) {
+fn check(samples: &Samples, decode: bool) -> ExitCode {
+    for w in &samples.warnings {
+        eprintln!("WARNING: {w}");
+    }
+    let spec = &samples.spec;
+    let ds = match DataSet::open(spec, &samples.tok, &samples.settings()) {
         Ok(d) => d,
         Err(e) => return fail(e),
     };
@@ -232,7 +224,7 @@ fn check(cfg: &DataConfig, tokenizer: &PathBuf, decode: bool) -> ExitCode {
         eprintln!(
             "dropped: {}:{line}: truncation to {} tokens cut an image block",
             path.display(),
-            cfg.max_len
+            samples.max_len
         );
     }
     let undecodable = if decode { ds.undecodable() } else { Vec::new() };
