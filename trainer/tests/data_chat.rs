@@ -332,7 +332,8 @@ fn tekken_files_of_v3_to_v13_load_and_bad_ones_are_named() {
         .unwrap()
         .image_config()
         .is_some());
-    let bad: [(&str, Box<dyn FnOnce(&mut Value)>, &str); 3] = [
+    type Edit = Box<dyn FnOnce(&mut Value)>;
+    let bad: [(&str, Edit, &str); 3] = [
         (
             "nospecial",
             Box::new(|v| {
