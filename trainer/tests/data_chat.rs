@@ -444,3 +444,75 @@ fn train_on_prompt_and_mask_history_choose_the_trained_tokens() {
         &all.iter().map(|&x| x as u32).collect::<Vec<_>>()[..n0.min(n1 + 2)]
     );
 }
+
+/// A run from a model folder carries the folder's tokenizer and system prompt on: the final
+/// model, the checkpoint and its export hold them, so a fine-tuned Magistral is a folder the
+/// next run (or a server) reads them from.
+#[test]
+fn a_fine_tuned_folder_keeps_the_tokenizer_and_the_system_prompt() {
+    let prompt = "Be brief.[THINK]Short thoughts.[/THINK]Short answer.";
+    let model = model_folder("tuned-src", 131072, Some(prompt));
+    let run = scratch("data-chat", "tuned-run");
+    let dataset = chat("dataset.jsonl");
+    let quoted = |p: &Path| format!("{:?}", p.display().to_string());
+    let out = Command::new(BIN)
+        .arg("train")
+        .args(["--set", &format!("model.config={}", quoted(&model))])
+        .args(["--set", &format!("data.dataset={}", quoted(&dataset))])
+        .args(["--set", "data.system=\"model\""])
+        .args(["--set", "train.steps=1", "--set", "train.micro_batch=2"])
+        .args(["--set", "checkpoint.every=1"])
+        .args(["--set", &format!("log.dir={}", quoted(&run))])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // The first sample is printed, with the folder's system prompt in it.
+    assert!(
+        err.contains("first sample") && err.contains("[SYSTEM_PROMPT]Be brief.[THINK]"),
+        "{err}"
+    );
+    let export = run.join("export");
+    let out = Command::new(BIN)
+        .args(["export", "--checkpoint"])
+        .arg(run.join("checkpoints"))
+        .arg("--out")
+        .arg(&export)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tekken = std::fs::read(model.join("tekken.json")).unwrap();
+    for dir in [run.join("final"), export.clone()] {
+        assert_eq!(
+            std::fs::read(dir.join("tekken.json")).unwrap(),
+            tekken,
+            "{}",
+            dir.display()
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("SYSTEM_PROMPT.txt")).unwrap(),
+            prompt,
+            "{}",
+            dir.display()
+        );
+    }
+    // The export reads its samples as the original folder does.
+    let show = |m: &Path| {
+        show_json(&[
+            "--dataset",
+            dataset.to_str().unwrap(),
+            "--model",
+            m.to_str().unwrap(),
+            "--system",
+            "model",
+            "--all",
+        ])
+    };
+    let (a, code, e) = show(&model);
+    assert_eq!(code, Some(0), "{e}");
+    assert_eq!(show(&export).0, a);
+}

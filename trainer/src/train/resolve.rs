@@ -35,6 +35,8 @@ pub struct SynthPlan {
 /// The file of a model folder `data.system = "model"` reads (Magistral ships its default
 /// system prompt there).
 pub const SYSTEM_PROMPT_FILE: &str = "SYSTEM_PROMPT.txt";
+/// The tokenizer file of a model folder (Mistral's name for it).
+pub const MODEL_TOKENIZER_FILE: &str = "tekken.json";
 /// The value of `data.system` that reads [`SYSTEM_PROMPT_FILE`].
 pub const SYSTEM_FROM_MODEL: &str = "model";
 
@@ -135,7 +137,7 @@ impl ResolvedRun {
             }
         };
         let in_folder = match &model {
-            ModelSource::Dir(dir) => Some(dir.join("tekken.json")).filter(|p| p.is_file()),
+            ModelSource::Dir(dir) => Some(dir.join(MODEL_TOKENIZER_FILE)).filter(|p| p.is_file()),
             ModelSource::Preset(..) => None,
         };
         let system = match (cfg.data.system.as_deref(), &model) {
@@ -184,6 +186,25 @@ impl ResolvedRun {
             model,
             frozen,
         })
+    }
+
+    /// The files of the model folder a trained model carries on (`name`, where it is now):
+    /// the run's tokenizer as `tekken.json` (unless it is the project's shared one, which a
+    /// preset's folder must not claim as its own) and the folder's `SYSTEM_PROMPT.txt`. The
+    /// final model, every checkpoint and `cannon export` write them, so that a fine-tuned
+    /// model's folder is one a later run (or a server) reads its tokenizer from.
+    pub fn model_folder_files(&self) -> Vec<(&'static str, PathBuf)> {
+        let mut files = Vec::new();
+        if self.tokenizer_from != TokenizerFrom::Shared {
+            files.push((MODEL_TOKENIZER_FILE, self.tokenizer.clone()));
+        }
+        if let ModelSource::Dir(dir) = &self.model {
+            let prompt = dir.join(SYSTEM_PROMPT_FILE);
+            if prompt.is_file() {
+                files.push((SYSTEM_PROMPT_FILE, prompt));
+            }
+        }
+        files
     }
 
     /// The config with every resolved path written in: what is printed at the start and

@@ -61,7 +61,14 @@ pub fn save_sharded(
     rank: &FsdpRank,
     c: &Counters,
 ) -> Result<PathBuf, CheckpointError> {
-    let extra = vec![(FINAL_RUN_CONFIG.to_string(), plan.effective().to_toml())];
+    let mut extra = vec![(FINAL_RUN_CONFIG.to_string(), plan.effective().to_toml())];
+    for (name, path) in plan.model_folder_files() {
+        let text = std::fs::read_to_string(&path).map_err(|source| CheckpointError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        extra.push((name.to_string(), text));
+    }
     save_rank(
         &CheckpointDir::new(&plan.checkpoint_dir),
         plan.cfg.checkpoint.keep_last,

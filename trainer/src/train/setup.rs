@@ -294,6 +294,9 @@ impl RunSetup {
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let cfg_copy = dir.join(FINAL_RUN_CONFIG);
         std::fs::write(&cfg_copy, self.plan.effective().to_toml()).map_err(io(&cfg_copy))?;
+        for (name, from) in self.plan.model_folder_files() {
+            std::fs::copy(&from, dir.join(name)).map_err(io(&from))?;
+        }
         Ok(dir)
     }
 

@@ -148,6 +148,10 @@ fn vacant(path: &Path) -> Result<bool> {
     }
 }
 
+/// The files of a model folder besides its weights and config that a checkpoint may carry
+/// (see `ResolvedRun::model_folder_files`) and an export copies.
+pub const MODEL_FOLDER_FILES: [&str; 2] = ["tekken.json", "SYSTEM_PROMPT.txt"];
+
 /// Writes `ckpt`'s model as an HF checkpoint in `out` (built in `out.tmp`, renamed when
 /// complete). `out` must be missing or empty unless `opts.force`.
 pub fn export(ckpt: &mut Checkpoint, out: &Path, opts: &ExportOptions) -> Result<ExportReport> {
@@ -214,6 +218,14 @@ pub fn export(ckpt: &mut Checkpoint, out: &Path, opts: &ExportOptions) -> Result
         write_json(&tmp.join(INDEX_FILE), &index)?;
     }
     write_json(&tmp.join("config.json"), &config)?;
+    // The model folder's tokenizer and system prompt, as the run saved them with the
+    // checkpoint: an exported fine-tune is a folder the next run and a server read them from.
+    for name in MODEL_FOLDER_FILES {
+        let from = ckpt.dir().join(name);
+        if from.is_file() {
+            std::fs::copy(&from, tmp.join(name)).map_err(io(&from))?;
+        }
+    }
     if out.exists() {
         std::fs::remove_dir_all(out).map_err(io(out))?;
     }
