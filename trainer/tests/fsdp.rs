@@ -261,3 +261,55 @@ fn wrong_initial_groups_are_an_error() {
     .unwrap_err();
     assert!(err.to_string().contains("group 3"), "{err}");
 }
+
+/// A step whose gradient holds an inf on one rank only is skipped by every rank: its shards,
+/// moments and AdamW step count are as before it (on 1 and 2 ranks), and the step after goes
+/// on exactly as a run in which the skipped step never happened.
+#[test]
+fn an_inf_gradient_on_one_rank_is_skipped_by_every_rank() {
+    let cfg = config();
+    let host = init(&cfg, 7);
+    let batches = global_batch(4, 11);
+    let s = settings(&[]);
+    let lr = s.adamw.lr;
+    for world in [1, 2] {
+        let clean = run_sharded::<f32>(world, &cfg, &host, &batches, &s, 2);
+        let per_rank = run_cpu_ranks(world, Duration::from_secs(20), |comm, exec| {
+            let r = comm.rank();
+            let mut rank = FsdpRank::new(
+                comm,
+                exec,
+                cfg.clone(),
+                cannon_trainer::parallel::fsdp::ShardSource::Full(&host),
+                s.clone(),
+            )?;
+            let mine: Vec<_> = batches.iter().skip(r).step_by(world).cloned().collect();
+            let first = rank.step::<f32>(&mine, lr)?;
+            let before = rank.state()?;
+            if r + 1 == world {
+                rank.inject_inf_gradient();
+            }
+            let poisoned = rank.step::<f32>(&mine, lr)?;
+            let after = rank.state()?;
+            let next = rank.step::<f32>(&mine, lr)?;
+            Ok((first, poisoned, next, before == after))
+        })
+        .unwrap();
+        for (r, (first, poisoned, next, unchanged)) in per_rank.iter().enumerate() {
+            assert!(!first.skipped && !next.skipped, "world {world} rank {r}");
+            assert!(poisoned.skipped, "world {world} rank {r}: not skipped");
+            assert!(poisoned.grad_norm.is_infinite(), "{}", poisoned.grad_norm);
+            assert!(poisoned.loss.is_finite(), "the loss itself was fine");
+            assert!(
+                *unchanged,
+                "world {world} rank {r}: the skipped step changed the state"
+            );
+            assert_eq!(poisoned.step, first.step);
+            assert_eq!(next.step, first.step + 1);
+            // The batches are the same every step: the step after the skipped one is the
+            // clean run's second step, bit for bit.
+            assert_eq!(next.loss, clean.stats[1].loss, "world {world} rank {r}");
+            assert_eq!(next.grad_norm, clean.stats[1].grad_norm);
+        }
+    }
+}

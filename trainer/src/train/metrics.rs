@@ -42,6 +42,12 @@ pub struct StepRecord {
     pub tokens: u64,
     /// Trained targets of this step (the loss's divisor).
     pub targets: usize,
+    /// The step was not applied: its loss or gradient norm was not finite (written only
+    /// when true).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
+    /// Steps skipped so far in the run.
+    pub skipped_steps: u64,
 }
 
 /// The final record: `{"eval": {...}}`.
@@ -121,8 +127,15 @@ impl Progress {
 
     pub fn update(&mut self, r: &StepRecord, done_since_start: usize) {
         let msg = format!(
-            "loss {:.4} lr {:.2e} {:.0} tok/s",
-            r.loss, r.lr, r.tokens_per_s
+            "loss {:.4} lr {:.2e} {:.0} tok/s{}",
+            r.loss,
+            r.lr,
+            r.tokens_per_s,
+            if r.skipped {
+                " SKIPPED (not finite)"
+            } else {
+                ""
+            }
         );
         if let Some(bar) = &self.bar {
             bar.set_position(r.step as u64);

@@ -33,7 +33,8 @@ pub fn progress_at(plan: &ResolvedRun, c: &Counters) -> Progress {
         scheduler: serde_json::json!({
             "schedule": c.schedule,
             "step": c.step,
-            "next_lr": c.schedule.at(c.step),
+            "skipped_steps": c.skipped,
+            "next_lr": c.schedule.at(applied(c.step, c.skipped)),
         }),
         data: DataState {
             position: c.position,
@@ -45,6 +46,12 @@ pub fn progress_at(plan: &ResolvedRun, c: &Counters) -> Progress {
         // the position): the generator recorded is the seed's.
         rng: plan.cfg.train.seed,
     }
+}
+
+/// The steps applied of `step` taken with `skipped` skipped: what the learning rate follows
+/// (a skipped step leaves the schedule where it was, as it leaves the weights).
+pub fn applied(step: usize, skipped: u64) -> usize {
+    step.saturating_sub(skipped as usize)
 }
 
 /// Whether a checkpoint is due after step `step` (1-based) of `total`.
@@ -180,6 +187,12 @@ pub fn resume_setup(setup: &mut RunSetup, ckpt: &Checkpoint) -> Result<Resumed, 
     at.samples = man.data.consumed_samples;
     at.tokens = man.data.consumed_tokens;
     at.dropped_samples = man.data.dropped_samples;
+    // Absent from checkpoints written before steps could be skipped: none were.
+    at.skipped = man
+        .scheduler
+        .get("skipped_steps")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
     let schedule_changed = schedule_change(&man.scheduler, &at.schedule);
     setup.restore_position();
     setup.resume = Some(ckpt.dir().to_path_buf());

@@ -40,6 +40,9 @@ pub struct Counters {
     pub samples: u64,
     pub tokens: u64,
     pub dropped_samples: u64,
+    /// Steps skipped so far for a non-finite loss or gradient norm: the learning rate of a
+    /// step follows the steps applied (`step - skipped`).
+    pub skipped: u64,
 }
 
 /// Where the run's starting weights come from.
@@ -212,6 +215,7 @@ impl RunSetup {
             samples: 0,
             tokens: 0,
             dropped_samples: stats.dropped_truncated as u64,
+            skipped: 0,
         };
         Ok(RunSetup {
             plan,

@@ -168,8 +168,10 @@ fn run_as<A: ActElem>(
         // Context parallel: replicas of cp ranks take the same rows (world = dp x cp).
         let mut rank = rank.with_cp(cp)?;
         let (replica, replicas) = rank.data_parallel();
-        let (mut losses, mut last, mut checkpoint) = (Vec::new(), None, None);
+        let (mut losses, mut last, mut checkpoint) = (Vec::new(), None, None::<std::path::PathBuf>);
         let (mut samples, mut tokens) = (t.at.samples, t.at.tokens);
+        let (mut skipped, mut in_a_row) = (t.at.skipped, 0usize);
+        let max_skipped = t.plan.cfg.train.max_skipped_steps;
         for step in first..total {
             if r == 0 && step == first && log.lock().is_ok_and(|l| l.is_some()) {
                 // The time to a run's first step (weights read, shards in place), which a
@@ -196,7 +198,7 @@ fn run_as<A: ActElem>(
                 shapes.push(shape);
             }
             let data_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let lr = t.at.schedule.at(step);
+            let lr = t.at.schedule.at(resume::applied(step, skipped));
             let st = rank.step::<A>(&mine, lr)?;
             let step_s = t0.elapsed().as_secs_f64();
             // Each rank's allocator is bounded as the one-rank loop bounds its own (see
@@ -205,14 +207,30 @@ fn run_as<A: ActElem>(
             if reserved > CACHE_SLACK * st.memory.max_allocated.max(1 << 24) {
                 give_back_cache(rank.exec())?;
             }
-            if !st.loss.is_finite() {
-                return Err(fail(TrainError::Input(format!(
-                    "step {}: the loss is {} (lower train.lr or check the data)",
-                    step + 1,
-                    st.loss
-                ))));
+            if st.skipped {
+                // Not applied on any rank (they decide from the same sums): the weights,
+                // moments and schedule are as before it; the data it read is consumed.
+                skipped += 1;
+                in_a_row += 1;
+                if in_a_row > max_skipped {
+                    return Err(fail(TrainError::Input(format!(
+                        "step {}: {in_a_row} step(s) in a row with a non-finite loss or \
+                         gradient norm (loss {}, grad_norm {}): stopped, with the weights of \
+                         the last applied step{}; lower train.lr or check the data \
+                         (train.max_skipped_steps = {max_skipped})",
+                        step + 1,
+                        st.loss,
+                        st.grad_norm,
+                        match &checkpoint {
+                            Some(d) => format!(" and the checkpoint {}", d.display()),
+                            None => String::new(),
+                        }
+                    ))));
+                }
+            } else {
+                in_a_row = 0;
+                losses.push(st.loss);
             }
-            losses.push(st.loss);
             let step_tokens: u64 = shapes.iter().map(|b| b.sample_tokens as u64).sum();
             samples += shapes.iter().map(|b| b.samples as u64).sum::<u64>();
             tokens += step_tokens;
@@ -228,6 +246,7 @@ fn run_as<A: ActElem>(
                     samples,
                     tokens,
                     dropped_samples: t.at.dropped_samples,
+                    skipped,
                 };
                 let dir = resume::save_sharded(&t.plan, &t.model_json, &rank, &at)
                     .map_err(|e| fail(e.into()))?;
@@ -245,7 +264,11 @@ fn run_as<A: ActElem>(
                 step: step + 1,
                 loss: st.loss,
                 grad_norm: st.grad_norm,
-                lr: if st.targets == 0 { 0.0 } else { lr },
+                lr: if st.targets == 0 || st.skipped {
+                    0.0
+                } else {
+                    lr
+                },
                 step_ms: step_s * 1e3,
                 data_ms,
                 tokens_per_s: step_tokens as f64 / step_s,
@@ -257,6 +280,8 @@ fn run_as<A: ActElem>(
                 samples,
                 tokens,
                 targets: st.targets,
+                skipped: st.skipped,
+                skipped_steps: skipped,
             };
             let mut guard = log
                 .lock()

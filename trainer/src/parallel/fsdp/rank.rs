@@ -77,6 +77,10 @@ pub struct StepStats {
     pub loss: f64,
     /// Global gradient L2 norm before clipping.
     pub grad_norm: f64,
+    /// The loss or the gradient norm was not finite: the step was not applied (weights,
+    /// moments and the AdamW step count as before it; every rank decides alike, from the
+    /// same all-gathered sums).
+    pub skipped: bool,
     /// Trained targets of the step (the loss divisor).
     pub targets: usize,
     /// Tokens of the step, every rank.
@@ -111,6 +115,8 @@ pub struct FsdpRank {
     streamer: Option<Streamer>,
     step: u64,
     settings: FsdpSettings,
+    /// Fault injection for the tests: the next step writes an inf into this rank's gradient.
+    inject_inf: bool,
     /// This rank's CP group (None: no context parallelism) and its replica index.
     cp: Option<CpGroup>,
     replica: usize,
@@ -231,6 +237,7 @@ impl FsdpRank {
             streamer,
             step,
             settings,
+            inject_inf: false,
             cp: None,
             replica: rank,
         })
@@ -304,6 +311,14 @@ impl FsdpRank {
 
     pub fn settings(&self) -> &FsdpSettings {
         &self.settings
+    }
+
+    /// Makes this rank's next step find an inf in its gradient (written into its first
+    /// trained shard after the backward pass): how the tests check that a step with a
+    /// non-finite gradient is skipped, alike on every rank. Not used by the trainer.
+    #[doc(hidden)]
+    pub fn inject_inf_gradient(&mut self) {
+        self.inject_inf = true;
     }
 
     /// AdamW steps taken.

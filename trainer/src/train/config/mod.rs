@@ -35,6 +35,7 @@
 //! betas = [0.9, 0.95]
 //! eps = 1e-8
 //! max_grad_norm = 1.0
+//! max_skipped_steps = 5     # consecutive non-finite steps skipped before the run stops
 //! seed = 42
 //! dtype = "f32"              # or "bf16"
 //! loss_chunk = 0             # > 0: lm_head + loss per chunk of this many tokens
@@ -282,6 +283,9 @@ pub struct TrainSection {
     pub eps: f64,
     /// Global gradient norm clip; 0 measures the norm without clipping.
     pub max_grad_norm: f64,
+    /// Steps whose loss or gradient norm is not finite are skipped (not applied); this many
+    /// in a row stop the run with an error (0: the first one does).
+    pub max_skipped_steps: usize,
     /// Seed of the data order.
     pub seed: u64,
     /// Precision of the activations: f32, or bf16 autocast (f32 master weights and
@@ -335,6 +339,7 @@ impl Default for TrainSection {
             betas: [0.9, 0.95],
             eps: 1e-8,
             max_grad_norm: 1.0,
+            max_skipped_steps: 5,
             seed: 42,
             dtype: Precision::F32,
             eval_batch: 32,

@@ -62,22 +62,39 @@ impl FsdpRank {
                 shard.zero(st)?;
             }
         }
+        if std::mem::take(&mut self.inject_inf) {
+            if let Some(shard) = self.grads.data.iter_mut().flatten().next() {
+                shard
+                    .view_mut()
+                    .slice_mut(0..1)?
+                    .memcpy_htod(st, &[f32::INFINITY])?;
+            }
+        }
         let loss_total = self.all_reduce_scalar(loss_sum)?;
-        let (loss, grad_norm) = match divisor {
+        let (loss, grad_norm, skipped) = match divisor {
             Some(n) => {
-                let grad_norm = self.clip()?;
-                self.update(lr)?;
-                (loss_total / n as f64, grad_norm)
+                let sum_squares = self.grad_sum_squares()?;
+                let loss = loss_total / n as f64;
+                // An inf or NaN anywhere reaches both sums, which every rank holds alike: no
+                // rank applies a step another skips (Megatron's and DeepSpeed's skip).
+                if loss.is_finite() && sum_squares.is_finite() {
+                    let grad_norm = self.clip(sum_squares)?;
+                    self.update(lr)?;
+                    (loss, grad_norm, false)
+                } else {
+                    (loss, sum_squares.sqrt(), true)
+                }
             }
             // Nothing trained anywhere in this step (every answer cut away): no update, so
             // AdamW's moments and step count do not move either (as the one-rank loop).
-            None => (0.0, 0.0),
+            None => (0.0, 0.0, false),
         };
         let s = alloc.stats();
         Ok(StepStats {
             step: self.step,
             loss,
             grad_norm,
+            skipped,
             targets: head.targets,
             tokens: head.tokens,
             passes,
@@ -310,16 +327,22 @@ impl FsdpRank {
         Ok(all.to_host(st)?.iter().sum())
     }
 
-    /// torch's `clip_grad_norm_` on sharded gradients: the local sum of squares of the
-    /// shards (padding is zero), summed over the ranks, gives the global norm; every rank
-    /// scales its shards by the same coefficient. Returns the norm before clipping.
-    fn clip(&mut self) -> Result<f64, FsdpError> {
+    /// The global sum of squares of the gradient: the local one of the shards (padding is
+    /// zero), summed over the ranks (the same value on every rank).
+    fn grad_sum_squares(&self) -> Result<f64, FsdpError> {
         let st = self.exec.stream();
         let views: Vec<BufferView<'_, f32>> =
             self.grads.data.iter().flatten().map(Tensor::view).collect();
         let local = ops::grad_sum_squares(st, &views)?;
         drop(views);
-        let total = self.all_reduce_scalar(local)?;
+        self.all_reduce_scalar(local)
+    }
+
+    /// torch's `clip_grad_norm_` on sharded gradients whose global sum of squares is
+    /// `total`: every rank scales its shards by the same coefficient. Returns the norm before
+    /// clipping.
+    fn clip(&mut self, total: f64) -> Result<f64, FsdpError> {
+        let st = self.exec.stream();
         let max_norm = self.settings.max_grad_norm;
         if max_norm > 0.0 && max_norm.is_finite() {
             let mut views: Vec<BufferViewMut<'_, f32>> = self

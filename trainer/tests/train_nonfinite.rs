@@ -1,0 +1,46 @@
+//! A run whose steps turn non-finite: each such step is skipped (logged `skipped: true`, not
+//! applied), and `train.max_skipped_steps` of them in a row stop the run with an error that
+//! says why, instead of training on.
+
+mod common;
+use common::scratch;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cannon");
+
+/// lr = 1e30: the first update makes weights of ~1e30, after which every loss overflows.
+#[test]
+fn an_absurd_learning_rate_is_skipped_then_stops_the_run() {
+    let run = scratch("train-nonfinite", "absurd");
+    let out = Command::new(BIN)
+        .arg("train")
+        .args(["--set", "train.lr=1e30", "--set", "train.warmup_steps=0"])
+        .args(["--set", "train.steps=20", "--set", "train.micro_batch=4"])
+        .args(["--set", "train.max_skipped_steps=2"])
+        .args(["--set", "data.synth_samples=200"])
+        .args(["--set", &format!("log.dir={:?}", run.display().to_string())])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("3 step(s) in a row") && err.contains("max_skipped_steps = 2"),
+        "{err}"
+    );
+    let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let steps: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v.get("step").is_some())
+        .collect();
+    let skipped: Vec<u64> = steps
+        .iter()
+        .filter(|v| v["skipped"] == true)
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    // Steps 2 and 3 logged as skipped (step 4, the third in a row, stopped the run first).
+    assert_eq!(skipped, [2, 3], "{log}");
+    assert_eq!(steps[0]["skipped_steps"], 0);
+    assert_eq!(steps.last().unwrap()["skipped_steps"], 2);
+    assert!(steps.iter().all(|v| v["skipped"] != true || v["lr"] == 0.0));
+}
