@@ -44,3 +44,38 @@ fn an_absurd_learning_rate_is_skipped_then_stops_the_run() {
     assert_eq!(steps.last().unwrap()["skipped_steps"], 2);
     assert!(steps.iter().all(|v| v["skipped"] != true || v["lr"] == 0.0));
 }
+
+/// The same learning rate with a checkpoint after every step: the first step's weights
+/// (~1e30) are past `train.max_abs_weight`, so that checkpoint is refused and none exists.
+#[test]
+fn a_diverged_model_is_never_checkpointed() {
+    let run = scratch("train-nonfinite", "no-ckpt");
+    let out = Command::new(BIN)
+        .arg("train")
+        .args(["--set", "train.lr=1e30", "--set", "train.warmup_steps=0"])
+        .args(["--set", "train.steps=5", "--set", "train.micro_batch=4"])
+        .args([
+            "--set",
+            "data.synth_samples=200",
+            "--set",
+            "checkpoint.every=1",
+        ])
+        .args(["--set", &format!("log.dir={:?}", run.display().to_string())])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("step 1: param/") && err.contains("max_abs_weight = 1e6"),
+        "{err}"
+    );
+    let committed: Vec<_> = std::fs::read_dir(run.join("checkpoints"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("step-") && !n.ends_with(".tmp"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(committed.is_empty(), "{committed:?}");
+}

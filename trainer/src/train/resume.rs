@@ -83,6 +83,7 @@ pub fn save_sharded(
         rank,
         progress_at(plan, c),
         extra,
+        plan.cfg.train.max_abs_weight,
     )
 }
 
@@ -90,7 +91,8 @@ pub fn save_sharded(
 /// newest `keep_last` (collective: every rank calls it after the same step). The layout is
 /// the ranks' own (`fsdp::ShardLayout`, the padded even cut of [`padded_shards`]); each
 /// tensor goes from where the rank keeps it to the file one at a time, so the host holds
-/// one tensor's copy, never the rank's state.
+/// one tensor's copy, never the rank's state. A tensor with a non-finite value, or a weight of
+/// magnitude past `max_abs_weight`, on any rank stops the save before anything is committed.
 pub fn save_rank(
     dir: &CheckpointDir,
     keep_last: usize,
@@ -98,6 +100,7 @@ pub fn save_rank(
     rank: &FsdpRank,
     p: Progress,
     extra_files: Vec<(String, String)>,
+    max_abs_weight: f64,
 ) -> Result<PathBuf, CheckpointError> {
     let world = rank.world_size();
     let layout = rank.layout();
@@ -117,6 +120,7 @@ pub fn save_rank(
         scheduler: p.scheduler,
         data: p.data,
         extra_files,
+        max_abs_weight,
     };
     let (params, m, v) = rank.shards();
     let mine = RankShards::stored(rank.rank(), params, m, v, p.rng)?;

@@ -176,8 +176,16 @@ fn measure_as<A: ActElem>(s: &PlanSettings, steps: usize) -> Result<Vec<MetaRank
             data: Default::default(),
             rng: 0,
         };
-        let saved =
-            save_rank(&ckpt_dir, 1, &model_json, &rank, progress, Vec::new()).map_err(bad)?;
+        let saved = save_rank(
+            &ckpt_dir,
+            1,
+            &model_json,
+            &rank,
+            progress,
+            Vec::new(),
+            f64::INFINITY,
+        )
+        .map_err(bad)?;
         phases.push(save.end(rank.exec(), "checkpoint save"));
         let export = Phase::begin(rank.exec());
         let out_dir = (rank.rank() == 0).then_some((final_dir.as_path(), &model_json));

@@ -40,6 +40,17 @@ pub enum CheckpointError {
     Exists { path: PathBuf },
     #[error("another rank failed while saving step {step}; the checkpoint was not committed")]
     PeerFailed { step: u64 },
+    /// A tensor about to be saved holds what no checkpoint should (a non-finite value, a
+    /// weight past the run's bound): the save stops and nothing is committed.
+    #[error(
+        "step {step}: {tensor} {what}: the checkpoint was not written (the previous one stays \
+         the latest)"
+    )]
+    Unsafe {
+        step: u64,
+        tensor: String,
+        what: String,
+    },
     /// A shard file's own read or write (same messages as the variants above).
     #[error(transparent)]
     St(#[from] StError),

@@ -49,6 +49,9 @@ pub struct SaveMeta {
     /// Small files written beside the manifest, `(name, contents)`: e.g. the run's TOML
     /// config, so that `cannon eval` finds it in the checkpoint.
     pub extra_files: Vec<(String, String)>,
+    /// The largest |weight| a checkpoint may hold (`train.max_abs_weight`; infinity: no
+    /// bound). Every tensor must be finite whatever the bound.
+    pub max_abs_weight: f64,
 }
 
 /// Where a shard's values are: on the rank's device (copied to the host one tensor at a time
@@ -256,6 +259,10 @@ impl PendingSave {
         }
         let mut specs = Vec::new();
         let mut sources: Vec<ShardData<'_>> = Vec::new();
+        // Per tensor: whether it is a weight, and its elements before the padding (which
+        // nothing reads back, so nothing checks).
+        let mut is_param = Vec::new();
+        let mut valid = Vec::new();
         for (entry, gs) in meta.groups.iter().zip(&shards.groups) {
             let stored = entry.shards[rank].stored;
             let tensors = match (entry.trained, gs.exp_avg, gs.exp_avg_sq) {
@@ -285,6 +292,8 @@ impl PendingSave {
                         t.len()
                     )));
                 }
+                is_param.push(name == param_tensor(&entry.name));
+                valid.push(entry.shards[rank].len());
                 specs.push(TensorSpec {
                     name,
                     dtype: StDtype::F32,
@@ -302,16 +311,53 @@ impl PendingSave {
             ("rng".to_string(), shards.rng.to_string()),
         ]);
         let path = self.tmp.join(rank_file(rank, self.world));
+        let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
         let mut w = StWriter::create(&path, specs, &metadata)?;
         // A meta device's values do not exist: the file gets its header and size alone.
         if stream.device().is_meta() {
             w = w.without_data();
         }
+        let meta_device = stream.device().is_meta();
         for (i, t) in sources.iter().enumerate() {
             self.injected_fault(i)?;
-            w.write_f32(&t.to_host(stream)?)?;
+            let host = t.to_host(stream)?;
+            if !meta_device {
+                let bound = if is_param[i] {
+                    meta.max_abs_weight
+                } else {
+                    f64::INFINITY
+                };
+                let n = valid[i].min(host.len());
+                self.check_values(&names[i], &host[..n], bound)?;
+            }
+            w.write_f32(&host)?;
         }
         w.finish()?;
+        Ok(())
+    }
+
+    /// Refuses a tensor with a non-finite value or an element past `bound` in magnitude.
+    fn check_values(&self, tensor: &str, values: &[f32], bound: f64) -> Result<()> {
+        let unsafe_ = |what: String| CheckpointError::Unsafe {
+            step: self.step,
+            tensor: tensor.to_string(),
+            what,
+        };
+        let mut worst = 0f32;
+        for (i, &x) in values.iter().enumerate() {
+            if !x.is_finite() {
+                return Err(unsafe_(format!(
+                    "holds {x} at element {i} of this rank's shard"
+                )));
+            }
+            worst = worst.max(x.abs());
+        }
+        if f64::from(worst) > bound {
+            return Err(unsafe_(format!(
+                "holds a weight of magnitude {worst:e}, past train.max_abs_weight = {bound:e} \
+                 (the run has diverged)"
+            )));
+        }
         Ok(())
     }
 

@@ -56,6 +56,7 @@ pub fn one_rank_meta(
         scheduler: progress.scheduler.clone(),
         data: progress.data,
         extra_files: Vec::new(),
+        max_abs_weight: f64::INFINITY,
     })
 }
 

@@ -189,6 +189,53 @@ fn a_save_stopped_half_way_leaves_the_previous_checkpoint_the_latest() {
     );
 }
 
+/// A NaN in a moment, or a weight past the run's bound, stops the save before anything is
+/// committed: the previous checkpoint stays the latest. (NaN in the padding of a shard is
+/// not looked at: the resharding tests put it there.)
+#[test]
+fn a_non_finite_or_diverged_tensor_is_never_committed() {
+    let root = tmp_root("unsafe");
+    let dir = CheckpointDir::new(&root);
+    random_state(3, 1).save(&dir, 0).unwrap();
+    let mut bad = random_state(4, 2);
+    let exec = bad.model.exec.clone();
+    let st = exec.stream();
+    let g = bad.opt.v.iter().position(Option::is_some).unwrap();
+    let mut host = bad.opt.v[g].as_ref().unwrap().to_host(st).unwrap();
+    host[7] = f32::NAN;
+    let n = host.len();
+    bad.opt.v[g] = Some(Stored::Device(exec.upload(&host, &[n]).unwrap()));
+    let err = bad.save(&dir, 0).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, CheckpointError::Unsafe { .. }), "{err:?}");
+    assert!(
+        msg.contains("exp_avg_sq/") && msg.contains("NaN at element 7"),
+        "{msg}"
+    );
+    assert_eq!(dir.latest().unwrap().unwrap().0, 1);
+
+    // Finite, but past the bound the run sets (the random weights reach about 0.5).
+    let fine = random_state(5, 2);
+    let mut meta = fine.save_meta().unwrap();
+    meta.max_abs_weight = 0.25;
+    let shards =
+        RankShards::stored(0, &fine.model.params.data, &fine.opt.m, &fine.opt.v, 0).unwrap();
+    let err = save_local(&dir, &meta, &[shards], st, 0).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("past train.max_abs_weight = 2.5e-1"),
+        "{err}"
+    );
+    assert_eq!(dir.latest().unwrap().unwrap().0, 1);
+    assert_eq!(Checkpoint::open(&root).unwrap().step(), 1);
+    // The bound is on weights only: the same state under no bound is saved.
+    meta.max_abs_weight = f64::INFINITY;
+    let shards =
+        RankShards::stored(0, &fine.model.params.data, &fine.opt.m, &fine.opt.v, 0).unwrap();
+    save_local(&dir, &meta, &[shards], st, 0).unwrap();
+    assert_eq!(dir.latest().unwrap().unwrap().0, 2);
+}
+
 #[test]
 fn keep_last_prunes_older_checkpoints_and_a_step_saved_twice_is_replaced() {
     let root = tmp_root("prune");

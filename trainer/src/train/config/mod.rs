@@ -36,6 +36,7 @@
 //! eps = 1e-8
 //! max_grad_norm = 1.0
 //! max_skipped_steps = 5     # consecutive non-finite steps skipped before the run stops
+//! max_abs_weight = 1e6       # a checkpoint with a larger |weight| is refused (diverged)
 //! seed = 42
 //! dtype = "f32"              # or "bf16"
 //! loss_chunk = 0             # > 0: lm_head + loss per chunk of this many tokens
@@ -286,6 +287,10 @@ pub struct TrainSection {
     /// Steps whose loss or gradient norm is not finite are skipped (not applied); this many
     /// in a row stop the run with an error (0: the first one does).
     pub max_skipped_steps: usize,
+    /// A checkpoint whose weights reach this magnitude is not written (the run has
+    /// diverged; the previous checkpoint stays the latest). Any non-finite value is refused
+    /// whatever the bound.
+    pub max_abs_weight: f64,
     /// Seed of the data order.
     pub seed: u64,
     /// Precision of the activations: f32, or bf16 autocast (f32 master weights and
@@ -340,6 +345,7 @@ impl Default for TrainSection {
             eps: 1e-8,
             max_grad_norm: 1.0,
             max_skipped_steps: 5,
+            max_abs_weight: 1e6,
             seed: 42,
             dtype: Precision::F32,
             eval_batch: 32,

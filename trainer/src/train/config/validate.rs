@@ -101,6 +101,9 @@ impl TrainConfig {
             }
         }
         finite_positive("train.eps", t.eps)?;
+        if t.max_abs_weight.is_nan() || t.max_abs_weight <= 0.0 {
+            return invalid("train.max_abs_weight", t.max_abs_weight, "must be > 0");
+        }
         if !(t.max_grad_norm >= 0.0 && t.max_grad_norm.is_finite()) {
             return invalid(
                 "train.max_grad_norm",
