@@ -8,21 +8,34 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cannon");
 
+/// `cannon train` of the tiny default on a small synthetic set at lr = 1e30 (no warm-up),
+/// micro batches of 4, with `extra` overrides, into a fresh folder `name`: that folder and
+/// the process's stderr, the run having failed.
+fn absurd_run(name: &str, extra: &[&str]) -> (std::path::PathBuf, String) {
+    let run = scratch("train-nonfinite", name);
+    let mut cmd = Command::new(BIN);
+    cmd.arg("train")
+        .args(["--set", "train.lr=1e30", "--set", "train.warmup_steps=0"])
+        .args([
+            "--set",
+            "train.micro_batch=4",
+            "--set",
+            "data.synth_samples=200",
+        ])
+        .args(["--set", &format!("log.dir={:?}", run.display().to_string())]);
+    for e in extra {
+        cmd.args(["--set", e]);
+    }
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{err}");
+    (run, err)
+}
+
 /// lr = 1e30: the first update makes weights of ~1e30, after which every loss overflows.
 #[test]
 fn an_absurd_learning_rate_is_skipped_then_stops_the_run() {
-    let run = scratch("train-nonfinite", "absurd");
-    let out = Command::new(BIN)
-        .arg("train")
-        .args(["--set", "train.lr=1e30", "--set", "train.warmup_steps=0"])
-        .args(["--set", "train.steps=20", "--set", "train.micro_batch=4"])
-        .args(["--set", "train.max_skipped_steps=2"])
-        .args(["--set", "data.synth_samples=200"])
-        .args(["--set", &format!("log.dir={:?}", run.display().to_string())])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let (run, err) = absurd_run("absurd", &["train.steps=20", "train.max_skipped_steps=2"]);
     assert!(
         err.contains("3 step(s) in a row") && err.contains("max_skipped_steps = 2"),
         "{err}"
@@ -49,22 +62,7 @@ fn an_absurd_learning_rate_is_skipped_then_stops_the_run() {
 /// (~1e30) are past `train.max_abs_weight`, so that checkpoint is refused and none exists.
 #[test]
 fn a_diverged_model_is_never_checkpointed() {
-    let run = scratch("train-nonfinite", "no-ckpt");
-    let out = Command::new(BIN)
-        .arg("train")
-        .args(["--set", "train.lr=1e30", "--set", "train.warmup_steps=0"])
-        .args(["--set", "train.steps=5", "--set", "train.micro_batch=4"])
-        .args([
-            "--set",
-            "data.synth_samples=200",
-            "--set",
-            "checkpoint.every=1",
-        ])
-        .args(["--set", &format!("log.dir={:?}", run.display().to_string())])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let (run, err) = absurd_run("no-ckpt", &["train.steps=5", "checkpoint.every=1"]);
     assert!(
         err.contains("step 1: param/") && err.contains("max_abs_weight = 1e6"),
         "{err}"

@@ -223,12 +223,10 @@ impl ResolvedRun {
         if let ModelSource::Preset(..) = self.model {
             // What the preset decided, written in: a run started again from this config, or
             // evaluated from its checkpoint folder, reads its samples the same way.
-            c.data
-                .vocab_size
-                .get_or_insert(super::samples::PRESET_VOCAB);
+            c.data.vocab_size.get_or_insert(preset::PRESET_VOCAB);
             c.data
                 .longest_edge
-                .get_or_insert(super::samples::PRESET_LONGEST_EDGE);
+                .get_or_insert(preset::PRESET_LONGEST_EDGE);
         }
         c.data.cache_dir = Some(self.cache_dir.clone());
         c.log.dir = Some(self.out_dir.clone());
@@ -395,25 +393,37 @@ pub fn model_config(
             Ok((cfg, json))
         }
         ModelSource::Dir(dir) => {
-            let path = dir.join("config.json");
-            let cfg = Mistral3Config::from_file(&path).map_err(ModelError::from)?;
-            let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-            let json = serde_json::from_str(&text)
-                .map_err(|e| TrainError::Input(format!("{}: {e}", path.display())))?;
-            if tok.vocab_size() as usize > cfg.text_config.vocab_size {
-                return Err(ConfigError::Invalid {
-                    key: "data.vocab_size",
-                    value: tok.vocab_size().to_string(),
-                    reason: format!(
-                        "the tokenizer's ids do not fit the model's vocabulary ({})",
-                        cfg.text_config.vocab_size
-                    ),
-                }
-                .into());
-            }
+            let (cfg, json) = dir_config(dir)?;
+            check_ids_fit(tok, &cfg)?;
             Ok((cfg, json))
         }
     }
+}
+
+/// An HF folder's `config.json`, parsed and as JSON (the file read once).
+pub fn dir_config(dir: &Path) -> Result<(Mistral3Config, serde_json::Value), TrainError> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let cfg = Mistral3Config::from_json(&text).map_err(ModelError::from)?;
+    let json = serde_json::from_str(&text)
+        .map_err(|e| TrainError::Input(format!("{}: {e}", path.display())))?;
+    Ok((cfg, json))
+}
+
+/// A tokenizer whose ids run past the model's embedding is an error naming both sizes.
+pub fn check_ids_fit(tok: &Tekken, cfg: &Mistral3Config) -> Result<(), TrainError> {
+    if tok.vocab_size() as usize > cfg.text_config.vocab_size {
+        return Err(ConfigError::Invalid {
+            key: "data.vocab_size",
+            value: tok.vocab_size().to_string(),
+            reason: format!(
+                "the tokenizer's ids do not fit the model's vocabulary ({})",
+                cfg.text_config.vocab_size
+            ),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// Optimizer steps of `epochs` passes over `lengths` (sample lengths in tokens): whole

@@ -10,19 +10,17 @@
 //! model's, is an error unless `data.vocab_size` asks for it (then it is a warning).
 
 use super::error::TrainError;
-use super::resolve::{model_config, ModelSource, ResolvedRun, TokenizerFrom};
-use crate::model::{Mistral3Config, ModelError};
+use super::resolve::{
+    check_ids_fit, dir_config, model_config, ModelSource, ResolvedRun, TokenizerFrom,
+};
+use crate::model::Mistral3Config;
+use crate::train::config::preset::{PRESET_LONGEST_EDGE, PRESET_VOCAB};
 use crate::train::config::ConfigError;
 use crate::train::data::dataset::SampleSettings;
 use crate::train::data::image::ImageConfig;
 use crate::train::data::truncate::LabelPolicy;
 use crate::train::data::Tekken;
 
-/// The vocabulary of a preset run: the shared tokenizer's first 1280 ids (a model small enough
-/// to learn the synthetic set in minutes).
-pub const PRESET_VOCAB: u32 = 1280;
-/// The longest image edge of a preset run (the synthetic set's images are 112 px).
-pub const PRESET_LONGEST_EDGE: u32 = 112;
 /// The tokenizer, model config, image settings and system prompt of a run's samples.
 #[derive(Debug)]
 pub struct SampleSetup {
@@ -52,13 +50,13 @@ impl SampleSetup {
             }
             ModelSource::Dir(dir) => {
                 let path = dir.join("config.json");
-                let mcfg = Mistral3Config::from_file(&path).map_err(ModelError::from)?;
+                let (mcfg, json) = dir_config(dir)?;
                 let model_vocab = mcfg.text_config.vocab_size as u32;
                 let tok = match d.vocab_size {
                     Some(v) => Tekken::from_file(&plan.tokenizer, Some(v))?,
                     None => Tekken::for_model(&plan.tokenizer, model_vocab)?,
                 };
-                let (_, json) = model_config(&plan.model, &tok)?;
+                check_ids_fit(&tok, &mcfg)?;
                 let have = tok.vocab_size();
                 if plan.cfg.model.weights.is_some() && have < model_vocab {
                     let what = format!(

@@ -38,6 +38,12 @@ pub const TINY: PresetSizes = PresetSizes {
     rope_theta: 10_000.0,
 };
 
+/// The vocabulary of a preset run: the shared tokenizer's first 1280 ids (a model small enough
+/// to learn the synthetic set in minutes).
+pub const PRESET_VOCAB: u32 = 1280;
+/// The longest image edge of a preset run (the synthetic set's images are 112 px).
+pub const PRESET_LONGEST_EDGE: u32 = 112;
+
 /// Names of the built-in presets.
 pub const PRESETS: &[&str] = &["tiny"];
 
