@@ -27,8 +27,8 @@
 //!    ([`comm::CommError`]), then [`error`] ([`Error`] wraps `CommError`);
 //! 3. `alloc::raw` (the `RawMemory` trait the backends implement), then `npu` (`result`,
 //!    `context`, then its streams, memory, pinned buffers and copies);
-//! 4. [`stream`] (over `npu`'s streams), [`meta`], then [`alloc`] with its host memory and
-//!    cache;
+//! 4. [`stream`] (over `npu`'s streams), [`trace`] (the step profiler's spans, over
+//!    streams and events), [`meta`], then [`alloc`] with its host memory and cache;
 //! 5. `device::backends`: [`Device::allocator`] and [`Device::npu_count`], where the
 //!    allocator meets each backend's memory;
 //! 6. [`buffer`] (over the allocator, streams and `npu`'s copies), then [`offload`] (a host
@@ -47,6 +47,7 @@ pub mod meta;
 pub mod offload;
 pub mod rng;
 pub mod stream;
+pub mod trace;
 
 #[cfg(feature = "npu")]
 pub mod npu;

@@ -11,6 +11,7 @@ use super::npu;
 use super::AdamW;
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// [`crate::adamw::host::adamw_step`] on `stream`'s device:
@@ -25,6 +26,7 @@ pub fn adamw_step(
     hp: &AdamW,
 ) -> Result<()> {
     super::check_step(params.len(), grads.len(), m.len(), v.len(), step, hp)?;
+    let _span = trace::span_on(stream, "adamw_step", trace::Cat::Optimizer);
     match backend::select("adamw_step", stream, &[&params, &grads, &m, &v])? {
         Selected::Cpu(_) => on_cpu::adamw_step(params, grads, m, v, step, hp),
         Selected::Npu(Npu { ordinal }) => npu::step(ordinal, stream, params, grads, m, v, step, hp),

@@ -11,6 +11,7 @@ use super::npu;
 use super::{BlockAttention, Qkv, QkvBuf, QkvGrad, QkvGradBuf, VarlenAttention};
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -25,6 +26,7 @@ pub fn attention_forward<E: Float>(
 ) -> Result<()> {
     let per_head = super::lse_per_head(stream.device());
     super::check_forward(a, per_head, x.lens(), out.len(), lse.len())?;
+    let _span = trace::span_on(stream, "attention_forward", trace::Cat::Attention);
     match backend::select("attention_forward", stream, &[&x, &out, &lse])? {
         Selected::Cpu(_) => on_cpu::attention_forward(a, x, out, lse),
         Selected::Npu(Npu { ordinal }) => npu::forward(ordinal, stream, a, x, out, lse),
@@ -46,6 +48,7 @@ pub fn attention_backward<E: Float>(
     let per_head = super::lse_per_head(stream.device());
     let saved = (out.len(), lse.len(), dout.len());
     super::check_backward(a, per_head, x.lens(), saved, g.lens())?;
+    let _span = trace::span_on(stream, "attention_backward", trace::Cat::Attention);
     match backend::select("attention_backward", stream, &[&x, &out, &lse, &dout, &g])? {
         Selected::Cpu(_) => on_cpu::attention_backward(a, x, out, lse, dout, g),
         Selected::Npu(Npu { ordinal }) => npu::backward(ordinal, stream, a, x, out, lse, dout, g),
@@ -66,6 +69,7 @@ pub fn attention_block_forward<E: Float>(
     let per_head = super::lse_per_head(stream.device());
     let (ol, ll) = (out.len(), lse.len());
     super::check_block_forward(a, per_head, x.lens(), ol, ll)?;
+    let _span = trace::span_on(stream, "attention_block_forward", trace::Cat::Attention);
     match backend::select("attention_block_forward", stream, &[&x, &out, &lse])? {
         Selected::Cpu(_) => on_cpu::attention_block_forward(a, x, out, lse),
         Selected::Npu(Npu { ordinal }) => npu::block_forward(ordinal, stream, a, x, out, lse),
@@ -87,6 +91,7 @@ pub fn attention_block_backward<E: Float>(
     let per_head = super::lse_per_head(stream.device());
     let saved = (out.len(), lse.len(), dout.len());
     super::check_block_backward(a, per_head, x.lens(), saved, g.lens())?;
+    let _span = trace::span_on(stream, "attention_block_backward", trace::Cat::Attention);
     match backend::select(
         "attention_block_backward",
         stream,

@@ -10,6 +10,7 @@
 use super::npu;
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -21,6 +22,7 @@ pub fn cast<A: Float, B: Float>(
     dst: &mut BufferViewMut<'_, B>,
 ) -> Result<()> {
     super::check_cast(src.len(), dst.len())?;
+    let _span = trace::span_on(stream, "cast", trace::Cat::Norm);
     match backend::select("cast", stream, &[&src, &dst])? {
         Selected::Cpu(_) => on_cpu::cast(src, dst),
         Selected::Npu(Npu { ordinal }) => npu::convert(ordinal, stream, src, dst),

@@ -11,6 +11,7 @@ use super::npu;
 use super::{CeStats, LmHeadCpu, LmHeadGrads, LossNorm};
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// [`crate::cross_entropy::host::cross_entropy`] on `stream`'s device:
@@ -25,6 +26,7 @@ pub fn cross_entropy(
 ) -> Result<CeStats> {
     let (n, d) = (logits.len(), d_logits.as_ref().map(|d| d.len()));
     super::check_full("cross_entropy", labels, vocab, n, d, norm)?;
+    let _span = trace::span_on(stream, "cross_entropy", trace::Cat::Loss);
     match backend::select("cross_entropy", stream, &[&logits, &d_logits])? {
         Selected::Cpu(_) => on_cpu::cross_entropy(logits, labels, vocab, d_logits, norm),
         Selected::Npu(Npu { ordinal }) => {
@@ -45,6 +47,7 @@ pub fn cross_entropy_in_place(
 ) -> Result<CeStats> {
     let (op, n) = ("cross_entropy_in_place", logits.len());
     super::check_full(op, labels, vocab, n, None, norm)?;
+    let _span = trace::span_on(stream, "cross_entropy_in_place", trace::Cat::Loss);
     match backend::select("cross_entropy_in_place", stream, &[&logits])? {
         Selected::Cpu(_) => on_cpu::cross_entropy_in_place(logits, labels, vocab, norm),
         Selected::Npu(Npu { ordinal }) => {
@@ -70,6 +73,7 @@ pub fn cross_entropy_lm_head(
 ) -> Result<CeStats> {
     grads.check(h.len(), w.len(), labels.len(), d_model, vocab)?;
     super::check_chunked(labels, vocab, chunk_rows, norm)?;
+    let _span = trace::span_on(stream, "cross_entropy_lm_head", trace::Cat::Loss);
     match backend::select("cross_entropy_lm_head", stream, &[&h, &w, &grads])? {
         Selected::Cpu(_) => {
             on_cpu::cross_entropy_lm_head(h, w, labels, d_model, vocab, chunk_rows, norm, grads)

@@ -10,6 +10,7 @@
 use super::npu;
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -21,6 +22,7 @@ pub fn add_into<E: Float>(
     x: &BufferView<'_, E>,
 ) -> Result<()> {
     super::check_add_into(y.len(), x.len())?;
+    let _span = trace::span_on(stream, "add_into", trace::Cat::Norm);
     match backend::select("add_into", stream, &[&y, &x])? {
         Selected::Cpu(_) => on_cpu::add_into(y, x),
         Selected::Npu(Npu { ordinal }) => npu::add_into(ordinal, stream, y, x),
@@ -37,6 +39,7 @@ pub fn mul<E: Float>(
     b: &BufferView<'_, E>,
 ) -> Result<()> {
     super::check_mul(out.len(), a.len(), b.len())?;
+    let _span = trace::span_on(stream, "mul", trace::Cat::Norm);
     match backend::select("mul", stream, &[&out, &a, &b])? {
         Selected::Cpu(_) => on_cpu::mul(out, a, b),
         Selected::Npu(Npu { ordinal }) => npu::mul(ordinal, stream, out, a, b),
@@ -52,6 +55,7 @@ pub fn mul_into<E: Float>(
     x: &BufferView<'_, E>,
 ) -> Result<()> {
     super::check_mul_into(y.len(), x.len())?;
+    let _span = trace::span_on(stream, "mul_into", trace::Cat::Norm);
     match backend::select("mul_into", stream, &[&y, &x])? {
         Selected::Cpu(_) => on_cpu::mul_into(y, x),
         Selected::Npu(Npu { ordinal }) => npu::mul_into(ordinal, stream, y, x),

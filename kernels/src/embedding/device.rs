@@ -10,6 +10,7 @@
 use super::npu;
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -23,6 +24,7 @@ pub fn embedding_forward<E: Float>(
     dim: usize,
 ) -> Result<()> {
     super::check_forward(out.len(), ids, weight.len(), dim)?;
+    let _span = trace::span_on(stream, "embedding_forward", trace::Cat::Norm);
     match backend::select("embedding_forward", stream, &[&out, &weight])? {
         Selected::Cpu(_) => on_cpu::embedding_forward(out, ids, weight, dim),
         Selected::Npu(Npu { ordinal }) => npu::forward(ordinal, stream, out, ids, weight, dim),
@@ -40,6 +42,7 @@ pub fn embedding_backward<E: Float>(
     dim: usize,
 ) -> Result<()> {
     super::check_backward(dweight.len(), dout.len(), ids, dim)?;
+    let _span = trace::span_on(stream, "embedding_backward", trace::Cat::Norm);
     match backend::select("embedding_backward", stream, &[&dweight, &dout])? {
         Selected::Cpu(_) => on_cpu::embedding_backward(dweight, dout, ids, dim),
         Selected::Npu(Npu { ordinal }) => npu::backward(ordinal, stream, dweight, dout, ids, dim),

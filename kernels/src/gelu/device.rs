@@ -10,6 +10,7 @@
 use super::npu;
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -21,6 +22,7 @@ pub fn gelu_forward<E: Float>(
     x: &BufferView<'_, E>,
 ) -> Result<()> {
     super::check_forward(y.len(), x.len())?;
+    let _span = trace::span_on(stream, "gelu_forward", trace::Cat::Norm);
     match backend::select("gelu_forward", stream, &[&y, &x])? {
         Selected::Cpu(_) => on_cpu::gelu_forward(y, x),
         Selected::Npu(Npu { ordinal }) => npu::forward(ordinal, stream, y, x),
@@ -37,6 +39,7 @@ pub fn gelu_backward<E: Float>(
     x: &BufferView<'_, E>,
 ) -> Result<()> {
     super::check_backward(dx.len(), dy.len(), x.len())?;
+    let _span = trace::span_on(stream, "gelu_backward", trace::Cat::Norm);
     match backend::select("gelu_backward", stream, &[&dx, &dy, &x])? {
         Selected::Cpu(_) => on_cpu::gelu_backward(dx, dy, x),
         Selected::Npu(Npu { ordinal }) => npu::backward(ordinal, stream, dx, dy, x),

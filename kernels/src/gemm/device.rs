@@ -11,6 +11,7 @@ use super::npu;
 use super::{Dims, Precision, Trans};
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -34,6 +35,7 @@ pub fn gemm<A: Float, B: Float>(
 ) -> Result<()> {
     let (al, bl, cl) = ((a.len(), lda), (b.len(), ldb), (c.len(), ldc));
     super::check_gemm::<A, B>(p, (ta, tb), d, al, bl, cl)?;
+    let _span = trace::span_on(stream, "gemm", trace::Cat::Gemm);
     match backend::select("gemm", stream, &[&a, &b, &c])? {
         Selected::Cpu(_) => on_cpu::gemm(p, ta, tb, d, alpha, a, lda, b, ldb, beta, c, ldc),
         Selected::Npu(Npu { ordinal }) => npu::gemm(

@@ -10,11 +10,13 @@
 use super::npu;
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
 /// [`crate::grad_clip::host::grad_sum_squares`] on `stream`'s device:
 /// Sum of squares of every element of every view, in f64 ([`crate::grad_clip`]).
 pub fn grad_sum_squares(stream: &Stream, grads: &[BufferView<'_, f32>]) -> Result<f64> {
+    let _span = trace::span_on(stream, "grad_sum_squares", trace::Cat::Optimizer);
     match backend::select("grad_sum_squares", stream, &[&grads])? {
         Selected::Cpu(_) => on_cpu::grad_sum_squares(grads),
         Selected::Npu(Npu { ordinal }) => npu::grad_sum_squares(ordinal, stream, grads),
@@ -25,6 +27,7 @@ pub fn grad_sum_squares(stream: &Stream, grads: &[BufferView<'_, f32>]) -> Resul
 /// [`crate::grad_clip::host::scale_grads`] on `stream`'s device:
 /// Every element of every view times `coef`.
 pub fn scale_grads(stream: &Stream, grads: &mut [BufferViewMut<'_, f32>], coef: f32) -> Result<()> {
+    let _span = trace::span_on(stream, "scale_grads", trace::Cat::Optimizer);
     match backend::select("scale_grads", stream, &[&grads])? {
         Selected::Cpu(_) => on_cpu::scale_grads(grads, coef),
         Selected::Npu(Npu { ordinal }) => npu::scale_grads(ordinal, stream, grads, coef),

@@ -11,6 +11,7 @@ use super::npu;
 use super::TransposeDims;
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 use cannon_runtime::{Element, Float};
 
@@ -24,6 +25,7 @@ pub fn gather_rows<T: Element>(
     dim: usize,
 ) -> Result<()> {
     super::check_gather_rows(out.len(), src.len(), idx, dim)?;
+    let _span = trace::span_on(stream, "gather_rows", trace::Cat::Norm);
     match backend::select("gather_rows", stream, &[&out, &src])? {
         Selected::Cpu(_) => on_cpu::gather_rows(out, src, idx, dim),
         Selected::Npu(Npu { ordinal }) => npu::gather_rows(ordinal, stream, out, src, idx, dim),
@@ -41,6 +43,7 @@ pub fn scatter_rows<T: Element>(
     dim: usize,
 ) -> Result<()> {
     super::check_scatter_rows("scatter_rows", dst.len(), src.len(), idx, dim)?;
+    let _span = trace::span_on(stream, "scatter_rows", trace::Cat::Norm);
     match backend::select("scatter_rows", stream, &[&dst, &src])? {
         Selected::Cpu(_) => on_cpu::scatter_rows(dst, src, idx, dim),
         Selected::Npu(Npu { ordinal }) => npu::scatter_rows(ordinal, stream, dst, src, idx, dim),
@@ -59,6 +62,7 @@ pub fn scatter_add_rows<E: Float>(
 ) -> Result<()> {
     let (op, n, m) = ("scatter_add_rows", dst.len(), src.len());
     super::check_scatter_rows(op, n, m, idx, dim)?;
+    let _span = trace::span_on(stream, "scatter_add_rows", trace::Cat::Norm);
     match backend::select("scatter_add_rows", stream, &[&dst, &src])? {
         Selected::Cpu(_) => on_cpu::scatter_add_rows(dst, src, idx, dim),
         Selected::Npu(Npu { ordinal }) => {
@@ -77,6 +81,7 @@ pub fn zero_rows<T: Element>(
     dim: usize,
 ) -> Result<()> {
     super::check_zero_rows(dst.len(), idx, dim)?;
+    let _span = trace::span_on(stream, "zero_rows", trace::Cat::Norm);
     match backend::select("zero_rows", stream, &[&dst])? {
         Selected::Cpu(_) => on_cpu::zero_rows(dst, idx, dim),
         Selected::Npu(Npu { ordinal }) => npu::zero_rows(ordinal, stream, dst, idx, dim),
@@ -93,6 +98,7 @@ pub fn transpose<T: Element>(
     d: TransposeDims,
 ) -> Result<()> {
     super::check_transpose(out.len(), x.len(), d)?;
+    let _span = trace::span_on(stream, "transpose", trace::Cat::Norm);
     match backend::select("transpose", stream, &[&out, &x])? {
         Selected::Cpu(_) => on_cpu::transpose(out, x, d),
         Selected::Npu(Npu { ordinal }) => npu::transpose(ordinal, stream, out, x, d),

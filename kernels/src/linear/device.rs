@@ -12,6 +12,7 @@ use super::{LinearDims, LinearGradBufs};
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
 use crate::gemm::Precision;
+use cannon_runtime::trace;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -28,6 +29,7 @@ pub fn linear_forward<Y: Float, X: Float, W: Float>(
 ) -> Result<()> {
     let bl = b.map(|b| b.len());
     super::check_forward::<Y, X, W>(p, d, y.len(), x.len(), w.len(), bl)?;
+    let _span = trace::span_on(stream, "linear_forward", trace::Cat::Gemm);
     match backend::select("linear_forward", stream, &[&y, &x, &w, &b])? {
         Selected::Cpu(_) => on_cpu::linear_forward(p, y, x, w, b, d),
         Selected::Npu(Npu { ordinal }) => npu::forward(ordinal, stream, p, y, x, w, b, d),
@@ -48,6 +50,7 @@ pub fn linear_backward<G: Float, X: Float, W: Float>(
 ) -> Result<()> {
     let (dyl, xl, wl) = (dy.len(), x.len(), w.len());
     super::check_backward::<G, X, W>(p, d, g.lens(), dyl, xl, wl)?;
+    let _span = trace::span_on(stream, "linear_backward", trace::Cat::Gemm);
     match backend::select("linear_backward", stream, &[&g, &dy, &x, &w])? {
         Selected::Cpu(_) => on_cpu::linear_backward(p, g, dy, x, w, d),
         Selected::Npu(Npu { ordinal }) => npu::backward(ordinal, stream, p, g, dy, x, w, d),

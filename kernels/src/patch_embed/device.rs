@@ -12,6 +12,7 @@ use super::{PatchEmbedGradBufs, PatchGeom};
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
 use crate::gemm::Precision;
+use cannon_runtime::trace;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -28,6 +29,7 @@ pub fn patch_embed_forward<P: Float, W: Float>(
 ) -> Result<()> {
     let (ol, pl, wl) = (out.len(), pixels.len(), weight.len());
     super::check_forward::<P, W>(p, &g, d_model, ol, pl, wl)?;
+    let _span = trace::span_on(stream, "patch_embed_forward", trace::Cat::Gemm);
     match backend::select("patch_embed_forward", stream, &[&out, &pixels, &weight])? {
         Selected::Cpu(_) => on_cpu::patch_embed_forward(p, out, pixels, weight, g, d_model),
         Selected::Npu(Npu { ordinal }) => {
@@ -53,6 +55,7 @@ pub fn patch_embed_backward<G: Float, P: Float, W: Float>(
     let (gl, dl) = (grads.lens(), dout.len());
     let (pl, wl) = (pixels.len(), weight.len());
     super::check_backward::<G, P, W>(p, &g, d_model, gl, dl, pl, wl)?;
+    let _span = trace::span_on(stream, "patch_embed_backward", trace::Cat::Gemm);
     match backend::select(
         "patch_embed_backward",
         stream,

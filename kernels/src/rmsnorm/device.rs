@@ -10,6 +10,7 @@
 use super::npu;
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -25,6 +26,7 @@ pub fn rmsnorm_forward<E: Float>(
     eps: f32,
 ) -> Result<()> {
     super::check_forward(out.len(), rstd.len(), x.len(), weight.len(), dim)?;
+    let _span = trace::span_on(stream, "rmsnorm_forward", trace::Cat::Norm);
     match backend::select("rmsnorm_forward", stream, &[&out, &rstd, &x, &weight])? {
         Selected::Cpu(_) => on_cpu::rmsnorm_forward(out, rstd, x, weight, dim, eps),
         Selected::Npu(Npu { ordinal }) => {
@@ -50,6 +52,7 @@ pub fn rmsnorm_backward<E: Float>(
     let (dxl, dwl, dl) = (dx.len(), dweight.len(), dout.len());
     let (xl, wl, rl) = (x.len(), weight.len(), rstd.len());
     super::check_backward(dxl, dwl, dl, xl, wl, rl, dim)?;
+    let _span = trace::span_on(stream, "rmsnorm_backward", trace::Cat::Norm);
     match backend::select(
         "rmsnorm_backward",
         stream,

@@ -11,6 +11,7 @@ use super::npu;
 use super::RopeTable;
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferViewMut, Stream};
 
@@ -24,6 +25,7 @@ pub fn rope_forward<E: Float>(
     pos: &[u32],
 ) -> Result<()> {
     super::check_apply_len("rope_forward", x.len(), n_heads, table, pos)?;
+    let _span = trace::span_on(stream, "rope_forward", trace::Cat::Norm);
     match backend::select("rope_forward", stream, &[&x])? {
         Selected::Cpu(_) => on_cpu::rope_forward(x, n_heads, table, pos),
         Selected::Npu(Npu { ordinal }) => npu::forward(ordinal, stream, x, n_heads, table, pos),
@@ -41,6 +43,7 @@ pub fn rope_backward<E: Float>(
     pos: &[u32],
 ) -> Result<()> {
     super::check_apply_len("rope_backward", dx.len(), n_heads, table, pos)?;
+    let _span = trace::span_on(stream, "rope_backward", trace::Cat::Norm);
     match backend::select("rope_backward", stream, &[&dx])? {
         Selected::Cpu(_) => on_cpu::rope_backward(dx, n_heads, table, pos),
         Selected::Npu(Npu { ordinal }) => npu::backward(ordinal, stream, dx, n_heads, table, pos),

@@ -10,6 +10,7 @@
 use super::npu;
 use crate::backend::{self, Npu, Selected};
 use crate::error::Result;
+use cannon_runtime::trace;
 use cannon_runtime::Float;
 use cannon_runtime::{BufferView, BufferViewMut, Stream};
 
@@ -22,6 +23,7 @@ pub fn swiglu_forward<E: Float>(
     up: &BufferView<'_, E>,
 ) -> Result<()> {
     super::check_forward(h.len(), gate.len(), up.len())?;
+    let _span = trace::span_on(stream, "swiglu_forward", trace::Cat::Norm);
     match backend::select("swiglu_forward", stream, &[&h, &gate, &up])? {
         Selected::Cpu(_) => on_cpu::swiglu_forward(h, gate, up),
         Selected::Npu(Npu { ordinal }) => npu::forward(ordinal, stream, h, gate, up),
@@ -41,6 +43,7 @@ pub fn swiglu_backward<E: Float>(
 ) -> Result<()> {
     let (dg, du, dhl) = (d_gate.len(), d_up.len(), dh.len());
     super::check_backward(dg, du, dhl, gate.len(), up.len())?;
+    let _span = trace::span_on(stream, "swiglu_backward", trace::Cat::Norm);
     match backend::select(
         "swiglu_backward",
         stream,

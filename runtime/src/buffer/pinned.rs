@@ -51,6 +51,7 @@ impl<T: Element> BufferViewMut<'_, T> {
         check_len(WHAT, src.len(), self.len())?;
         check_pinned(WHAT, self.device(), src.ordinal())?;
         let s = acl(stream, WHAT, self.device())?;
+        let _span = crate::trace::span_on(stream, "htod", crate::trace::Cat::Copy);
         pinned::htod_async(s, src, self.as_raw_mut_ptr())
     }
 }
@@ -62,6 +63,7 @@ impl<T: Element> BufferView<'_, T> {
         check_len(WHAT, dst.len(), self.len())?;
         check_pinned(WHAT, self.device(), dst.ordinal())?;
         let s = acl(stream, WHAT, self.device())?;
+        let _span = crate::trace::span_on(stream, "dtoh", crate::trace::Cat::Copy);
         pinned::dtoh_async(s, self.as_raw_ptr(), dst)
     }
 }

@@ -97,6 +97,7 @@ impl<'a, T: Element> BufferView<'a, T> {
     pub fn memcpy_dtoh(&self, stream: &Stream, dst: &mut [T]) -> Result<()> {
         check_len("memcpy_dtoh", dst.len(), self.len)?;
         check_device("memcpy_dtoh", stream.device(), self.device())?;
+        let _span = crate::trace::span_on(stream, "dtoh", crate::trace::Cat::Copy);
         match self.device() {
             Device::Cpu => {
                 dst.copy_from_slice(self.as_host_slice()?);
@@ -165,6 +166,7 @@ impl<'a, T: Element> BufferViewMut<'a, T> {
     pub fn memcpy_htod(&mut self, stream: &Stream, src: &[T]) -> Result<()> {
         check_len("memcpy_htod", src.len(), self.len)?;
         check_device("memcpy_htod", stream.device(), self.device())?;
+        let _span = crate::trace::span_on(stream, "htod", crate::trace::Cat::Copy);
         match self.device() {
             Device::Cpu => {
                 self.as_host_slice_mut()?.copy_from_slice(src);

@@ -151,8 +151,9 @@ impl CpuWorld {
 
 /// Runs the same call on whichever backend `$self` holds, counting it in `calls`.
 macro_rules! counted {
-    ($self:expr, $c:ident => $call:expr) => {{
+    ($self:expr, $name:literal, $stream:expr, $c:ident => $call:expr) => {{
         $self.calls.set($self.calls.get() + 1);
+        let _span = crate::trace::span_on($stream, $name, crate::trace::Cat::Collective);
         dispatch!($self, $c => $call)
     }};
 }
@@ -252,7 +253,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.all_reduce(send, recv, op, stream))
+        counted!(self, "all_reduce", stream, c => c.all_reduce(send, recv, op, stream))
     }
 
     /// `buf[i] = op over ranks of buf[i]`. buf: (n,).
@@ -262,7 +263,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.all_reduce_in_place(buf, op, stream))
+        counted!(self, "all_reduce_in_place", stream, c => c.all_reduce_in_place(buf, op, stream))
     }
 
     /// Rank-major concatenation. send: (n,), recv: (world * n,), `recv[r*n..(r+1)*n]` = rank r's.
@@ -272,7 +273,7 @@ impl Communicator {
         recv: &mut BufferViewMut<'_, T>,
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.all_gather(send, recv, stream))
+        counted!(self, "all_gather", stream, c => c.all_gather(send, recv, stream))
     }
 
     /// Uneven all_gather (FSDP flat shards). counts: (world,) identical on all ranks;
@@ -284,7 +285,7 @@ impl Communicator {
         counts: &[usize],
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.all_gather_v(send, recv, counts, stream))
+        counted!(self, "all_gather_v", stream, c => c.all_gather_v(send, recv, counts, stream))
     }
 
     /// send: (world * m,), recv: (m,) = op over ranks of their `send[rank*m..(rank+1)*m]`.
@@ -297,7 +298,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.reduce_scatter(send, recv, op, stream))
+        counted!(self, "reduce_scatter", stream, c => c.reduce_scatter(send, recv, op, stream))
     }
 
     /// Uneven reduce_scatter (FSDP gradient shards). counts: (world,) identical on all ranks;
@@ -310,7 +311,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.reduce_scatter_v(send, recv, counts, op, stream))
+        counted!(self, "reduce_scatter_v", stream, c => c.reduce_scatter_v(send, recv, counts, op, stream))
     }
 
     /// Copies `root`'s buf into every other rank's buf. buf: (n,) on every rank.
@@ -320,7 +321,7 @@ impl Communicator {
         root: usize,
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.broadcast(buf, root, stream))
+        counted!(self, "broadcast", stream, c => c.broadcast(buf, root, stream))
     }
 
     /// Equal-chunk all-to-all. send, recv: (world * c,); rank r's recv chunk j is rank j's send
@@ -331,7 +332,7 @@ impl Communicator {
         recv: &mut BufferViewMut<'_, T>,
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.all_to_all(send, recv, stream))
+        counted!(self, "all_to_all", stream, c => c.all_to_all(send, recv, stream))
     }
 
     /// All-to-all with per-peer counts, chunks packed in rank order (displacements are the
@@ -345,12 +346,12 @@ impl Communicator {
         recv_counts: &[usize],
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.all_to_all_v(send, send_counts, recv, recv_counts, stream))
+        counted!(self, "all_to_all_v", stream, c => c.all_to_all_v(send, send_counts, recv, recv_counts, stream))
     }
 
     /// Returns once every rank of the group called `barrier` (on HCCL: and `stream` drained).
     pub fn barrier(&self, stream: &Stream) -> CommResult<()> {
-        counted!(self, c => c.barrier(stream))
+        counted!(self, "barrier", stream, c => c.barrier(stream))
     }
 
     /// Sends `buf` to `dst`, matched in order by `recv` on `dst`. On the CPU sends are eager
@@ -361,7 +362,7 @@ impl Communicator {
         dst: usize,
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.send(buf, dst, stream))
+        counted!(self, "send", stream, c => c.send(buf, dst, stream))
     }
 
     /// Receives the oldest unreceived message from `src`, which must have `buf.len()` elements
@@ -372,7 +373,7 @@ impl Communicator {
         src: usize,
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.recv(buf, src, stream))
+        counted!(self, "recv", stream, c => c.recv(buf, src, stream))
     }
 
     /// Sends `send` to `dst` and receives `recv` from `src`: the ring step of ring attention,
@@ -385,14 +386,14 @@ impl Communicator {
         src: usize,
         stream: &Stream,
     ) -> CommResult<()> {
-        counted!(self, c => c.send_recv(send, dst, recv, src, stream))
+        counted!(self, "send_recv", stream, c => c.send_recv(send, dst, recv, src, stream))
     }
 
     /// Splits the group like `MPI_Comm_split`: ranks with the same `color` form a new group,
     /// ordered by `(key, old rank)`. Collective over this group; the new communicator has the
     /// same backend and inherits this one's timeout.
     pub fn split(&self, color: u32, key: u32, stream: &Stream) -> CommResult<Communicator> {
-        counted!(self, c => c.split(color, key, stream).map(Communicator::from))
+        counted!(self, "split", stream, c => c.split(color, key, stream).map(Communicator::from))
     }
 
     /// HCCL's asynchronous error state (a failed collective surfaces there, not at enqueue);
