@@ -31,6 +31,7 @@ use super::source::GroupWeights;
 use cannon_kernels::cross_entropy::{LossNorm, IGNORE_INDEX};
 use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::{ops, KernelError, Tensor};
+use cannon_runtime::trace::{self, Cat};
 use cannon_runtime::BufferView;
 use std::ops::Range;
 
@@ -115,6 +116,7 @@ pub fn forward<A: ActElem>(
     out: Logits,
 ) -> Result<HeadActs> {
     let st = exec.stream();
+    let _span = trace::span("head forward", Cat::Layer);
     let t = targets.len();
     match mode {
         LossMode::Full => {
@@ -190,6 +192,7 @@ pub fn backward<A: ActElem>(
     mut dw: Option<cannon_runtime::BufferViewMut<'_, f32>>,
 ) -> Result<()> {
     let st = exec.stream();
+    let _span = trace::span("head backward", Cat::Layer);
     match (mode, &h.dlogits) {
         (LossMode::Full, Some(dl)) => linear_back(
             st,

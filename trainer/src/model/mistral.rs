@@ -29,6 +29,7 @@ use crate::parallel::cp::{CpGroup, CpLayout};
 use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{ops, Tensor};
+use cannon_runtime::trace::{self, Cat};
 use cannon_runtime::BufferViewMut;
 use cannon_runtime::CopyMark;
 
@@ -238,6 +239,7 @@ pub fn forward<'p, A: ActElem>(
     let mut layers: Vec<LayerSaved<A>> = Vec::with_capacity(layers_n);
     let mut x = x0;
     for l in 0..layers_n {
+        let _span = trace::span_at("text layer forward", l, Cat::Layer);
         let ctx = BlockCtx {
             dims,
             rope: &rope,
@@ -390,6 +392,7 @@ pub fn backward<A: ActElem>(
     // Layer l's reload, queued while layer l+1's backward ran, and its copy mark.
     let mut next: Option<(Restored<A>, Option<CopyMark>)> = None;
     for l in (0..a.layers.len()).rev() {
+        let _span = trace::span_at("text layer backward", l, Cat::Layer);
         let below_trains = (0..=l).any(|k| grads.trains(layout.text_layer(k)));
         if !below_trains && !want_dx0 {
             return Ok((None, visit));

@@ -32,6 +32,7 @@ use cannon_kernels::ops;
 use cannon_kernels::patch_embed::{PatchEmbedGradBufs, PatchGeom};
 use cannon_kernels::rope::RopeTable;
 use cannon_kernels::{KernelError, Tensor};
+use cannon_runtime::trace::{self, Cat};
 
 /// The patch grid of every image: `(rows, cols)` of patches and the cumulative patch ends.
 #[derive(Clone, Debug)]
@@ -216,6 +217,7 @@ pub fn forward<A: ActElem>(
     let mut outs: Vec<Tensor<f32>> = Vec::with_capacity(layers);
     let mut blocks = Vec::with_capacity(layers);
     for l in 0..layers {
+        let _span = trace::span_at("vision layer forward", l, Cat::Layer);
         let ctx = BlockCtx {
             dims,
             rope: &rope,
@@ -299,6 +301,7 @@ pub fn backward<A: ActElem>(
     let mut dprev = exec.empty(&[n, dv])?;
     let mut visit = VisionVisit::default();
     for l in (0..a.blocks.len()).rev() {
+        let _span = trace::span_at("vision layer backward", l, Cat::Layer);
         let ctx = BlockCtx {
             dims,
             rope: &a.rope,

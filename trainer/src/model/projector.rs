@@ -25,6 +25,7 @@ use super::ModelError;
 use cannon_kernels::device_ctx::DeviceCtx;
 use cannon_kernels::index::TransposeDims;
 use cannon_kernels::{ops, KernelError, Tensor};
+use cannon_runtime::trace::{self, Cat};
 use cannon_runtime::{BufferView, BufferViewMut};
 
 /// Everything the projector forward saves.
@@ -82,6 +83,7 @@ pub fn forward<A: ActElem>(
     x: &BufferView<'_, f32>,
 ) -> Result<ProjectorActs<A>, ModelError> {
     let st = exec.stream();
+    let _span = trace::span("projector forward", Cat::Layer);
     let dv = cfg.vision_config.hidden_size;
     let d = cfg.text_config.hidden_size;
     let m = cfg.spatial_merge_size;
@@ -154,6 +156,7 @@ pub fn backward<A: ActElem>(
     dx: Option<BufferViewMut<'_, f32>>,
 ) -> Result<(), ModelError> {
     let st = exec.stream();
+    let _span = trace::span("projector backward", Cat::Layer);
     let dv = cfg.vision_config.hidden_size;
     let d = cfg.text_config.hidden_size;
     let mm = cfg.spatial_merge_size * cfg.spatial_merge_size;

@@ -29,6 +29,19 @@ pub enum TrainError {
     },
     #[error("{0}")]
     Input(String),
+    /// Stopped by a signal after a step, with every rank's checkpoint of it written
+    /// ([`super::preempt`]).
+    #[error(
+        "stopped by {} after step {step}; checkpoint {}: run the same command with \
+         checkpoint.resume = true to continue",
+        super::preempt::signal_name(*signal),
+        checkpoint.display()
+    )]
+    Preempted {
+        step: usize,
+        signal: i32,
+        checkpoint: PathBuf,
+    },
 }
 
 pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {

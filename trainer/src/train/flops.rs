@@ -11,9 +11,12 @@
 //! backward a gradient only passes  1 x its forward (d input only)
 //! ```
 //!
-//! The peak is measured at start-up ([`gemm_peak`]): the best of a few square GEMMs at the
-//! run's precision through the same `ops::gemm` entry point the model's layers use, so MFU
-//! compares the step with what this machine's GEMM reaches today, not with a datasheet.
+//! The peak is measured at start-up ([`PeakProbe::measure`]): the best of four square
+//! 2048^3 GEMMs (8192^3 on an NPU) at the run's precision through the same `ops::gemm` entry
+//! point the model's layers use, so MFU compares the step with what this machine's GEMM
+//! reaches today, not with a datasheet. A step whose model FLOP rate beats the probe (a
+//! probe taken while the host was busy) raises the peak to that rate, so `mfu` is never
+//! above 1. Model FLOPs count the samples' tokens only: padding is no work the model needs.
 
 use crate::model::batch::Batch;
 use crate::model::{DeviceCtx, Mistral3Config, Part};
@@ -33,24 +36,31 @@ pub struct StepFlops {
     pub total: f64,
 }
 
-/// Model FLOPs of one forward + backward of `batch` with `trainable` parts training.
+/// Model FLOPs of one forward + backward of `batch` with `trainable` parts training, every
+/// token counted (a batch does not say which are padding; `bench step`'s have none).
 pub fn step_flops(cfg: &Mistral3Config, batch: &Batch, trainable: &[Part]) -> StepFlops {
     let ends = batch.sequence_ends();
-    flops_of(cfg, batch.tokens(), &ends, &batch.images.sizes, trainable)
+    let lens = ends.iter().scan(0, |start, &end| {
+        let len = end - *start;
+        *start = end;
+        Some(len)
+    });
+    flops_of(cfg, lens, &batch.images.sizes, trainable)
 }
 
-/// [`step_flops`] of the batch `shape` describes, before its images are read.
+/// The model FLOPs of a run's step (what its `mfu` divides): of the samples of the batch
+/// `shape` describes, padding excluded (a padded row's tail is no work the model needs),
+/// known before its images are read.
 pub fn shape_flops(cfg: &Mistral3Config, shape: &BatchShape, trainable: &[Part]) -> StepFlops {
-    let (ends, sizes) = (&shape.sequence_ends, &shape.image_sizes);
-    flops_of(cfg, shape.tokens(), ends, sizes, trainable)
+    let lens = shape.sample_lens.iter().copied();
+    flops_of(cfg, lens, &shape.image_sizes, trainable)
 }
 
-/// The FLOPs of a batch of `tokens` tokens (padding included) in sequences ending at
-/// `ends`, with images of `image_sizes`.
+/// The FLOPs of sequences of `seq_lens` tokens (each attending causally within itself),
+/// with images of `image_sizes`.
 fn flops_of(
     cfg: &Mistral3Config,
-    tokens: usize,
-    ends: &[usize],
+    seq_lens: impl Iterator<Item = usize>,
     image_sizes: &[(usize, usize)],
     trainable: &[Part],
 ) -> StepFlops {
@@ -67,13 +77,11 @@ fn flops_of(
         t.head_dim() as f64,
     );
     let text_linear = d * hq * hd * 2.0 + d * hkv * hd * 2.0 + 3.0 * d * it;
-    let tokens = tokens as f64;
-    let mut text = 2.0 * tokens * (text_linear * t.num_hidden_layers as f64 + d * vocab);
-    let mut start = 0;
-    for &end in ends {
-        let s = (end - start) as f64;
+    let mut text = 0.0;
+    for s in seq_lens {
+        let s = s as f64;
+        text += 2.0 * s * (text_linear * t.num_hidden_layers as f64 + d * vocab);
         text += 2.0 * s * s * hq * hd * t.num_hidden_layers as f64;
-        start = end;
     }
 
     let (dv, iv, p, c) = (
@@ -146,6 +154,57 @@ fn gemm_peak_of<T: Float>(
     GemmProbe::<T>::new(exec, p, n)?.best(reps)
 }
 
+/// Side of the square GEMMs the peak is measured on: large enough that the best of a few
+/// calls is the micro-kernel's sustained rate (at 1024 one call is ~10 ms on 2 cores and the
+/// best of four varied by 30 % between runs on an AVX2 Zen 3; at 2048 by a few %), small
+/// enough to take about half a second. A run's start-up once probed 512^3 products: on a
+/// busy 2-core host that read 151.7 GFLOP/s where `bench step` read 200, and the 0.86 B
+/// model's second step logged `mfu` 1.07.
+pub const GEMM_PEAK_N: usize = 2048;
+
+/// The side on an NPU: its cube units finish a 2048^3 product in well under a millisecond,
+/// where the launch and the stream's synchronisation would be most of what is timed.
+pub const NPU_GEMM_PEAK_N: usize = 8192;
+
+/// The peak a run's MFU divides by, as measured at its start (recorded in
+/// `run_identity.json`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PeakProbe {
+    /// The best rate, GFLOP/s.
+    pub gflops: f64,
+    /// Side of the square products timed.
+    pub n: usize,
+    /// Products timed after the warm-up one (the best counts).
+    pub reps: usize,
+    /// Precision of the operands (the run's `train.dtype`).
+    pub dtype: String,
+    pub device: String,
+}
+
+impl PeakProbe {
+    /// Probes the run's device at precision `p`: the best of 4 square products of
+    /// [`GEMM_PEAK_N`] ([`NPU_GEMM_PEAK_N`] on an NPU) through `ops::gemm`.
+    pub fn measure(exec: &DeviceCtx, p: Precision) -> Result<Self, KernelError> {
+        let device = exec.device();
+        let n = match device.runs_inline() {
+            true => GEMM_PEAK_N,
+            false => NPU_GEMM_PEAK_N,
+        };
+        let reps = 4;
+        Ok(PeakProbe {
+            gflops: gemm_peak(exec, p, n, reps)? / 1e9,
+            n,
+            reps,
+            dtype: format!("{p:?}").to_lowercase(),
+            device: device.to_string(),
+        })
+    }
+
+    pub fn flops(&self) -> f64 {
+        self.gflops * 1e9
+    }
+}
+
 /// The operands of an `n^3` GEMM at precision `p`, kept for repeated peak measurements
 /// (`bench step` probes beside every step) without allocating or uploading them again.
 pub struct GemmProbe<T: Float> {
@@ -198,5 +257,33 @@ impl<T: Float> GemmProbe<T> {
             }
         }
         Ok(2.0 * (n as f64).powi(3) / best.max(1e-9))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::config::preset;
+
+    #[test]
+    fn a_runs_model_flops_leave_the_padding_out() {
+        let tiny = preset::sizes("tiny").unwrap();
+        let cfg = preset::config(tiny, 1280, 10, 14).unwrap();
+        let text = [Part::Text];
+        // Two rows of 16: samples of 3 and 5 tokens, each row padded to the end.
+        let shape = BatchShape {
+            rows: 2,
+            seq: 16,
+            sequence_ends: vec![3, 16, 21, 32],
+            image_sizes: vec![],
+            samples: 2,
+            sample_tokens: 8,
+            sample_lens: vec![3, 5],
+        };
+        let model = shape_flops(&cfg, &shape, &text).total;
+        let samples = flops_of(&cfg, [3, 5].into_iter(), &[], &text).total;
+        let with_padding = flops_of(&cfg, [3, 13, 5, 11].into_iter(), &[], &text).total;
+        assert_eq!(model, samples);
+        assert!(model < 0.5 * with_padding, "{model} vs {with_padding}");
     }
 }

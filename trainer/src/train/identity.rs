@@ -54,6 +54,9 @@ pub struct RunIdentity {
     pub host: BTreeMap<String, String>,
     /// RAYON_NUM_THREADS and every CANNON_* and ASCEND_* variable that is set.
     pub env: BTreeMap<String, String>,
+    /// The GEMM peak a training run's `mfu` divides by, as measured at its start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gemm_peak: Option<crate::train::flops::PeakProbe>,
 }
 
 /// Environment variables that change what a run does or how fast: the thread pool's size,
@@ -170,6 +173,7 @@ impl RunIdentity {
             command: std::env::args().collect(),
             host: host(),
             env: behaviour_env(),
+            gemm_peak: None,
         }
     }
 }

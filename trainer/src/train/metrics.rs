@@ -1,9 +1,11 @@
 //! What a run reports: one JSON line per logged step (for machines), and a progress bar on a
 //! terminal or plain log lines otherwise (for people).
 
+use crate::train::eval::loss::ValidationLoss;
 use crate::train::eval::EvalReport;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -25,7 +27,8 @@ pub struct StepRecord {
     pub data_ms: f64,
     /// Non-padding tokens of the step per second of `step_ms`.
     pub tokens_per_s: f64,
-    /// Model FLOPs of the step / (step time x the GEMM peak measured at start-up).
+    /// Model FLOPs of the step's samples (padding excluded) / (step time x the GEMM peak
+    /// measured at start-up, or the best step rate when a step beat it): never above 1.
     pub mfu: f64,
     /// The allocator's peaks over this step (torch's max_memory_allocated / _reserved).
     pub max_allocated_mib: f64,
@@ -48,6 +51,83 @@ pub struct StepRecord {
     pub skipped: bool,
     /// Steps skipped so far in the run.
     pub skipped_steps: u64,
+}
+
+/// A validation record (`train.eval_every`): `{"step": N, "eval_loss": ..., "eval_tokens":
+/// ...}`, with the synthetic default's greedy accuracy overall and per question type
+/// (`eval_accuracy`, `eval_accuracy_colour`, ...). It has no `loss`, so readers of the step
+/// records pass over it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalLossRecord {
+    /// Optimizer steps done when it was taken.
+    pub step: usize,
+    /// Mean loss over the held-out set's trained targets (`null` when not finite).
+    pub eval_loss: f64,
+    /// Trained targets of the mean.
+    pub eval_tokens: usize,
+    pub eval_samples: usize,
+    /// Held-out samples left out because an image failed to decode.
+    pub eval_skipped: usize,
+    /// Wall time of the validation (not part of any step's `step_ms`).
+    pub eval_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
+    /// `eval_accuracy_<type>` for each question type scored.
+    #[serde(flatten)]
+    pub eval_accuracy_by_type: BTreeMap<String, f64>,
+}
+
+impl EvalLossRecord {
+    pub fn new(
+        step: usize,
+        v: &ValidationLoss,
+        accuracy: Option<&EvalReport>,
+        took: Duration,
+    ) -> Self {
+        let by_type = accuracy.map_or_else(BTreeMap::new, |rep| {
+            rep.per_kind
+                .iter()
+                .map(|k| (format!("eval_accuracy_{}", k.kind.name()), k.accuracy))
+                .collect()
+        });
+        EvalLossRecord {
+            step,
+            eval_loss: v.loss,
+            eval_tokens: v.targets,
+            eval_samples: v.samples,
+            eval_skipped: v.skipped,
+            eval_ms: took.as_secs_f64() * 1e3,
+            eval_accuracy: accuracy.map(|r| r.accuracy()),
+            eval_accuracy_by_type: by_type,
+        }
+    }
+
+    /// The progress line: `eval step 40: loss 1.2345 over 5120 tokens, accuracy 81.2% (...)`.
+    pub fn line(&self) -> String {
+        let mut s = format!(
+            "eval step {}: loss {:.4} over {} tokens ({} samples, {:.1} s)",
+            self.step,
+            self.eval_loss,
+            self.eval_tokens,
+            self.eval_samples,
+            self.eval_ms / 1e3
+        );
+        if let Some(a) = self.eval_accuracy {
+            s += &format!(", accuracy {:.1}%", 100.0 * a);
+            let per: Vec<String> = self
+                .eval_accuracy_by_type
+                .iter()
+                .map(|(k, a)| {
+                    let kind = k.trim_start_matches("eval_accuracy_");
+                    format!("{kind} {:.1}%", 100.0 * a)
+                })
+                .collect();
+            if !per.is_empty() {
+                s += &format!(" ({})", per.join(", "));
+            }
+        }
+        s
+    }
 }
 
 /// The final record: `{"eval": {...}}`.

@@ -15,7 +15,8 @@
 //!   [`crate::parallel::fsdp::FsdpRank::step`].
 //! - `run`: what a run reports ([`run::RunSummary`]) and the hook run after every step
 //!   ([`run::StepHook`]); `error`: how it fails ([`TrainError`]).
-//! - [`resume`]: every rank's part of a checkpoint, and resuming a run from one.
+//! - [`resume`]: every rank's part of a checkpoint, and resuming a run from one;
+//!   [`preempt`]: a checkpoint and a distinct exit on SIGTERM or SIGINT.
 //! - [`metrics`], [`flops`], [`identity`], [`digest`]: what a run reports and records.
 //! - [`config`]: the TOML run config of `cannon train` and the built-in model presets.
 //! - [`data`]: the data pipeline (Tekken tokenizer, chat template, Pixtral images, batches).
@@ -32,6 +33,7 @@ pub mod eval;
 pub mod flops;
 pub mod identity;
 pub mod metrics;
+pub mod preempt;
 pub mod resolve;
 pub mod resume;
 pub(crate) mod run;

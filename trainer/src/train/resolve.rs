@@ -118,6 +118,10 @@ impl ResolvedRun {
         if let Some(e) = &cfg.data.eval_dataset {
             eval_dataset = Some(e.clone());
         }
+        if cfg.data.eval_split > 0.0 {
+            // The held-out part of the training set replaces the synthetic set's own.
+            eval_dataset = None;
+        }
         let model = match preset::sizes(&cfg.model.config) {
             Some(s) => ModelSource::Preset(cfg.model.config.clone(), s),
             None => {
@@ -263,6 +267,7 @@ impl ResolvedRun {
             image,
             labels: d.labels(),
             cache_dir: Some(self.cache_dir.clone()),
+            eval_split: d.eval_split,
         }
     }
 }
@@ -342,7 +347,8 @@ pub fn utc_stamp(secs: u64) -> String {
 
 /// Generates the synthetic set into a temporary sibling folder and renames it into place, so
 /// that an interrupted generation never leaves a half set where a complete one is expected,
-/// and an existing set is never written over.
+/// and an existing set is never written over (when two runs make it at once, the first
+/// rename wins and the other drops its copy).
 pub fn make_synth(p: &SynthPlan) -> Result<(), TrainError> {
     if p.dir.exists() {
         return Err(TrainError::Input(format!(
@@ -363,7 +369,14 @@ pub fn make_synth(p: &SynthPlan) -> Result<(), TrainError> {
         std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
     }
     synth::write(&tmp, p.samples, p.seed)?;
-    std::fs::rename(&tmp, &p.dir).map_err(io(&p.dir))
+    match std::fs::rename(&tmp, &p.dir) {
+        // Another process made the same set meanwhile (runs started together, on one node):
+        // it is the same set (same generator, size and seed), so theirs is kept.
+        Err(_) if p.dir.join(synth::HELDOUT).is_file() => {
+            std::fs::remove_dir_all(&tmp).map_err(io(&tmp))
+        }
+        r => r.map_err(io(&p.dir)),
+    }
 }
 
 /// The image processor settings a model needs: its patch and merge sizes, the run's longest

@@ -4,7 +4,7 @@
 //! ([`crate::parallel::fsdp::ShardSource`]): no process builds the whole model to cut it.
 
 use super::error::{io, TrainError};
-use super::flops::gemm_peak;
+use super::flops::PeakProbe;
 use super::identity::{digest_files_beside, RunIdentity};
 use super::metrics::{EvalRecord, JsonlWriter};
 use super::resolve::{make_synth, steps_for_epochs, weight_files};
@@ -66,8 +66,8 @@ pub struct RunSetup {
     pub cfg: Mistral3Config,
     /// The model's `config.json` contents (written beside the final weights).
     pub model_json: serde_json::Value,
-    /// The GEMM peak (FLOP/s) at the run's precision, measured at start-up for MFU.
-    pub gemm_peak: f64,
+    /// The GEMM peak at the run's precision, measured at start-up for MFU.
+    pub peak: PeakProbe,
     /// `(role, path)` of the run's input files, digested into `run_identity.json`.
     pub inputs: Vec<(String, PathBuf)>,
     /// Where the run stands: step 0, or a resumed checkpoint's counters.
@@ -181,7 +181,7 @@ impl RunSetup {
         let precision = t.dtype;
         // On operands of their own allocator: the run's memory figures are the model's.
         let probe = exec.with_private_allocator().map_err(ModelError::from)?;
-        let gemm_peak = gemm_peak(&probe, precision, 512, 4).map_err(ModelError::from)?;
+        let peak = PeakProbe::measure(&probe, precision).map_err(ModelError::from)?;
         let schedule = LrSchedule {
             kind: t.schedule,
             lr: t.lr,
@@ -225,7 +225,7 @@ impl RunSetup {
             system,
             cfg: mcfg,
             model_json,
-            gemm_peak,
+            peak,
             inputs,
             at,
             total_steps,
@@ -279,7 +279,8 @@ impl RunSetup {
             "effective_config".into(),
             self.plan.out_dir.join("config.toml"),
         ));
-        let id = RunIdentity::of_digests(digest_files_beside(&files)?);
+        let mut id = RunIdentity::of_digests(digest_files_beside(&files)?);
+        id.gemm_peak = Some(self.peak.clone());
         let dir = self
             .plan
             .jsonl
@@ -305,14 +306,22 @@ impl RunSetup {
     }
 
     /// The held-out set, if the run has one (opened before training, so that a bad file
-    /// stops the run before its steps are spent).
+    /// stops the run before its steps are spent): `data.eval_dataset`, or the
+    /// `data.eval_split` part of the training set the loader leaves out.
     pub(crate) fn eval_data(&self) -> Result<Option<DataSet>, TrainError> {
-        let Some(path) = &self.plan.eval_dataset else {
-            return Ok(None);
+        let d = &self.plan.cfg.data;
+        let (path, split) = match &self.plan.eval_dataset {
+            Some(path) => (path, false),
+            None if d.eval_split > 0.0 => (&self.plan.dataset, true),
+            None => return Ok(None),
         };
-        let spec = DatasetSpec::resolve(path, self.plan.cfg.data.dataset_dir.as_deref())?;
+        let spec = DatasetSpec::resolve(path, d.dataset_dir.as_deref())?;
         let settings = self.sample_settings();
-        let (data, _) = DataSet::open_cached(&spec, &self.tok, &settings, &self.plan.cache_dir)?;
+        let (mut data, _) =
+            DataSet::open_cached(&spec, &self.tok, &settings, &self.plan.cache_dir)?;
+        if split {
+            data = data.split_off_holdout(d.eval_split, self.plan.cfg.train.seed);
+        }
         Ok(Some(data))
     }
 

@@ -19,6 +19,9 @@
 //!          tokens, `crate::parallel::cp`); FsdpRank::step at the schedule's learning rate
 //! rank 0   the metrics line and progress of every step (memory figures: rank 0's
 //!          allocator; tokens, samples, FLOPs: the whole global batch)
+//! eval     every `train.eval_every` steps (and after the last) the held-out loss, each rank
+//!          its rows of every chunk with no gradient (eval::loss; on the synthetic default
+//!          also the greedy accuracy per type), rank 0 logs an `eval_loss` record
 //! ckpt     every `checkpoint.every` steps (and after the last) each rank writes its shards
 //!          into the step's checkpoint, rank 0 commits it (`train::resume::save_sharded`);
 //!          a resumed run (saved over any world size) reads each rank's slices from it
@@ -34,16 +37,19 @@
 
 use super::error::TrainError;
 use super::flops::shape_flops;
-use super::metrics::{JsonlWriter, Progress, StepRecord};
-use super::resume;
+use super::metrics::{EvalLossRecord, JsonlWriter, Progress, StepRecord};
 use super::run::{RunSummary, StepHook, CACHE_SLACK};
 use super::setup::{Counters, RunSetup};
+use super::{preempt, resume};
 use crate::model::Precision;
 use crate::model::{ActElem, DeviceCtx};
 use crate::parallel::fsdp::{rank_rows, run_cpu_ranks, FsdpError, FsdpRank, FsdpSettings};
 use crate::train::data::shuffle::Position;
 use crate::train::data::{DataError, Loader};
+use crate::train::eval::loss::validation_loss_on;
+use crate::train::eval::sharded::evaluate_on;
 use cannon_runtime::comm::Communicator;
+use cannon_runtime::trace::{self, Cat};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -93,6 +99,16 @@ pub fn run_sharded_on(
         Precision::F32 => run_as::<f32>(setup, ranks, hooks),
         Precision::Bf16 => run_as::<half::bf16>(setup, ranks, hooks),
     }
+}
+
+/// How a rank's part of the run ended.
+enum RankEnd {
+    /// Rank 0 after the last step.
+    Lead(Box<Rank0>),
+    /// Another rank after the last step.
+    Other,
+    /// Stopped by a signal after (step, signal), with the checkpoint it saved then.
+    Preempted((usize, i32), Option<std::path::PathBuf>),
 }
 
 /// What rank 0 brings back.
@@ -152,6 +168,7 @@ fn run_as<A: ActElem>(
         cfg.text_config.num_key_value_heads,
     )?;
     let eval_data = t.eval_data()?;
+    let traces = Mutex::new(Vec::<(usize, Vec<trace::Span>)>::new());
 
     let body = |comm: Communicator, exec: DeviceCtx| {
         let r = comm.rank();
@@ -172,6 +189,9 @@ fn run_as<A: ActElem>(
         let (mut samples, mut tokens) = (t.at.samples, t.at.tokens);
         let (mut skipped, mut in_a_row) = (t.at.skipped, 0usize);
         let max_skipped = t.plan.cfg.train.max_skipped_steps;
+        let eval_every = t.plan.cfg.train.eval_every;
+        let mut peak = t.peak.flops();
+        let profile = t.plan.cfg.train.profile_steps;
         for step in first..total {
             if r == 0 && step == first && log.lock().is_ok_and(|l| l.is_some()) {
                 // The time to a run's first step (weights read, shards in place), which a
@@ -179,10 +199,15 @@ fn run_as<A: ActElem>(
                 let since = STARTED.get().copied().unwrap_or(started);
                 eprintln!("start-up {:.2} s", since.elapsed().as_secs_f64());
             }
+            if profile.is_some_and(|[a, _]| step + 1 == a) {
+                trace::start(started, Some(rank.exec().stream()));
+            }
+            let step_span = trace::span_at("step", step + 1, Cat::Step);
             let t0 = Instant::now();
             // Only this replica's rows are read (their images decoded); the shapes of the
             // whole micro batches give the step's tokens, samples and FLOPs.
             let (mut mine, mut shapes) = (Vec::new(), Vec::with_capacity(accum));
+            let data_span = trace::span("data", Cat::Data);
             for _ in 0..accum {
                 // Every rank skips the undecodable samples any rank found in the batch.
                 let agree = |flags: &mut [i64]| {
@@ -197,6 +222,7 @@ fn run_as<A: ActElem>(
                 }
                 shapes.push(shape);
             }
+            drop(data_span);
             let data_ms = t0.elapsed().as_secs_f64() * 1e3;
             let lr = t.at.schedule.at(resume::applied(step, skipped));
             let st = rank.step::<A>(&mine, lr)?;
@@ -234,7 +260,12 @@ fn run_as<A: ActElem>(
             let step_tokens: u64 = shapes.iter().map(|b| b.sample_tokens as u64).sum();
             samples += shapes.iter().map(|b| b.samples as u64).sum::<u64>();
             tokens += step_tokens;
-            if resume::due(&t.plan, step + 1, total) {
+            // A stop signal on any rank stops every rank after this step (they agree on it
+            // here, each having finished the step).
+            let mut stop = [i64::from(preempt::requested().is_some())];
+            rank.all_reduce_sum_i64(&mut stop)?;
+            let stop = (stop[0] > 0).then(|| preempt::requested().unwrap_or(libc::SIGTERM));
+            if resume::due(&t.plan, step + 1, total) || stop.is_some() {
                 // The step's cached blocks are of the step's sizes, which the save's do not
                 // reuse: given back first, the save peaks at its own figure (the plan's
                 // phase), not at the step's cache plus its own.
@@ -252,13 +283,45 @@ fn run_as<A: ActElem>(
                     .map_err(|e| fail(e.into()))?;
                 checkpoint = Some(dir);
             }
+            // Validation: every rank on its rows, no gradient, the weights untouched.
+            let validation = match &eval_data {
+                Some(data) if eval_every > 0 && due(step + 1, eval_every, total) => {
+                    let _span = trace::span("validation", Cat::Eval);
+                    Some(validate::<A>(&mut rank, data, t, step + 1).map_err(fail)?)
+                }
+                _ => None,
+            };
+            // The step's span covers what every rank does for it: the step, the ranks'
+            // agreement on stopping, its checkpoint and validation.
+            drop(step_span);
+            if profile.is_some_and(|[_, b]| step + 1 == b) || (step + 1 == total) {
+                keep_trace(&traces, r, trace::finish());
+            }
+            let preempted = stop.map(|signal| (step + 1, signal));
             if r != 0 {
+                if let Some(p) = preempted {
+                    return Ok(RankEnd::Preempted(p, checkpoint));
+                }
                 continue;
             }
             let flops: f64 = shapes
                 .iter()
                 .map(|b| shape_flops(cfg, b, &t.trainable).total)
                 .sum();
+            if flops / step_s > peak {
+                // The probe ran while the host was busy: the step itself shows the machine
+                // does better, and MFU above 1 would say nothing.
+                peak = flops / step_s;
+                if let Ok(Some((_, progress))) = log.lock().as_deref() {
+                    progress.println(&format!(
+                        "note: step {} ran at {:.1} model GFLOP/s, above the GEMM peak probed \
+                         at start-up ({:.1}): MFU divides by the step's rate from here",
+                        step + 1,
+                        peak / 1e9,
+                        t.peak.gflops
+                    ));
+                }
+            }
             const MIB: f64 = 1024.0 * 1024.0;
             let rec = StepRecord {
                 step: step + 1,
@@ -272,7 +335,7 @@ fn run_as<A: ActElem>(
                 step_ms: step_s * 1e3,
                 data_ms,
                 tokens_per_s: step_tokens as f64 / step_s,
-                mfu: flops / (step_s * t.gemm_peak),
+                mfu: flops / (step_s * peak),
                 max_allocated_mib: st.memory.max_allocated as f64 / MIB,
                 max_reserved_mib: st.memory.max_reserved as f64 / MIB,
                 dropped_samples: t.at.dropped_samples,
@@ -297,6 +360,15 @@ fn run_as<A: ActElem>(
                 }
                 progress.update(&rec, rec.step - first);
             }
+            if let (Some(v), Some((jsonl, progress))) = (&validation, &mut *guard) {
+                progress.println(&v.line());
+                jsonl.write(v).map_err(|e| {
+                    fail(TrainError::Io {
+                        path: t.plan.jsonl.clone(),
+                        source: e,
+                    })
+                })?;
+            }
             drop(guard);
             let mut hooks = hooks
                 .lock()
@@ -305,6 +377,9 @@ fn run_as<A: ActElem>(
                 h.after_step(&t.plan, &rec).map_err(fail)?;
             }
             last = Some(rec);
+            if let Some(p) = preempted {
+                return Ok(RankEnd::Preempted(p, checkpoint));
+            }
         }
         // The final model, one group at a time; rank 0 (of the lead process) writes it,
         // with the step's cache given back first (as before a save).
@@ -315,7 +390,7 @@ fn run_as<A: ActElem>(
         // rows; every rank gets the report, rank 0 returns it.
         let eval = match &eval_data {
             Some(data) => Some(
-                crate::train::eval::sharded::evaluate_on::<A>(
+                evaluate_on::<A>(
                     &mut rank,
                     data,
                     &t.tok,
@@ -326,13 +401,16 @@ fn run_as<A: ActElem>(
             ),
             None => None,
         };
-        Ok((r == 0).then_some(Rank0 {
-            losses,
-            last,
-            checkpoint,
-            position: loader.position(),
-            eval,
-        }))
+        Ok(match r {
+            0 => RankEnd::Lead(Box::new(Rank0 {
+                losses,
+                last,
+                checkpoint,
+                position: loader.position(),
+                eval,
+            })),
+            _ => RankEnd::Other,
+        })
     };
     // run_identity.json is digested beside the ranks' start-up (see `write_identity`).
     let (results, identity) = std::thread::scope(|sc| {
@@ -359,6 +437,20 @@ fn run_as<A: ActElem>(
     });
     let results = results?;
     identity.transpose()?;
+    write_trace(setup, lead, traces.into_inner().unwrap_or_default())?;
+    // Stopped by a signal: every rank saved the step's checkpoint; nothing else is written.
+    if let Some(RankEnd::Preempted((step, signal), Some(checkpoint))) =
+        results.iter().find(|e| matches!(e, RankEnd::Preempted(..)))
+    {
+        if let Ok(Some((_, progress))) = log.into_inner() {
+            progress.finish();
+        }
+        return Err(TrainError::Preempted {
+            step: *step,
+            signal: *signal,
+            checkpoint: checkpoint.clone(),
+        });
+    }
     let wall_s = started.elapsed().as_secs_f64();
     let Some((mut jsonl, progress)) = log
         .into_inner()
@@ -377,8 +469,10 @@ fn run_as<A: ActElem>(
     };
     let rank0 = results
         .into_iter()
-        .flatten()
-        .next()
+        .find_map(|e| match e {
+            RankEnd::Lead(r) => Some(*r),
+            _ => None,
+        })
         .ok_or_else(|| TrainError::Input("rank 0 returned nothing".into()))?;
     progress.finish();
     let at = &mut setup.at;
@@ -400,6 +494,77 @@ fn run_as<A: ActElem>(
         final_model,
         last_checkpoint: rank0.checkpoint,
     })
+}
+
+/// Adds rank `r`'s spans (if it recorded any) to the run's trace.
+fn keep_trace(traces: &Mutex<Vec<(usize, Vec<trace::Span>)>>, r: usize, spans: Vec<trace::Span>) {
+    if spans.is_empty() {
+        return;
+    }
+    if let Ok(mut t) = traces.lock() {
+        t.push((r, spans));
+    }
+}
+
+/// Writes the profiled steps' spans as a Chrome trace: `trace.json` in the run folder from
+/// the lead process (every in-process rank), `trace-rank<R>.json` from a launched job's
+/// other processes (one rank each).
+fn write_trace(
+    setup: &RunSetup,
+    lead: bool,
+    mut traces: Vec<(usize, Vec<trace::Span>)>,
+) -> Result<(), TrainError> {
+    let Some(&(first, _)) = traces.first() else {
+        return Ok(());
+    };
+    traces.sort_by_key(|&(r, _)| r);
+    let dir = &setup.plan.out_dir;
+    let path = match lead {
+        true => dir.join("trace.json"),
+        false => dir.join(format!("trace-rank{first}.json")),
+    };
+    std::fs::create_dir_all(dir)
+        .and_then(|_| trace::write_chrome(&path, &traces))
+        .map_err(|source| TrainError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    if let Some([a, b]) = setup.plan.cfg.train.profile_steps {
+        eprintln!(
+            "trace of steps {a}..={b}: {} (open it in https://ui.perfetto.dev or chrome://tracing)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Whether step `done` (1-based) ends with a validation: every `every` steps and after the
+/// last.
+fn due(done: usize, every: usize, total: usize) -> bool {
+    done.is_multiple_of(every) || done == total
+}
+
+/// The validation after step `done`: the held-out loss, and on the synthetic default its
+/// greedy accuracy per question type too. Collective; every rank gets the record.
+fn validate<A: ActElem>(
+    rank: &mut FsdpRank,
+    data: &crate::train::data::dataset::DataSet,
+    t: &RunSetup,
+    done: usize,
+) -> Result<EvalLossRecord, TrainError> {
+    let rows = t.plan.cfg.train.eval_batch;
+    let started = Instant::now();
+    let v = validation_loss_on::<A>(rank, data, &t.image, t.tok.pad_id(), rows)?;
+    let accuracy = match t.plan.cfg.data.dataset {
+        None => Some(evaluate_on::<A>(rank, data, &t.tok, &t.image, rows)?),
+        Some(_) => None,
+    };
+    Ok(EvalLossRecord::new(
+        done,
+        &v,
+        accuracy.as_ref(),
+        started.elapsed(),
+    ))
 }
 
 /// Gives the rank's cached blocks back to its device once its stream's work is done: blocks

@@ -105,11 +105,7 @@ pub struct StepReport {
     pub step_over_floor: Option<f64>,
 }
 
-/// Side of the square GEMMs the peak is measured on: large enough that the best of a few
-/// calls is the micro-kernel's sustained rate (at 1024 one call is ~10 ms on 2 cores and the
-/// best of four varied by 30 % between runs on an AVX2 Zen 3; at 2048 by a few %), small
-/// enough to take about half a second.
-pub const GEMM_PEAK_N: usize = 2048;
+pub use crate::train::flops::GEMM_PEAK_N;
 
 impl StepReport {
     /// Model FLOPs over (median step time x GEMM peak).

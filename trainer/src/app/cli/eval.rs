@@ -40,7 +40,8 @@ pub struct EvalArgs {
     /// folder for its newest), or an HF model folder.
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Held-out JSONL set (default: the run's `data.eval_dataset`).
+    /// Held-out JSONL set (default: the run's `data.eval_dataset`, or the part of its
+    /// training set `data.eval_split` held out).
     #[arg(long)]
     pub dataset: Option<PathBuf>,
     /// Override a key of the run config (`--set data.tokenizer=...`).
@@ -84,17 +85,19 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
     sets.push(format!("model.config={:?}", dir.display().to_string()));
     let cfg = TrainConfig::load(file, &sets)?;
     let plan = ResolvedRun::resolve(cfg, file)?;
-    let dataset = args
-        .dataset
-        .clone()
-        .or_else(|| plan.eval_dataset.clone())
-        .ok_or_else(|| {
-            TrainError::Input(
+    // The run's held-out set: its file, or the part of its training set it held out.
+    let (dataset, split) =
+        match (&args.dataset, &plan.eval_dataset) {
+            (Some(d), _) | (None, Some(d)) => (d.clone(), None),
+            (None, None) if plan.cfg.data.eval_split > 0.0 => {
+                (plan.dataset.clone(), Some(plan.cfg.data.eval_split))
+            }
+            (None, None) => return Err(TrainError::Input(
                 "no held-out set: pass --dataset FILE (the checkpoint has no run config naming \
                  one)"
                     .into(),
-            )
-        })?;
+            )),
+        };
     let samples_of = SampleSetup::new(&plan)?;
     let (tok, cfg) = (&samples_of.tok, &samples_of.mcfg);
     let layout = ParamLayout::new(cfg);
@@ -118,7 +121,10 @@ fn eval(args: &EvalArgs) -> Result<(), TrainError> {
     let image = &samples_of.image;
     let samples = samples_of.settings(plan.cfg.data.max_len);
     let spec = DatasetSpec::resolve(&dataset, plan.cfg.data.dataset_dir.as_deref())?;
-    let (data, _) = DataSet::open_cached(&spec, tok, &samples, &plan.cache_dir)?;
+    let (mut data, _) = DataSet::open_cached(&spec, tok, &samples, &plan.cache_dir)?;
+    if let Some(fraction) = split {
+        data = data.split_off_holdout(fraction, plan.cfg.train.seed);
+    }
     // Nothing trains: no gradient, no moment; the run's memory features apply.
     let (_, memory) = memory_features(&plan.cfg.train);
     let settings = FsdpSettings {

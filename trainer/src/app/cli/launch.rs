@@ -12,17 +12,21 @@
 //! signal), the others get SIGTERM, then SIGKILL after `--grace` seconds, and `launch` exits 1
 //! naming the rank that failed first. An HCCL job whose peer died would fail on its own within
 //! `HCCL_EXEC_TIMEOUT`; stopping it at once is faster and leaves no orphans. SIGINT, SIGTERM or
-//! SIGHUP to `launch` itself is forwarded the same way (exit 128 + the signal).
+//! SIGHUP to `launch` itself is passed on to the ranks as SIGTERM, once per signal: `cannon
+//! train` ranks finish their step, save a checkpoint and exit 75 (`train::preempt`), and so
+//! does `launch` when they all did; a second signal stops them at once (exit 128 + the
+//! signal). A rank that exits 75 by itself (the scheduler signalled it) is not a failure.
 //!
 //! Several hosts: run `cannon launch` on each with the same `--nnodes`, `--nproc`,
 //! `--master-addr` (the address of node 0, reachable from every node) and `--master-port`,
 //! and each its own `--node-rank`.
 
+use crate::train::preempt::EXIT_PREEMPTED;
 use clap::Args;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -271,18 +275,35 @@ pub fn run(args: LaunchArgs) -> ExitCode {
 
     let mut failed: Option<(usize, String)> = None;
     let mut interrupted: Option<i32> = None;
-    while children.iter().any(|c| c.is_some()) && failed.is_none() && interrupted.is_none() {
-        let sig = STOP_SIGNAL.load(Ordering::SeqCst);
-        if sig != 0 {
-            interrupted = Some(sig);
-            break;
+    let (mut forwarded, mut preempted, mut killed) = (0usize, 0usize, 0usize);
+    while children.iter().any(|c| c.is_some()) && failed.is_none() {
+        let signals = STOP_SIGNALS.load(Ordering::SeqCst);
+        if signals > forwarded {
+            // Each signal `launch` gets is passed on once: the first asks the ranks to finish
+            // their step and save a checkpoint (`cannon train`), a later one stops them at
+            // once; past a second, the rest is SIGKILL after the grace.
+            interrupted = Some(STOP_SIGNAL.load(Ordering::SeqCst));
+            forwarded = signals;
+            for c in children.iter().flatten() {
+                terminate(c);
+            }
+            if signals >= 2 {
+                break;
+            }
         }
         for (local, slot) in children.iter_mut().enumerate() {
             let Some(c) = slot else { continue };
             match c.try_wait() {
                 Ok(Some(st)) => {
                     *slot = None;
-                    if !st.success() {
+                    if st.code() == Some(i32::from(EXIT_PREEMPTED)) {
+                        // Stopped by a signal of its own after saving its checkpoint: the
+                        // others got it too (or get it from us) and stop after the same step.
+                        preempted += 1;
+                    } else if !st.success() && interrupted.is_some() {
+                        // Stopped by the signal we passed on, without a checkpoint.
+                        killed += 1;
+                    } else if !st.success() {
                         failed = Some((plan.first_rank + local, describe(st)));
                         break;
                     }
@@ -297,7 +318,8 @@ pub fn run(args: LaunchArgs) -> ExitCode {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    if failed.is_some() || interrupted.is_some() {
+    let stopped = children.iter().any(|c| c.is_some());
+    if failed.is_some() || stopped {
         stop_all(&mut children, Duration::from_secs_f64(args.grace));
         // A grandchild that outlived its rank may hold the pipes open: take what output
         // arrives for a moment, then leave.
@@ -310,27 +332,33 @@ pub fn run(args: LaunchArgs) -> ExitCode {
             let _ = p.join();
         }
     }
+    if let Some((rank, how)) = failed {
+        eprintln!("cannon launch: rank {rank} failed first ({how}); the other ranks were stopped");
+        return ExitCode::FAILURE;
+    }
+    if preempted > 0 && killed == 0 && !stopped {
+        eprintln!(
+            "cannon launch: the ranks stopped after a signal with their checkpoint written \
+             (exit {EXIT_PREEMPTED}: resume with checkpoint.resume = true)"
+        );
+        return ExitCode::from(EXIT_PREEMPTED);
+    }
     if let Some(sig) = interrupted {
         eprintln!("cannon launch: stopped by signal {sig}; the ranks were stopped");
         return ExitCode::from((128 + sig).clamp(1, 255) as u8);
     }
-    match failed {
-        None => ExitCode::SUCCESS,
-        Some((rank, how)) => {
-            eprintln!(
-                "cannon launch: rank {rank} failed first ({how}); the other ranks were stopped"
-            );
-            ExitCode::FAILURE
-        }
-    }
+    ExitCode::SUCCESS
 }
 
-/// The signal (SIGINT, SIGTERM, SIGHUP) that asked `launch` to stop, 0 while none did.
+/// The last signal (SIGINT, SIGTERM, SIGHUP) that asked `launch` to stop, 0 while none did.
 static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// How many such signals came.
+static STOP_SIGNALS: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn on_stop_signal(sig: libc::c_int) {
-    // Only an atomic store: async-signal-safe. The main loop stops the ranks.
+    // Only atomic stores: async-signal-safe. The main loop passes the signal on.
     STOP_SIGNAL.store(sig, Ordering::SeqCst);
+    STOP_SIGNALS.fetch_add(1, Ordering::SeqCst);
 }
 
 /// A scheduler cancelling the job signals `launch` only: forward it to the ranks (then SIGKILL

@@ -97,6 +97,10 @@ pub fn run(args: TrainArgs) -> ExitCode {
     }
     match train(plan) {
         Ok(code) => code,
+        Err(e @ TrainError::Preempted { .. }) => {
+            eprintln!("cannon train: {e}");
+            ExitCode::from(crate::train::preempt::EXIT_PREEMPTED)
+        }
         Err(e) => {
             eprintln!("cannon train: {e}");
             ExitCode::from(2)
@@ -159,7 +163,7 @@ fn train(plan: ResolvedRun) -> Result<ExitCode, TrainError> {
         setup.total_steps,
         setup.plan.cfg.train.grad_accum,
         setup.plan.cfg.train.micro_batch,
-        setup.gemm_peak / 1e9,
+        setup.peak.gflops,
         setup.plan.cfg.train.dtype.name(),
     );
     // What the model is trained on, as LLaMA-Factory prints it: the first sample, readable.
@@ -200,6 +204,9 @@ fn train(plan: ResolvedRun) -> Result<ExitCode, TrainError> {
     } else {
         Ranks::Solo(exec)
     };
+    // From here a SIGTERM or SIGINT finishes the step and saves a checkpoint (a second one
+    // stops at once); before, there is nothing to save.
+    crate::train::preempt::install();
     let summary = crate::train::sharded::run_sharded_on(&mut setup, ranks, &mut [])?;
     if let Some(last) = &summary.last_checkpoint {
         eprintln!("last checkpoint: {}", last.display());

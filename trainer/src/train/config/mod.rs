@@ -11,6 +11,7 @@
 //! [data]
 //! # dataset = "train.jsonl"  # absent: the synthetic shapes set, made in the cache folder
 //! # eval_dataset = "heldout.jsonl"
+//! # eval_split = 0.05        # or this fraction of the training set held out (not both)
 //! # tokenizer = "tekken.json"  # absent: the model folder's tekken.json (the project's for a preset)
 //! # vocab_size = 1280        # absent: the model's (1280 for the tiny preset)
 //! max_len = 512
@@ -39,6 +40,8 @@
 //! max_abs_weight = 1e6       # a checkpoint with a larger |weight| is refused (diverged)
 //! seed = 42
 //! dtype = "f32"              # or "bf16"
+//! eval_every = 0             # steps between validation losses (and at the end); 0: none
+//! # profile_steps = [3, 4]   # a Chrome trace of these steps (first, last) in <log.dir>/trace.json
 //! loss_chunk = 0             # > 0: lm_head + loss per chunk of this many tokens
 //! recompute = "none"         # or "full", "selective" (per decoder layer)
 //! offload_activations = false
@@ -167,6 +170,10 @@ pub struct DataSection {
     /// Held-out set the final evaluation scores; absent: the synthetic set's `heldout.jsonl`
     /// when training on the default, no evaluation otherwise.
     pub eval_dataset: Option<PathBuf>,
+    /// The fraction of the training set held out as the held-out set instead (LLaMA-Factory's
+    /// `val_size`): drawn with `train.seed`, never trained on; 0: none. Not with
+    /// `eval_dataset`.
+    pub eval_split: f64,
     /// `tekken.json`; absent: the model folder's `tekken.json` (the project's
     /// `../shared/tokenizers/tekken_240911.json` for a preset, or for a folder without one).
     pub tokenizer: Option<PathBuf>,
@@ -208,6 +215,7 @@ impl Default for DataSection {
             dataset: None,
             dataset_dir: None,
             eval_dataset: None,
+            eval_split: 0.0,
             tokenizer: None,
             vocab_size: None,
             max_len: 512,
@@ -297,8 +305,14 @@ pub struct TrainSection {
     /// gradients).
     #[serde(with = "precision_name")]
     pub dtype: Precision,
-    /// Rows per forward pass of the final evaluation.
+    /// Rows per forward pass of the evaluations.
     pub eval_batch: usize,
+    /// Steps between validation losses over the held-out set (and one after the last step),
+    /// logged as `eval_loss` records; 0: none (the final evaluation only).
+    pub eval_every: usize,
+    /// Steps `[first, last]` (1-based, inclusive) whose spans (layers, ops, collectives,
+    /// copies, data) are written as a Chrome trace, `<log.dir>/trace.json`; absent: none.
+    pub profile_steps: Option<[usize; 2]>,
     /// Tokens per chunk of the lm_head + cross-entropy (the `[T,V]` logits never exist
     /// whole: at most one `[N,V]` chunk at a time); 0: the full logits.
     pub loss_chunk: usize,
@@ -349,6 +363,8 @@ impl Default for TrainSection {
             seed: 42,
             dtype: Precision::F32,
             eval_batch: 32,
+            eval_every: 0,
+            profile_steps: None,
             loss_chunk: 0,
             recompute: RecomputeMode::None,
             offload_activations: false,

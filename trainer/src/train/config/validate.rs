@@ -63,6 +63,40 @@ impl TrainConfig {
         positive("train.micro_batch", t.micro_batch)?;
         positive("train.grad_accum", t.grad_accum)?;
         positive("train.eval_batch", t.eval_batch)?;
+        if let Some([a, b]) = t.profile_steps {
+            if a == 0 || b < a {
+                return invalid(
+                    "train.profile_steps",
+                    format!("[{a}, {b}]"),
+                    "must be [first, last] steps with 1 <= first <= last",
+                );
+            }
+        }
+        if !(0.0..1.0).contains(&d.eval_split) {
+            return invalid(
+                "data.eval_split",
+                d.eval_split,
+                "must be a fraction in [0, 1)",
+            );
+        }
+        if d.eval_split > 0.0 && d.eval_dataset.is_some() {
+            return invalid(
+                "data.eval_split",
+                d.eval_split,
+                "give either data.eval_split or data.eval_dataset, not both",
+            );
+        }
+        if t.eval_every > 0
+            && d.dataset.is_some()
+            && d.eval_dataset.is_none()
+            && d.eval_split == 0.0
+        {
+            return invalid(
+                "train.eval_every",
+                t.eval_every,
+                "needs a held-out set: set data.eval_dataset or data.eval_split",
+            );
+        }
         match (t.steps, t.epochs) {
             (Some(_), Some(_)) => {
                 return invalid(

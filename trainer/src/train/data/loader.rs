@@ -44,6 +44,9 @@ pub struct DataConfig {
     pub labels: LabelPolicy,
     /// The index cache folder ([`super::index`]); None: the dataset is read every time.
     pub cache_dir: Option<PathBuf>,
+    /// The fraction of the set held out for validation ([`super::holdout`]), which the
+    /// loader never serves; 0: none.
+    pub eval_split: f64,
 }
 
 impl Default for DataConfig {
@@ -62,6 +65,7 @@ impl Default for DataConfig {
             image: ImageConfig::default(),
             labels: LabelPolicy::default(),
             cache_dir: None,
+            eval_split: 0.0,
         }
     }
 }
@@ -91,6 +95,9 @@ pub struct BatchShape {
     pub samples: usize,
     /// Tokens of the samples, padding excluded.
     pub sample_tokens: usize,
+    /// Each sample's length in tokens, in batch order (the sequences of `sequence_ends`
+    /// without the padding tails): what the model FLOPs of MFU count.
+    pub sample_lens: Vec<usize>,
 }
 
 impl BatchShape {
@@ -124,8 +131,8 @@ pub struct Loader {
 }
 
 impl Loader {
-    /// Reads `cfg.dataset` with `tok` (through the index cache in `cfg.cache_dir`, if set)
-    /// and starts at `pos`.
+    /// Reads `cfg.dataset` with `tok` (through the index cache in `cfg.cache_dir`, if set),
+    /// leaves out its `cfg.eval_split` held-out part and starts at `pos`.
     pub fn open(cfg: &DataConfig, tok: &Tekken, pos: Position) -> Result<Self> {
         let path = cfg
             .dataset
@@ -133,13 +140,16 @@ impl Loader {
             .ok_or_else(|| DataError::Config("no dataset given".into()))?;
         let spec = DatasetSpec::resolve(path, cfg.dataset_dir.as_deref())?;
         let settings = cfg.sample_settings();
-        let (data, index) = match &cfg.cache_dir {
+        let (mut data, index) = match &cfg.cache_dir {
             Some(dir) => {
                 let (d, used) = DataSet::open_cached(&spec, tok, &settings, dir)?;
                 (d, Some(used))
             }
             None => (DataSet::open(&spec, tok, &settings)?, None),
         };
+        if cfg.eval_split > 0.0 {
+            data.split_off_holdout(cfg.eval_split, cfg.seed);
+        }
         let mut loader = Self::new(data, cfg, tok.pad_id(), pos)?;
         loader.index = index;
         Ok(loader)
@@ -284,6 +294,7 @@ impl Loader {
             image_sizes: Vec::new(),
             samples: 0,
             sample_tokens: 0,
+            sample_lens: Vec::new(),
         };
         for (r, row) in rows.iter().enumerate() {
             let mut end = r * seq;
@@ -292,6 +303,7 @@ impl Loader {
                 if len(i) > 0 {
                     end += len(i);
                     shape.sequence_ends.push(end);
+                    shape.sample_lens.push(len(i));
                 }
                 shape.sample_tokens += len(i);
                 let sizes = p.image_sizes.iter().map(|&[h, w]| (h as usize, w as usize));

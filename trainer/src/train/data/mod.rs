@@ -13,6 +13,7 @@ pub mod batch;
 pub mod dataset;
 pub(crate) mod error;
 pub(crate) mod hash;
+pub mod holdout;
 pub mod image;
 pub mod index;
 pub mod info;

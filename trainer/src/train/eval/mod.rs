@@ -12,7 +12,10 @@
 //!
 //! A prompt whose question is not one of the synthetic set's counts under [`Kind::Other`],
 //! which has no chance figure.
+//!
+//! The validation loss during training (`train.eval_every`) is [`loss`]'s.
 
+pub mod loss;
 pub(crate) mod score;
 pub mod sharded;
 

@@ -1,10 +1,11 @@
-//! The logits of a batch under a rank's sharded weights: the forward pass of the held-out
-//! evaluation, which the ranks run together, each on its own rows (so no process reads the
-//! model back whole, and no rank repeats another's rows).
+//! Forward passes without a gradient under a rank's sharded weights: the logits of a batch
+//! (the held-out evaluation's greedy answers) and its summed loss (the validation loss),
+//! which the ranks run together, each on its own rows (so no process reads the model back
+//! whole, and no rank repeats another's rows).
 
 use super::FsdpRank;
 use crate::model::source::{PlanInputs, Resident};
-use crate::model::{ActElem, Batch, GroupOrder, LossMode, ModelPass};
+use crate::model::{ActElem, Batch, ForwardActs, GroupOrder, Logits, LossMode, ModelPass};
 use crate::parallel::fsdp::schedule::Schedule;
 use crate::parallel::fsdp::FsdpError;
 use cannon_kernels::cross_entropy::LossNorm;
@@ -28,14 +29,52 @@ impl FsdpRank {
         batch: Option<&Batch>,
         read: impl FnOnce(&Tensor<f32>, &Stream) -> Result<R, KernelError>,
     ) -> Result<Option<R>, FsdpError> {
-        let exec = &self.exec;
-        let (cfg, memory) = (&self.cfg, self.settings.memory);
-        let pass = |params| eval_pass(cfg, exec, memory, params);
-        let logits = |acts: &crate::model::ForwardActs<A>| -> Result<R, FsdpError> {
+        let out = |acts: &ForwardActs<A>, st: &Stream| -> Result<R, FsdpError> {
             let t = acts.logits().ok_or_else(|| {
                 FsdpError::Invalid("the forward kept no logits (full loss expected)".into())
             })?;
-            Ok(read(t, exec.stream())?)
+            Ok(read(t, st)?)
+        };
+        self.forward_only(batch, LossMode::Full, Logits::Kept, out)
+    }
+
+    /// The summed loss and the trained targets of this rank's `batch` (None: it has none and
+    /// only takes part in the gathers): the validation loss's forward, with the run's loss
+    /// mode (the chunked loss keeps no `[T,V]` logits), no backward, no gradient, the
+    /// weights untouched. Collective as [`Self::forward_logits`]; the sums are this rank's
+    /// (the caller adds them over the ranks).
+    pub fn forward_loss<A: ActElem>(
+        &mut self,
+        batch: Option<&Batch>,
+    ) -> Result<Option<(f64, usize)>, FsdpError> {
+        let mode = self.settings.loss_mode;
+        let out = |acts: &ForwardActs<A>, _: &Stream| Ok((acts.head.sum, acts.head.targets));
+        // The full loss keeps its logits (nothing to write a gradient over); the chunked loss
+        // keeps none whatever is asked.
+        self.forward_only(batch, mode, Logits::Kept, out)
+    }
+
+    /// The forward of `batch` under the sharded weights with no gradient, `out` reading what
+    /// the caller needs from its activations (see [`Self::forward_logits`]).
+    fn forward_only<A: ActElem, R>(
+        &mut self,
+        batch: Option<&Batch>,
+        loss_mode: LossMode,
+        logits: Logits,
+        out: impl FnOnce(&ForwardActs<A>, &Stream) -> Result<R, FsdpError>,
+    ) -> Result<Option<R>, FsdpError> {
+        let exec = &self.exec;
+        let (cfg, memory) = (&self.cfg, self.settings.memory);
+        let pass = |params| ModelPass {
+            cfg,
+            exec,
+            loss_mode,
+            memory,
+            params,
+            // The loss divided by 1: its sum is what the callers read.
+            loss_norm: LossNorm::Divisor(1.0),
+            logits,
+            cp: None,
         };
         if self.cut.world == 1 {
             let Some(batch) = batch else {
@@ -48,7 +87,7 @@ impl FsdpRank {
             })?;
             let params = Resident::new(&self.layout, &self.params, self.streamer.as_ref());
             let acts = pass(&params).forward::<A>(batch)?;
-            return logits(&acts).map(Some);
+            return out(&acts, exec.stream()).map(Some);
         }
         let micro: &[Batch] = batch.map_or(&[], std::slice::from_ref);
         let head = self.agree(micro)?;
@@ -67,15 +106,15 @@ impl FsdpRank {
         let (comm, shards) = (&self.comm, &self.params[..]);
         let fwd = Schedule::new(exec, comm, &self.layout, &self.cut, shards, steps, None)
             .with_staging(self.staging.as_mut());
-        let out = match batch {
+        let found = match batch {
             Some(b) => {
                 let acts = pass(&fwd).forward::<A>(b)?;
-                Some(logits(&acts)?)
+                Some(out(&acts, exec.stream())?)
             }
             None => None,
         };
         fwd.finish()?;
-        Ok(out)
+        Ok(found)
     }
 
     /// Sums `values` over the ranks, in place (every rank calls it with as many values).
@@ -92,25 +131,5 @@ impl FsdpRank {
             values.copy_from_slice(&buf.clone_dtoh(st)?);
         }
         Ok(())
-    }
-}
-
-/// A forward pass with the full logits kept and no gradient of them (the loss, divided by 1,
-/// is not used).
-fn eval_pass<'a>(
-    cfg: &'a crate::model::Mistral3Config,
-    exec: &'a crate::model::DeviceCtx,
-    memory: crate::model::MemoryFeatures,
-    params: &'a dyn crate::model::ParamSource,
-) -> ModelPass<'a> {
-    ModelPass {
-        cfg,
-        exec,
-        loss_mode: LossMode::Full,
-        memory,
-        params,
-        loss_norm: LossNorm::Divisor(1.0),
-        logits: crate::model::Logits::Kept,
-        cp: None,
     }
 }

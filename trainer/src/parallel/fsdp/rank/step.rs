@@ -110,6 +110,7 @@ impl FsdpRank {
     /// AdamW at `lr` on this rank's parameter shards of the trained groups.
     fn update(&mut self, lr: f64) -> Result<(), FsdpError> {
         let st = self.exec.stream();
+        let _span = cannon_runtime::trace::span("adamw", cannon_runtime::trace::Cat::Optimizer);
         self.step += 1;
         let hp = AdamWConfig {
             lr,
@@ -319,7 +320,7 @@ impl FsdpRank {
     /// Sum over the ranks of one f64. HCCL reduces no fp64 (its reductions take int8..int64,
     /// fp16, fp32 and bf16) but moves fp64, so the values are all-gathered and summed on the
     /// host in rank order: the same sum on every rank and every backend.
-    fn all_reduce_scalar(&self, x: f64) -> Result<f64, FsdpError> {
+    pub(crate) fn all_reduce_scalar(&self, x: f64) -> Result<f64, FsdpError> {
         let st = self.exec.stream();
         let one = DeviceBuffer::clone_htod(st, &[x])?;
         let mut all = self.exec.empty::<f64>(&[self.comm.world_size()])?;
