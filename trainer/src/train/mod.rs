@@ -16,7 +16,8 @@
 //! - `run`: what a run reports ([`run::RunSummary`]) and the hook run after every step
 //!   ([`run::StepHook`]); `error`: how it fails ([`TrainError`]).
 //! - [`resume`]: every rank's part of a checkpoint, and resuming a run from one.
-//! - [`metrics`], [`flops`], [`identity`], [`digest`]: what a run reports and records.
+//! - [`metrics`], [`flops`], [`identity`], [`digest`]: what a run reports and records;
+//!   [`tensorboard`]: its metrics as TensorBoard event files (`log.tensorboard`).
 //! - [`config`]: the TOML run config of `cannon train` and the built-in model presets.
 //! - [`data`]: the data pipeline (Tekken tokenizer, chat template, Pixtral images, batches).
 //! - [`checkpoint`]: sharded checkpoints (one safetensors file per rank + a JSON manifest),
@@ -40,6 +41,7 @@ pub(crate) mod schedule;
 pub(crate) mod settings;
 pub mod setup;
 pub mod sharded;
+pub mod tensorboard;
 
 pub use error::TrainError;
 pub use resolve::ResolvedRun;
