@@ -21,6 +21,8 @@ pub enum TrainError {
     Eval(#[from] EvalError),
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] crate::train::checkpoint::CheckpointError),
+    #[error("tensorboard: {0}")]
+    TensorBoard(#[from] crate::train::tensorboard::TensorBoardError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -1,6 +1,9 @@
-//! What a run reports: one JSON line per logged step (for machines), and a progress bar on a
+//! What a run reports: one JSON line per logged step (for machines), the same numbers as
+//! TensorBoard scalars when asked (`log.tensorboard`, [`RunLog`]), and a progress bar on a
 //! terminal or plain log lines otherwise (for people).
 
+use super::error::TrainError;
+use super::tensorboard::EventWriter;
 use crate::train::eval::loss::ValidationLoss;
 use crate::train::eval::EvalReport;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -130,10 +133,142 @@ impl EvalLossRecord {
     }
 }
 
+impl StepRecord {
+    /// The record's numbers as (name, value), `step` aside: taken from its JSON form, so that
+    /// a field added to the record is plotted without being listed here. `skipped` is 0 or 1
+    /// (always present), and a non-finite loss or norm (JSON null: the record has no optional
+    /// field) is NaN.
+    pub fn scalars(&self) -> Vec<(String, f64)> {
+        let mut out = json_scalars(self);
+        if !out.iter().any(|(name, _)| name == "skipped") {
+            out.push(("skipped".into(), f64::from(u8::from(self.skipped))));
+        }
+        out
+    }
+}
+
+/// The numbers of a record's JSON form as (name, value), `step` aside (the scalars' x): a
+/// boolean is 0 or 1, a JSON null (how a non-finite f64 is written) NaN.
+fn json_scalars<T: Serialize>(rec: &T) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(rec) {
+        for (name, v) in fields {
+            let x = match v {
+                serde_json::Value::Number(n) => n.as_f64(),
+                serde_json::Value::Bool(b) => Some(f64::from(u8::from(b))),
+                serde_json::Value::Null => Some(f64::NAN),
+                _ => None,
+            };
+            if let Some(x) = x.filter(|_| name != "step") {
+                out.push((name, x));
+            }
+        }
+    }
+    out
+}
+
 /// The final record: `{"eval": {...}}`.
 #[derive(Debug, Clone, Serialize)]
 pub struct EvalRecord<'a> {
     pub eval: &'a EvalReport,
+}
+
+impl EvalRecord<'_> {
+    /// The evaluation's numbers as `eval/...` scalars: overall accuracy and counts, and the
+    /// accuracy and counts of each question type (`eval/colour/accuracy`).
+    pub fn scalars(&self) -> Vec<(String, f64)> {
+        let e = self.eval;
+        let mut out = vec![
+            ("eval/accuracy".to_string(), e.accuracy()),
+            ("eval/samples".to_string(), e.samples as f64),
+            ("eval/correct".to_string(), e.correct as f64),
+            ("eval/skipped".to_string(), e.skipped as f64),
+        ];
+        for k in &e.per_kind {
+            let kind = k.kind.name();
+            out.push((format!("eval/{kind}/accuracy"), k.accuracy));
+            out.push((format!("eval/{kind}/correct"), k.correct as f64));
+            out.push((format!("eval/{kind}/total"), k.total as f64));
+        }
+        out
+    }
+}
+
+/// Where a run's records go: `metrics.jsonl`, and with `log.tensorboard` the same numbers as
+/// TensorBoard scalars, each record to both at once so that the two never disagree on which
+/// steps were logged.
+#[derive(Debug)]
+pub struct RunLog {
+    jsonl: JsonlWriter,
+    tensorboard: Option<EventWriter>,
+}
+
+impl RunLog {
+    /// Opens `jsonl` (appended to when the run resumes after step `first` > 0, else written
+    /// anew) and, with `tensorboard` a folder, a new event file in it whose run starts at step
+    /// `first + 1` (TensorBoard drops what earlier files of the folder hold from there on, as
+    /// a fresh `metrics.jsonl` drops an older run's lines).
+    pub fn open(
+        jsonl: &Path,
+        first: usize,
+        tensorboard: Option<&Path>,
+    ) -> Result<Self, TrainError> {
+        let jsonl = JsonlWriter::open(jsonl, first > 0).map_err(|source| TrainError::Io {
+            path: jsonl.to_path_buf(),
+            source,
+        })?;
+        let tensorboard = match tensorboard {
+            Some(dir) => {
+                let mut w = EventWriter::create(dir)?;
+                w.start(first as u64 + 1)?;
+                Some(w)
+            }
+            None => None,
+        };
+        Ok(RunLog { jsonl, tensorboard })
+    }
+
+    /// The event file being written, if any.
+    pub fn tensorboard(&self) -> Option<&Path> {
+        self.tensorboard.as_ref().map(EventWriter::path)
+    }
+
+    /// Logs a step: a line of `metrics.jsonl`, and its scalars.
+    pub fn step(&mut self, rec: &StepRecord) -> Result<(), TrainError> {
+        self.line(rec)?;
+        if let Some(tb) = &mut self.tensorboard {
+            tb.scalars(rec.step as u64, &rec.scalars())?;
+        }
+        Ok(())
+    }
+
+    /// Logs a validation: its `metrics.jsonl` record, and its numbers as scalars
+    /// (`eval_loss`, `eval_tokens`, `eval_accuracy_colour`, ...) at its step.
+    pub fn validation(&mut self, rec: &EvalLossRecord) -> Result<(), TrainError> {
+        self.line(rec)?;
+        if let Some(tb) = &mut self.tensorboard {
+            tb.scalars(rec.step as u64, &json_scalars(rec))?;
+        }
+        Ok(())
+    }
+
+    /// Logs the final evaluation: its `metrics.jsonl` record, and its scalars at `step` (the
+    /// run's last).
+    pub fn eval(&mut self, step: usize, rep: &EvalReport) -> Result<(), TrainError> {
+        let rec = EvalRecord { eval: rep };
+        self.line(&rec)?;
+        if let Some(tb) = &mut self.tensorboard {
+            tb.scalars(step as u64, &rec.scalars())?;
+        }
+        Ok(())
+    }
+
+    fn line<T: Serialize>(&mut self, rec: &T) -> Result<(), TrainError> {
+        self.jsonl.write(rec).map_err(|source| TrainError::Io {
+            path: self.jsonl.path().to_path_buf(),
+            source,
+        })
+    }
 }
 
 /// Appends JSON lines to a file, flushed after each line so that a killed run keeps what it

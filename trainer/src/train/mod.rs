@@ -17,7 +17,8 @@
 //!   ([`run::StepHook`]); `error`: how it fails ([`TrainError`]).
 //! - [`resume`]: every rank's part of a checkpoint, and resuming a run from one;
 //!   [`preempt`]: a checkpoint and a distinct exit on SIGTERM or SIGINT.
-//! - [`metrics`], [`flops`], [`identity`], [`digest`]: what a run reports and records.
+//! - [`metrics`], [`flops`], [`identity`], [`digest`]: what a run reports and records;
+//!   [`tensorboard`]: its metrics as TensorBoard event files (`log.tensorboard`).
 //! - [`config`]: the TOML run config of `cannon train` and the built-in model presets.
 //! - [`data`]: the data pipeline (Tekken tokenizer, chat template, Pixtral images, batches).
 //! - [`checkpoint`]: sharded checkpoints (one safetensors file per rank + a JSON manifest),
@@ -42,6 +43,7 @@ pub(crate) mod schedule;
 pub(crate) mod settings;
 pub mod setup;
 pub mod sharded;
+pub mod tensorboard;
 
 pub use error::TrainError;
 pub use resolve::ResolvedRun;

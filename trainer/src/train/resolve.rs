@@ -93,6 +93,14 @@ pub struct ResolvedRun {
 }
 
 impl ResolvedRun {
+    /// Where the run's TensorBoard event files go (`<log.dir>/tensorboard`), if it writes them.
+    pub fn tensorboard_dir(&self) -> Option<PathBuf> {
+        self.cfg
+            .log
+            .tensorboard
+            .then(|| self.out_dir.join("tensorboard"))
+    }
+
     /// Resolves `cfg` (already validated): the default dataset and tokenizer, the run folder.
     pub fn resolve(cfg: TrainConfig, config_file: Option<&Path>) -> Result<Self, TrainError> {
         let (dataset, mut eval_dataset, synth) = match &cfg.data.dataset {

@@ -6,7 +6,7 @@
 use super::error::{io, TrainError};
 use super::flops::PeakProbe;
 use super::identity::{digest_files_beside, RunIdentity};
-use super::metrics::{EvalRecord, JsonlWriter};
+use super::metrics::RunLog;
 use super::resolve::{make_synth, steps_for_epochs, weight_files};
 use super::resolve::{ModelSource, ResolvedRun, FINAL_RUN_CONFIG};
 use super::samples::SampleSetup;
@@ -325,15 +325,10 @@ impl RunSetup {
         Ok(Some(data))
     }
 
-    /// Writes the evaluation's record into the run's metrics.
-    pub(crate) fn log_eval(
-        &self,
-        rep: &EvalReport,
-        jsonl: &mut JsonlWriter,
-    ) -> Result<(), TrainError> {
-        jsonl
-            .write(&EvalRecord { eval: rep })
-            .map_err(io(&self.plan.jsonl))
+    /// Writes the evaluation's record into the run's metrics (and its scalars, at the run's
+    /// last step, into its TensorBoard file).
+    pub(crate) fn log_eval(&self, rep: &EvalReport, log: &mut RunLog) -> Result<(), TrainError> {
+        log.eval(self.total_steps, rep)
     }
 
     /// The run's first sample as `cannon data show` prints it (None: an empty set).

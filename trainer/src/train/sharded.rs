@@ -37,7 +37,7 @@
 
 use super::error::TrainError;
 use super::flops::shape_flops;
-use super::metrics::{EvalLossRecord, JsonlWriter, Progress, StepRecord};
+use super::metrics::{EvalLossRecord, Progress, RunLog, StepRecord};
 use super::run::{RunSummary, StepHook, CACHE_SLACK};
 use super::setup::{Counters, RunSetup};
 use super::{preempt, resume};
@@ -141,12 +141,8 @@ fn run_as<A: ActElem>(
     // The run's files are the lead process's: ranks of other processes would race on them.
     let (log, final_dir) = if lead {
         setup.write_config()?;
-        let appending = first > 0;
-        let jsonl =
-            JsonlWriter::open(&setup.plan.jsonl, appending).map_err(|e| TrainError::Io {
-                path: setup.plan.jsonl.clone(),
-                source: e,
-            })?;
+        let tensorboard = setup.plan.tensorboard_dir();
+        let jsonl = RunLog::open(&setup.plan.jsonl, first, tensorboard.as_deref())?;
         (
             Some((jsonl, Progress::new(total, first))),
             Some(setup.final_dir()?),
@@ -351,23 +347,13 @@ fn run_as<A: ActElem>(
                 .map_err(|_| fail(TrainError::Input("the metrics log was poisoned".into())))?;
             if let Some((jsonl, progress)) = &mut *guard {
                 if rec.step.is_multiple_of(every) || rec.step == total {
-                    jsonl.write(&rec).map_err(|e| {
-                        fail(TrainError::Io {
-                            path: t.plan.jsonl.clone(),
-                            source: e,
-                        })
-                    })?;
+                    jsonl.step(&rec).map_err(fail)?;
                 }
                 progress.update(&rec, rec.step - first);
             }
             if let (Some(v), Some((jsonl, progress))) = (&validation, &mut *guard) {
                 progress.println(&v.line());
-                jsonl.write(v).map_err(|e| {
-                    fail(TrainError::Io {
-                        path: t.plan.jsonl.clone(),
-                        source: e,
-                    })
-                })?;
+                jsonl.validation(v).map_err(fail)?;
             }
             drop(guard);
             let mut hooks = hooks

@@ -67,6 +67,7 @@
 //! # dir = "runs/x"           # the run's output folder; absent: runs/<date>-<time>
 //! # jsonl = "runs/x/metrics.jsonl"
 //! every = 1
+//! tensorboard = false        # true: the metrics as TensorBoard scalars in <dir>/tensorboard
 //! ```
 //!
 //! Unknown sections and keys are errors that name them (serde `deny_unknown_fields`), and so
@@ -497,6 +498,8 @@ pub struct LogSection {
     pub jsonl: Option<PathBuf>,
     /// Steps between metric records (and plain log lines); the last step is always written.
     pub every: usize,
+    /// Also write every metric record as TensorBoard scalars in `<dir>/tensorboard/`.
+    pub tensorboard: bool,
 }
 
 impl Default for LogSection {
@@ -505,6 +508,7 @@ impl Default for LogSection {
             dir: None,
             jsonl: None,
             every: 1,
+            tensorboard: false,
         }
     }
 }
