@@ -2,22 +2,24 @@
 //! seed's: over the steps both runs logged in a window, the normalised mean absolute loss
 //! difference `sum|a-b| / sum|b|` (B is the reference) and each run's mean step time.
 //!
-//! A metrics file is JSONL. A step record is an object with a numeric `step` and a `loss`
-//! (a number, or `null` for a loss that was not finite: serde_json writes NaN so), and
-//! optionally `step_ms`. Records of another kind (an `eval` record, a header) are skipped: those
-//! without `step`/`loss`, and those whose `kind`, `type` or `event` is neither `step` nor
-//! `train`. A step logged twice (a resumed run re-logs the steps after its checkpoint) counts
-//! with its last record.
+//! A metrics file is JSONL, read by [`runlog`](super::runlog): a step record is an object with
+//! a numeric `step` and a `loss` (a number, or `null` for a loss that was not finite: serde_json
+//! writes NaN so), and optionally `step_ms`. Records of another kind (an `eval` record, a
+//! header) are skipped: those without `step`/`loss`, and those whose `kind`, `type` or `event`
+//! is neither `step` nor `train`. A step logged twice (a resumed run re-logs the steps after
+//! its checkpoint) counts with its last record. A run folder stands for its `metrics.jsonl`.
 
+use super::runlog::{metrics_file, RunLog, RunLogError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(clap::Args, Debug)]
 pub struct CompareArgs {
-    /// The run under test (metrics JSONL).
+    /// The run under test (metrics JSONL, or a run folder: its metrics.jsonl).
     pub a: PathBuf,
-    /// The reference run (metrics JSONL): the difference is normalised by its losses.
+    /// The reference run (metrics JSONL or run folder): the difference is normalised by its
+    /// losses.
     pub b: PathBuf,
     /// First step of the window (inclusive).
     #[arg(long)]
@@ -50,18 +52,8 @@ pub struct StepRecord {
 /// Why the inputs cannot be compared (exit 2).
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}:{line}: {reason}")]
-    Malformed {
-        path: PathBuf,
-        line: usize,
-        reason: String,
-    },
+    #[error(transparent)]
+    Read(#[from] RunLogError),
     #[error("{0}: no step records (objects with `step` and `loss`)")]
     NoSteps(PathBuf),
     #[error("no step is in both runs{window} ({a}: steps {a_range}; {b}: steps {b_range})")]
@@ -97,58 +89,26 @@ impl Comparison {
     }
 }
 
-/// Reads a metrics JSONL file into its step records, by step.
-pub fn read_metrics(path: &Path) -> Result<BTreeMap<u64, StepRecord>, CompareError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CompareError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let mut out = BTreeMap::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let bad = |reason: String| CompareError::Malformed {
-            path: path.to_path_buf(),
-            line: i + 1,
-            reason,
-        };
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| bad(format!("invalid JSON: {e}")))?;
-        let obj = v
-            .as_object()
-            .ok_or_else(|| bad("a metrics record must be a JSON object".into()))?;
-        let other_kind = ["kind", "type", "event"].iter().any(|k| {
-            obj.get(*k)
-                .and_then(|v| v.as_str())
-                .is_some_and(|s| s != "step" && s != "train")
-        });
-        let (Some(step), Some(loss)) = (obj.get("step"), obj.get("loss")) else {
-            continue;
-        };
-        if other_kind {
-            continue;
-        }
-        let step = step
-            .as_u64()
-            .ok_or_else(|| bad(format!("`step` must be a whole number >= 0, found {step}")))?;
-        let loss = match loss {
-            serde_json::Value::Null => f64::NAN,
-            l => l
-                .as_f64()
-                .ok_or_else(|| bad(format!("`loss` must be a number, found {l}")))?,
-        };
-        let step_ms = match obj.get("step_ms") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(t) => Some(
-                t.as_f64()
-                    .ok_or_else(|| bad(format!("`step_ms` must be a number, found {t}")))?,
-            ),
-        };
-        out.insert(step, StepRecord { loss, step_ms });
-    }
+/// The `loss` and `step_ms` of a metrics file's step records, by step (see
+/// [`runlog`](super::runlog) for what counts).
+pub fn step_records(log: &RunLog) -> Result<BTreeMap<u64, StepRecord>, CompareError> {
+    let (loss, ms) = (log.field("loss"), log.field("step_ms"));
+    let out: BTreeMap<u64, StepRecord> = log
+        .steps
+        .keys()
+        .map(|&s| {
+            let rec = StepRecord {
+                // A step record always has a `loss`; absent would be a bug of the reader.
+                loss: loss.and_then(|f| log.step_value(s, f)).unwrap_or(f64::NAN),
+                step_ms: ms
+                    .and_then(|f| log.step_value(s, f))
+                    .filter(|v| !v.is_nan()),
+            };
+            (s, rec)
+        })
+        .collect();
     if out.is_empty() {
-        return Err(CompareError::NoSteps(path.to_path_buf()));
+        return Err(CompareError::NoSteps(log.path.clone()));
     }
     Ok(out)
 }
@@ -223,11 +183,17 @@ pub fn run(args: CompareArgs) -> ExitCode {
         eprintln!("cannon compare: {e}");
         ExitCode::from(2)
     };
-    let (a, b) = match (read_metrics(&args.a), read_metrics(&args.b)) {
+    let (fa, fb) = (metrics_file(&args.a), metrics_file(&args.b));
+    let read = |p: &Path| -> Result<(RunLog, BTreeMap<u64, StepRecord>), CompareError> {
+        let log = RunLog::read(p)?;
+        let steps = step_records(&log)?;
+        Ok((log, steps))
+    };
+    let ((_, a), (_, b)) = match (read(&fa), read(&fb)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => return fail(e),
     };
-    let c = match compare([&args.a, &args.b], &a, &b, args.from, args.to) {
+    let c = match compare([&fa, &fb], &a, &b, args.from, args.to) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };

@@ -8,6 +8,7 @@ pub(crate) mod eval;
 pub(crate) mod export;
 pub(crate) mod launch;
 pub(crate) mod plan;
+pub(crate) mod runlog;
 pub(crate) mod train;
 pub(crate) mod verify;
 
