@@ -2,6 +2,9 @@
 //! seed's: over the steps both runs logged in a window, the normalised mean absolute loss
 //! difference `sum|a-b| / sum|b|` (B is the reference) and each run's mean step time.
 //!
+//! Under those lines, each run's step-time table (mean, median, p95, samples/s, wall time,
+//! peak memory: [`steptime`]).
+//!
 //! A metrics file is JSONL, read by [`runlog`](super::runlog): a step record is an object with
 //! a numeric `step` and a `loss` (a number, or `null` for a loss that was not finite: serde_json
 //! writes NaN so), and optionally `step_ms`. Records of another kind (an `eval` record, a
@@ -9,7 +12,8 @@
 //! is neither `step` nor `train`. A step logged twice (a resumed run re-logs the steps after
 //! its checkpoint) counts with its last record. A run folder stands for its `metrics.jsonl`.
 
-use super::runlog::{metrics_file, RunLog, RunLogError};
+use super::runlog::{metrics_file, window_text, RunLog, RunLogError};
+use super::steptime;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -189,7 +193,7 @@ pub fn run(args: CompareArgs) -> ExitCode {
         let steps = step_records(&log)?;
         Ok((log, steps))
     };
-    let ((_, a), (_, b)) = match (read(&fa), read(&fb)) {
+    let ((log_a, a), (log_b, b)) = match (read(&fa), read(&fb)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => return fail(e),
     };
@@ -217,6 +221,16 @@ pub fn run(args: CompareArgs) -> ExitCode {
         Some(r) => println!("step time A/B      {r:.3}"),
         None => println!("step time A/B      n/a"),
     }
+    let window = (args.from.unwrap_or(0), args.to.unwrap_or(u64::MAX));
+    let times = [&log_a, &log_b].map(|log| steptime::step_times(log, window.0, window.1));
+    println!();
+    print!(
+        "{}",
+        steptime::table(
+            [("A", times[0].as_ref()), ("B", times[1].as_ref())],
+            &window_text(args.from, args.to)
+        )
+    );
     // NaN fails: a run whose loss went non-finite does not match anything.
     if c.loss_diff <= args.threshold {
         println!("PASS");

@@ -9,6 +9,7 @@ pub(crate) mod export;
 pub(crate) mod launch;
 pub(crate) mod plan;
 pub(crate) mod runlog;
+pub(crate) mod steptime;
 pub(crate) mod train;
 pub(crate) mod verify;
 
@@ -51,7 +52,8 @@ pub enum Command {
     /// memory and parallel feature against the run without it (`bench features`).
     Bench(bench::BenchArgs),
     /// Compare two runs' metrics JSONL: normalised loss difference and step time over a window
-    /// (exit 0 within --threshold, 1 above, 2 unusable input).
+    /// (exit 0 within --threshold, 1 above, 2 unusable input), and each run's step-time table
+    /// (mean, median, p95, samples/s, wall time, peak memory).
     Compare(compare::CompareArgs),
     /// Write a checkpoint's model as a Hugging Face checkpoint (config.json + safetensors).
     Export(export::ExportArgs),

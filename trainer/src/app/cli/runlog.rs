@@ -44,6 +44,15 @@ pub fn metrics_file(arg: &Path) -> PathBuf {
     }
 }
 
+/// `lo..=hi` as the messages print it (`..=` alone for the whole run).
+pub fn window_text(from: Option<u64>, to: Option<u64>) -> String {
+    format!(
+        "{}..={}",
+        from.map_or(String::new(), |f| f.to_string()),
+        to.map_or(String::new(), |t| t.to_string())
+    )
+}
+
 /// The numbers of one record, by field index into [`RunLog::fields`]. `None`: the record has
 /// no such number (absent, or not a number); `Some(NaN)`: it logged `null`.
 #[derive(Debug, Clone, Default, PartialEq)]
