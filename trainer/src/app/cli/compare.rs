@@ -3,7 +3,8 @@
 //! difference `sum|a-b| / sum|b|` (B is the reference) and each run's mean step time.
 //!
 //! Under those lines, each run's step-time table (mean, median, p95, samples/s, wall time,
-//! peak memory: [`steptime`]).
+//! peak memory: [`steptime`]); with `--plot FILE`, a chart of the two loss curves over their
+//! difference.
 //!
 //! A metrics file is JSONL, read by [`runlog`](super::runlog): a step record is an object with
 //! a numeric `step` and a `loss` (a number, or `null` for a loss that was not finite: serde_json
@@ -12,8 +13,10 @@
 //! is neither `step` nor `train`. A step logged twice (a resumed run re-logs the steps after
 //! its checkpoint) counts with its last record. A run folder stands for its `metrics.jsonl`.
 
+use super::plot::{self, run_name};
 use super::runlog::{metrics_file, window_text, RunLog, RunLogError};
 use super::steptime;
+use crate::app::chart::{self, Figure, Panel, Series};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -34,6 +37,10 @@ pub struct CompareArgs {
     /// Largest accepted `sum|a-b| / sum|b|` (the seed's 2 %).
     #[arg(long, default_value_t = 0.02, value_parser = threshold)]
     pub threshold: f64,
+    /// Also draw both loss curves over the window and their difference a - b (a second
+    /// panel) to this .svg or .png file.
+    #[arg(long, value_name = "FILE", value_parser = plot::chart_path)]
+    pub plot: Option<PathBuf>,
 }
 
 /// A threshold is a finite number >= 0 (anything else is a usage error, exit 2).
@@ -180,8 +187,64 @@ pub fn compare(
     })
 }
 
+/// The two loss curves over `lo..=hi` and, below, `a - b` over the compared steps where both
+/// losses are finite.
+fn loss_figure(
+    logs: [&RunLog; 2],
+    names: [&str; 2],
+    c: &Comparison,
+    (lo, hi): (u64, u64),
+) -> Figure {
+    let curves: Vec<Series> = logs
+        .iter()
+        .zip(names)
+        .enumerate()
+        .filter_map(|(i, (log, name))| plot::run_series(log, name, i, "loss", (lo, hi), None))
+        .collect();
+    let loss = |log: &RunLog, s: u64| {
+        let rec = log.steps.get(&s)?;
+        let v = log.step_value(s, log.field("loss")?)?;
+        (v.is_finite() && !rec.skipped).then_some(v)
+    };
+    let diff: Vec<(f64, f64)> = c
+        .steps
+        .iter()
+        .filter_map(|&s| Some((s as f64, loss(logs[0], s)? - loss(logs[1], s)?)))
+        .collect();
+    let panels = vec![
+        Panel {
+            title: "loss".into(),
+            series: curves,
+        },
+        Panel {
+            title: "loss difference (a - b)".into(),
+            series: vec![Series {
+                name: format!("{} - {}", names[0], names[1]),
+                colour: 2,
+                points: diff,
+                smoothed: None,
+                skipped: Vec::new(),
+                dots: false,
+            }],
+        },
+    ];
+    let x = plot::x_range(&panels);
+    Figure { panels, x }
+}
+
+/// The legend's names: the runs' folder or stem, or `a` and `b` when those are the same.
+fn plot_names(a: &Path, b: &Path) -> [String; 2] {
+    let (na, nb) = (run_name(a), run_name(b));
+    if na == nb {
+        [format!("a ({na})"), format!("b ({nb})")]
+    } else {
+        [na, nb]
+    }
+}
+
 /// Exit codes: 0 the difference is within the threshold, 1 above it (or not finite), 2 the
-/// inputs cannot be compared (missing file, malformed line, no common step).
+/// inputs cannot be compared (missing file, malformed line, no common step) or the plot could
+/// not be written.
 pub fn run(args: CompareArgs) -> ExitCode {
     let fail = |e: CompareError| {
         eprintln!("cannon compare: {e}");
@@ -231,6 +294,15 @@ pub fn run(args: CompareArgs) -> ExitCode {
             &window_text(args.from, args.to)
         )
     );
+    if let Some(out) = &args.plot {
+        let names = plot_names(&args.a, &args.b);
+        let fig = loss_figure([&log_a, &log_b], [&names[0], &names[1]], &c, window);
+        if let Err(e) = chart::write(&fig, out, chart::default_size(fig.panels.len())) {
+            eprintln!("cannon compare: {e}");
+            return ExitCode::from(2);
+        }
+        println!("plot               {}", out.display());
+    }
     // NaN fails: a run whose loss went non-finite does not match anything.
     if c.loss_diff <= args.threshold {
         println!("PASS");

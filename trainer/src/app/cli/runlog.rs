@@ -183,9 +183,50 @@ impl RunLog {
         self.fields.iter().position(|f| f == name)
     }
 
+    /// Every numeric field name a counted record had (`step` excluded).
+    pub fn fields(&self) -> &[String] {
+        &self.fields
+    }
+
+    /// Whether `name` comes only from eval records (sparse points: not smoothed, drawn with
+    /// dots).
+    pub fn is_eval_field(&self, name: &str) -> bool {
+        let Some(field) = self.field(name) else {
+            return false;
+        };
+        let has = |m: &BTreeMap<u64, Record>| m.values().any(|r| r.get(field).is_some());
+        has(&self.evals) && !has(&self.steps)
+    }
+
+    /// Whether the file had no step and no eval record.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty() && self.evals.is_empty()
+    }
+
     /// `field`'s value in the step record of `step`, if logged.
     pub fn step_value(&self, step: u64, field: usize) -> Option<f64> {
         self.steps.get(&step).and_then(|r| r.get(field))
+    }
+
+    /// Every `(step, value, skipped)` of `name` in `lo..=hi`, by step: from the step records,
+    /// and from the eval records for the steps no step record gave a value (an eval record's
+    /// numbers are the eval's own, such as `eval_loss`). Non-finite values are kept.
+    pub fn series(&self, name: &str, lo: u64, hi: u64) -> Vec<(u64, f64, bool)> {
+        let Some(field) = self.field(name) else {
+            return Vec::new();
+        };
+        let mut out: BTreeMap<u64, (f64, bool)> = BTreeMap::new();
+        for (s, r) in self.evals.range(lo..=hi) {
+            if let Some(v) = r.get(field) {
+                out.insert(*s, (v, r.skipped));
+            }
+        }
+        for (s, r) in self.steps.range(lo..=hi) {
+            if let Some(v) = r.get(field) {
+                out.insert(*s, (v, r.skipped));
+            }
+        }
+        out.into_iter().map(|(s, (v, k))| (s, v, k)).collect()
     }
 }
 
@@ -217,15 +258,15 @@ mod tests {
         ]);
         assert_eq!(log.steps.len(), 1);
         assert_eq!(log.evals.len(), 1);
-        let loss = log.field("loss").unwrap();
+        let loss = log.series("loss", 0, u64::MAX);
+        assert_eq!(loss.len(), 1);
         assert!(
-            log.step_value(1, loss).unwrap().is_nan(),
+            loss[0].1.is_nan() && loss[0].2,
             "the last record of step 1 counts"
         );
-        assert!(log.steps[&1].skipped);
-        let lr = log.field("lr").unwrap();
-        assert_eq!(log.step_value(1, lr), Some(0.2));
-        assert!(log.evals.contains_key(&2));
+        assert_eq!(log.series("lr", 0, 9), vec![(1, 0.2, true)]);
+        assert_eq!(log.series("eval_loss", 0, 9), vec![(2, 3.0, false)]);
+        assert!(log.is_eval_field("eval_loss") && !log.is_eval_field("loss"));
         assert!(log.field("note").is_none(), "strings are not metrics");
         assert!(log.field("step").is_none());
     }
