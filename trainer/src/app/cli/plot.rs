@@ -118,7 +118,7 @@ pub fn run_name(arg: &Path) -> String {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
     };
     let name = if arg.is_dir() {
-        folder(arg)
+        folder(&normalised(arg))
     } else if arg.file_stem().is_some_and(|s| s == "metrics") {
         arg.parent()
             .map(|p| {
@@ -136,7 +136,7 @@ pub fn run_name(arg: &Path) -> String {
 }
 
 /// `.` and `..` resolved without touching the file system beyond the current directory, so
-/// `./metrics.jsonl` is named after the working folder.
+/// `./metrics.jsonl` and `cannon plot ..` are named after the folders they mean.
 fn normalised(p: &Path) -> PathBuf {
     let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let mut out = PathBuf::new();
