@@ -2,22 +2,31 @@
 //! seed's: over the steps both runs logged in a window, the normalised mean absolute loss
 //! difference `sum|a-b| / sum|b|` (B is the reference) and each run's mean step time.
 //!
-//! A metrics file is JSONL. A step record is an object with a numeric `step` and a `loss`
-//! (a number, or `null` for a loss that was not finite: serde_json writes NaN so), and
-//! optionally `step_ms`. Records of another kind (an `eval` record, a header) are skipped: those
-//! without `step`/`loss`, and those whose `kind`, `type` or `event` is neither `step` nor
-//! `train`. A step logged twice (a resumed run re-logs the steps after its checkpoint) counts
-//! with its last record.
+//! Under those lines, each run's step-time table (mean, median, p95, samples/s, wall time,
+//! peak memory: [`steptime`]); with `--plot FILE`, a chart of the two loss curves over their
+//! difference.
+//!
+//! A metrics file is JSONL, read by [`runlog`](super::runlog): a step record is an object with
+//! a numeric `step` and a `loss` (a number, or `null` for a loss that was not finite: serde_json
+//! writes NaN so), and optionally `step_ms`. Records of another kind (an `eval` record, a
+//! header) are skipped: those without `step`/`loss`, and those whose `kind`, `type` or `event`
+//! is neither `step` nor `train`. A step logged twice (a resumed run re-logs the steps after
+//! its checkpoint) counts with its last record. A run folder stands for its `metrics.jsonl`.
 
+use super::plot::{self, run_name};
+use super::runlog::{metrics_file, window_text, RunLog, RunLogError};
+use super::steptime;
+use crate::app::chart::{self, Figure, Panel, Series};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(clap::Args, Debug)]
 pub struct CompareArgs {
-    /// The run under test (metrics JSONL).
+    /// The run under test (metrics JSONL, or a run folder: its metrics.jsonl).
     pub a: PathBuf,
-    /// The reference run (metrics JSONL): the difference is normalised by its losses.
+    /// The reference run (metrics JSONL or run folder): the difference is normalised by its
+    /// losses.
     pub b: PathBuf,
     /// First step of the window (inclusive).
     #[arg(long)]
@@ -28,6 +37,10 @@ pub struct CompareArgs {
     /// Largest accepted `sum|a-b| / sum|b|` (the seed's 2 %).
     #[arg(long, default_value_t = 0.02, value_parser = threshold)]
     pub threshold: f64,
+    /// Also draw both loss curves over the window and their difference a - b (a second
+    /// panel) to this .svg or .png file.
+    #[arg(long, value_name = "FILE", value_parser = plot::chart_path)]
+    pub plot: Option<PathBuf>,
 }
 
 /// A threshold is a finite number >= 0 (anything else is a usage error, exit 2).
@@ -50,18 +63,8 @@ pub struct StepRecord {
 /// Why the inputs cannot be compared (exit 2).
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}:{line}: {reason}")]
-    Malformed {
-        path: PathBuf,
-        line: usize,
-        reason: String,
-    },
+    #[error(transparent)]
+    Read(#[from] RunLogError),
     #[error("{0}: no step records (objects with `step` and `loss`)")]
     NoSteps(PathBuf),
     #[error("no step is in both runs{window} ({a}: steps {a_range}; {b}: steps {b_range})")]
@@ -97,58 +100,26 @@ impl Comparison {
     }
 }
 
-/// Reads a metrics JSONL file into its step records, by step.
-pub fn read_metrics(path: &Path) -> Result<BTreeMap<u64, StepRecord>, CompareError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CompareError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let mut out = BTreeMap::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let bad = |reason: String| CompareError::Malformed {
-            path: path.to_path_buf(),
-            line: i + 1,
-            reason,
-        };
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| bad(format!("invalid JSON: {e}")))?;
-        let obj = v
-            .as_object()
-            .ok_or_else(|| bad("a metrics record must be a JSON object".into()))?;
-        let other_kind = ["kind", "type", "event"].iter().any(|k| {
-            obj.get(*k)
-                .and_then(|v| v.as_str())
-                .is_some_and(|s| s != "step" && s != "train")
-        });
-        let (Some(step), Some(loss)) = (obj.get("step"), obj.get("loss")) else {
-            continue;
-        };
-        if other_kind {
-            continue;
-        }
-        let step = step
-            .as_u64()
-            .ok_or_else(|| bad(format!("`step` must be a whole number >= 0, found {step}")))?;
-        let loss = match loss {
-            serde_json::Value::Null => f64::NAN,
-            l => l
-                .as_f64()
-                .ok_or_else(|| bad(format!("`loss` must be a number, found {l}")))?,
-        };
-        let step_ms = match obj.get("step_ms") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(t) => Some(
-                t.as_f64()
-                    .ok_or_else(|| bad(format!("`step_ms` must be a number, found {t}")))?,
-            ),
-        };
-        out.insert(step, StepRecord { loss, step_ms });
-    }
+/// The `loss` and `step_ms` of a metrics file's step records, by step (see
+/// [`runlog`](super::runlog) for what counts).
+pub fn step_records(log: &RunLog) -> Result<BTreeMap<u64, StepRecord>, CompareError> {
+    let (loss, ms) = (log.field("loss"), log.field("step_ms"));
+    let out: BTreeMap<u64, StepRecord> = log
+        .steps
+        .keys()
+        .map(|&s| {
+            let rec = StepRecord {
+                // A step record always has a `loss`; absent would be a bug of the reader.
+                loss: loss.and_then(|f| log.step_value(s, f)).unwrap_or(f64::NAN),
+                step_ms: ms
+                    .and_then(|f| log.step_value(s, f))
+                    .filter(|v| !v.is_nan()),
+            };
+            (s, rec)
+        })
+        .collect();
     if out.is_empty() {
-        return Err(CompareError::NoSteps(path.to_path_buf()));
+        return Err(CompareError::NoSteps(log.path.clone()));
     }
     Ok(out)
 }
@@ -216,18 +187,80 @@ pub fn compare(
     })
 }
 
+/// The two loss curves over `lo..=hi` and, below, `a - b` over the compared steps where both
+/// losses are finite.
+fn loss_figure(
+    logs: [&RunLog; 2],
+    names: [&str; 2],
+    c: &Comparison,
+    (lo, hi): (u64, u64),
+) -> Figure {
+    let curves: Vec<Series> = logs
+        .iter()
+        .zip(names)
+        .enumerate()
+        .filter_map(|(i, (log, name))| plot::run_series(log, name, i, "loss", (lo, hi), None))
+        .collect();
+    let loss = |log: &RunLog, s: u64| {
+        let rec = log.steps.get(&s)?;
+        let v = log.step_value(s, log.field("loss")?)?;
+        (v.is_finite() && !rec.skipped).then_some(v)
+    };
+    let diff: Vec<(f64, f64)> = c
+        .steps
+        .iter()
+        .filter_map(|&s| Some((s as f64, loss(logs[0], s)? - loss(logs[1], s)?)))
+        .collect();
+    let panels = vec![
+        Panel {
+            title: "loss".into(),
+            series: curves,
+        },
+        Panel {
+            title: "loss difference (a - b)".into(),
+            series: vec![Series {
+                name: format!("{} - {}", names[0], names[1]),
+                colour: 2,
+                points: diff,
+                smoothed: None,
+                skipped: Vec::new(),
+                dots: false,
+            }],
+        },
+    ];
+    let x = plot::x_range(&panels);
+    Figure { panels, x }
+}
+
+/// The legend's names: the runs' folder or stem, or `a` and `b` when those are the same.
+fn plot_names(a: &Path, b: &Path) -> [String; 2] {
+    let (na, nb) = (run_name(a), run_name(b));
+    if na == nb {
+        [format!("a ({na})"), format!("b ({nb})")]
+    } else {
+        [na, nb]
+    }
+}
+
 /// Exit codes: 0 the difference is within the threshold, 1 above it (or not finite), 2 the
-/// inputs cannot be compared (missing file, malformed line, no common step).
+/// inputs cannot be compared (missing file, malformed line, no common step) or the plot could
+/// not be written.
 pub fn run(args: CompareArgs) -> ExitCode {
     let fail = |e: CompareError| {
         eprintln!("cannon compare: {e}");
         ExitCode::from(2)
     };
-    let (a, b) = match (read_metrics(&args.a), read_metrics(&args.b)) {
+    let (fa, fb) = (metrics_file(&args.a), metrics_file(&args.b));
+    let read = |p: &Path| -> Result<(RunLog, BTreeMap<u64, StepRecord>), CompareError> {
+        let log = RunLog::read(p)?;
+        let steps = step_records(&log)?;
+        Ok((log, steps))
+    };
+    let ((log_a, a), (log_b, b)) = match (read(&fa), read(&fb)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(e), _) | (_, Err(e)) => return fail(e),
     };
-    let c = match compare([&args.a, &args.b], &a, &b, args.from, args.to) {
+    let c = match compare([&fa, &fb], &a, &b, args.from, args.to) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
@@ -250,6 +283,25 @@ pub fn run(args: CompareArgs) -> ExitCode {
     match c.step_time_ratio() {
         Some(r) => println!("step time A/B      {r:.3}"),
         None => println!("step time A/B      n/a"),
+    }
+    let window = (args.from.unwrap_or(0), args.to.unwrap_or(u64::MAX));
+    let times = [&log_a, &log_b].map(|log| steptime::step_times(log, window.0, window.1));
+    println!();
+    print!(
+        "{}",
+        steptime::table(
+            [("A", times[0].as_ref()), ("B", times[1].as_ref())],
+            &window_text(args.from, args.to)
+        )
+    );
+    if let Some(out) = &args.plot {
+        let names = plot_names(&args.a, &args.b);
+        let fig = loss_figure([&log_a, &log_b], [&names[0], &names[1]], &c, window);
+        if let Err(e) = chart::write(&fig, out, chart::default_size(fig.panels.len())) {
+            eprintln!("cannon compare: {e}");
+            return ExitCode::from(2);
+        }
+        println!("plot               {}", out.display());
     }
     // NaN fails: a run whose loss went non-finite does not match anything.
     if c.loss_diff <= args.threshold {

@@ -8,6 +8,9 @@ pub(crate) mod eval;
 pub(crate) mod export;
 pub(crate) mod launch;
 pub(crate) mod plan;
+pub(crate) mod plot;
+pub(crate) mod runlog;
+pub(crate) mod steptime;
 pub(crate) mod train;
 pub(crate) mod verify;
 
@@ -21,7 +24,7 @@ use std::process::ExitCode;
     version,
     about = "Mistral3 (Pixtral + Mistral) trainer: train (the main job), evaluate, export \
              checkpoints, prepare data, verify the model against a reference, time training \
-             steps, compare runs, check the machine",
+             steps, compare and plot runs, check the machine",
     after_help = "Start with `cannon train`: with no arguments it trains a tiny Mistral3 on a \
                   synthetic shapes set on the CPU (a few minutes) and prints its held-out \
                   accuracy. On an Ascend NPU (a build with `--features npu`): `cannon train \
@@ -50,8 +53,13 @@ pub enum Command {
     /// memory and parallel feature against the run without it (`bench features`).
     Bench(bench::BenchArgs),
     /// Compare two runs' metrics JSONL: normalised loss difference and step time over a window
-    /// (exit 0 within --threshold, 1 above, 2 unusable input).
+    /// (exit 0 within --threshold, 1 above, 2 unusable input), each run's step-time table
+    /// (mean, median, p95, samples/s, wall time, peak memory), and with --plot a chart of both
+    /// losses and their difference.
     Compare(compare::CompareArgs),
+    /// Draw runs' metrics (loss, eval_loss, lr, step_ms, ...) to an SVG or PNG: one line per
+    /// run, one panel per metric: `cannon plot runs/a runs/b --metric loss,lr -o runs.svg`.
+    Plot(plot::PlotArgs),
     /// Write a checkpoint's model as a Hugging Face checkpoint (config.json + safetensors).
     Export(export::ExportArgs),
     /// Start one process per device with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
@@ -84,6 +92,7 @@ fn run(cli: Cli) -> ExitCode {
         Command::Verify(args) => verify::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Compare(args) => compare::run(args),
+        Command::Plot(args) => plot::run(args),
         Command::Export(args) => export::run(args),
         Command::Launch(args) => launch::run(args),
         Command::Plan(args) => plan::run(args),
