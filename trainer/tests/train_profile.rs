@@ -97,6 +97,21 @@ fn a_trace_holds_every_layer_op_class_and_collective_of_the_profiled_step() {
             );
         }
     }
+    // The step records carry the worst rank's memory peaks beside rank 0's.
+    let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    for line in metrics.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        if r.get("loss").is_none() {
+            continue;
+        }
+        for k in ["max_allocated_mib", "max_reserved_mib"] {
+            let (rank0, worst) = (
+                r[k].as_f64().unwrap(),
+                r[&format!("{k}_worst_rank")].as_f64(),
+            );
+            assert!(worst.is_some_and(|w| w >= rank0 && w > 0.0), "{r}");
+        }
+    }
     // Every span of a rank lies within its step (the trace is the step, nothing else).
     for e in events.iter().filter(|e| e["ph"] == "X") {
         let (a, b) = steps[&e["pid"].as_u64().unwrap()];

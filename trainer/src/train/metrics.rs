@@ -36,6 +36,10 @@ pub struct StepRecord {
     /// The allocator's peaks over this step (torch's max_memory_allocated / _reserved).
     pub max_allocated_mib: f64,
     pub max_reserved_mib: f64,
+    /// The same peaks of the rank that reached the highest (the figure that must fit a
+    /// device; rank 0's above).
+    pub max_allocated_mib_worst_rank: f64,
+    pub max_reserved_mib_worst_rank: f64,
     /// Samples the dataset reading dropped because truncation would cut an image block
     /// (the whole set is read and filtered before the first step).
     pub dropped_samples: u64,

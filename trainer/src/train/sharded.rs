@@ -256,11 +256,17 @@ fn run_as<A: ActElem>(
             let step_tokens: u64 = shapes.iter().map(|b| b.sample_tokens as u64).sum();
             samples += shapes.iter().map(|b| b.samples as u64).sum::<u64>();
             tokens += step_tokens;
-            // A stop signal on any rank stops every rank after this step (they agree on it
-            // here, each having finished the step).
-            let mut stop = [i64::from(preempt::requested().is_some())];
-            rank.all_reduce_sum_i64(&mut stop)?;
-            let stop = (stop[0] > 0).then(|| preempt::requested().unwrap_or(libc::SIGTERM));
+            // One small collective after the step: a stop signal on any rank stops every
+            // rank after this step (they agree on it here, each having finished the step),
+            // and the worst rank's memory peaks are the step's.
+            let mut after = [
+                i64::from(preempt::requested().is_some()),
+                st.memory.max_allocated as i64,
+                st.memory.max_reserved as i64,
+            ];
+            rank.all_reduce_max_i64(&mut after)?;
+            let stop = (after[0] > 0).then(|| preempt::requested().unwrap_or(libc::SIGTERM));
+            let worst = (after[1] as usize, after[2] as usize);
             if resume::due(&t.plan, step + 1, total) || stop.is_some() {
                 // The step's cached blocks are of the step's sizes, which the save's do not
                 // reuse: given back first, the save peaks at its own figure (the plan's
@@ -334,6 +340,8 @@ fn run_as<A: ActElem>(
                 mfu: flops / (step_s * peak),
                 max_allocated_mib: st.memory.max_allocated as f64 / MIB,
                 max_reserved_mib: st.memory.max_reserved as f64 / MIB,
+                max_allocated_mib_worst_rank: worst.0 as f64 / MIB,
+                max_reserved_mib_worst_rank: worst.1 as f64 / MIB,
                 dropped_samples: t.at.dropped_samples,
                 skipped_samples: loader.skipped_samples() as u64,
                 samples,

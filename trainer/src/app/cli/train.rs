@@ -189,7 +189,8 @@ fn train(plan: ResolvedRun) -> Result<ExitCode, TrainError> {
     }
     let ranks = if let Some(comm) = job {
         eprintln!(
-            "rank {} of {} on {} (FSDP over HCCL): memory figures are rank 0's",
+            "rank {} of {} on {} (FSDP over HCCL): memory figures are rank 0's (and the worst \
+             rank's, *_worst_rank)",
             comm.rank(),
             comm.world_size(),
             comm.device()
@@ -197,7 +198,8 @@ fn train(plan: ResolvedRun) -> Result<ExitCode, TrainError> {
         Ranks::Hccl(comm)
     } else if setup.plan.cfg.parallel.nproc > 1 {
         eprintln!(
-            "sharded over {} CPU ranks (FSDP): memory figures are rank 0's",
+            "sharded over {} CPU ranks (FSDP): memory figures are rank 0's (and the worst \
+             rank's, *_worst_rank)",
             setup.plan.cfg.parallel.nproc
         );
         Ranks::Cpu(setup.plan.cfg.parallel.nproc)

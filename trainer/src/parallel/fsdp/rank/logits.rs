@@ -120,13 +120,22 @@ impl FsdpRank {
     /// Sums `values` over the ranks, in place (every rank calls it with as many values).
     /// A meta rank's collective moves nothing: its values stay its own.
     pub fn all_reduce_sum_i64(&self, values: &mut [i64]) -> Result<(), FsdpError> {
+        self.all_reduce_i64(values, ReduceOp::Sum)
+    }
+
+    /// The largest of each of `values` over the ranks, in place (as
+    /// [`Self::all_reduce_sum_i64`]).
+    pub fn all_reduce_max_i64(&self, values: &mut [i64]) -> Result<(), FsdpError> {
+        self.all_reduce_i64(values, ReduceOp::Max)
+    }
+
+    fn all_reduce_i64(&self, values: &mut [i64], op: ReduceOp) -> Result<(), FsdpError> {
         if self.cut.world == 1 || values.is_empty() {
             return Ok(());
         }
         let st = self.exec.stream();
         let mut buf = cannon_runtime::DeviceBuffer::clone_htod(st, values)?;
-        self.comm
-            .all_reduce_in_place(&mut buf.view_mut(), ReduceOp::Sum, st)?;
+        self.comm.all_reduce_in_place(&mut buf.view_mut(), op, st)?;
         if !self.exec.device().is_meta() {
             values.copy_from_slice(&buf.clone_dtoh(st)?);
         }
