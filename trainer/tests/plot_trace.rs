@@ -44,7 +44,7 @@ const SPANS: [(u64, u64, &str, &str, f64, f64); 19] = [
     (0, 0, "step 1", "step", 1000.0, 10000.0),
     (0, 0, "data", "data", 1100.0, 300.0),
     (0, 0, "text layer forward 0", "layer", 1500.0, 4000.0),
-    (0, 0, "linear_forward", "gemm", 1600.0, 1000.0),
+    (0, 0, "linear", "gemm", 1600.0, 1000.0),
     (0, 0, "attention_forward", "attention", 2700.0, 1000.0),
     (0, 0, "rmsnorm_forward", "norm", 3800.0, 500.0),
     (0, 0, "cross_entropy", "loss", 5600.0, 1000.0),
@@ -53,13 +53,13 @@ const SPANS: [(u64, u64, &str, &str, f64, f64); 19] = [
     (1, 0, "step 1", "step", 1500.0, 10000.0),
     (1, 0, "htod", "copy", 1600.0, 200.0),
     (1, 0, "text layer forward 0", "layer", 2000.0, 4000.0),
-    (1, 0, "linear_forward", "gemm", 2100.0, 1000.0),
+    (1, 0, "linear", "gemm", 2100.0, 1000.0),
     (1, 0, "attention_forward", "attention", 3200.0, 1000.0),
     (1, 0, "adamw", "optimizer", 7000.0, 1500.0),
     (1, 0, "eval", "eval", 9000.0, 2000.0),
     (1, 0, "all_reduce", "collective", 9100.0, 500.0),
-    (1, 1, "linear_forward", "gemm", 2150.0, 500.0),
-    (1, 1, "linear_forward", "gemm", 3000.0, 100.0),
+    (1, 1, "linear", "gemm", 2150.0, 300.0),
+    (1, 1, "linear", "gemm", 3000.0, 100.0),
 ];
 
 /// The trace as the profiler writes it: process and thread names, then complete events.
@@ -156,12 +156,12 @@ fn a_trace_draws_one_rectangle_per_span_coloured_by_category_and_nested_in_rows(
     for band in ["rank 0 host", "rank 1 host", "rank 1 device"] {
         assert!(labels.contains(&band), "no band {band}: {labels:?}");
     }
-    // Wide spans are labelled: the 1 ms gemms (about 100 px) are, the device's 0.5 and
-    // 0.1 ms ones are too narrow for their name.
+    // Wide spans are labelled: the 1 ms gemms (about 100 px) are, the device's 0.3 and
+    // 0.1 ms ones (about 30 and 10 px) are too narrow for their name (about 40 px).
     assert!(labels.contains(&"text layer forward 0"), "{labels:?}");
     assert!(labels.contains(&"step 1"), "{labels:?}");
     assert_eq!(
-        labels.iter().filter(|l| **l == "linear_forward").count(),
+        labels.iter().filter(|l| **l == "linear").count(),
         2,
         "{labels:?}"
     );
@@ -180,7 +180,7 @@ fn a_trace_draws_one_rectangle_per_span_coloured_by_category_and_nested_in_rows(
     assert!(rects[17].2 > rects[15].2, "device below host: {rects:?}");
 
     // The table: each category's time and share of the rank's steps; rank 1's device
-    // gemms (0.6 ms) as a share of its host's step.
+    // gemms (0.4 ms) as a share of its host's step.
     let row = |cat: &str| {
         let line = stdout
             .lines()
@@ -192,7 +192,7 @@ fn a_trace_draws_one_rectangle_per_span_coloured_by_category_and_nested_in_rows(
             .join(" ")
     };
     assert_eq!(row("step"), "10.00 ms 100.0% 10.00 ms 100.0% -");
-    assert_eq!(row("gemm"), "1.00 ms 10.0% 1.00 ms 10.0% 0.60 ms 6.0%");
+    assert_eq!(row("gemm"), "1.00 ms 10.0% 1.00 ms 10.0% 0.40 ms 4.0%");
     assert_eq!(row("eval"), "- 2.00 ms 20.0% -");
     std::fs::remove_dir_all(&d).ok();
 }
