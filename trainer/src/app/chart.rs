@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 /// The font every label is drawn with (ab_glyph reads it in place: it must be `'static`).
 static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans-ascii.ttf");
-const FAMILY: &str = "sans-serif";
+pub(crate) const FAMILY: &str = "sans-serif";
 
 /// Tableau's ten colours: distinct for the usual handful of runs and common in plots people
 /// already read. Series past the tenth reuse them in order.
@@ -134,7 +134,9 @@ pub enum ChartError {
     Png { path: PathBuf, reason: String },
 }
 
-fn draw_err<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> ChartError {
+pub(crate) fn draw_err<E: std::error::Error + Send + Sync>(
+    e: DrawingAreaErrorKind<E>,
+) -> ChartError {
     ChartError::Draw(e.to_string())
 }
 
@@ -174,23 +176,33 @@ pub fn write(fig: &Figure, path: &Path, size: (u32, u32)) -> Result<(), ChartErr
                 draw(fig, &root)?;
                 root.present().map_err(draw_err)?;
             }
-            let png = |reason: String| ChartError::Png {
-                path: path.to_path_buf(),
-                reason,
-            };
-            let img = image::RgbImage::from_raw(w, h, rgb)
-                .ok_or_else(|| png("the pixel buffer does not match the size".into()))?;
-            let mut out = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
-            img.write_to(&mut out, image::ImageFormat::Png)
-                .map_err(|e| png(e.to_string()))?;
-            std::io::Write::flush(&mut out).map_err(io)
+            save_png(path, size, rgb)
         }
     }
 }
 
+/// Encodes `rgb` (3 bytes a pixel, rows top to bottom) as the PNG `path`, with the `image`
+/// crate rather than plotters' own older encoder.
+pub(crate) fn save_png(path: &Path, (w, h): (u32, u32), rgb: Vec<u8>) -> Result<(), ChartError> {
+    let io = |source| ChartError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let png = |reason: String| ChartError::Png {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let img = image::RgbImage::from_raw(w, h, rgb)
+        .ok_or_else(|| png("the pixel buffer does not match the size".into()))?;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+    img.write_to(&mut out, image::ImageFormat::Png)
+        .map_err(|e| png(e.to_string()))?;
+    std::io::Write::flush(&mut out).map_err(io)
+}
+
 /// Registers the embedded font under the family names plotters may ask for; registering
 /// again only replaces the entry.
-fn register_font() -> Result<(), ChartError> {
+pub(crate) fn register_font() -> Result<(), ChartError> {
     for family in [FAMILY, "serif", "monospace"] {
         plotters::style::register_font(family, FontStyle::Normal, FONT)
             .map_err(|_| ChartError::Font)?;

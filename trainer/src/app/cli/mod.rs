@@ -58,7 +58,8 @@ pub enum Command {
     /// losses and their difference.
     Compare(compare::CompareArgs),
     /// Draw runs' metrics (loss, eval_loss, lr, step_ms, ...) to an SVG or PNG: one line per
-    /// run, one panel per metric: `cannon plot runs/a runs/b --metric loss,lr -o runs.svg`.
+    /// run, one panel per metric: `cannon plot runs/a runs/b --metric loss,lr -o runs.svg`;
+    /// or a step profiler's trace as a timeline: `cannon plot --trace trace.json -o t.svg`.
     Plot(plot::PlotArgs),
     /// Write a checkpoint's model as a Hugging Face checkpoint (config.json + safetensors).
     Export(export::ExportArgs),

@@ -20,9 +20,13 @@
 //!   squash or break, and marked by a cross on the panel's bottom edge in the run's colour;
 //!   its other fields (time, learning rate, counters) are true and stay;
 //! - a non-finite value (`null`) cannot be drawn and is left out.
+//!
+//! `--trace TRACE.json` draws a step profiler's trace as a timeline instead (see
+//! [`timeline`](crate::app::timeline)).
 
 use super::runlog::{metrics_file, window_text, RunLog, RunLogError};
 use crate::app::chart::{self, ChartError, Figure, Panel, Series};
+use crate::app::timeline::{self, read::Trace};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -36,8 +40,17 @@ use std::process::ExitCode;
 )]
 pub struct PlotArgs {
     /// Runs to draw, one line each: a run folder (its metrics.jsonl) or a metrics JSONL file.
-    #[arg(required = true, value_name = "RUN_OR_JSONL")]
+    #[arg(required_unless_present = "trace", value_name = "RUN_OR_JSONL")]
     pub runs: Vec<PathBuf>,
+    /// Draw a step profiler's Chrome trace (train.profile_steps writes <log.dir>/trace.json)
+    /// as a timeline instead: a band per rank and track, nested spans in rows, a colour per
+    /// category; prints each category's time and share of the step per rank.
+    #[arg(
+        long,
+        value_name = "TRACE_JSON",
+        conflicts_with_all = ["runs", "metric", "smooth", "from", "to"]
+    )]
+    pub trace: Option<PathBuf>,
     /// Metrics to draw, one panel each, comma-separated: any numeric field of the records
     /// (loss, grad_norm, lr, step_ms, tokens_per_s, mfu, max_allocated_mib, ...) or eval_loss
     /// from the validation records.
@@ -61,7 +74,8 @@ pub struct PlotArgs {
     /// The chart to write: .svg or .png.
     #[arg(short = 'o', long = "out", value_name = "FILE", value_parser = chart_path)]
     pub out: PathBuf,
-    /// Size in pixels, WIDTHxHEIGHT (default 1000 wide, 340 high per panel).
+    /// Size in pixels, WIDTHxHEIGHT (default 1000 wide, 340 high per panel; a timeline: 1200
+    /// wide, as high as its rows need).
     #[arg(long, value_name = "WxH", value_parser = size)]
     pub size: Option<(u32, u32)>,
 }
@@ -304,6 +318,9 @@ pub fn figure(args: &PlotArgs) -> Result<Figure, PlotError> {
 /// Exit codes: 0 the chart was written, 2 it was not (a missing or malformed file, a file
 /// with no records, an unknown metric, an unsupported extension, an unwritable output).
 pub fn run(args: PlotArgs) -> ExitCode {
+    if let Some(trace) = &args.trace {
+        return run_trace(trace, &args.out, args.size);
+    }
     let result = figure(&args).and_then(|fig| {
         let size = args.size.unwrap_or(chart::default_size(fig.panels.len()));
         chart::write(&fig, &args.out, size)?;
@@ -319,6 +336,35 @@ pub fn run(args: PlotArgs) -> ExitCode {
                 if fig.panels.len() == 1 { "" } else { "s" },
                 if lines == 1 { "" } else { "s" },
             );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cannon plot: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `--trace`: the timeline, then the category table on stdout; exit codes as for runs.
+fn run_trace(trace: &Path, out: &Path, size: Option<(u32, u32)>) -> ExitCode {
+    let result = Trace::read(trace).and_then(|t| {
+        let drawn = timeline::write(&t, out, size)?;
+        Ok((t, drawn))
+    });
+    match result {
+        Ok((t, (w, h))) => {
+            let report = format!(
+                "wrote {} ({w}x{h}: {} spans on {} tracks, {:.2} ms)\n\n\
+                 time by category (spans merged where they overlap, children included; \
+                 share of the rank's step spans)\n{}",
+                out.display(),
+                t.span_count(),
+                t.tracks.len(),
+                t.end_ms,
+                timeline::category_table(&t)
+            );
+            // The picture is written: a closed pipe (`| head`) loses only the report.
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), report.as_bytes());
             ExitCode::SUCCESS
         }
         Err(e) => {
