@@ -186,3 +186,30 @@ fn sigterm_to_launch_stops_every_rank() {
         assert!(!alive, "rank process {p} outlived launch");
     }
 }
+
+/// `cannon train`'s preemption as ranks see it: SIGTERM to `launch` reaches each rank once;
+/// ranks that save and exit 75 (here a script that does so on its first TERM, and counts
+/// them) make `launch` exit 75 as well, not a failure.
+#[test]
+fn sigterm_to_launch_reaches_each_rank_once_and_75_is_passed_on() {
+    let sh = "n=0; trap 'n=$((n+1)); echo terms $n; sleep 0.3; exit 75' TERM; echo ready; \
+              while :; do sleep 0.05; done";
+    let mut child = launch_sh(2, 5, sh)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut ready = 0;
+    while ready < 2 {
+        ready += usize::from(lines.next().unwrap().unwrap().ends_with("ready"));
+    }
+    // SAFETY: kill(2) on our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(75), "{status}: {rest:?}");
+    let terms: Vec<&String> = rest.iter().filter(|l| l.contains("terms")).collect();
+    assert_eq!(terms.len(), 2, "{rest:?}");
+    assert!(terms.iter().all(|l| l.ends_with("terms 1")), "{rest:?}");
+}

@@ -324,10 +324,9 @@ fn a_profiled_training_step_draws() {
     assert_eq!(span_rects(&svg).len(), events);
     let labels = texts(&svg);
     assert!(labels.contains(&"step 2"), "{labels:?}");
-    assert!(
-        labels.iter().any(|l| l.starts_with("text layer backward")),
-        "{labels:?}"
-    );
+    // Whether a layer's label fits its rectangle depends on how fast the build runs the step
+    // (a release step is a few ms); every span's name is in its rectangle's title.
+    assert!(svg.contains("text layer backward"), "no text layer span");
     for rank in ["rank 0 host", "rank 1 host"] {
         assert!(labels.contains(&rank), "{labels:?}");
     }
