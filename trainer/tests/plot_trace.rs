@@ -289,17 +289,12 @@ fn a_file_that_is_not_a_trace_exits_2_naming_it() {
 #[test]
 fn a_profiled_training_step_draws() {
     let d = scratch("plot-trace", "train");
-    let out = Command::new(BIN)
-        .arg("train")
-        .args(["--set", "train.steps=2", "--set", "train.micro_batch=4"])
-        .args([
-            "--set",
-            "data.synth_samples=200",
-            "--set",
-            "parallel.nproc=2",
-        ])
-        .args(["--set", "train.profile_steps=[2, 2]"])
-        .args(["--set", &format!("log.dir={:?}", d.display().to_string())])
+    let sets = [
+        "train.steps=2",
+        "parallel.nproc=2",
+        "train.profile_steps=[2, 2]",
+    ];
+    let out = common::small_default_train(BIN, &d, &sets)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

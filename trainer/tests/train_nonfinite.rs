@@ -3,8 +3,7 @@
 //! says why, instead of training on.
 
 mod common;
-use common::scratch;
-use std::process::Command;
+use common::{scratch, small_default_train};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cannon");
 
@@ -13,19 +12,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_cannon");
 /// the process's stderr, the run having failed.
 fn absurd_run(name: &str, extra: &[&str]) -> (std::path::PathBuf, String) {
     let run = scratch("train-nonfinite", name);
-    let mut cmd = Command::new(BIN);
-    cmd.arg("train")
-        .args(["--set", "train.lr=1e30", "--set", "train.warmup_steps=0"])
-        .args([
-            "--set",
-            "train.micro_batch=4",
-            "--set",
-            "data.synth_samples=200",
-        ])
-        .args(["--set", &format!("log.dir={:?}", run.display().to_string())]);
-    for e in extra {
-        cmd.args(["--set", e]);
-    }
+    let mut sets = vec!["train.lr=1e30", "train.warmup_steps=0"];
+    sets.extend_from_slice(extra);
+    let mut cmd = small_default_train(BIN, &run, &sets);
     let out = cmd.output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "{err}");

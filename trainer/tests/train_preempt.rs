@@ -4,7 +4,7 @@
 //! once.
 
 mod common;
-use common::scratch;
+use common::{scratch, small_default_train};
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -15,19 +15,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_cannon");
 /// `cannon train` of the tiny default on a small synthetic set, 300 steps of 4 rows (a few
 /// seconds: long enough to be signalled mid-run), into `dir`.
 fn command(dir: &Path, extra: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("train")
-        .args(["--set", "train.steps=300", "--set", "train.micro_batch=4"])
-        .args([
-            "--set",
-            "data.synth_samples=200",
-            "--set",
-            "train.warmup_steps=4",
-        ])
-        .args(["--set", &format!("log.dir={:?}", dir.display().to_string())]);
-    for e in extra {
-        cmd.args(["--set", e]);
-    }
+    let mut sets = vec!["train.steps=300", "train.warmup_steps=4"];
+    sets.extend_from_slice(extra);
+    let mut cmd = small_default_train(BIN, dir, &sets);
     cmd.stdout(Stdio::null()).stderr(Stdio::piped());
     cmd
 }

@@ -3,7 +3,7 @@
 //! copies and the data loading, and nothing of the other steps.
 
 mod common;
-use common::scratch;
+use common::{scratch, small_default_train};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -13,19 +13,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_cannon");
 #[test]
 fn a_trace_holds_every_layer_op_class_and_collective_of_the_profiled_step() {
     let dir = scratch("train-profile", "two-ranks");
-    let out = Command::new(BIN)
-        .arg("train")
-        .args(["--set", "train.steps=3", "--set", "train.micro_batch=4"])
-        .args([
-            "--set",
-            "data.synth_samples=200",
-            "--set",
-            "parallel.nproc=2",
-        ])
-        .args(["--set", "train.profile_steps=[2, 2]"])
-        .args(["--set", &format!("log.dir={:?}", dir.display().to_string())])
-        .output()
-        .unwrap();
+    let sets = [
+        "train.steps=3",
+        "parallel.nproc=2",
+        "train.profile_steps=[2, 2]",
+    ];
+    let out = small_default_train(BIN, &dir, &sets).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     // 1: trained, the default's held-out accuracy below its targets after 3 steps.
     assert!(matches!(out.status.code(), Some(0 | 1)), "{err}");

@@ -4,10 +4,9 @@
 //! set out of the training and scores it instead; the keys' misuses are refused by name.
 
 mod common;
-use common::scratch;
+use common::{scratch, small_default_train};
 use serde_json::Value;
 use std::path::Path;
-use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cannon");
 
@@ -15,19 +14,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_cannon");
 /// `extra` overrides, into `dir`: its exit status and stderr (a run that trained exits 0,
 /// or 1 when the default's held-out accuracy is below its targets, as 6 steps leave it).
 fn run(dir: &Path, extra: &[&str]) -> (std::process::ExitStatus, String) {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("train")
-        .args(["--set", "train.steps=6", "--set", "train.micro_batch=4"])
-        .args([
-            "--set",
-            "data.synth_samples=200",
-            "--set",
-            "train.eval_batch=8",
-        ])
-        .args(["--set", &format!("log.dir={:?}", dir.display().to_string())]);
-    for e in extra {
-        cmd.args(["--set", e]);
-    }
+    let mut sets = vec!["train.steps=6", "train.eval_batch=8"];
+    sets.extend_from_slice(extra);
+    let mut cmd = small_default_train(BIN, dir, &sets);
     let out = cmd.output().unwrap();
     (
         out.status,

@@ -64,3 +64,27 @@ pub fn tiny_vlm_config_json(
     }}"#
     )
 }
+
+/// `cannon train` (the binary `bin`) of the tiny default on a small synthetic set (200
+/// samples, micro batches of 4) into `dir`, with each of `sets` as a `--set` override: the
+/// command line the CLI tests of a run share.
+#[allow(dead_code)] // not every test crate trains
+pub fn small_default_train(
+    bin: &str,
+    dir: &std::path::Path,
+    sets: &[&str],
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(bin);
+    cmd.arg("train")
+        .args([
+            "--set",
+            "data.synth_samples=200",
+            "--set",
+            "train.micro_batch=4",
+        ])
+        .args(["--set", &format!("log.dir={:?}", dir.display().to_string())]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    cmd
+}
