@@ -12,6 +12,12 @@
 use serde::{Deserialize, Deserializer};
 use std::path::Path;
 
+mod limits;
+pub use limits::*;
+
+/// A config.json is a few KB; a file past this is not one, and is not read into memory.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{path}: {source}")]
@@ -34,6 +40,14 @@ pub enum ConfigError {
     },
     #[error("config: inconsistent sizes: {0}")]
     Inconsistent(String),
+    #[error("config: {field} = {value} is past {limit}, the largest this trainer accepts")]
+    TooLarge {
+        field: &'static str,
+        value: u64,
+        limit: u64,
+    },
+    #[error("{path}: {len} bytes is not a config.json (at most {limit} bytes are read)")]
+    FileTooLarge { path: String, len: u64, limit: u64 },
 }
 
 /// `rope_parameters` of a 5.x config (`{"rope_theta": .., "rope_type": ..}`).
@@ -310,10 +324,19 @@ impl Mistral3Config {
     /// Reads and validates `config.json`.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let io = |source| ConfigError::Io {
             path: shown.clone(),
             source,
-        })?;
+        };
+        let len = std::fs::metadata(path).map_err(io)?.len();
+        if len > MAX_CONFIG_BYTES {
+            return Err(ConfigError::FileTooLarge {
+                path: shown,
+                len,
+                limit: MAX_CONFIG_BYTES,
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(io)?;
         let cfg: Self = serde_json::from_str(&text).map_err(|source| ConfigError::Json {
             path: shown,
             source,
@@ -349,6 +372,8 @@ impl Mistral3Config {
                 reason,
             })
         };
+        // Bounds first: every size product below and in the model is then free of overflow.
+        self.check_limits()?;
         let (t, v) = (&self.text_config, &self.vision_config);
         if self.model_type != "mistral3" {
             return unsupported(

@@ -146,3 +146,81 @@ fn activations_per_field() {
     assert_eq!(cfg.vision_config.hidden_act, HiddenAct::Gelu);
     assert_eq!(cfg.projector_hidden_act, HiddenAct::Gelu);
 }
+
+/// Sizes past the limits are refused naming the field, before any product of them is formed
+/// (a 10^12 hidden size squared wraps 64 bits; 10^9 layers would size a layout of 10^9 groups).
+#[test]
+fn sizes_past_the_limits_are_named_errors() {
+    for (section, field, value) in [
+        (
+            "text_config",
+            "hidden_size",
+            serde_json::json!(1_000_000_000_000u64),
+        ),
+        (
+            "text_config",
+            "num_hidden_layers",
+            serde_json::json!(1_000_000_000u64),
+        ),
+        ("text_config", "vocab_size", serde_json::json!(1u64 << 60)),
+        ("text_config", "head_dim", serde_json::json!(1u64 << 40)),
+        (
+            "vision_config",
+            "num_hidden_layers",
+            serde_json::json!(u64::MAX),
+        ),
+        ("vision_config", "patch_size", serde_json::json!(1u64 << 33)),
+    ] {
+        let mut v = shared_json();
+        v[section][field] = value.clone();
+        let err = parse(&v).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("{section}.{field} = {value}")) && err.contains("largest"),
+            "{section}.{field}: {err}"
+        );
+    }
+    let mut v = shared_json();
+    v["spatial_merge_size"] = serde_json::json!(1u64 << 50);
+    expect_err(&v, "spatial_merge_size");
+}
+
+/// Every size within its limit but the product past 2^42 parameters: the count is refused.
+#[test]
+fn a_parameter_count_past_the_limit_is_refused() {
+    let mut v = shared_json();
+    v["text_config"]["hidden_size"] = serde_json::json!(MAX_HIDDEN);
+    v["text_config"]["intermediate_size"] = serde_json::json!(MAX_INTERMEDIATE);
+    v["text_config"]["num_hidden_layers"] = serde_json::json!(MAX_LAYERS);
+    v["text_config"]["head_dim"] = serde_json::json!(128);
+    expect_err(&v, "the parameter count");
+}
+
+/// The checked count is the layout's own, on the tiny fixture and the real 24B config.
+#[test]
+fn param_count_equals_the_layout() {
+    let big = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/bench/magistral-small-2509/config.json"
+    );
+    for path in [SHARED, big] {
+        let cfg = Mistral3Config::from_file(Path::new(path)).unwrap();
+        let layout = crate::model::ParamLayout::new(&cfg);
+        assert_eq!(
+            cfg.param_count(),
+            Some(layout.num_params() as u64),
+            "{path}"
+        );
+    }
+}
+
+#[test]
+fn a_file_past_a_megabyte_is_not_read() {
+    let dir = std::env::temp_dir().join(format!("cannon-config-big-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.json");
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(MAX_CONFIG_BYTES + 1).unwrap();
+    let err = Mistral3Config::from_file(&path).unwrap_err().to_string();
+    assert!(err.contains("is not a config.json"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

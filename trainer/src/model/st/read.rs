@@ -80,21 +80,31 @@ impl StReader {
             }
             let (dtype, shape, offsets) =
                 parse_entry(&v).ok_or_else(|| bad(format!("bad header entry for {name}")))?;
-            let numel: usize = shape.iter().product();
-            let need = (numel * dtype.size()) as u64;
+            // Checked: a header is file content, and a wrapped product or offset would read
+            // other bytes (the header's own text) as the tensor.
+            let numel = shape
+                .iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+                .filter(|&n| n <= MAX_NUMEL)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "{name}: shape {shape:?} holds more than {MAX_NUMEL} elements"
+                    ))
+                })?;
+            let need = numel * dtype.size() as u64;
             if offsets.1 < offsets.0 || offsets.1 - offsets.0 != need {
                 return Err(bad(format!(
                     "{name}: offsets {offsets:?} do not hold {numel} {} elements",
                     dtype.name()
                 )));
             }
-            let bytes = data_start + offsets.0..data_start + offsets.1;
-            if bytes.end > file_len {
+            let end = data_start.checked_add(offsets.1).filter(|&e| e <= file_len);
+            let Some(end) = end else {
                 return Err(bad(format!(
-                    "{name} ends at byte {} of a {file_len}-byte file (truncated?)",
-                    bytes.end
+                    "{name} ends past byte {file_len}, the end of the file (truncated?)"
                 )));
-            }
+            };
+            let bytes = data_start + offsets.0..end;
             tensors.insert(
                 name,
                 Entry {
@@ -104,6 +114,7 @@ impl StReader {
                 },
             );
         }
+        check_disjoint(&tensors, data_start).map_err(bad)?;
         Ok(StReader {
             path: path.to_path_buf(),
             file,
@@ -200,6 +211,35 @@ impl StReader {
         }
         Ok(())
     }
+}
+
+/// No tensor of a file holds more elements (2^40: 4 TB of f32, far past any one weight).
+pub const MAX_NUMEL: u64 = 1 << 40;
+
+/// Two tensors may not share bytes: a file whose entries overlap was not written by a
+/// safetensors writer, and reading it would give one tensor's bytes to another.
+/// Spans are named as the header names them: offsets from the start of the data.
+fn check_disjoint(
+    tensors: &HashMap<String, Entry>,
+    data_start: u64,
+) -> std::result::Result<(), String> {
+    let mut spans: Vec<(&Range<u64>, &str)> = tensors
+        .iter()
+        .filter(|(_, e)| !e.bytes.is_empty())
+        .map(|(n, e)| (&e.bytes, n.as_str()))
+        .collect();
+    spans.sort_by_key(|(r, n)| (r.start, *n));
+    for w in spans.windows(2) {
+        let ((a, an), (b, bn)) = (w[0], w[1]);
+        if b.start < a.end {
+            return Err(format!(
+                "tensors {an} and {bn} share data bytes {}..{}",
+                b.start - data_start,
+                a.end.min(b.end) - data_start
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The most bytes [`StReader::read_widened`] reads at once.
@@ -347,5 +387,56 @@ mod tests {
         f.set_len(size - 1).unwrap();
         let err = StReader::open(&path).unwrap_err().to_string();
         assert!(err.contains("truncated"), "{err}");
+    }
+
+    /// A file of `header` (JSON) and `data` bytes, as a writer would frame it.
+    fn raw_file(name: &str, header: &str, data: &[u8]) -> PathBuf {
+        let path = tmp(name);
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(data);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    /// Headers whose sizes or offsets wrap 64 bits, or whose tensors share bytes, are errors
+    /// naming the tensor: before, a wrapped offset read the header's own text as the weight.
+    #[test]
+    fn wrapping_overlapping_and_huge_entries_are_errors() {
+        let wrap = u64::MAX - 31;
+        let cases = [
+            (
+                "wrap.safetensors",
+                format!(r#"{{"w":{{"dtype":"F32","shape":[4],"data_offsets":[{wrap},{}]}}}}"#, wrap + 16),
+                "w ends past byte",
+            ),
+            (
+                "shape.safetensors",
+                r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}}"#.to_string(),
+                "holds more than",
+            ),
+            (
+                "past-limit.safetensors",
+                r#"{"w":{"dtype":"F32","shape":[2199023255552],"data_offsets":[0,0]}}"#.to_string(),
+                "holds more than",
+            ),
+            (
+                "overlap.safetensors",
+                r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#.to_string(),
+                "tensors a and b share data bytes 8..16",
+            ),
+        ];
+        for (file, header, needle) in cases {
+            let path = raw_file(file, &header, &[0u8; 16]);
+            let err = StReader::open(&path).unwrap_err().to_string();
+            assert!(err.contains(needle), "{file}: {err}");
+        }
+        // The same framing with sound entries opens: the cases fail for their fault only.
+        let ok = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#;
+        let r = StReader::open(&raw_file("ok.safetensors", ok, &[0u8; 16])).unwrap();
+        assert_eq!(
+            r.entry("b").map(|e| e.bytes.clone()),
+            Some(8 + ok.len() as u64 + 8..8 + ok.len() as u64 + 16)
+        );
     }
 }

@@ -27,6 +27,12 @@ pub const FORMAT: &str = "cannon-checkpoint";
 /// The version this build writes and reads. Bump it when a field changes meaning.
 pub const VERSION: u32 = 1;
 pub const MANIFEST_FILE: &str = "manifest.json";
+/// A manifest is a few hundred KB even for the 24B model on many ranks (one range per group
+/// per rank); a file past this is not one and is not read into memory.
+pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+/// Ranks a checkpoint may name. Far past any job this trainer runs; a manifest's world size
+/// sizes lists before they are compared, so it is bounded first.
+pub const MAX_WORLD: usize = 1 << 16;
 pub const CONFIG_FILE: &str = "config.json";
 
 /// One rank's part of a flat group: elements `start..end` of the (unpadded) group, stored in a
@@ -297,11 +303,19 @@ impl Manifest {
     /// files agree with the world size.
     pub fn read(dir: &Path) -> Result<Self> {
         let path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path).map_err(super::error::io(&path))?;
         let bad = |reason: String| CheckpointError::Manifest {
             path: path.clone(),
             reason,
         };
+        let len = std::fs::metadata(&path)
+            .map_err(super::error::io(&path))?
+            .len();
+        if len > MAX_MANIFEST_BYTES {
+            return Err(bad(format!(
+                "{len} bytes, past the {MAX_MANIFEST_BYTES} a manifest may have"
+            )));
+        }
+        let text = std::fs::read_to_string(&path).map_err(super::error::io(&path))?;
         // Look at the version before the strict parse, so a newer format says so.
         let raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         if raw.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
@@ -327,8 +341,10 @@ impl Manifest {
     /// state per rank.
     pub fn check(&self) -> Result<()> {
         let w = self.world_size;
-        if w == 0 {
-            return Err(CheckpointError::Argument("world_size is 0".into()));
+        if w == 0 || w > MAX_WORLD {
+            return Err(CheckpointError::Argument(format!(
+                "world_size {w} is not within 1..={MAX_WORLD}"
+            )));
         }
         for g in &self.groups {
             if g.shards.len() != w {
@@ -340,10 +356,13 @@ impl Manifest {
             }
             check_cover(&g.name, g.len, &g.shards)?;
         }
-        let ranks: Vec<usize> = self.files.iter().map(|f| f.rank).collect();
-        if ranks != (0..w).collect::<Vec<_>>() {
+        let in_order = self.files.iter().enumerate().all(|(r, f)| f.rank == r);
+        if self.files.len() != w || !in_order {
+            let ranks: Vec<usize> = self.files.iter().map(|f| f.rank).take(16).collect();
             return Err(CheckpointError::Argument(format!(
-                "files are for ranks {ranks:?}, world size {w}"
+                "{} files for world size {w}, for ranks {ranks:?}{} (must be 0..{w} in order)",
+                self.files.len(),
+                if self.files.len() > 16 { " .." } else { "" }
             )));
         }
         for f in &self.files {
@@ -431,5 +450,35 @@ mod tests {
             }]
         );
         assert!(check_cover("g", 8, &padded_shards(7, 2)).is_err());
+    }
+
+    /// A manifest naming 10^12 ranks is refused by its world size before any list of that
+    /// length is made (before, the rank list 0..world was collected first and aborted).
+    #[test]
+    fn a_huge_world_size_is_refused_without_allocating() {
+        let dir = std::env::temp_dir().join(format!("cannon-manifest-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let m = serde_json::json!({
+            "format": FORMAT, "version": VERSION, "step": 1, "world_size": 1_000_000_000_000u64,
+            "config": {}, "groups": [],
+            "optimizer": {"name": "adamw", "step": 1, "lr": 1e-3, "beta1": 0.9, "beta2": 0.95,
+                          "eps": 1e-8, "weight_decay": 0.0},
+            "scheduler": {}, "rng": [], "files": [],
+            "data": {"position": {"epoch": 0, "index": 0}, "consumed_samples": 0,
+                     "consumed_tokens": 0, "dropped_samples": 0}
+        });
+        std::fs::write(dir.join(MANIFEST_FILE), m.to_string()).unwrap();
+        let err = Manifest::read(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains("world_size 1000000000000 is not within"),
+            "{err}"
+        );
+        // Within the limit but with no files: the file list's length is named.
+        let mut small = m.clone();
+        small["world_size"] = 3.into();
+        std::fs::write(dir.join(MANIFEST_FILE), small.to_string()).unwrap();
+        let err = Manifest::read(&dir).unwrap_err().to_string();
+        assert!(err.contains("0 files for world size 3"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
