@@ -282,6 +282,55 @@ fn corrupt_and_missing_images_are_errors_naming_the_file() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The PNG CRC-32 (ISO 3309), to write a well-formed header for a hostile size.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in bytes {
+        c ^= b as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 {
+                0xEDB8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+        }
+    }
+    !c
+}
+
+/// A PNG whose (valid, CRC-checked) header declares 100000 x 100000 pixels: 40 GB of RGBA if
+/// believed. Both the header check and the decoder refuse it, naming the file, at once.
+#[test]
+fn an_image_declaring_a_huge_size_is_refused_before_decoding() {
+    let dir = std::env::temp_dir().join(format!("cannon-data-bomb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut png = std::fs::read(shared_path("images/shapes_320x200.png")).unwrap();
+    // Signature (8), IHDR length (4), "IHDR" (4), width, height (4 + 4), 5 more bytes, CRC.
+    assert_eq!(&png[12..16], b"IHDR");
+    png[16..20].copy_from_slice(&100_000u32.to_be_bytes());
+    png[20..24].copy_from_slice(&100_000u32.to_be_bytes());
+    let crc = crc32(&png[12..29]);
+    png[29..33].copy_from_slice(&crc.to_be_bytes());
+    let bomb = dir.join("bomb.png");
+    std::fs::write(&bomb, &png).unwrap();
+    for e in [
+        header_size(&bomb).unwrap_err(),
+        load_rgb(&bomb).unwrap_err(),
+    ] {
+        assert!(matches!(e, DataError::Image { .. }), "{e:?}");
+        assert!(e.to_string().contains("bomb.png"), "{e}");
+    }
+    // The same bytes with the true size pass: the size alone made the error.
+    png[16..20].copy_from_slice(&320u32.to_be_bytes());
+    png[20..24].copy_from_slice(&200u32.to_be_bytes());
+    let crc = crc32(&png[12..29]);
+    png[29..33].copy_from_slice(&crc.to_be_bytes());
+    std::fs::write(&bomb, &png).unwrap();
+    assert_eq!(header_size(&bomb).unwrap(), (320, 200));
+    assert_eq!(load_rgb(&bomb).unwrap().dimensions(), (320, 200));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// LLaMA-Factory's pixel limits: 640x427 with max 262144 -> sqrt factor, sides truncated
 /// (mistral3-facts.md §2.3: 626x418), then the processor rounds to 644x420 (multiples of 28).
 #[test]

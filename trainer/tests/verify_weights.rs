@@ -213,6 +213,34 @@ fn missing_extra_misshaped_and_bad_dtype_tensors_are_named() {
     expect_weights_error("dup", t, "twice");
 }
 
+/// The index is file content: a huge one is refused by its size before it is read (a sparse
+/// file, so the test writes nothing), and a shard name leaving the folder is refused.
+#[test]
+fn oversized_and_escaping_indexes_are_named() {
+    let cfg = Mistral3Config::from_file(&shared_fixture().join("config.json")).unwrap();
+    let layout = ParamLayout::new(&cfg);
+    let dir = std::env::temp_dir().join(format!("cannon-index-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    let f = std::fs::File::create(&index).unwrap();
+    f.set_len(cannon_trainer::model::weights::MAX_INDEX_BYTES + 1)
+        .unwrap();
+    drop(f);
+    let err = HfWeights::open(&dir, &layout).unwrap_err().to_string();
+    assert!(
+        err.contains("the largest index this trainer reads"),
+        "{err}"
+    );
+    std::fs::write(
+        &index,
+        r#"{"weight_map":{"lm_head.weight":"../x.safetensors"}}"#,
+    )
+    .unwrap();
+    let err = HfWeights::open(&dir, &layout).unwrap_err().to_string();
+    assert!(err.contains("leaves the directory"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn no_checkpoint_is_an_error() {
     let cfg = Mistral3Config::from_file(&shared_fixture().join("config.json")).unwrap();

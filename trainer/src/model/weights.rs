@@ -54,19 +54,30 @@ pub fn legacy_name(name: &str) -> String {
 /// Checkpoint files, each with the tensor names the index assigns to it (None: all).
 type FileList = Vec<(PathBuf, Option<Vec<String>>)>;
 
+/// The largest `model.safetensors.index.json` read: the 24B model's is 60 KB (one line per
+/// tensor), so 64 MiB leaves room for any model while a hostile file cannot fill memory.
+pub const MAX_INDEX_BYTES: u64 = 64 << 20;
+
 /// The files of the checkpoint in `dir`: the shards of `model.safetensors.index.json`, else
 /// the single `model.safetensors`.
 fn checkpoint_files(dir: &Path) -> Result<FileList, WeightsError> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|source| WeightsError::Io {
-            path: index.clone(),
-            source,
-        })?;
         let bad = |reason: String| WeightsError::Index {
             path: index.clone(),
             reason,
         };
+        let io = |source| WeightsError::Io {
+            path: index.clone(),
+            source,
+        };
+        let len = std::fs::metadata(&index).map_err(io)?.len();
+        if len > MAX_INDEX_BYTES {
+            return Err(bad(format!(
+                "{len} bytes is past {MAX_INDEX_BYTES}, the largest index this trainer reads"
+            )));
+        }
+        let text = std::fs::read_to_string(&index).map_err(io)?;
         let json: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         let map = json

@@ -112,11 +112,7 @@ pub fn load_rgb(path: &Path) -> Result<image::RgbImage> {
         path: path.to_path_buf(),
         source,
     };
-    let reader = image::ImageReader::open(path)
-        .map_err(|e| DataError::io(path, e))?
-        .with_guessed_format()
-        .map_err(|e| DataError::io(path, e))?;
-    let img = reader.decode().map_err(err)?;
+    let img = open_reader(path)?.decode().map_err(err)?;
     Ok(if let Some(rgba) = img.as_rgba8() {
         over_white(rgba)
     } else if img.color().has_alpha() {
@@ -199,14 +195,36 @@ pub fn processed_size(width: u32, height: u32, cfg: &ImageConfig) -> (u32, u32) 
 /// not an image of a known format, or whose header is cut or corrupt, is [`DataError::Image`].
 /// A file cut after its header passes: decoding it ([`load_rgb`]) finds that.
 pub fn header_size(path: &Path) -> Result<(u32, u32)> {
-    let reader = image::ImageReader::open(path)
+    let err = |source| DataError::Image {
+        path: path.to_path_buf(),
+        source,
+    };
+    let (w, h) = open_reader(path)?.into_dimensions().map_err(err)?;
+    // The dimensions come from the file: the decoder checks them too, but a dataset is
+    // checked by headers only, so a bomb is named here, before any sample is built from it.
+    image_limits().check_dimensions(w, h).map_err(err)?;
+    Ok((w, h))
+}
+
+/// The largest image side decoded (32768 px: past any camera; Pixtral resizes to 1540 px) and
+/// the most the decoder may allocate (512 MiB, 8192 x 8192 RGBA once with headroom): a file
+/// declaring 10^5 x 10^5 pixels is an error naming it, not an allocation abort.
+pub const MAX_IMAGE_SIDE: u32 = 1 << 15;
+fn image_limits() -> image::Limits {
+    let mut l = image::Limits::no_limits();
+    l.max_image_width = Some(MAX_IMAGE_SIDE);
+    l.max_image_height = Some(MAX_IMAGE_SIDE);
+    l.max_alloc = Some(512 << 20);
+    l
+}
+
+fn open_reader(path: &Path) -> Result<image::ImageReader<std::io::BufReader<std::fs::File>>> {
+    let mut reader = image::ImageReader::open(path)
         .map_err(|e| DataError::io(path, e))?
         .with_guessed_format()
         .map_err(|e| DataError::io(path, e))?;
-    reader.into_dimensions().map_err(|source| DataError::Image {
-        path: path.to_path_buf(),
-        source,
-    })
+    reader.limits(image_limits());
+    Ok(reader)
 }
 
 /// PIL `resize(NEAREST)`: output pixel x samples input floor((x + 0.5) * in / out).
