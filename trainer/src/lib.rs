@@ -17,8 +17,12 @@
 //! - [`app`]: the `cannon` subcommands ([`app::cli`]) and what only they use: `cannon plan`,
 //!   `cannon bench`, `cannon verify`.
 //!
+//! Beside them, [`bounded`] reads the small files nobody here wrote with their size checked
+//! first; every tier uses it.
+//!
 //! The guides are in the repository's `docs/` folder (training, parallel, memory, npu, ...).
 pub mod app;
+pub mod bounded;
 pub mod model;
 pub mod parallel;
 pub mod train;

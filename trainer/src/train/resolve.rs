@@ -51,7 +51,7 @@ pub fn read_system_prompt(dir: &Path) -> Result<String, TrainError> {
         }
         .into());
     }
-    std::fs::read_to_string(&path).map_err(io(&path))
+    crate::bounded::read_to_string_capped(&path, crate::bounded::MAX_SMALL_FILE).map_err(io(&path))
 }
 
 /// Where the run's tokenizer was found.
@@ -424,7 +424,8 @@ pub fn model_config(
 /// An HF folder's `config.json`, parsed and as JSON (the file read once).
 pub fn dir_config(dir: &Path) -> Result<(Mistral3Config, serde_json::Value), TrainError> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let text = crate::bounded::read_to_string_capped(&path, crate::model::config::MAX_CONFIG_BYTES)
+        .map_err(io(&path))?;
     let cfg = Mistral3Config::from_json(&text).map_err(ModelError::from)?;
     let json = serde_json::from_str(&text)
         .map_err(|e| TrainError::Input(format!("{}: {e}", path.display())))?;

@@ -88,7 +88,9 @@ impl Checkpoint {
     /// The model's HF config as saved (what `cannon export` writes out).
     pub fn model_config_json(&self) -> Result<serde_json::Value> {
         let path = self.dir.join(CONFIG_FILE);
-        let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+        let text =
+            crate::bounded::read_to_string_capped(&path, crate::model::config::MAX_CONFIG_BYTES)
+                .map_err(io(&path))?;
         serde_json::from_str(&text).map_err(|e| CheckpointError::Manifest {
             path,
             reason: format!("config.json: {e}"),

@@ -11,10 +11,11 @@ impl TrainConfig {
     pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Self, ConfigError> {
         let (mut table, origin) = match file {
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Io {
-                    path: p.to_path_buf(),
-                    source,
-                })?;
+                let text = crate::bounded::read_to_string_capped(p, crate::bounded::MAX_SMALL_FILE)
+                    .map_err(|source| ConfigError::Io {
+                        path: p.to_path_buf(),
+                        source,
+                    })?;
                 (
                     parse_table(&text, &p.display().to_string())?,
                     p.display().to_string(),
@@ -152,4 +153,24 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
     };
     section.insert(field.to_string(), value);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run config is kilobytes: one past the small-file cap (a sparse file: nothing is
+    /// written) is refused by its size, naming it, before it is read.
+    #[test]
+    fn a_config_file_past_the_cap_is_refused_unread() {
+        let dir = std::env::temp_dir().join(format!("cannon-toml-cap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("huge.toml");
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_len(crate::bounded::MAX_SMALL_FILE + 1).unwrap();
+        drop(f);
+        let e = TrainConfig::load(Some(&p), &[]).unwrap_err().to_string();
+        assert!(e.contains("huge.toml") && e.contains("the largest"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -118,7 +118,8 @@ fn parent(path: &Path) -> PathBuf {
 }
 
 fn read_info(path: &Path) -> Result<Map<String, Value>> {
-    let raw = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+    let raw = crate::bounded::read_capped(path, crate::bounded::MAX_SMALL_FILE)
+        .map_err(|e| DataError::io(path, e))?;
     let v: Value = serde_json::from_slice(&raw).map_err(|source| DataError::Json {
         path: path.to_path_buf(),
         source,
