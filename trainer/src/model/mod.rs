@@ -56,7 +56,7 @@ pub(crate) mod precision;
 pub(crate) mod projector;
 pub(crate) mod saved;
 pub mod source;
-pub(crate) mod st;
+pub mod st;
 pub(crate) mod streamer;
 pub mod weights;
 

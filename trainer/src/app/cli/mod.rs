@@ -9,7 +9,7 @@ pub(crate) mod export;
 pub(crate) mod launch;
 pub(crate) mod plan;
 pub(crate) mod plot;
-pub(crate) mod runlog;
+pub mod runlog;
 pub(crate) mod steptime;
 pub(crate) mod train;
 pub(crate) mod verify;
