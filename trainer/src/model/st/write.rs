@@ -65,7 +65,7 @@ impl StWriter {
         out.write_all(&(text.len() as u64).to_le_bytes())
             .and_then(|()| out.write_all(&text))
             .map_err(io(path))?;
-        Ok(StWriter {
+        let mut w = StWriter {
             path: path.to_path_buf(),
             out,
             specs,
@@ -76,7 +76,11 @@ impl StWriter {
             scratch: Vec::new(),
             end,
             data: true,
-        })
+        };
+        // Leading empty tensors are complete before a byte is written: without this step the
+        // first piece went to an empty tensor and was refused as an overrun.
+        w.next_tensor();
+        Ok(w)
     }
 
     /// A writer of sizes only, for the meta device's values that do not exist: every piece
