@@ -319,47 +319,59 @@ fn sharded_meta(state: &Snapshot, sh: &Sharded, world: usize) -> SaveMeta {
 /// shard holds exactly the elements of its range and zero padding.
 #[test]
 fn a_checkpoint_of_three_ranks_reshards_to_any_world_size() {
-    let root = tmp_root("reshard");
-    let dir = CheckpointDir::new(&root);
-    let state = random_state(5, 3);
-    let sh = shard(&state, 3);
-    let meta = sharded_meta(&state, &sh, 3);
-    let ranks: Vec<RankShards<'_>> = (0..3)
-        .map(|r| RankShards::device(r, &sh.params[r], &sh.m[r], &sh.v[r], 100 + r as u64).unwrap())
-        .collect();
-    let st = state.model.exec.stream();
-    save_local(&dir, &meta, &ranks, st, 0).unwrap();
-    let mut ckpt = Checkpoint::open(&root).unwrap();
-    assert_eq!(ckpt.manifest().rng, vec![100, 101, 102]);
-    assert_eq!(ckpt.rng(3), None);
-    assert!(ckpt
-        .manifest()
-        .groups
-        .iter()
-        .any(|g| g.shards[2].padding() > 0));
+    // Saved at these world sizes (3 leaves padding on its last shard; 5 cuts groups smaller
+    // than the world), read back at every world size from 1 to 7.
+    for saved in [1usize, 2, 3, 5] {
+        let root = tmp_root(&format!("reshard-{saved}"));
+        let dir = CheckpointDir::new(&root);
+        let state = random_state(5, 3);
+        let sh = shard(&state, saved);
+        let meta = sharded_meta(&state, &sh, saved);
+        let ranks: Vec<RankShards<'_>> = (0..saved)
+            .map(|r| {
+                RankShards::device(r, &sh.params[r], &sh.m[r], &sh.v[r], 100 + r as u64).unwrap()
+            })
+            .collect();
+        let st = state.model.exec.stream();
+        save_local(&dir, &meta, &ranks, st, 0).unwrap();
+        let mut ckpt = Checkpoint::open(&root).unwrap();
+        assert_eq!(
+            ckpt.manifest().rng,
+            (0..saved as u64).map(|r| 100 + r).collect::<Vec<_>>()
+        );
+        assert_eq!(ckpt.rng(saved), None);
+        if saved == 3 {
+            assert!(ckpt
+                .manifest()
+                .groups
+                .iter()
+                .any(|g| g.shards[2].padding() > 0));
+        }
 
-    let whole = |t: &Stored| t.to_host(st).unwrap();
-    for world in [1, 2, 4] {
-        for (g, gl) in state.model.params.layout.groups.iter().enumerate() {
-            for target in padded_shards(gl.len, world) {
-                let mut want = whole(&state.model.params.data[g])[target.range()].to_vec();
-                want.resize(target.stored, 0.0);
-                assert_eq!(ckpt.read_shard(Kind::Param, g, target).unwrap(), want);
-                if let Some(m) = &state.opt.m[g] {
-                    let mut want = whole(m)[target.range()].to_vec();
+        let whole = |t: &Stored| t.to_host(st).unwrap();
+        for world in 1..=7 {
+            for (g, gl) in state.model.params.layout.groups.iter().enumerate() {
+                for target in padded_shards(gl.len, world) {
+                    let mut want = whole(&state.model.params.data[g])[target.range()].to_vec();
                     want.resize(target.stored, 0.0);
-                    assert_eq!(ckpt.read_shard(Kind::ExpAvg, g, target).unwrap(), want);
-                } else {
-                    let err = ckpt.read_shard(Kind::ExpAvg, g, target).unwrap_err();
-                    assert!(err.to_string().contains("frozen"), "{err}");
+                    assert_eq!(ckpt.read_shard(Kind::Param, g, target).unwrap(), want);
+                    if let Some(m) = &state.opt.m[g] {
+                        let mut want = whole(m)[target.range()].to_vec();
+                        want.resize(target.stored, 0.0);
+                        assert_eq!(ckpt.read_shard(Kind::ExpAvg, g, target).unwrap(), want);
+                    } else {
+                        let err = ckpt.read_shard(Kind::ExpAvg, g, target).unwrap_err();
+                        assert!(err.to_string().contains("frozen"), "{err}");
+                    }
                 }
             }
         }
+        // Consolidated on one rank it is the state it was cut from.
+        let mut back = Snapshot::load(&mut ckpt, DeviceCtx::cpu()).unwrap();
+        back.progress.rng = state.progress.rng;
+        assert_same(&state, &back);
+        std::fs::remove_dir_all(&root).ok();
     }
-    // Consolidated on one rank it is the state it was cut from.
-    let mut back = Snapshot::load(&mut ckpt, DeviceCtx::cpu()).unwrap();
-    back.progress.rng = state.progress.rng;
-    assert_same(&state, &back);
 }
 
 /// Ranks as threads on the in-process communicator, each saving its own (host) shards.
