@@ -3,10 +3,12 @@
 //!
 //! Parity: the same vocabulary cut as `Tekkenizer(vocab_size=)` (only the first
 //! `vocab_size - num_special_tokens` ranks are mergeable), the same pre-tokenizer split, and
-//! tiktoken's merge loop (lowest-rank adjacent pair first, leftmost on ties; a piece that is a
-//! token as a whole is that token).
+//! tiktoken's merge order (lowest-rank adjacent pair first, leftmost on ties; a piece that is a
+//! token as a whole is that token), run in O(n log n) (see `bpe.rs`).
 
 mod bpe;
+#[cfg(test)]
+mod bpe_tests;
 mod file;
 mod fx;
 #[cfg(test)]
@@ -178,7 +180,7 @@ impl Tekken {
 
     /// Appends the ids of `text` to `out`.
     pub fn encode_into(&self, text: &str, out: &mut Vec<u32>) {
-        let mut parts: Vec<(usize, u32)> = Vec::new();
+        let mut parts = bpe::Scratch::default();
         match &self.splitter {
             Splitter::Fast(p) => p.for_each_piece(text, |piece| {
                 self.bpe(piece.as_bytes(), &mut parts, out);
