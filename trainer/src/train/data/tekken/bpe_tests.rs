@@ -1,7 +1,7 @@
 //! The heap merge against tiktoken's loop (kept here as the oracle) on many generated texts,
 //! with the real tokenizer file at both vocabulary sizes the parity tests use.
 
-use super::test_util::real_path;
+use super::test_util::{real_path, Rng};
 use super::Tekken;
 use std::sync::OnceLock;
 
@@ -86,34 +86,6 @@ fn oracle_piece(tok: &Tekken, bytes: &[u8]) -> Vec<u32> {
     let mut out = Vec::new();
     oracle_bpe(tok, bytes, &mut out);
     out
-}
-
-/// SplitMix64: a seeded generator, so a failure names a case that can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())]
-    }
-    /// Any Unicode scalar value, weighted toward the planes text uses.
-    fn char(&mut self) -> char {
-        let hi = self.pick(&[0x80u32, 0x800, 0x3_0000, 0x11_0000]);
-        loop {
-            if let Some(c) = char::from_u32(self.next() as u32 % hi) {
-                return c;
-            }
-        }
-    }
 }
 
 /// Characters of many scripts and of every class the split pattern tells apart, emoji with

@@ -9,6 +9,8 @@
 mod bpe;
 #[cfg(test)]
 mod bpe_tests;
+#[cfg(test)]
+mod encode_tests;
 mod file;
 mod fx;
 #[cfg(test)]
@@ -72,6 +74,36 @@ enum Splitter {
     Fast(Pretokenizer),
     /// Any other pattern.
     Regex(fancy_regex::Regex),
+}
+
+impl Splitter {
+    /// Calls `f` on each piece of `text`, in order.
+    fn for_each_piece<'t>(&self, text: &'t str, mut f: impl FnMut(&'t str)) {
+        match self {
+            Splitter::Fast(p) => p.for_each_piece(text, f),
+            Splitter::Regex(re) => {
+                let mut end = 0;
+                for m in re.find_iter(text) {
+                    match m {
+                        Ok(m) => {
+                            f(m.as_str());
+                            end = m.end();
+                        }
+                        // A regex runtime error (backtrack limit) only arises on pathological
+                        // input, and fancy-regex stops at it: the rest of the text, from the
+                        // end of the last piece, is one piece rather than dropped (and the
+                        // pieces before it are not repeated).
+                        Err(_) => {
+                            if end < text.len() {
+                                f(&text[end..]);
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A loaded tekken tokenizer. `Sync`: encode from many threads at once.
@@ -180,34 +212,17 @@ impl Tekken {
 
     /// Appends the ids of `text` to `out`.
     pub fn encode_into(&self, text: &str, out: &mut Vec<u32>) {
-        let mut parts = bpe::Scratch::default();
-        match &self.splitter {
-            Splitter::Fast(p) => p.for_each_piece(text, |piece| {
-                self.bpe(piece.as_bytes(), &mut parts, out);
-            }),
-            Splitter::Regex(re) => {
-                for m in re.find_iter(text) {
-                    // A regex runtime error (backtrack limit) only arises on pathological
-                    // input; those bytes are encoded unsplit rather than dropped.
-                    match m {
-                        Ok(m) => self.bpe(m.as_str().as_bytes(), &mut parts, out),
-                        Err(_) => self.bpe(text.as_bytes(), &mut parts, out),
-                    }
-                }
-            }
-        }
+        let mut scratch = bpe::Scratch::default();
+        self.splitter.for_each_piece(text, |piece| {
+            self.bpe(piece.as_bytes(), &mut scratch, out);
+        });
     }
 
     /// The split of `text` into pieces by the file's pattern (for tests and tools).
     pub fn pieces<'t>(&self, text: &'t str) -> Vec<&'t str> {
-        match &self.splitter {
-            Splitter::Fast(p) => p.pieces(text),
-            Splitter::Regex(re) => re
-                .find_iter(text)
-                .filter_map(|m| m.ok())
-                .map(|m| m.as_str())
-                .collect(),
-        }
+        let mut v = Vec::new();
+        self.splitter.for_each_piece(text, |p| v.push(p));
+        v
     }
 
     /// The bytes of `ids`; special tokens are skipped, or spelled out when `keep_specials`.

@@ -32,3 +32,31 @@ pub(super) fn tiny(merges: &[&[u8]], pattern: &str) -> Value {
 pub(super) fn bytes(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap()
 }
+
+/// SplitMix64: a seeded generator, so a failure names a case that can be replayed.
+pub(super) struct Rng(pub u64);
+
+impl Rng {
+    pub(super) fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub(super) fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    pub(super) fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())]
+    }
+    /// Any Unicode scalar value, weighted toward the planes text uses.
+    pub(super) fn char(&mut self) -> char {
+        let hi = self.pick(&[0x80u32, 0x800, 0x3_0000, 0x11_0000]);
+        loop {
+            if let Some(c) = char::from_u32(self.next() as u32 % hi) {
+                return c;
+            }
+        }
+    }
+}
