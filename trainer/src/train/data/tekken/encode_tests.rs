@@ -41,7 +41,7 @@ fn encode_then_decode_returns_any_unicode_text() {
         r"\p{L}+|\p{N}|\s+|[^\s\p{L}\p{N}]+",
     ));
     let regex = Tekken::from_slice(&file, None, Path::new("regex.json")).unwrap();
-    let mut rng = Rng(0x5eed_0f_7e);
+    let mut rng = Rng(0x5eed_0f7e);
     for case in 0..300 {
         let len = rng.below(if case % 10 == 0 { 2_000 } else { 80 });
         let text: String = (0..len)
