@@ -19,6 +19,15 @@ pub enum DataError {
     },
     #[error("tokenizer {path}: {reason}")]
     Tokenizer { path: PathBuf, reason: String },
+    /// A size or count in a tokenizer file past what this reader accepts (see
+    /// `tekken::limits`): refused before anything of that size is allocated.
+    #[error("tokenizer {path}: {field} is {value}, over the limit of {limit}")]
+    TokenizerLimit {
+        path: PathBuf,
+        field: &'static str,
+        value: u64,
+        limit: u64,
+    },
     #[error("tokenizer split pattern: {0}")]
     Pattern(String),
     #[error("token id {id} is outside the vocabulary of {vocab_size}")]
