@@ -19,6 +19,7 @@
 //!
 //! The guides are in the repository's `docs/` folder (training, parallel, memory, npu, ...).
 pub mod app;
+pub mod durable;
 pub mod model;
 pub mod parallel;
 pub mod train;
