@@ -36,8 +36,20 @@ pub enum CheckpointError {
     Mismatch(String),
     #[error("bad argument: {0}")]
     Argument(String),
-    #[error("{path} exists and is not empty (pass --force to replace it)")]
+    #[error("{path} exists and is not empty (pass --force to replace an earlier export there)")]
     Exists { path: PathBuf },
+    /// `--out` holds what an export does not write: never replaced, whatever `--force`.
+    #[error(
+        "{path} is not an earlier export (it holds {found}): not replacing it, even with \
+         --force (it may be a run folder or someone's data); choose another --out"
+    )]
+    NotAnExport { path: PathBuf, found: String },
+    /// `--out` and the checkpoint being read overlap: the export would write over its input.
+    #[error(
+        "--out {out} overlaps the checkpoint being read ({checkpoint}): export to a folder \
+         outside it"
+    )]
+    OverlapsCheckpoint { out: PathBuf, checkpoint: PathBuf },
     /// The file system ran out of space while a save wrote: nothing was committed.
     #[error(
         "{path}: no space left on device while saving step {step}: the checkpoint was not \
