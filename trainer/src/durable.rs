@@ -137,7 +137,11 @@ mod tests {
 
     #[test]
     fn no_space_is_recognised() {
-        assert!(is_no_space(&std::io::Error::from_raw_os_error(libc::ENOSPC)));
-        assert!(!is_no_space(&std::io::Error::from_raw_os_error(libc::EACCES)));
+        assert!(is_no_space(&std::io::Error::from_raw_os_error(
+            libc::ENOSPC
+        )));
+        assert!(!is_no_space(&std::io::Error::from_raw_os_error(
+            libc::EACCES
+        )));
     }
 }

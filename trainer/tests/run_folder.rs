@@ -65,7 +65,11 @@ fn force_moves_the_old_run_aside_and_trains_afresh() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("would be moved aside to"), "{text}");
     assert!(!root.join("run.old-1").exists());
 

@@ -192,7 +192,10 @@ mod tests {
         let mut w = HfWriter::create(&dir, &layout, &cfg).unwrap();
         w.write_group(&groups[0]).unwrap();
         assert!(w.finish().is_err(), "finished with groups missing");
-        assert_eq!(std::fs::read_to_string(dir.join("config.json")).unwrap(), "old");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("config.json")).unwrap(),
+            "old"
+        );
         assert!(!dir.join("model.safetensors").exists());
 
         write_hf(&dir, &layout, &cfg, &groups).unwrap();

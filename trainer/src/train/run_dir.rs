@@ -170,12 +170,21 @@ mod tests {
     #[test]
     fn an_absent_empty_or_unrelated_folder_is_a_fresh_start() {
         let root = scratch("fresh");
-        assert_eq!(claim(&plan(&root.join("absent"), &[]), false).unwrap(), Claim::Fresh);
+        assert_eq!(
+            claim(&plan(&root.join("absent"), &[]), false).unwrap(),
+            Claim::Fresh
+        );
         std::fs::create_dir(root.join("empty")).unwrap();
-        assert_eq!(claim(&plan(&root.join("empty"), &[]), false).unwrap(), Claim::Fresh);
+        assert_eq!(
+            claim(&plan(&root.join("empty"), &[]), false).unwrap(),
+            Claim::Fresh
+        );
         std::fs::create_dir(root.join("notes")).unwrap();
         std::fs::write(root.join("notes/README"), "mine").unwrap();
-        assert_eq!(claim(&plan(&root.join("notes"), &[]), false).unwrap(), Claim::Fresh);
+        assert_eq!(
+            claim(&plan(&root.join("notes"), &[]), false).unwrap(),
+            Claim::Fresh
+        );
     }
 
     #[test]
@@ -242,7 +251,10 @@ mod tests {
         let first = root.join("run.old-1");
         assert_eq!(
             moved,
-            vec![(dir.clone(), first.clone()), (ckpts.clone(), root.join("ckpts.old-1"))]
+            vec![
+                (dir.clone(), first.clone()),
+                (ckpts.clone(), root.join("ckpts.old-1"))
+            ]
         );
         assert_eq!(
             std::fs::read_to_string(first.join("metrics.jsonl")).unwrap(),

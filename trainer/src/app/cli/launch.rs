@@ -515,8 +515,7 @@ mod tests {
         assert!(refuse_cpu_training(&train(&["train"]), 1).is_ok());
         assert!(refuse_cpu_training(&train(&["doctor"]), 4).is_ok());
         // A config that does not load is refused once, here, naming the key.
-        let err = refuse_cpu_training(&train(&["train", "--set", "train.nope=1"]), 2)
-            .unwrap_err();
+        let err = refuse_cpu_training(&train(&["train", "--set", "train.nope=1"]), 2).unwrap_err();
         assert!(err.contains("nope"), "{err}");
     }
 

@@ -212,11 +212,7 @@ impl CheckpointDir {
     /// What crashed saves and prunes left that no reader takes: unfinished `step-N.tmp/`
     /// (no manifest), a `step-N.old/` or a half-removed `step-N/` beside a complete copy.
     pub fn unfinished(&self) -> Result<Vec<PathBuf>> {
-        let mut out: Vec<PathBuf> = self
-            .scan()?
-            .values()
-            .flat_map(Slots::leftovers)
-            .collect();
+        let mut out: Vec<PathBuf> = self.scan()?.values().flat_map(Slots::leftovers).collect();
         out.sort();
         Ok(out)
     }

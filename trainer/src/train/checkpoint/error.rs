@@ -103,7 +103,8 @@ impl CheckpointError {
     /// A failed save's error, told as running out of space when that is what it was.
     pub(crate) fn of_save(self, step: u64) -> Self {
         let (path, source) = match self {
-            CheckpointError::Io { path, source } | CheckpointError::St(StError::Io { path, source })
+            CheckpointError::Io { path, source }
+            | CheckpointError::St(StError::Io { path, source })
                 if crate::durable::is_no_space(&source) =>
             {
                 (path, source)

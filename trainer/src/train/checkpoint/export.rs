@@ -11,9 +11,9 @@
 //! tensor would push the current one past `max_shard_size`.
 
 use super::error::{io, CheckpointError, Result};
-use crate::durable::{rename_synced, sync_dir, unique_sibling, write_synced};
 use super::hf_config::export_config;
 use super::load::Checkpoint;
+use crate::durable::{rename_synced, sync_dir, unique_sibling, write_synced};
 use crate::model::st::{StDtype, StWriter, TensorSpec};
 use crate::model::{ParamLayout, Precision};
 use crate::parallel::fsdp::Kind;

@@ -19,12 +19,12 @@
 //! an error (a full disk) removes its unfinished `.tmp` and commits nothing. `keep_last`
 //! prunes older complete checkpoints only after the new one is in place.
 
+use super::dir::SaveStep;
 use super::error::{io, CheckpointError, Result};
 use super::manifest::{
     exp_avg_sq_tensor, exp_avg_tensor, param_tensor, rank_file, DataState, FileEntry, GroupEntry,
     Manifest, OptimizerState, CONFIG_FILE, FORMAT, MANIFEST_FILE, VERSION,
 };
-use super::dir::SaveStep;
 use super::CheckpointDir;
 use crate::durable::{rename_synced, sync_dir, write_synced};
 use crate::model::offload::Stored;

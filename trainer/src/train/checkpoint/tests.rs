@@ -157,7 +157,9 @@ fn a_save_stopped_half_way_leaves_the_previous_checkpoint_the_latest() {
     let st = second.model.exec.stream();
 
     // A crash in the middle of the rank file.
-    let crashing = dir.clone().with_fault(SaveStep::RankTensor(5), Fault::Crash);
+    let crashing = dir
+        .clone()
+        .with_fault(SaveStep::RankTensor(5), Fault::Crash);
     let pending = crashing.begin(2, 1).unwrap();
     let err = pending.write_rank(&meta, &shards, st).unwrap_err();
     assert!(matches!(err, CheckpointError::Injected(_)), "{err}");

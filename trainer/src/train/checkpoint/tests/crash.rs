@@ -23,7 +23,10 @@ fn complete_from(step: SaveStep) -> bool {
 
 /// The latest checkpoint under `root` is `step` and holds `want`.
 fn assert_latest(dir: &CheckpointDir, step: u64, want: &Snapshot, what: &str) {
-    let (found, _) = dir.latest().unwrap().unwrap_or_else(|| panic!("{what}: none"));
+    let (found, _) = dir
+        .latest()
+        .unwrap()
+        .unwrap_or_else(|| panic!("{what}: none"));
     assert_eq!(found, step, "{what}");
     let mut ckpt = Checkpoint::open(dir.root()).unwrap();
     assert_eq!(ckpt.step(), step, "{what}");
