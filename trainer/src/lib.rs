@@ -17,12 +17,13 @@
 //! - [`app`]: the `cannon` subcommands ([`app::cli`]) and what only they use: `cannon plan`,
 //!   `cannon bench`, `cannon verify`.
 //!
-//! Beside them, [`bounded`] reads the small files nobody here wrote with their size checked
-//! first; every tier uses it.
+//! Beside them, used by every tier: [`bounded`] reads the small files nobody here wrote with
+//! their size checked first, and [`durable`] commits files and folders (fsync, rename, fsync).
 //!
 //! The guides are in the repository's `docs/` folder (training, parallel, memory, npu, ...).
 pub mod app;
 pub mod bounded;
+pub mod durable;
 pub mod model;
 pub mod parallel;
 pub mod train;

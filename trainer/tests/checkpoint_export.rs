@@ -247,3 +247,91 @@ fn export_cli_writes_the_latest_checkpoint_and_refuses_bad_input() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("5XB"), "{err}");
 }
+
+/// An export builds in a folder of its own beside `--out` and never touches a `<out>.tmp` it
+/// did not make; `--force` replaces an earlier export (marked, or an older cannon's without
+/// the marker) and nothing else: not a run folder, not the checkpoint being read, not a
+/// folder holding it or inside it.
+#[test]
+fn export_force_replaces_only_an_earlier_export() {
+    use cannon_trainer::train::checkpoint::CheckpointError;
+    let root = scratch("force");
+    let model = checkpoint_of_reference(&root.join("run/checkpoints"));
+    let src = root.join("run/checkpoints");
+    let forced = ExportOptions {
+        force: true,
+        ..ExportOptions::default()
+    };
+    let out = root.join("hf");
+    // Someone else's `hf.tmp`.
+    std::fs::create_dir_all(root.join("hf.tmp")).unwrap();
+    std::fs::write(root.join("hf.tmp/keep"), "mine").unwrap();
+    let mut ckpt = Checkpoint::open(&src).unwrap();
+    export(&mut ckpt, &out, &ExportOptions::default()).unwrap();
+    assert!(out.join("cannon_export.json").is_file());
+    // Again, forced over the earlier export; and over one without the marker.
+    export(&mut ckpt, &out, &forced).unwrap();
+    std::fs::remove_file(out.join("cannon_export.json")).unwrap();
+    export(&mut ckpt, &out, &forced).unwrap();
+    assert_same_params(&model, &Mistral3::load(&out).unwrap(), "forced export");
+    assert_eq!(
+        std::fs::read_to_string(root.join("hf.tmp/keep")).unwrap(),
+        "mine"
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["hf", "hf.tmp", "run"], "leftovers beside --out");
+
+    // A run folder (here one whose checkpoints live elsewhere) is never replaced.
+    let other_run = root.join("other-run");
+    std::fs::create_dir_all(&other_run).unwrap();
+    std::fs::write(other_run.join("metrics.jsonl"), "{}\n").unwrap();
+    std::fs::write(other_run.join("config.json"), "{}\n").unwrap();
+    let err = export(&mut ckpt, &other_run, &forced).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::NotAnExport { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("metrics.jsonl"), "{err}");
+    assert!(other_run.join("metrics.jsonl").is_file());
+
+    // The checkpoint itself, the folders holding it, a folder inside it: refused, forced or
+    // not, and the checkpoint reads as before.
+    let step_dir = ckpt.dir().to_path_buf();
+    for bad in [
+        step_dir.clone(),
+        src.clone(),
+        root.join("run"),
+        step_dir.join("hf"),
+    ] {
+        for opts in [ExportOptions::default(), forced] {
+            let err = export(&mut ckpt, &bad, &opts).unwrap_err();
+            assert!(
+                matches!(err, CheckpointError::OverlapsCheckpoint { .. }),
+                "{}: {err:?}",
+                bad.display()
+            );
+        }
+    }
+    assert!(!step_dir.join("hf").exists());
+    let mut again = Checkpoint::open(&src).unwrap();
+    assert_eq!(again.step(), 4);
+    let out2 = root.join("hf2");
+    export(&mut again, &out2, &ExportOptions::default()).unwrap();
+    assert_same_params(&model, &Mistral3::load(&out2).unwrap(), "after refusals");
+
+    // The CLI says so and exits 2.
+    let o = Command::new(BIN)
+        .args(["export", "--force", "--checkpoint"])
+        .arg(&src)
+        .arg("--out")
+        .arg(root.join("run"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("overlaps the checkpoint being read"), "{err}");
+}

@@ -213,3 +213,26 @@ fn sigterm_to_launch_reaches_each_rank_once_and_75_is_passed_on() {
     assert_eq!(terms.len(), 2, "{rest:?}");
     assert!(terms.iter().all(|l| l.ends_with("terms 1")), "{rest:?}");
 }
+
+/// `train` on the CPU runs its ranks as threads of one process: N launched CPU trainings would
+/// each train the whole model into one run folder. `launch` refuses before starting a rank.
+#[test]
+fn launching_training_on_the_cpu_is_refused_before_any_rank_starts() {
+    let dir = std::env::temp_dir().join(format!("cannon-launch-cpu-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    let out = cannon()
+        .args(["launch", "--nproc", "2", "--master-port"])
+        .arg(free_port().to_string())
+        .args(["--", "train", "--set"])
+        .arg(format!("log.dir={:?}", dir.display().to_string()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("parallel.device = cpu") && stderr.contains("parallel.nproc=2"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("[rank"), "a rank started: {stderr}");
+    assert!(!dir.exists());
+}

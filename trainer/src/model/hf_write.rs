@@ -5,9 +5,11 @@
 //! The file is streamed one parameter group at a time ([`HfWriter`]): the header first
 //! (every tensor's name, shape and offset follow from the layout), then each group's values
 //! as they arrive, so a writer holds one group on the host, never the model (a sharded run
-//! gathers one group, writes it, drops it). It is written under a temporary name and renamed
-//! when complete, so a crash leaves either the previous file or the new one, never half of
-//! one. One process and N ranks write the same bytes for the same weights.
+//! gathers one group, writes it, drops it). It is written under a temporary name, fsynced and
+//! renamed when complete, the folder fsynced; `config.json` follows it the same way (never
+//! written in place), so a crash leaves either the previous files or the new ones, never half
+//! of one, and a folder whose `config.json` is new holds the new weights. One process and N
+//! ranks write the same bytes for the same weights.
 
 use super::params::ParamLayout;
 use super::weights::WeightsError;
@@ -26,6 +28,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WeightsError + '_ {
 /// An HF model directory being written group by group (see the module docs).
 pub struct HfWriter {
     path: PathBuf,
+    /// `config.json`'s contents, committed after the weights.
+    config: Vec<u8>,
     tmp: PathBuf,
     out: StWriter,
     /// Every group's slot lengths, in the order they are written (a piece written must not
@@ -35,17 +39,15 @@ pub struct HfWriter {
 }
 
 impl HfWriter {
-    /// Creates `dir` if needed, writes `config_json` as `config.json`, and starts
-    /// `model.safetensors` (under a temporary name) with the header of `layout`'s tensors.
+    /// Creates `dir` if needed and starts `model.safetensors` (under a temporary name) with
+    /// the header of `layout`'s tensors; `config_json` becomes `config.json` at [`Self::finish`].
     pub fn create(
         dir: &Path,
         layout: &ParamLayout,
         config_json: &serde_json::Value,
     ) -> Result<Self, WeightsError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let cfg = dir.join("config.json");
         let text = serde_json::to_string_pretty(config_json).unwrap_or_default();
-        std::fs::write(&cfg, text + "\n").map_err(io(&cfg))?;
         let path = dir.join("model.safetensors");
         let tmp = path.with_extension("safetensors.partial");
         let specs = layout
@@ -65,6 +67,7 @@ impl HfWriter {
         let out = StWriter::create(&tmp, specs, &meta).map_err(format)?;
         Ok(HfWriter {
             path,
+            config: (text + "\n").into_bytes(),
             tmp: tmp.clone(),
             out,
             groups: layout
@@ -112,7 +115,8 @@ impl HfWriter {
         Ok(())
     }
 
-    /// Completes the file (every group written) and moves it into place.
+    /// Completes the file (every group written, fsynced), moves it into place and writes
+    /// `config.json` beside it, each renamed into place with the folder fsynced.
     pub fn finish(self) -> Result<PathBuf, WeightsError> {
         if self.next != self.groups.len() {
             return Err(WeightsError::Format {
@@ -125,7 +129,13 @@ impl HfWriter {
             path: tmp.clone(),
             reason: e.to_string(),
         })?;
-        std::fs::rename(&tmp, &self.path).map_err(io(&self.path))?;
+        let fs = |e: crate::durable::FsError| WeightsError::Io {
+            path: e.path,
+            source: e.source,
+        };
+        crate::durable::rename_synced(&tmp, &self.path).map_err(fs)?;
+        let cfg = crate::durable::parent_of(&self.path).join("config.json");
+        crate::durable::replace_file(&cfg, &self.config).map_err(fs)?;
         Ok(self.path)
     }
 }
@@ -159,4 +169,47 @@ pub fn save_hf(
     }
     w.finish()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::tiny_config;
+
+    /// An unfinished write leaves the folder's earlier `config.json` and weights as they were
+    /// (no config written ahead of its weights); a finished one replaces both and leaves no
+    /// temporary file.
+    #[test]
+    fn config_json_follows_complete_weights_and_is_never_written_in_place() {
+        let dir = std::env::temp_dir().join(format!("cannon-hf-write-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), "old").unwrap();
+        let layout = ParamLayout::new(&tiny_config());
+        let groups: Vec<Vec<f32>> = layout.groups.iter().map(|g| vec![0.5; g.len]).collect();
+        let cfg = serde_json::json!({"model_type": "mistral3"});
+
+        let mut w = HfWriter::create(&dir, &layout, &cfg).unwrap();
+        w.write_group(&groups[0]).unwrap();
+        assert!(w.finish().is_err(), "finished with groups missing");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("config.json")).unwrap(),
+            "old"
+        );
+        assert!(!dir.join("model.safetensors").exists());
+
+        write_hf(&dir, &layout, &cfg, &groups).unwrap();
+        let written: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(written, cfg);
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".partial"))
+            .collect();
+        names.sort();
+        assert_eq!(names, ["config.json", "model.safetensors"]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -31,6 +31,14 @@ pub enum TrainError {
     },
     #[error("{0}")]
     Input(String),
+    /// `log.dir` holds another run ([`super::run_dir`]).
+    #[error(
+        "{dir} already holds a run ({found}): to continue it, set checkpoint.resume = true \
+         (--set checkpoint.resume=true); to start afresh there, pass --force, which moves the \
+         old run aside to {dir}.old-<n> (nothing is deleted); or choose another log.dir",
+        dir = dir.display()
+    )]
+    RunFolderTaken { dir: PathBuf, found: String },
     /// Stopped by a signal after a step, with every rank's checkpoint of it written
     /// ([`super::preempt`]).
     #[error(

@@ -15,6 +15,8 @@
 //!   [`crate::parallel::fsdp::FsdpRank::step`].
 //! - `run`: what a run reports ([`run::RunSummary`]) and the hook run after every step
 //!   ([`run::StepHook`]); `error`: how it fails ([`TrainError`]).
+//! - [`run_dir`]: one run per run folder (another run there is refused, continued, or moved
+//!   aside with `--force`).
 //! - [`resume`]: every rank's part of a checkpoint, and resuming a run from one;
 //!   [`preempt`]: a checkpoint and a distinct exit on SIGTERM or SIGINT.
 //! - [`metrics`], [`flops`], [`identity`], [`digest`]: what a run reports and records;
@@ -38,6 +40,7 @@ pub mod preempt;
 pub mod resolve;
 pub mod resume;
 pub(crate) mod run;
+pub mod run_dir;
 pub mod samples;
 pub(crate) mod schedule;
 pub(crate) mod settings;

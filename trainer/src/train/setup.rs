@@ -293,14 +293,21 @@ impl RunSetup {
         std::fs::write(&id_path, json + "\n").map_err(io(&id_path))
     }
 
-    /// The folder the final model is written to, with the run's config copied in.
+    /// The folder the final model is written to, with the run's config copied in (each file
+    /// replaced whole and fsynced: a crash never leaves one half written).
     pub(crate) fn final_dir(&self) -> Result<PathBuf, TrainError> {
         let dir = self.plan.out_dir.join("final");
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let fs = |e: crate::durable::FsError| TrainError::Io {
+            path: e.path,
+            source: e.source,
+        };
         let cfg_copy = dir.join(FINAL_RUN_CONFIG);
-        std::fs::write(&cfg_copy, self.plan.effective().to_toml()).map_err(io(&cfg_copy))?;
+        crate::durable::replace_file(&cfg_copy, self.plan.effective().to_toml().as_bytes())
+            .map_err(fs)?;
         for (name, from) in self.plan.model_folder_files() {
-            std::fs::copy(&from, dir.join(name)).map_err(io(&from))?;
+            let bytes = std::fs::read(&from).map_err(io(&from))?;
+            crate::durable::replace_file(&dir.join(name), &bytes).map_err(fs)?;
         }
         Ok(dir)
     }

@@ -13,7 +13,8 @@ pub struct ExportArgs {
     /// A checkpoint directory (step-N/), or a run's checkpoint folder (its latest complete one).
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// Output directory: must not exist or be empty (see --force).
+    /// Output directory: must not exist or be empty (see --force), and must not be, hold or
+    /// lie inside the checkpoint. Built in `<out>.tmp-<pid>-<nanos>` and renamed when complete.
     #[arg(long)]
     pub out: PathBuf,
     /// Largest weight file, e.g. 5GB, 500MB, 2GiB or bytes; a model over it is sharded with
@@ -23,7 +24,9 @@ pub struct ExportArgs {
     /// Stored dtype: the f32 master weights, or rounded to bf16.
     #[arg(long, value_parser = super::precision_arg(), default_value = "f32")]
     pub dtype: Precision,
-    /// Replace a non-empty --out.
+    /// Replace an earlier export in --out (recognised by its cannon_export.json, or, from an
+    /// older cannon, by holding only the files an export writes). Anything else, a run folder
+    /// above all, is never replaced.
     #[arg(long)]
     pub force: bool,
 }

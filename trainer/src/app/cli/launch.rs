@@ -207,6 +207,36 @@ fn terminate(c: &Child) {
     }
 }
 
+/// Refuses a job of several `cannon train` processes on the CPU: only NPU ranks join one
+/// another (HCCL), so each CPU process would train the whole model alone, N runs writing one
+/// run folder. (CPU ranks are in-process threads: `parallel.nproc`.) A config that does not
+/// load is refused here too, once, rather than by every rank. Other subcommands pass.
+pub fn refuse_cpu_training(args: &[String], world: usize) -> Result<(), String> {
+    use crate::train::config::{DeviceKind, TrainConfig};
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Train {
+        #[command(flatten)]
+        args: super::train::TrainArgs,
+    }
+    if world <= 1 || args.first().map(String::as_str) != Some("train") {
+        return Ok(());
+    }
+    let parsed = Train::try_parse_from(args).map_err(|e| e.to_string())?;
+    let cfg = TrainConfig::load(parsed.args.config.as_deref(), &parsed.args.sets)
+        .map_err(|e| e.to_string())?;
+    if cfg.parallel.device == DeviceKind::Npu {
+        return Ok(());
+    }
+    Err(format!(
+        "{world} processes of `train` with parallel.device = {}: processes of a job join one \
+         another only on the NPU, and on the CPU each would train the whole model alone into \
+         the same run folder. Add --set parallel.device=npu, or train on the CPU in one process \
+         with its ranks as threads: cannon train --set parallel.nproc={world} ...",
+        format!("{:?}", cfg.parallel.device).to_lowercase()
+    ))
+}
+
 /// Runs the job; the exit code of `launch`.
 pub fn run(args: LaunchArgs) -> ExitCode {
     let mut plan = match args.plan() {
@@ -216,6 +246,12 @@ pub fn run(args: LaunchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.program.is_none() {
+        if let Err(e) = refuse_cpu_training(&args.args, plan.world_size) {
+            eprintln!("cannon launch: {e}");
+            return ExitCode::from(2);
+        }
+    }
     // `cannon train`'s default run root, relative to the directory the job starts in.
     plan.name_run(Path::new("runs"));
     let program = match &args.program {
@@ -468,6 +504,19 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         a: LaunchArgs,
+    }
+
+    #[test]
+    fn cpu_training_over_several_processes_is_refused_other_jobs_pass() {
+        let train = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let err = refuse_cpu_training(&train(&["train"]), 4).unwrap_err();
+        assert!(err.contains("parallel.device = cpu"), "{err}");
+        assert!(err.contains("parallel.nproc=4"), "{err}");
+        assert!(refuse_cpu_training(&train(&["train"]), 1).is_ok());
+        assert!(refuse_cpu_training(&train(&["doctor"]), 4).is_ok());
+        // A config that does not load is refused once, here, naming the key.
+        let err = refuse_cpu_training(&train(&["train", "--set", "train.nope=1"]), 2).unwrap_err();
+        assert!(err.contains("nope"), "{err}");
     }
 
     fn parse(args: &[&str]) -> Result<LaunchArgs, clap::Error> {

@@ -15,9 +15,9 @@ use crate::train::config::{DeviceKind, Resume, TrainConfig};
 use crate::train::data::dataset::DataSet;
 use crate::train::data::info::DatasetSpec;
 use crate::train::resolve::{self, ModelSource, ResolvedRun};
-use crate::train::resume;
 use crate::train::samples::SampleSetup;
 use crate::train::sharded::Ranks;
+use crate::train::{resume, run_dir};
 use crate::train::{RunSetup, TrainError};
 use cannon_runtime::comm::Communicator;
 use cannon_runtime::Device;
@@ -38,6 +38,11 @@ pub struct TrainArgs {
     /// and exit without training.
     #[arg(long)]
     pub dry_run: bool,
+    /// Start afresh in a log.dir that already holds a run: the old run is moved aside to
+    /// `<log.dir>.old-<n>` (never deleted). Without it such a folder is refused unless the
+    /// run resumes (checkpoint.resume).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// The command line as typed (less `--dry-run`: the command that trains), quoted for a POSIX
@@ -86,8 +91,12 @@ pub fn run(args: TrainArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(e) = job_device(&plan) {
+        eprintln!("cannon train: {e}");
+        return ExitCode::from(2);
+    }
     if args.dry_run {
-        return match dry_run(&plan) {
+        return match dry_run(&plan, args.force) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("cannon train --dry-run: {e}");
@@ -95,7 +104,7 @@ pub fn run(args: TrainArgs) -> ExitCode {
             }
         };
     }
-    match train(plan) {
+    match train(plan, args.force) {
         Ok(code) => code,
         Err(e @ TrainError::Preempted { .. }) => {
             eprintln!("cannon train: {e}");
@@ -113,8 +122,57 @@ fn print_config(plan: &ResolvedRun) {
     print!("{}", plan.effective().to_toml());
 }
 
-fn train(plan: ResolvedRun) -> Result<ExitCode, TrainError> {
+/// This process's rank in a launched job (`RANK`; 0 alone).
+fn job_rank() -> usize {
+    std::env::var("RANK")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The job's process count (`WORLD_SIZE`; 1 alone).
+fn job_world() -> usize {
+    std::env::var("WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1)
+}
+
+/// Refuses a job of several processes off the NPU: only NPU ranks join one another (HCCL);
+/// on the CPU each process would train the whole model alone, N runs into one run folder.
+/// CPU ranks are threads of one process (`parallel.nproc`).
+pub(super) fn job_device(plan: &ResolvedRun) -> Result<(), TrainError> {
+    let world = job_world();
+    if world > 1 && plan.cfg.parallel.device != DeviceKind::Npu {
+        return Err(TrainError::Input(format!(
+            "this process is one of a job of {world} (WORLD_SIZE = {world}) but parallel.device \
+             = {}: processes of a job join one another only on the NPU (set parallel.device = \
+             npu); on the CPU run one process with --set parallel.nproc={world} (in-process \
+             ranks) instead of `cannon launch`",
+            format!("{:?}", plan.cfg.parallel.device).to_lowercase()
+        )));
+    }
+    Ok(())
+}
+
+fn train(plan: ResolvedRun, force: bool) -> Result<ExitCode, TrainError> {
     let default_run = plan.cfg.data.dataset.is_none() && plan.cfg.is_preset();
+    // Rank 0 decides for the job's one run folder, before anything is written there (the
+    // other ranks write only into the checkpoint rank 0 begins).
+    if job_rank() == 0 {
+        match run_dir::claim(&plan, force)? {
+            run_dir::Claim::MovedAside(moved) => {
+                for (from, to) in moved {
+                    eprintln!(
+                        "--force: the run in {} was moved aside to {}",
+                        from.display(),
+                        to.display()
+                    );
+                }
+            }
+            run_dir::Claim::Continue | run_dir::Claim::Fresh => {}
+        }
+    }
     print_config(&plan);
     println!("# command: {}", command_line());
     if cfg!(feature = "npu") {
@@ -258,8 +316,18 @@ fn train(plan: ResolvedRun) -> Result<ExitCode, TrainError> {
 }
 
 /// Checks what a run would read, prints the resolved config and the command.
-fn dry_run(plan: &ResolvedRun) -> Result<(), TrainError> {
+fn dry_run(plan: &ResolvedRun, force: bool) -> Result<(), TrainError> {
     let cfg = &plan.cfg;
+    // The run folder as the run would find it: refused, continued, or moved aside.
+    if let run_dir::Claim::MovedAside(moves) = run_dir::claim_would(plan, force)? {
+        for (from, to) in moves {
+            println!(
+                "# --force: the run in {} would be moved aside to {}",
+                from.display(),
+                to.display()
+            );
+        }
+    }
     let samples = SampleSetup::new(plan)?;
     for w in &samples.warnings {
         println!("# WARNING: {w}");
@@ -380,6 +448,7 @@ pub(super) fn npu_job(plan: &ResolvedRun) -> Result<Option<Communicator>, TrainE
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
     if plan.cfg.parallel.device != DeviceKind::Npu {
+        job_device(plan)?;
         return Ok(None);
     }
     // On the NPU the job's processes are the ranks (the config's nproc stays 1), so the CP

@@ -36,8 +36,32 @@ pub enum CheckpointError {
     Mismatch(String),
     #[error("bad argument: {0}")]
     Argument(String),
-    #[error("{path} exists and is not empty (pass --force to replace it)")]
+    #[error("{path} exists and is not empty (pass --force to replace an earlier export there)")]
     Exists { path: PathBuf },
+    /// `--out` holds what an export does not write: never replaced, whatever `--force`.
+    #[error(
+        "{path} is not an earlier export (it holds {found}): not replacing it, even with \
+         --force (it may be a run folder or someone's data); choose another --out"
+    )]
+    NotAnExport { path: PathBuf, found: String },
+    /// `--out` and the checkpoint being read overlap: the export would write over its input.
+    #[error(
+        "--out {out} overlaps the checkpoint being read ({checkpoint}): export to a folder \
+         outside it"
+    )]
+    OverlapsCheckpoint { out: PathBuf, checkpoint: PathBuf },
+    /// The file system ran out of space while a save wrote: nothing was committed.
+    #[error(
+        "{path}: no space left on device while saving step {step}: the checkpoint was not \
+         committed and the newest complete one stays the latest (free space, or lower \
+         checkpoint.keep_last, then resume)"
+    )]
+    NoSpace {
+        step: u64,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("another rank failed while saving step {step}; the checkpoint was not committed")]
     PeerFailed { step: u64 },
     /// A tensor about to be saved holds what no checkpoint should (a non-finite value, a
@@ -64,6 +88,31 @@ pub enum CheckpointError {
     #[cfg(test)]
     #[error("injected fault: {0}")]
     Injected(&'static str),
+}
+
+impl From<crate::durable::FsError> for CheckpointError {
+    fn from(e: crate::durable::FsError) -> Self {
+        CheckpointError::Io {
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
+impl CheckpointError {
+    /// A failed save's error, told as running out of space when that is what it was.
+    pub(crate) fn of_save(self, step: u64) -> Self {
+        let (path, source) = match self {
+            CheckpointError::Io { path, source }
+            | CheckpointError::St(StError::Io { path, source })
+                if crate::durable::is_no_space(&source) =>
+            {
+                (path, source)
+            }
+            other => return other,
+        };
+        CheckpointError::NoSpace { step, path, source }
+    }
 }
 
 impl From<cannon_runtime::Error> for CheckpointError {

@@ -13,6 +13,7 @@
 use super::error::{io, CheckpointError, Result};
 use super::hf_config::export_config;
 use super::load::Checkpoint;
+use crate::durable::{rename_synced, sync_dir, unique_sibling, write_synced};
 use crate::model::st::{StDtype, StWriter, TensorSpec};
 use crate::model::{ParamLayout, Precision};
 use crate::parallel::fsdp::Kind;
@@ -20,6 +21,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// The small file every export writes, by which `--force` knows an earlier export (the only
+/// kind of folder it replaces).
+pub const EXPORT_MARKER: &str = "cannon_export.json";
 pub const SINGLE_FILE: &str = "model.safetensors";
 
 /// transformers' default `max_shard_size` ("5GB", decimal).
@@ -48,7 +52,7 @@ pub struct ExportOptions {
     pub max_shard_size: u64,
     /// The exported tensors' precision.
     pub dtype: Precision,
-    /// Replace a non-empty `out`.
+    /// Replace an earlier export in `out` (never anything else).
     pub force: bool,
 }
 
@@ -148,37 +152,173 @@ fn vacant(path: &Path) -> Result<bool> {
     }
 }
 
+/// Whether `name` is a file an export writes.
+fn export_file(name: &str) -> bool {
+    let shard = name
+        .strip_prefix("model-")
+        .and_then(|r| r.strip_suffix(".safetensors"))
+        .and_then(|r| r.split_once("-of-"))
+        .is_some_and(|(a, b)| {
+            [a, b]
+                .iter()
+                .all(|p| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()))
+        });
+    shard
+        || [EXPORT_MARKER, "config.json", SINGLE_FILE, INDEX_FILE].contains(&name)
+        || MODEL_FOLDER_FILES.contains(&name)
+}
+
+/// Refuses to replace `out` unless it is an earlier export: it holds the marker, or (an
+/// export of an older cannon, before the marker) a `config.json` and nothing but the files an
+/// export writes. A run folder, a checkpoint or anything else is never replaced.
+fn check_replaceable(out: &Path) -> Result<()> {
+    if !out.is_dir() {
+        return Err(CheckpointError::NotAnExport {
+            path: out.to_path_buf(),
+            found: "no folder".into(),
+        });
+    }
+    let mut foreign = Vec::new();
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(out).map_err(io(out))? {
+        let e = e.map_err(io(out))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let is_file = e.file_type().map_err(io(out))?.is_file();
+        if !(is_file && export_file(&name)) {
+            foreign.push(name.clone());
+        }
+        names.push(name);
+    }
+    let marked = names.iter().any(|n| n == EXPORT_MARKER);
+    let looks = names.iter().any(|n| n == "config.json");
+    if foreign.is_empty() && (marked || looks) {
+        return Ok(());
+    }
+    foreign.sort();
+    foreign.truncate(5);
+    Err(CheckpointError::NotAnExport {
+        path: out.to_path_buf(),
+        found: if foreign.is_empty() {
+            "no config.json".into()
+        } else {
+            foreign.join(", ")
+        },
+    })
+}
+
+/// `p` made absolute with its symlinks resolved, as far as it exists (a missing tail is
+/// appended as given).
+fn absolute(p: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    match (p.parent(), p.file_name()) {
+        (Some(parent), Some(name)) => {
+            let parent = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
+            absolute(parent).join(name)
+        }
+        _ => std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_path_buf()),
+    }
+}
+
+/// Refuses an `out` that is, holds or lies inside the checkpoint being read: writing there
+/// would replace the input mid-read (and `--force` would delete it).
+fn check_apart(out: &Path, checkpoint: &Path) -> Result<()> {
+    let (o, c) = (absolute(out), absolute(checkpoint));
+    if o.starts_with(&c) || c.starts_with(&o) {
+        return Err(CheckpointError::OverlapsCheckpoint {
+            out: out.to_path_buf(),
+            checkpoint: checkpoint.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
 /// The files of a model folder besides its weights and config that a checkpoint may carry
 /// (see `ResolvedRun::model_folder_files`) and an export copies.
 pub const MODEL_FOLDER_FILES: [&str; 2] = ["tekken.json", "SYSTEM_PROMPT.txt"];
 
-/// Writes `ckpt`'s model as an HF checkpoint in `out` (built in `out.tmp`, renamed when
-/// complete). `out` must be missing or empty unless `opts.force`.
+/// Writes `ckpt`'s model as an HF checkpoint in `out`: built in a folder of its own beside
+/// it (`<out>.tmp-<pid>-<nanos>`), every file and the folder fsynced, then renamed into
+/// place. `out` must be missing or empty, or with `opts.force` an earlier export; it must not
+/// overlap the checkpoint.
 pub fn export(ckpt: &mut Checkpoint, out: &Path, opts: &ExportOptions) -> Result<ExportReport> {
     if opts.max_shard_size == 0 {
         return Err(CheckpointError::Argument(
             "max_shard_size must be > 0".into(),
         ));
     }
-    if !opts.force && !vacant(out)? {
+    check_apart(out, ckpt.dir())?;
+    let replace = !vacant(out)?;
+    if replace && !opts.force {
         return Err(CheckpointError::Exists {
             path: out.to_path_buf(),
         });
+    }
+    if replace {
+        check_replaceable(out)?;
     }
     let cfg = ckpt.model_config()?;
     let layout = ParamLayout::new(&cfg);
     ckpt.manifest().check_layout(&layout)?;
     let config = export_config(&ckpt.model_config_json()?, torch_dtype_name(opts.dtype));
 
-    let mut tmp = out.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
     }
-    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    let tmp = unique_sibling(out, "tmp");
+    std::fs::create_dir(&tmp).map_err(io(&tmp))?;
+    let written = write_export(ckpt, &tmp, &layout, &config, opts).and_then(|r| {
+        sync_dir(&tmp)?;
+        commit(&tmp, out, replace)?;
+        Ok(r)
+    });
+    match written {
+        Ok((names, tensors, total)) => Ok(ExportReport {
+            out: out.to_path_buf(),
+            step: ckpt.step(),
+            files: names,
+            tensors,
+            total_bytes: total,
+        }),
+        Err(e) => {
+            // Our own folder only: whatever else is beside `out` is someone else's.
+            let _ = std::fs::remove_dir_all(&tmp);
+            Err(e)
+        }
+    }
+}
 
-    let files = plan(&layout, st_dtype(opts.dtype), opts.max_shard_size);
+/// Moves the finished `tmp` to `out`; an earlier export there (`replace`, checked) goes
+/// aside first and is removed once the new one is in place.
+fn commit(tmp: &Path, out: &Path, replace: bool) -> Result<()> {
+    if !replace {
+        // A missing or empty `out`: a rename replaces an empty directory.
+        rename_synced(tmp, out)?;
+        return Ok(());
+    }
+    let old = unique_sibling(out, "replaced");
+    rename_synced(out, &old)?;
+    rename_synced(tmp, out)?;
+    std::fs::remove_dir_all(&old).map_err(io(&old))
+}
+
+/// Writes the export's files into `tmp`; returns the weight files, the tensor count and the
+/// data bytes.
+fn write_export(
+    ckpt: &mut Checkpoint,
+    tmp: &Path,
+    layout: &ParamLayout,
+    config: &serde_json::Value,
+    opts: &ExportOptions,
+) -> Result<(Vec<String>, usize, u64)> {
+    let files = plan(layout, st_dtype(opts.dtype), opts.max_shard_size);
     let n = files.len();
     let names: Vec<String> = (0..n)
         .map(|i| {
@@ -217,32 +357,29 @@ pub fn export(ckpt: &mut Checkpoint, out: &Path, opts: &ExportOptions) -> Result
         });
         write_json(&tmp.join(INDEX_FILE), &index)?;
     }
-    write_json(&tmp.join("config.json"), &config)?;
+    write_json(&tmp.join("config.json"), config)?;
     // The model folder's tokenizer and system prompt, as the run saved them with the
     // checkpoint: an exported fine-tune is a folder the next run and a server read them from.
     for name in MODEL_FOLDER_FILES {
         let from = ckpt.dir().join(name);
         if from.is_file() {
-            std::fs::copy(&from, tmp.join(name)).map_err(io(&from))?;
+            let bytes = std::fs::read(&from).map_err(io(&from))?;
+            write_synced(&tmp.join(name), &bytes)?;
         }
     }
-    if out.exists() {
-        std::fs::remove_dir_all(out).map_err(io(out))?;
-    }
-    std::fs::rename(&tmp, out).map_err(io(&tmp))?;
-    Ok(ExportReport {
-        out: out.to_path_buf(),
-        step: ckpt.step(),
-        files: names,
-        tensors,
-        total_bytes: total,
-    })
+    let marker = serde_json::json!({
+        "format": "cannon-export",
+        "step": ckpt.step(),
+        "checkpoint": ckpt.dir().display().to_string(),
+    });
+    write_json(&tmp.join(EXPORT_MARKER), &marker)?;
+    Ok((names, tensors, total))
 }
 
 fn write_json(path: &Path, v: &serde_json::Value) -> Result<()> {
     let mut text = serde_json::to_vec_pretty(v).unwrap_or_default();
     text.push(b'\n');
-    std::fs::write(path, text).map_err(io(path))
+    Ok(write_synced(path, &text)?)
 }
 
 #[cfg(test)]

@@ -8,8 +8,9 @@
 //! samples, format version). One rank is the N = 1 case of the same format.
 //!
 //! - Saving (`save`) writes `step-<N>.tmp/` and renames it when complete, manifest last and
-//!   fsynced: a crash mid-save leaves the previous checkpoint the latest ([`CheckpointDir`]),
-//!   and `keep_last` prunes older ones.
+//!   fsynced: a crash anywhere in a save leaves the newest complete checkpoint the one found,
+//!   put back in place by the next save ([`CheckpointDir`]), and `keep_last` prunes older
+//!   ones.
 //! - Loading ([`Checkpoint`]) reads any element range of any group from whichever rank files
 //!   hold it, so a run on another world size takes its own shards (resharding), and a one-rank
 //!   run or an export consolidates.

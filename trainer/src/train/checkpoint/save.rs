@@ -1,24 +1,32 @@
 //! Saving: a checkpoint directory is written under a temporary name and renamed when complete.
 //!
 //! ```text
-//! root/step-000123.tmp/    rank 0 creates it (removing a stale one of the same step)
+//! root/step-000123.tmp/    rank 0 creates it (after putting back or removing what a crashed
+//!                          save left, CheckpointDir::recover)
 //!   rank-*.safetensors     every rank writes and fsyncs its file
-//!   config.json            rank 0, once every rank has written
-//!   manifest.json          rank 0, last; then the directory is fsynced
-//! root/step-000123/        rank 0 renames the directory and fsyncs the root
+//!   config.json            rank 0, once every rank has written (fsynced)
+//!   manifest.json          rank 0, last: written as manifest.json.partial, fsynced, the
+//!                          directory fsynced, renamed, the directory fsynced: the marker
+//!                          that the save is complete
+//! root/step-000123.old/    a step-000123/ already there (a step saved twice) moves aside
+//! root/step-000123/        rank 0 renames the directory and fsyncs the root; then removes
+//!                          the .old
 //! ```
 //!
-//! A crash at any point leaves either the finished `step-000123/` or an unfinished
-//! `step-000123.tmp/` that [`super::CheckpointDir::latest`] never returns, so the previous
-//! complete checkpoint stays the one a run resumes from. `keep_last` prunes older complete
-//! checkpoints only after the new one is in place.
+//! Wherever a crash stops this, the newest complete checkpoint is found: before the marker
+//! the previous ones are the latest and the `.tmp` is a leftover; from the marker on, the
+//! new one is, under whichever of its names it has ([`super::dir`]). A save that fails with
+//! an error (a full disk) removes its unfinished `.tmp` and commits nothing. `keep_last`
+//! prunes older complete checkpoints only after the new one is in place.
 
+use super::dir::SaveStep;
 use super::error::{io, CheckpointError, Result};
 use super::manifest::{
     exp_avg_sq_tensor, exp_avg_tensor, param_tensor, rank_file, DataState, FileEntry, GroupEntry,
     Manifest, OptimizerState, CONFIG_FILE, FORMAT, MANIFEST_FILE, VERSION,
 };
 use super::CheckpointDir;
+use crate::durable::{rename_synced, sync_dir, write_synced};
 use crate::model::offload::Stored;
 use crate::model::st::StReader;
 use crate::model::st::{StDtype, StWriter, TensorSpec};
@@ -27,9 +35,10 @@ use cannon_runtime::comm::{Communicator, ReduceOp};
 use cannon_runtime::{DeviceBuffer, Stream};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// The manifest's name until the save is complete.
+const MANIFEST_PARTIAL: &str = "manifest.json.partial";
 
 /// What every rank knows about the save (identical on all ranks).
 #[derive(Clone, Debug)]
@@ -165,36 +174,19 @@ pub struct PendingSave {
     world: usize,
     tmp: PathBuf,
     dest: PathBuf,
-    /// Test-only fault: stop a rank's write after this many tensors.
-    #[cfg(test)]
-    pub(crate) fail_after_tensors: Option<usize>,
-    /// Test-only fault: stop the commit before the manifest is written.
-    #[cfg(test)]
-    pub(crate) fail_before_manifest: bool,
-}
-
-/// fsync a directory, so the entries created or renamed in it are durable.
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
-}
-
-/// Writes `bytes` to `path` and fsyncs it.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::create(path).map_err(io(path))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(io(path))
+    /// The folder it commits into (and, in tests, the fault to stop at).
+    dir: CheckpointDir,
 }
 
 impl CheckpointDir {
-    /// Rank 0, before any rank writes: creates `step-N.tmp/` (a stale one from a crashed save
-    /// of the same step is removed first).
+    /// Rank 0, before any rank writes: puts back the complete copies crashed saves left
+    /// under other names, removes the leftovers (freeing their space), and creates
+    /// `step-N.tmp/`.
     pub fn begin(&self, step: u64, world: usize) -> Result<PendingSave> {
         let p = self.pending(step, world);
         std::fs::create_dir_all(self.root()).map_err(io(self.root()))?;
-        if p.tmp.exists() {
-            std::fs::remove_dir_all(&p.tmp).map_err(io(&p.tmp))?;
-        }
+        self.recover()?;
+        self.remove_leftovers()?;
         std::fs::create_dir(&p.tmp).map_err(io(&p.tmp))?;
         Ok(p)
     }
@@ -206,10 +198,7 @@ impl CheckpointDir {
             world,
             tmp: self.tmp_path(step),
             dest: self.path(step),
-            #[cfg(test)]
-            fail_after_tensors: None,
-            #[cfg(test)]
-            fail_before_manifest: false,
+            dir: self.clone(),
         }
     }
 }
@@ -319,7 +308,7 @@ impl PendingSave {
         }
         let meta_device = stream.device().is_meta();
         for (i, t) in sources.iter().enumerate() {
-            self.injected_fault(i)?;
+            self.dir.fault_at(SaveStep::RankTensor(i))?;
             let host = t.to_host(stream)?;
             if !meta_device {
                 let bound = if is_param[i] {
@@ -357,15 +346,6 @@ impl PendingSave {
                 "holds a weight of magnitude {worst:e}, past train.max_abs_weight = {bound:e} \
                  (the run has diverged)"
             )));
-        }
-        Ok(())
-    }
-
-    /// The test-only crash in the middle of a rank file (before its `_written`-th tensor).
-    fn injected_fault(&self, _written: usize) -> Result<()> {
-        #[cfg(test)]
-        if self.fail_after_tensors == Some(_written) {
-            return Err(CheckpointError::Injected("rank file half written"));
         }
         Ok(())
     }
@@ -430,33 +410,21 @@ impl PendingSave {
             }
             write_synced(&self.tmp.join(name), text.as_bytes())?;
         }
-        #[cfg(test)]
-        if self.fail_before_manifest {
-            return Err(CheckpointError::Injected("crash before the manifest"));
-        }
+        self.dir.fault_at(SaveStep::FilesWritten)?;
         let text = serde_json::to_vec_pretty(&manifest).map_err(|e| CheckpointError::Manifest {
             path: self.tmp.join(MANIFEST_FILE),
             reason: e.to_string(),
         })?;
-        write_synced(&self.tmp.join(MANIFEST_FILE), &text)?;
+        // The marker of a complete save: every other file and its entry are durable before
+        // `manifest.json` appears, and it appears whole (a rename).
+        let partial = self.tmp.join(MANIFEST_PARTIAL);
+        write_synced(&partial, &text)?;
         sync_dir(&self.tmp)?;
-        let root = self.dest.parent().unwrap_or(Path::new("."));
-        // Saving a step that already has a checkpoint (a resumed run passing the same step
-        // again) replaces it: the old one moves aside first, since a rename cannot replace a
-        // non-empty directory.
-        let aside = self.dest.with_extension("old");
-        if self.dest.exists() {
-            if aside.exists() {
-                std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
-            }
-            std::fs::rename(&self.dest, &aside).map_err(io(&self.dest))?;
-        }
-        std::fs::rename(&self.tmp, &self.dest).map_err(io(&self.tmp))?;
-        sync_dir(root)?;
-        if aside.exists() {
-            std::fs::remove_dir_all(&aside).map_err(io(&aside))?;
-        }
-        Ok(self.dest)
+        self.dir.fault_at(SaveStep::ManifestWritten)?;
+        rename_synced(&partial, &self.tmp.join(MANIFEST_FILE))?;
+        self.dir.fault_at(SaveStep::Marked)?;
+        let dir = &self.dir;
+        dir.install(&self.tmp, self.step, |s| dir.fault_at(s))
     }
 }
 
@@ -476,13 +444,27 @@ pub fn save_local(
             meta.world_size
         )));
     }
-    let pending = dir.begin(meta.step, meta.world_size)?;
-    for shards in ranks {
-        pending.write_rank(meta, shards, stream)?;
-    }
-    let path = pending.commit(meta)?;
+    let saved = dir.begin(meta.step, meta.world_size).and_then(|pending| {
+        for shards in ranks {
+            pending.write_rank(meta, shards, stream)?;
+        }
+        pending.commit(meta)
+    });
+    let path = saved.map_err(|e| failed(dir, meta.step, e))?;
     dir.prune(keep_last)?;
     Ok(path)
+}
+
+/// A save that failed: its unfinished `.tmp` is removed (a full disk gets its space back)
+/// and the error told as running out of space when it was. A crash a test injects leaves
+/// everything as a killed process would.
+fn failed(dir: &CheckpointDir, step: u64, e: CheckpointError) -> CheckpointError {
+    #[cfg(test)]
+    if matches!(e, CheckpointError::Injected(_)) {
+        return e;
+    }
+    dir.discard_unfinished(step);
+    e.of_save(step)
 }
 
 /// Whether every rank succeeded: an all-reduce (max) of each rank's failure flag, so that a
@@ -518,18 +500,28 @@ pub fn save_distributed(
         Ok(())
     };
     // Keep our own error to return it; the peers learn only that someone failed.
+    // A failure anywhere: rank 0 removes the unfinished save (every rank is past writing).
+    let fail = |e: Option<CheckpointError>| {
+        let e = e.unwrap_or(CheckpointError::PeerFailed { step: meta.step });
+        if rank == 0 {
+            failed(dir, meta.step, e)
+        } else {
+            e.of_save(meta.step)
+        }
+    };
     let mut mine_err = begun.err();
     if !agree(comm, stream, mine_err.is_some())? {
-        return Err(mine_err.unwrap_or(CheckpointError::PeerFailed { step: meta.step }));
+        return Err(fail(mine_err));
     }
     let pending = dir.pending(meta.step, world);
     mine_err = pending.write_rank(meta, mine, stream).err();
     if !agree(comm, stream, mine_err.is_some())? {
-        return Err(mine_err.unwrap_or(CheckpointError::PeerFailed { step: meta.step }));
+        return Err(fail(mine_err));
     }
     let committed = if rank == 0 {
         pending
             .commit(meta)
+            .map_err(|e| failed(dir, meta.step, e))
             .and_then(|p| dir.prune(keep_last).map(|_| p))
     } else {
         Ok(dir.path(meta.step))

@@ -2,6 +2,7 @@
 //! and the errors a checkpoint that does not fit gives. (The end-to-end resume, the killed
 //! save and the export are integration tests: `tests/checkpoint_*.rs`.)
 
+use super::dir::{Fault, SaveStep};
 use super::manifest::group_entries;
 use super::*;
 use crate::model::config::tiny_config;
@@ -156,8 +157,10 @@ fn a_save_stopped_half_way_leaves_the_previous_checkpoint_the_latest() {
     let st = second.model.exec.stream();
 
     // A crash in the middle of the rank file.
-    let mut pending = dir.begin(2, 1).unwrap();
-    pending.fail_after_tensors = Some(5);
+    let crashing = dir
+        .clone()
+        .with_fault(SaveStep::RankTensor(5), Fault::Crash);
+    let pending = crashing.begin(2, 1).unwrap();
     let err = pending.write_rank(&meta, &shards, st).unwrap_err();
     assert!(matches!(err, CheckpointError::Injected(_)), "{err}");
     assert!(dir.tmp_path(2).is_dir());
@@ -170,9 +173,9 @@ fn a_save_stopped_half_way_leaves_the_previous_checkpoint_the_latest() {
     );
 
     // A crash after every file is written but before the manifest.
-    let mut pending = dir.begin(2, 1).unwrap();
+    let crashing = dir.clone().with_fault(SaveStep::FilesWritten, Fault::Crash);
+    let pending = crashing.begin(2, 1).unwrap();
     pending.write_rank(&meta, &shards, st).unwrap();
-    pending.fail_before_manifest = true;
     assert!(pending.commit(&meta).is_err());
     assert_eq!(dir.latest().unwrap().unwrap().0, 1);
     assert_eq!(Checkpoint::open(&root).unwrap().step(), 1);
@@ -501,3 +504,5 @@ fn a_checkpoint_that_does_not_fit_is_an_error_naming_what() {
     let err = Checkpoint::open(&empty).unwrap_err();
     assert!(matches!(err, CheckpointError::NoCheckpoint(_)), "{err}");
 }
+
+mod crash;
