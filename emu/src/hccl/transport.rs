@@ -319,7 +319,10 @@ fn read_frame(r: &mut impl Read, max_payload: u64) -> std::io::Result<Frame> {
     if payload.len() as u64 != len {
         return Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
-            format!("a frame cut short: {} of {len} payload bytes", payload.len()),
+            format!(
+                "a frame cut short: {} of {len} payload bytes",
+                payload.len()
+            ),
         ));
     }
     Ok(Frame {
