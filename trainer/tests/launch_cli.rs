@@ -158,7 +158,15 @@ fn launch_gives_each_job_one_token_for_all_its_ranks() {
     assert_eq!(c, vec![mine.to_string(); 2]);
 
     let out = cannon()
-        .args(["launch", "--nproc", "1", "--nnodes", "2", "--master-addr", "10.0.0.1"])
+        .args([
+            "launch",
+            "--nproc",
+            "1",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            "10.0.0.1",
+        ])
         .args(["--program", "/bin/sh", "--", "-c", "echo started"])
         .env_remove("CANNON_JOB_TOKEN")
         .env_remove("CANNON_JOB_TOKEN_FILE")

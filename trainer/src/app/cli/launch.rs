@@ -590,7 +590,14 @@ mod tests {
         assert!(ta.bytes().all(|c| c.is_ascii_hexdigit()), "{ta}");
         assert_ne!(ta, tb, "two jobs, two tokens");
         // Every rank of the job gets the same one.
-        assert_eq!(a.env(1).iter().find(|(k, _)| *k == "CANNON_JOB_TOKEN").unwrap().1, ta);
+        assert_eq!(
+            a.env(1)
+                .iter()
+                .find(|(k, _)| *k == "CANNON_JOB_TOKEN")
+                .unwrap()
+                .1,
+            ta
+        );
 
         // A token already set is the job's: the ranks inherit it, launch adds none.
         let given = |k: &str| (k == "CANNON_JOB_TOKEN").then(|| "a-token-of-the-user-123".into());
