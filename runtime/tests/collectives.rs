@@ -15,3 +15,5 @@ mod hccl;
 mod reduce;
 #[path = "collectives/rendezvous.rs"]
 mod rendezvous;
+#[path = "collectives/store_strangers.rs"]
+mod store_strangers;

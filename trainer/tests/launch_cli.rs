@@ -114,6 +114,70 @@ fn ranks_that_ignore_sigterm_are_killed_after_the_grace_period() {
     );
 }
 
+/// Each job's ranks share one fresh token; a token already in the environment is passed on
+/// unchanged; several nodes without one are refused before any rank starts.
+#[test]
+fn launch_gives_each_job_one_token_for_all_its_ranks() {
+    let tokens = |out: &std::process::Output| -> Vec<String> {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        stdout
+            .lines()
+            .filter_map(|l| l.split_once("token=").map(|(_, t)| t.to_string()))
+            .collect()
+    };
+    let sh = "echo token=$CANNON_JOB_TOKEN";
+    let a = tokens(
+        &launch_sh(3, 5, sh)
+            .env_remove("CANNON_JOB_TOKEN")
+            .env_remove("CANNON_JOB_TOKEN_FILE")
+            .output()
+            .unwrap(),
+    );
+    let b = tokens(
+        &launch_sh(1, 5, sh)
+            .env_remove("CANNON_JOB_TOKEN")
+            .env_remove("CANNON_JOB_TOKEN_FILE")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(a.len(), 3, "{a:?}");
+    assert!(a.iter().all(|t| t == &a[0]), "{a:?}");
+    assert!(
+        a[0].len() == 64 && a[0].bytes().all(|c| c.is_ascii_hexdigit()),
+        "{a:?}"
+    );
+    assert_ne!(a[0], b[0], "a new job, a new token");
+    let mine = "users-own-token-0123456789";
+    let c = tokens(
+        &launch_sh(2, 5, sh)
+            .env("CANNON_JOB_TOKEN", mine)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(c, vec![mine.to_string(); 2]);
+
+    let out = cannon()
+        .args([
+            "launch",
+            "--nproc",
+            "1",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            "10.0.0.1",
+        ])
+        .args(["--program", "/bin/sh", "--", "-c", "echo started"])
+        .env_remove("CANNON_JOB_TOKEN")
+        .env_remove("CANNON_JOB_TOKEN_FILE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("CANNON_JOB_TOKEN_FILE"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("started"));
+}
+
 #[test]
 fn usage_errors_exit_2() {
     let out = cannon()

@@ -30,6 +30,14 @@ pub const ROOT_INFO_BYTES: usize = cannon_sys::hccl::HCCL_ROOT_INFO_BYTES as usi
 const ROOT_MAGIC: &[u8; 8] = b"CNEMUHCL";
 const FRAME_MAGIC: u32 = 0x4846_5231; // "HFR1"
 const HEAD_BYTES: usize = 56;
+/// What a frame's payload buffer starts at; it grows with the bytes that arrive.
+const FIRST_ALLOC: u64 = 1 << 20;
+
+/// The largest payload a peer may send: a device's memory (a frame is at most one buffer,
+/// see `comm`; pieces are smaller).
+fn max_payload() -> u64 {
+    crate::mem::device_capacity()
+}
 
 /// `HCCL_CONNECT_TIMEOUT` (seconds; HCCL's default 120) and `HCCL_EXEC_TIMEOUT` (seconds;
 /// 1836 on Atlas A2, where 0 means never). CANN's environment-variable reference documents both;
@@ -282,7 +290,11 @@ fn write_parts(
     w.flush()
 }
 
-fn read_frame(r: &mut impl Read) -> std::io::Result<Frame> {
+/// Reads one frame whose payload is at most `max_payload` bytes. The payload grows as its
+/// bytes arrive (never a buffer of the header's length up front), so a corrupt or hostile
+/// header costs at most what the peer actually sends, and a length past the cap is refused
+/// before any of it is read.
+fn read_frame(r: &mut impl Read, max_payload: u64) -> std::io::Result<Frame> {
     let mut h = [0u8; HEAD_BYTES];
     r.read_exact(&mut h)?;
     let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
@@ -296,9 +308,23 @@ fn read_frame(r: &mut impl Read) -> std::io::Result<Frame> {
         return Err(bad("not an emulated HCCL frame"));
     }
     let kind = Kind::from_code(h[4]).ok_or_else(|| bad("unknown frame kind"))?;
-    let len = u64_at(40) as usize;
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload)?;
+    let len = u64_at(40);
+    if len > max_payload {
+        return Err(bad(&format!(
+            "a frame of {len} payload bytes, more than a device holds ({max_payload})"
+        )));
+    }
+    let mut payload = Vec::with_capacity(len.min(FIRST_ALLOC) as usize);
+    r.take(len).read_to_end(&mut payload)?;
+    if payload.len() as u64 != len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "a frame cut short: {} of {len} payload bytes",
+                payload.len()
+            ),
+        ));
+    }
     Ok(Frame {
         kind,
         seq: u64_at(8),
@@ -478,7 +504,7 @@ pub(super) fn spawn_reader(
     std::thread::Builder::new()
         .name(format!("emu-hccl-r{rank}-from{peer}"))
         .spawn(move || loop {
-            match read_frame(&mut sock) {
+            match read_frame(&mut sock, max_payload()) {
                 Ok(f) => {
                     inbox
                         .state
@@ -558,10 +584,23 @@ mod tests {
         };
         let mut buf = Vec::new();
         write_frame(&mut buf, &f).unwrap();
-        let g = read_frame(&mut buf.as_slice()).unwrap();
+        let g = read_frame(&mut buf.as_slice(), 3).unwrap();
         assert_eq!(
-            (g.kind, g.seq, g.piece, g.meta, g.payload),
-            (f.kind, f.seq, f.piece, f.meta, f.payload)
+            (g.kind, g.seq, g.piece, g.meta, &g.payload),
+            (f.kind, f.seq, f.piece, f.meta, &f.payload)
         );
+        // One byte over the cap is refused before the payload is read.
+        let e = read_frame(&mut buf.as_slice(), 2).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        assert!(e.to_string().contains("3 payload bytes"), "{e}");
+        // A header claiming 2^64 - 1 bytes costs no allocation of that size, and one that
+        // claims more than arrives is a short frame, not a hang or a huge buffer.
+        let mut huge = buf.clone();
+        huge[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(read_frame(&mut huge.as_slice(), max_payload()).is_err());
+        let mut short = buf.clone();
+        short[40..48].copy_from_slice(&(64u64 << 20).to_le_bytes());
+        let e = read_frame(&mut short.as_slice(), u64::MAX).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
     }
 }

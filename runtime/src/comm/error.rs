@@ -116,6 +116,11 @@ pub enum CommError {
         theirs: usize,
     },
 
+    /// The TCP store did not admit this rank (job token missing or wrong), or its server
+    /// could not prove it holds the job's token.
+    #[error("TCP store at {addr}: not admitted: {detail}")]
+    StoreAuth { addr: String, detail: String },
+
     /// The TCP store failed otherwise (cannot listen, connection lost, refused request).
     #[error("TCP store at {addr}: {detail}")]
     Store { addr: String, detail: String },

@@ -10,6 +10,11 @@
 //!   set, the file rendezvous is used.
 //! - otherwise `MASTER_ADDR` and `MASTER_PORT`: rank 0 serves a TCP store there, the others
 //!   connect to it (torchrun's variables).
+//! - `CANNON_JOB_TOKEN` (or `CANNON_JOB_TOKEN_FILE`, a file only its owner can read): the
+//!   job's secret, which a rank must prove (never send) to join the store; required when the
+//!   store listens beyond loopback. `cannon launch` makes one per job.
+//! - `CANNON_STORE_BIND`: the address rank 0's store listens on, instead of MASTER_ADDR's
+//!   (`0.0.0.0` for every interface).
 //! - `CANNON_RDZV_ID` (else `TORCHELASTIC_RUN_ID`, else `default`): names this job's file or
 //!   keys, so concurrent jobs sharing a directory do not read each other's root info.
 //!
@@ -25,7 +30,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::{CommError, CommResult};
-pub use super::store::TcpStore;
+pub use super::store::auth::{self, JobToken};
+pub use super::store::{Refusals, StoreLimits, StoreOptions, TcpStore};
 
 /// Where this process sits in the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,7 +315,15 @@ impl Rendezvous {
                 })
             }
         };
-        let store = TcpStore::connect(addr.trim(), port, env.rank, env.world_size, timeout)?;
+        let options = StoreOptions::from_lookup(&get)?;
+        let store = TcpStore::connect_with(
+            addr.trim(),
+            port,
+            env.rank,
+            env.world_size,
+            timeout,
+            &options,
+        )?;
         Ok(Rendezvous::Tcp {
             store: Arc::new(store),
             prefix: id,

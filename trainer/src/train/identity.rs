@@ -60,13 +60,21 @@ pub struct RunIdentity {
 }
 
 /// Environment variables that change what a run does or how fast: the thread pool's size,
-/// the project's own switches, and CANN's.
+/// the project's own switches, and CANN's. The job token is recorded as set, never its value
+/// (run folders get copied and shared; the token admits ranks to a running job's store).
 pub fn behaviour_env() -> BTreeMap<String, String> {
-    std::env::vars()
-        .filter(|(k, _)| {
-            k == "RAYON_NUM_THREADS" || k.starts_with("CANNON_") || k.starts_with("ASCEND_")
-        })
-        .collect()
+    behaviour_env_of(std::env::vars())
+}
+
+fn behaviour_env_of(vars: impl Iterator<Item = (String, String)>) -> BTreeMap<String, String> {
+    vars.filter(|(k, _)| {
+        k == "RAYON_NUM_THREADS" || k.starts_with("CANNON_") || k.starts_with("ASCEND_")
+    })
+    .map(|(k, v)| match k.as_str() {
+        "CANNON_JOB_TOKEN" => (k, "<set, not recorded>".into()),
+        _ => (k, v),
+    })
+    .collect()
 }
 
 /// The CPU's model name (from /proc/cpuinfo where there is one) and its thread count.
@@ -175,5 +183,29 @@ impl RunIdentity {
             env: behaviour_env(),
             gemm_peak: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_job_token_is_never_recorded() {
+        let secret = "7c0ffee7c0ffee7c0ffee7c0ffee7c0ffee";
+        let vars = [
+            ("CANNON_JOB_TOKEN", secret),
+            ("CANNON_JOB_TOKEN_FILE", "/home/u/.cannon-token"),
+            ("RAYON_NUM_THREADS", "2"),
+            ("HOME", "/home/u"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let env = behaviour_env_of(vars.into_iter());
+        assert!(env.contains_key("CANNON_JOB_TOKEN"));
+        assert!(!format!("{env:?}").contains(secret), "{env:?}");
+        // A file's path is no secret (its mode keeps it private) and says how the run was made.
+        assert_eq!(env["CANNON_JOB_TOKEN_FILE"], "/home/u/.cannon-token");
+        assert_eq!(env["RAYON_NUM_THREADS"], "2");
+        assert!(!env.contains_key("HOME"));
     }
 }

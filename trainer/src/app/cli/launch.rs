@@ -20,6 +20,15 @@
 //! Several hosts: run `cannon launch` on each with the same `--nnodes`, `--nproc`,
 //! `--master-addr` (the address of node 0, reachable from every node) and `--master-port`,
 //! and each its own `--node-rank`.
+//!
+//! The job token: a rank joins the store only by proving it holds the job's token
+//! (`cannon_runtime::comm::rendezvous`). On one node `launch` makes a fresh one per job (64
+//! hex digits from the kernel's randomness) and hands it to its ranks as `CANNON_JOB_TOKEN`,
+//! unless `CANNON_JOB_TOKEN` or `CANNON_JOB_TOKEN_FILE` is already set, which the ranks then
+//! inherit. Several nodes must share one token, which separate launchers cannot invent: the
+//! user sets the same `CANNON_JOB_TOKEN` on every node, or `CANNON_JOB_TOKEN_FILE` to a file
+//! only they can read (e.g. in a home directory every node mounts); `launch` refuses to start
+//! without one.
 
 use crate::train::preempt::EXIT_PREEMPTED;
 use clap::Args;
@@ -82,6 +91,9 @@ pub struct Plan {
     /// still agree. None with several nodes, whose launchers start at different times: such
     /// a job names its folder with `log.dir`.
     pub run_id: Option<String>,
+    /// The job token `launch` made for its ranks ([`Plan::job_token`]); None when the
+    /// environment already has one, which the ranks inherit.
+    pub token: Option<String>,
 }
 
 impl LaunchArgs {
@@ -124,6 +136,7 @@ impl LaunchArgs {
             master_addr,
             master_port: self.master_port,
             run_id: None,
+            token: None,
         })
     }
 }
@@ -136,6 +149,30 @@ impl Plan {
         if self.world_size == self.nproc {
             self.run_id = Some(crate::train::resolve::run_id_now(root));
         }
+    }
+
+    /// Gives the job its token (module doc): checks one the environment (`get`) holds, or
+    /// makes one for a one-node job; several nodes without one are an error (the message).
+    pub fn job_token(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+        use cannon_runtime::comm::rendezvous::{auth, JobToken};
+        if JobToken::from_lookup(&get)
+            .map_err(|e| e.to_string())?
+            .is_some()
+        {
+            return Ok(());
+        }
+        if self.world_size != self.nproc {
+            return Err(format!(
+                "a job on several nodes needs one job token on every node, so that strangers                  cannot join its store: set {} to the same secret on each (e.g. `export                  {}=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')` once, passed                  to every node) or {} to a file only you can read (chmod 600) that every node                  sees",
+                auth::TOKEN_ENV,
+                auth::TOKEN_ENV,
+                auth::TOKEN_FILE_ENV
+            ));
+        }
+        let t = JobToken::generate_hex()
+            .map_err(|e| format!("cannot make a job token from /dev/urandom: {e}"))?;
+        self.token = Some(t);
+        Ok(())
     }
 
     /// The environment of local rank `local`.
@@ -151,6 +188,9 @@ impl Plan {
         ];
         if let Some(id) = &self.run_id {
             env.push((crate::train::resolve::RUN_ID_ENV, id.clone()));
+        }
+        if let Some(t) = &self.token {
+            env.push((cannon_runtime::comm::rendezvous::auth::TOKEN_ENV, t.clone()));
         }
         env
     }
@@ -254,6 +294,10 @@ pub fn run(args: LaunchArgs) -> ExitCode {
     }
     // `cannon train`'s default run root, relative to the directory the job starts in.
     plan.name_run(Path::new("runs"));
+    if let Err(e) = plan.job_token(|k| std::env::var(k).ok()) {
+        eprintln!("cannon launch: {e}");
+        return ExitCode::from(2);
+    }
     let program = match &args.program {
         Some(p) => p.clone(),
         None => match std::env::current_exe() {
@@ -574,6 +618,64 @@ mod tests {
         }
         // Several nodes start their launchers at different times: no shared name (log.dir).
         assert!(env.iter().all(|(k, _)| *k != "CANNON_RUN_ID"), "{env:?}");
+    }
+
+    #[test]
+    fn each_one_node_job_gets_its_own_token_and_several_nodes_need_one_given() {
+        let none = |_: &str| None;
+        let token_of = |p: &Plan| {
+            p.env(0)
+                .into_iter()
+                .find(|(k, _)| *k == "CANNON_JOB_TOKEN")
+                .map(|(_, v)| v)
+        };
+        let one = parse(&["--nproc", "2", "--", "train"]).unwrap();
+        let mut a = one.plan().unwrap();
+        a.job_token(none).unwrap();
+        let mut b = one.plan().unwrap();
+        b.job_token(none).unwrap();
+        let (ta, tb) = (token_of(&a).unwrap(), token_of(&b).unwrap());
+        assert_eq!(ta.len(), 64);
+        assert!(ta.bytes().all(|c| c.is_ascii_hexdigit()), "{ta}");
+        assert_ne!(ta, tb, "two jobs, two tokens");
+        // Every rank of the job gets the same one.
+        assert_eq!(
+            a.env(1)
+                .iter()
+                .find(|(k, _)| *k == "CANNON_JOB_TOKEN")
+                .unwrap()
+                .1,
+            ta
+        );
+
+        // A token already set is the job's: the ranks inherit it, launch adds none.
+        let given = |k: &str| (k == "CANNON_JOB_TOKEN").then(|| "a-token-of-the-user-123".into());
+        let mut c = one.plan().unwrap();
+        c.job_token(given).unwrap();
+        assert_eq!(token_of(&c), None);
+        let short = |k: &str| (k == "CANNON_JOB_TOKEN").then(|| "short".into());
+        let e = one.plan().unwrap().job_token(short).unwrap_err();
+        assert!(e.contains("too short"), "{e}");
+
+        let two = parse(&[
+            "--nproc",
+            "2",
+            "--nnodes",
+            "2",
+            "--master-addr",
+            "10.0.0.1",
+            "--",
+            "train",
+        ])
+        .unwrap();
+        let e = two.plan().unwrap().job_token(none).unwrap_err();
+        assert!(
+            e.contains("CANNON_JOB_TOKEN") && e.contains("CANNON_JOB_TOKEN_FILE"),
+            "{e}"
+        );
+        let mut d = two.plan().unwrap();
+        d.job_token(given).unwrap();
+        assert_eq!(token_of(&d), None);
     }
 
     #[test]
