@@ -7,6 +7,7 @@
 //! Parsers that take a path get the input written to a per-process scratch folder: the file
 //! is what users hand cannon, so the file is what is fuzzed.
 
+use cannon_runtime::comm::rendezvous::{JobToken, StoreLimits, StoreOptions, TcpStore};
 use cannon_trainer::app::cli::runlog::RunLog;
 use cannon_trainer::model::st::StReader;
 use cannon_trainer::model::{Mistral3Config, ParamLayout};
@@ -16,8 +17,11 @@ use cannon_trainer::train::data::dataset::{DataSet, SampleSettings};
 use cannon_trainer::train::data::image::{self, ImageConfig};
 use cannon_trainer::train::data::truncate::LabelPolicy;
 use cannon_trainer::train::data::{DatasetSpec, Tekken};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// What a target runs on one input.
 pub type Harness = fn(&[u8]);
@@ -33,6 +37,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("image", image_file),
     ("manifest", manifest),
     ("compare_jsonl", compare_jsonl),
+    ("store_frames", store_frames),
 ];
 
 /// A scratch folder of this process (libFuzzer runs one input at a time per process).
@@ -171,4 +176,47 @@ pub fn compare_jsonl(data: &[u8]) {
     for f in log.fields().to_vec() {
         let _ = log.series(&f, 0, u64::MAX);
     }
+}
+
+/// Rank 0 of a two-rank job with a job token, serving the store on loopback for the process.
+fn store() -> &'static (TcpStore, SocketAddr) {
+    static STORE: OnceLock<(TcpStore, SocketAddr)> = OnceLock::new();
+    STORE.get_or_init(|| {
+        let opts = StoreOptions {
+            token: Some(JobToken::new("fuzz-job-token-0123456789abcdef", "fuzz").unwrap()),
+            bind: None,
+            limits: StoreLimits {
+                handshake: Duration::from_secs(2),
+                frame: Duration::from_secs(2),
+                ..StoreLimits::default()
+            },
+        };
+        let s = TcpStore::connect_with("127.0.0.1", 0, 0, 2, Duration::from_secs(10), &opts)
+            .expect("the fuzz store starts");
+        let addr = s.listen_addr().expect("rank 0 serves");
+        (s, addr)
+    })
+}
+
+/// A stranger's bytes sent to the store after its greeting (the stranger has no token, so
+/// everything it can reach is the handshake): whatever they are, the connection ends and
+/// rank 0's own client still sets and gets through the same server.
+pub fn store_frames(data: &[u8]) {
+    let (store, addr) = store();
+    let mut s = TcpStream::connect(addr).expect("connect to the fuzz store");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut greeting = [0u8; 41];
+    if s.read_exact(&mut greeting).is_ok() {
+        let _ = s.write_all(data);
+        let _ = s.shutdown(Shutdown::Write);
+        let mut reply = Vec::new();
+        let _ = (&mut s).take(1 << 20).read_to_end(&mut reply);
+    }
+    store
+        .set("fuzz/alive", data.get(..8).unwrap_or(data))
+        .expect("the store goes on");
+    let got = store
+        .get("fuzz/alive", Duration::from_secs(5))
+        .expect("the store answers");
+    assert_eq!(got, data.get(..8).unwrap_or(data));
 }
