@@ -113,19 +113,20 @@ impl Pretokenizer {
     /// Calls `f` with each piece of `text`, in order, as fancy-regex's `find_iter` would yield.
     pub fn for_each_piece<'t>(&self, text: &'t str, mut f: impl FnMut(&'t str)) {
         // [n+1] byte offsets (the last is text.len()) and [n] class flags of the characters.
-        let mut offs: Vec<u32> = Vec::with_capacity(text.len() + 1);
+        // usize, not u32: a text past 4 GiB would otherwise cut its pieces at wrapped offsets.
+        let mut offs: Vec<usize> = Vec::with_capacity(text.len() + 1);
         let mut cls: Vec<u8> = Vec::with_capacity(text.len());
         for (o, c) in text.char_indices() {
-            offs.push(o as u32);
+            offs.push(o);
             cls.push(self.flags(c));
         }
-        offs.push(text.len() as u32);
+        offs.push(text.len());
         let n = cls.len();
         let mut i = 0;
         while i < n {
             match next_end(&cls, i) {
                 Some(e) => {
-                    f(&text[offs[i] as usize..offs[e] as usize]);
+                    f(&text[offs[i]..offs[e]]);
                     i = e;
                 }
                 // No alternative matches here: a regex search skips the character.
