@@ -1,7 +1,7 @@
 //! safetensors files written and read one tensor (or one piece of a tensor) at a time: the
-//! format's dtypes, tensor specs and errors in [`format`](mod@format), the writer in
-//! [`write`](mod@write), the reader in [`read`]. A file format, below the checkpoints that
-//! use it.
+//! format's dtypes, tensor specs and errors ([`StDtype`], [`TensorSpec`], [`StError`]), the
+//! writer [`StWriter`], the reader [`StReader`]. A file format, below the checkpoints that use
+//! it.
 //!
 //! The `safetensors` crate serialises from, and parses into, one buffer holding the whole
 //! file. A checkpoint shard or an exported shard can be many GiB, and a resharded load needs a
