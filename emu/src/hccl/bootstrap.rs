@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 const HELLO_MAGIC: u32 = 0x4845_4c4f; // "HELO"
 
 /// The first message on every connection: who is calling, for which job.
-struct Hello {
+pub(super) struct Hello {
     nonce: u64,
     n_ranks: u32,
     rank: u32,
@@ -36,7 +36,7 @@ fn write_hello(s: &mut TcpStream, h: &Hello) -> std::io::Result<()> {
     s.write_all(&b)
 }
 
-fn read_hello(s: &mut TcpStream) -> std::io::Result<Hello> {
+pub(super) fn read_hello(s: &mut impl Read) -> std::io::Result<Hello> {
     let mut b = [0u8; 23];
     s.read_exact(&mut b)?;
     let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
@@ -82,10 +82,24 @@ fn write_table(
     s.write_all(text.as_bytes())
 }
 
-fn read_table(s: &mut TcpStream) -> std::io::Result<Result<Vec<SocketAddr>, (HcclResult, String)>> {
+/// The longest rank table read: a rank's address is at most 47 characters ("[v6]:port,"),
+/// so 1 MiB holds 20 000 ranks; a length past it is refused before anything is allocated
+/// (it was a 4 GiB vector for whatever answered on the root info's port).
+const MAX_TABLE_BYTES: u32 = 1 << 20;
+
+pub(super) type Table = Result<Vec<SocketAddr>, (HcclResult, String)>;
+
+pub(super) fn read_table(s: &mut impl Read) -> std::io::Result<Table> {
     let mut n = [0u8; 4];
     s.read_exact(&mut n)?;
-    let mut b = vec![0u8; u32::from_le_bytes(n) as usize];
+    let n = u32::from_le_bytes(n);
+    if n > MAX_TABLE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a rank table of {n} bytes (at most {MAX_TABLE_BYTES})"),
+        ));
+    }
+    let mut b = vec![0u8; n as usize];
     s.read_exact(&mut b)?;
     let text = String::from_utf8_lossy(&b).into_owned();
     let (code, rest) = text.split_once(' ').unwrap_or((&text, ""));
@@ -347,4 +361,25 @@ fn join_root(
         expected -= 1;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod wire_tests {
+    use super::*;
+
+    /// A rank table's declared length is checked before its buffer is made: a peer declaring
+    /// 4 GiB got a 4 GiB vector before.
+    #[test]
+    fn a_rank_table_past_the_cap_is_refused_unread() {
+        let mut bytes = u32::MAX.to_le_bytes().to_vec();
+        bytes.extend_from_slice(b"0 127.0.0.1:1");
+        let e = read_table(&mut bytes.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("at most 1048576"), "{e}");
+        let text = b"0 127.0.0.1:1,[::1]:2";
+        let mut ok = (text.len() as u32).to_le_bytes().to_vec();
+        ok.extend_from_slice(text);
+        let addrs = read_table(&mut ok.as_slice()).unwrap().unwrap();
+        assert_eq!(addrs.len(), 2);
+    }
 }

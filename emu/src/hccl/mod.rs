@@ -37,5 +37,20 @@ pub use boundary::live_comms;
 pub use collectives::*;
 pub use lifecycle::*;
 
+/// Runs the emulator's wire parsers over `bytes` as a peer could send them: the bootstrap
+/// HELLO, rank 0's rank table, then frames until one is refused or the bytes run out; returns
+/// how many frames were read. Not used by the emulator itself: it is what the wire's fuzz
+/// target and its replay on stable run, so every length a peer declares is exercised.
+pub fn parse_wire(mut bytes: &[u8]) -> usize {
+    let r = &mut bytes;
+    let _ = bootstrap::read_hello(r);
+    let _ = bootstrap::read_table(r);
+    let mut frames = 0;
+    while transport::read_frame(r, transport::max_payload()).is_ok() {
+        frames += 1;
+    }
+    frames
+}
+
 #[cfg(test)]
 mod tests;

@@ -35,7 +35,7 @@ const FIRST_ALLOC: u64 = 1 << 20;
 
 /// The largest payload a peer may send: a device's memory (a frame is at most one buffer,
 /// see `comm`; pieces are smaller).
-fn max_payload() -> u64 {
+pub(super) fn max_payload() -> u64 {
     crate::mem::device_capacity()
 }
 
@@ -294,7 +294,7 @@ fn write_parts(
 /// bytes arrive (never a buffer of the header's length up front), so a corrupt or hostile
 /// header costs at most what the peer actually sends, and a length past the cap is refused
 /// before any of it is read.
-fn read_frame(r: &mut impl Read, max_payload: u64) -> std::io::Result<Frame> {
+pub(super) fn read_frame(r: &mut impl Read, max_payload: u64) -> std::io::Result<Frame> {
     let mut h = [0u8; HEAD_BYTES];
     r.read_exact(&mut h)?;
     let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
