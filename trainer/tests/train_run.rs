@@ -274,9 +274,14 @@ fn a_job_of_several_processes_shares_one_run_folder() {
         let s = |b: Vec<u8>| String::from_utf8(b).unwrap();
         (o.status.code().unwrap_or(-1), s(o.stdout), s(o.stderr))
     };
-    let (code, stdout, stderr) = dry(&[("WORLD_SIZE", "2"), ("CANNON_RUN_ID", "job-7")]);
+    let (code, stdout, stderr) = dry(&[("CANNON_RUN_ID", "job-7")]);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(stdout.contains("dir = \"runs/job-7\""), "{stdout}");
+    // A job of several processes is an NPU job: on the CPU (this config's device) it is
+    // refused, each process would train the whole model into the one folder.
+    let (code, _, stderr) = dry(&[("WORLD_SIZE", "2"), ("CANNON_RUN_ID", "job-7")]);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("parallel.nproc=2"), "{stderr}");
     let (code, _, stderr) = dry(&[("WORLD_SIZE", "2")]);
     assert_eq!(code, 2);
     assert!(
